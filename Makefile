@@ -1,0 +1,45 @@
+# The two commands of the README: `make demo` and `make test`. Both install
+# what they need (PostgreSQL server binaries) and work as root.
+
+GO        ?= go
+FUZZTIME  ?= 5s
+FUZZ      := FuzzParseAmount FuzzParseAmountMinor FuzzDestinationACH FuzzDestinationSEPA FuzzDestinationWire
+BENCHTIME ?= 1x
+
+.PHONY: demo test vet fuzz bench postgres build
+
+## demo: local PostgreSQL, migrations, relayer, sandbox rail, a producer stream, a live summary
+demo: postgres
+	$(GO) run ./cmd/outbox demo $(ARGS)
+
+## test: go vet, every test with the race detector, then short fuzz runs
+test: postgres vet
+	$(GO) test -race -count=1 -timeout 30m ./...
+	$(MAKE) --no-print-directory fuzz
+
+vet:
+	$(GO) vet ./...
+
+fuzz:
+	@for f in $(FUZZ); do \
+		echo "fuzz $$f ($(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./rails || exit 1; \
+	done
+
+## bench: Go benchmarks (numbers for the closing notes; never timed unit tests)
+bench: postgres
+	OUTBOX_TEST_FSYNC=on $(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./...
+
+build:
+	$(GO) build -o bin/outbox ./cmd/outbox
+
+## postgres: make sure PostgreSQL server binaries exist (tests and the demo
+## start their own clusters from them); skipped when a database URL is given.
+postgres:
+	@if [ -n "$$OUTBOX_TEST_DATABASE_URL$$OUTBOX_PG_BINDIR" ] || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+		exit 0; \
+	fi; \
+	echo "PostgreSQL server binaries not found: installing the postgresql package"; \
+	SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql

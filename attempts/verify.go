@@ -1,0 +1,198 @@
+package attempts
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ledgerline/outbox/migrations"
+)
+
+// Report is the result of [Archive.Verify].
+type Report struct {
+	Instructions int64 // committed enqueues (idempotency keys)
+	Pending      int64
+	InFlight     int64
+	DeadLetters  int64
+	Dispatched   int64 // instructions with a DISPATCHED attempt
+	// DispatchedTwice counts instructions the rail was asked to pay more
+	// than once and said yes to more than once (legitimate only after a late
+	// completion raced a requeued copy; the idempotency key makes the rail
+	// pay once).
+	DispatchedTwice int64
+	Attempts        int64
+	Violations      []Violation
+}
+
+// OK reports whether no invariant was violated.
+func (r Report) OK() bool { return len(r.Violations) == 0 }
+
+// Violation is one broken invariant, numbered as in DESIGN.md.
+type Violation struct {
+	Invariant int
+	Check     string
+	Detail    string
+}
+
+func (v Violation) String() string {
+	return fmt.Sprintf("invariant %d (%s): %s", v.Invariant, v.Check, v.Detail)
+}
+
+// VerifyOptions tune [Archive.Verify].
+type VerifyOptions struct {
+	// Ordered checks invariant 4 (set when every relayer ran with
+	// per-participant ordering on).
+	Ordered bool
+	// Examples caps the violations reported per check (default 10).
+	Examples int
+}
+
+// TxBeginner starts transactions; *pgxpool.Pool and *pgx.Conn satisfy it.
+type TxBeginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// check is one invariant query; every row it returns is a violation,
+// described by its single text column.
+type check struct {
+	invariant int
+	name      string
+	sql       string
+	ordered   bool // only with VerifyOptions.Ordered
+}
+
+var checks = []check{
+	{1, "exactly one place", `
+		SELECT format('outbox %s: pending=%s inflight=%s dead=%s dispatched=%s', k.outbox_id,
+		              p.outbox_id IS NOT NULL, f.outbox_id IS NOT NULL, d.outbox_id IS NOT NULL, coalesce(a.dispatched, false))
+		FROM {schema}.idempotency_keys k
+		LEFT JOIN {schema}.pending p USING (outbox_id)
+		LEFT JOIN {schema}.inflight f USING (outbox_id)
+		LEFT JOIN {schema}.dead_letters d USING (outbox_id)
+		LEFT JOIN (SELECT outbox_id, bool_or(state = 'DISPATCHED') AS dispatched, bool_or(late) AS late
+		           FROM {schema}.attempts GROUP BY outbox_id) a USING (outbox_id)
+		WHERE (p.outbox_id IS NOT NULL)::int + (f.outbox_id IS NOT NULL)::int + (d.outbox_id IS NOT NULL)::int
+		      + coalesce(a.dispatched, false)::int
+		      NOT IN (1, CASE WHEN coalesce(a.late, false) THEN 2 ELSE 1 END)`, false},
+	{1, "no orphans", `
+		SELECT format('%s row %s has no idempotency key', t, outbox_id) FROM (
+		  SELECT 'pending' AS t, outbox_id FROM {schema}.pending
+		  UNION ALL SELECT 'inflight', outbox_id FROM {schema}.inflight
+		  UNION ALL SELECT 'dead_letters', outbox_id FROM {schema}.dead_letters
+		  UNION ALL SELECT DISTINCT 'attempts', outbox_id FROM {schema}.attempts) x
+		WHERE NOT EXISTS (SELECT 1 FROM {schema}.idempotency_keys k WHERE k.outbox_id = x.outbox_id)`, false},
+	{2, "gap-free sequences", `
+		SELECT format('participant %s: allocated %s, committed %s distinct %s, range %s..%s', s.participant_id,
+		              s.next_sequence_id - 1, count(k.sequence_id), count(DISTINCT k.sequence_id), min(k.sequence_id), max(k.sequence_id))
+		FROM {schema}.sequences s LEFT JOIN {schema}.idempotency_keys k USING (participant_id)
+		GROUP BY s.participant_id, s.next_sequence_id
+		HAVING count(k.*) <> s.next_sequence_id - 1 OR count(DISTINCT k.sequence_id) <> s.next_sequence_id - 1
+		    OR coalesce(min(k.sequence_id), 1) <> 1 OR coalesce(max(k.sequence_id), 0) <> s.next_sequence_id - 1
+		UNION ALL
+		SELECT format('participant %s has keys but no sequence row', k.participant_id)
+		FROM {schema}.idempotency_keys k LEFT JOIN {schema}.sequences s USING (participant_id)
+		WHERE s.participant_id IS NULL`, false},
+	{3, "one key one identity", `
+		SELECT format('%s row of outbox %s disagrees with its key (instruction/participant/sequence/key)', t, x.outbox_id) FROM (
+		  SELECT 'pending' AS t, outbox_id, instruction_id, participant_id, sequence_id, idempotency_key FROM {schema}.pending
+		  UNION ALL SELECT 'inflight', outbox_id, instruction_id, participant_id, sequence_id, idempotency_key FROM {schema}.inflight
+		  UNION ALL SELECT 'dead_letters', outbox_id, instruction_id, participant_id, sequence_id, idempotency_key FROM {schema}.dead_letters
+		  UNION ALL SELECT DISTINCT 'attempts', outbox_id, instruction_id, participant_id, sequence_id, idempotency_key FROM {schema}.attempts) x
+		JOIN {schema}.idempotency_keys k USING (outbox_id)
+		WHERE (k.instruction_id, k.participant_id, k.sequence_id, k.idempotency_key)
+		      IS DISTINCT FROM (x.instruction_id, x.participant_id, x.sequence_id, x.idempotency_key)`, false},
+	{4, "one in flight per participant", `
+		SELECT format('participant %s has %s instructions in flight', participant_id, count(*))
+		FROM {schema}.inflight GROUP BY participant_id HAVING count(*) > 1`, true},
+	{4, "dispatch order", `
+		WITH claims AS (
+		  SELECT participant_id, sequence_id, min(created_at) AS first_claim
+		  FROM {schema}.attempts WHERE state = 'DISPATCHING' GROUP BY 1, 2
+		), terminal AS (
+		  SELECT participant_id, sequence_id, min(created_at) AS terminal_at
+		  FROM {schema}.attempts WHERE state IN ('DISPATCHED', 'FAILED') GROUP BY 1, 2
+		)
+		SELECT format('participant %s: sequence %s claimed at %s, before sequence %s ended (%s)', c.participant_id,
+		              c.sequence_id, c.first_claim, c.sequence_id - 1, coalesce(t.terminal_at::text, 'never'))
+		FROM claims c
+		LEFT JOIN terminal t ON t.participant_id = c.participant_id AND t.sequence_id = c.sequence_id - 1
+		WHERE c.sequence_id > 1 AND (t.terminal_at IS NULL OR t.terminal_at > c.first_claim)`, true},
+	{5, "every claim closed once", `
+		WITH closers AS (
+		  SELECT claim_attempt_id, count(*) FILTER (WHERE NOT late) AS n, count(*) FILTER (WHERE late) AS n_late
+		  FROM {schema}.attempts WHERE state <> 'DISPATCHING' AND claim_attempt_id IS NOT NULL GROUP BY 1
+		)
+		SELECT format('outbox %s attempt %s (DISPATCHING): %s closing rows, %s late, in flight now: %s',
+		              d.outbox_id, d.attempt_id, coalesce(c.n, 0), coalesce(c.n_late, 0), f.attempt_id IS NOT NULL)
+		FROM {schema}.attempts d
+		LEFT JOIN closers c ON c.claim_attempt_id = d.attempt_id
+		LEFT JOIN {schema}.inflight f ON f.attempt_id = d.attempt_id
+		WHERE d.state = 'DISPATCHING'
+		  AND (coalesce(c.n, 0) <> CASE WHEN f.attempt_id IS NULL THEN 1 ELSE 0 END OR coalesce(c.n_late, 0) > 1)`, false},
+	{5, "closers match a claim", `
+		SELECT format('outbox %s: %s attempt %s closes no DISPATCHING attempt #%s of it', a.outbox_id, a.state, a.attempt_id, a.attempt_no)
+		FROM {schema}.attempts a
+		LEFT JOIN {schema}.attempts d ON d.attempt_id = a.claim_attempt_id AND d.state = 'DISPATCHING'
+		     AND d.outbox_id = a.outbox_id AND d.attempt_no = a.attempt_no
+		WHERE a.state IN ('DISPATCHED', 'RETRYABLE', 'FAILED', 'ZOMBIE_REQUEUE') AND d.attempt_id IS NULL`, false},
+	{5, "attempt numbers never go back", `
+		SELECT format('outbox %s: attempt_no %s after %s', outbox_id, attempt_no, prev)
+		FROM (SELECT outbox_id, attempt_no, lag(attempt_no) OVER (PARTITION BY outbox_id ORDER BY created_at, attempt_id) AS prev
+		      FROM {schema}.attempts) x
+		WHERE attempt_no < prev`, false},
+	{5, "in-flight rows have their claim", `
+		SELECT format('inflight outbox %s: attempt %s has no DISPATCHING row', f.outbox_id, f.attempt_id)
+		FROM {schema}.inflight f
+		WHERE NOT EXISTS (SELECT 1 FROM {schema}.attempts a WHERE a.attempt_id = f.attempt_id AND a.state = 'DISPATCHING')`, false},
+}
+
+const countsSQL = `
+SELECT (SELECT count(*) FROM {schema}.idempotency_keys),
+       (SELECT count(*) FROM {schema}.pending),
+       (SELECT count(*) FROM {schema}.inflight),
+       (SELECT count(*) FROM {schema}.dead_letters),
+       (SELECT count(DISTINCT outbox_id) FROM {schema}.attempts WHERE state = 'DISPATCHED'),
+       (SELECT count(*) FROM (SELECT 1 FROM {schema}.attempts WHERE state = 'DISPATCHED'
+                              GROUP BY outbox_id HAVING count(*) > 1) x),
+       (SELECT count(*) FROM {schema}.attempts)`
+
+// Verify checks DESIGN.md invariants 1 to 5 by query, in one REPEATABLE READ
+// snapshot (so a running system is checked at one instant): every committed
+// enqueue in exactly one place, gap-free sequences, one identity per key,
+// ordering (with opts.Ordered), and complete attempt trails. Invariant 6
+// (atomic transitions) is what keeps 1-5 true across crashes; crash tests
+// check it by calling Verify after a crash.
+func (a *Archive) Verify(ctx context.Context, db TxBeginner, opts VerifyOptions) (Report, error) {
+	if opts.Examples <= 0 {
+		opts.Examples = 10
+	}
+	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return Report{}, fmt.Errorf("attempts: verify: %w", err)
+	}
+	defer tx.Rollback(ctx)
+
+	var r Report
+	if err := tx.QueryRow(ctx, migrations.Qualify(a.schema, countsSQL)).Scan(
+		&r.Instructions, &r.Pending, &r.InFlight, &r.DeadLetters, &r.Dispatched, &r.DispatchedTwice, &r.Attempts); err != nil {
+		return Report{}, fmt.Errorf("attempts: verify counts: %w", err)
+	}
+	for _, c := range checks {
+		if c.ordered && !opts.Ordered {
+			continue
+		}
+		rows, err := tx.Query(ctx, migrations.Qualify(a.schema, c.sql)+fmt.Sprintf(" LIMIT %d", opts.Examples))
+		if err != nil {
+			return Report{}, fmt.Errorf("attempts: verify %q: %w", c.name, err)
+		}
+		details, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return Report{}, fmt.Errorf("attempts: verify %q: %w", c.name, err)
+		}
+		for _, d := range details {
+			r.Violations = append(r.Violations, Violation{Invariant: c.invariant, Check: c.name, Detail: d})
+		}
+	}
+	return r, nil
+}

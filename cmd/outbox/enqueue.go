@@ -1,0 +1,274 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerline/outbox/pending"
+	"github.com/ledgerline/outbox/rails"
+)
+
+// maxLineBytes bounds one JSON input line (the payload limit plus envelope).
+const maxLineBytes = 1 << 20
+
+// inputLine is one instruction as JSON, the format of `outbox enqueue` stdin.
+type inputLine struct {
+	InstructionID  string          `json:"instruction_id"`
+	ParticipantID  string          `json:"participant_id"`
+	IdempotencyKey string          `json:"idempotency_key"`
+	Rail           string          `json:"rail"`
+	AmountMinor    json.Number     `json:"amount_minor"`
+	Currency       string          `json:"currency"`
+	Destination    string          `json:"destination"`
+	TenantID       string          `json:"tenant_id"`
+	CorrelationID  string          `json:"correlation_id"`
+	Metadata       json.RawMessage `json:"metadata"`
+}
+
+// Error codes of `outbox enqueue` output lines besides the rails taxonomy.
+const (
+	codeInvalidInput  = "INVALID_INPUT"
+	codeMismatch      = "IDEMPOTENCY_MISMATCH"
+	codeDatabaseError = "DATABASE_ERROR"
+)
+
+type lineError struct {
+	Code    string `json:"code"`
+	Field   string `json:"field,omitempty"`
+	Message string `json:"message"`
+}
+
+type lineResult struct {
+	receipt *pending.Receipt
+	err     *lineError
+}
+
+func (r lineResult) MarshalJSON() ([]byte, error) {
+	if r.err != nil {
+		return json.Marshal(struct {
+			Error *lineError `json:"error"`
+		}{r.err})
+	}
+	return json.Marshal(r.receipt)
+}
+
+func (l inputLine) instruction() (pending.Instruction, error) {
+	in := pending.Instruction{
+		InstructionID: l.InstructionID, ParticipantID: l.ParticipantID, IdempotencyKey: l.IdempotencyKey,
+		RailType: l.Rail, Currency: l.Currency, Destination: l.Destination,
+		TenantID: l.TenantID, CorrelationID: l.CorrelationID, Metadata: l.Metadata,
+	}
+	if l.AmountMinor != "" {
+		amount, err := rails.ParseAmountMinor(l.AmountMinor.String())
+		if err != nil {
+			return in, err
+		}
+		in.AmountMinor = amount
+	}
+	return in, nil
+}
+
+// classify turns an enqueue error into an output error object.
+func classify(err error) *lineError {
+	var verr *rails.ValidationError
+	var merr *pending.MismatchError
+	switch {
+	case errors.As(err, &verr):
+		return &lineError{Code: string(rails.CodeValidationFailed), Field: verr.Field, Message: verr.Message}
+	case errors.As(err, &merr):
+		return &lineError{Code: codeMismatch, Field: rails.FieldIdempotencyKey, Message: merr.Error()}
+	default:
+		return &lineError{Code: codeDatabaseError, Message: err.Error()}
+	}
+}
+
+func runEnqueue(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet(env, "enqueue", "enqueue [flags]   (no instruction flags: JSON lines on stdin)")
+	var db dbFlags
+	db.register(fs)
+	var line inputLine
+	var amount, metadata string
+	fs.StringVar(&line.InstructionID, "instruction-id", "", "instruction id")
+	fs.StringVar(&line.ParticipantID, "participant-id", "", "participant id")
+	fs.StringVar(&line.IdempotencyKey, "idempotency-key", "", "idempotency key")
+	fs.StringVar(&line.Rail, "rail", "", "rail type (e.g. sandbox, event)")
+	fs.StringVar(&amount, "amount-minor", "", "amount in minor units (cents)")
+	fs.StringVar(&line.Currency, "currency", "", "ISO 4217 currency code")
+	fs.StringVar(&line.Destination, "destination", "", "destination in the rail's format")
+	fs.StringVar(&line.TenantID, "tenant-id", "", "tenant id (optional)")
+	fs.StringVar(&line.CorrelationID, "correlation-id", "", "correlation id (optional)")
+	fs.StringVar(&metadata, "metadata", "", "metadata JSON object (optional)")
+	batch := fs.Int("batch", 0, "stdin mode: enqueue N lines per transaction (0: each line its own transaction)")
+	maxPayload := fs.Int("max-payload-bytes", rails.DefaultMaxPayloadBytes, "largest accepted payload")
+	logFormat := fs.String("log-format", "text", "log format: text or json")
+	if err := parseFlags(fs, env, args); err != nil {
+		return err
+	}
+	single := false
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "instruction-id", "participant-id", "idempotency-key", "rail", "amount-minor", "currency", "destination", "tenant-id", "correlation-id", "metadata":
+			single = true
+		}
+	})
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	log, err := newLogger(env.stderr, *logFormat, "warn")
+	if err != nil {
+		return err
+	}
+	producer, err := pending.NewProducer(pending.Config{Schema: db.schema, MaxPayloadBytes: *maxPayload})
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	pool, cleanup, err := db.connect(ctx, log, 4)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+
+	e := &enqueuer{producer: producer, pool: pool, out: json.NewEncoder(env.stdout)}
+	if single {
+		line.AmountMinor = json.Number(amount)
+		if metadata != "" {
+			line.Metadata = json.RawMessage(metadata)
+		}
+		e.add(ctx, line, nil)
+		e.flush(ctx)
+	} else {
+		if err := e.readLines(ctx, env.stdin, max(*batch, 1)); err != nil {
+			return err
+		}
+	}
+	if e.failed > 0 {
+		return exitError{code: 1}
+	}
+	return nil
+}
+
+// enqueuer turns input lines into output lines, in order, batching valid
+// instructions into transactions.
+type enqueuer struct {
+	producer *pending.Producer
+	pool     *pgxpool.Pool
+	out      *json.Encoder
+	failed   int
+
+	results []lineResult // output for the current batch, in input order
+	batch   []pending.Instruction
+	slots   []int // index into results for each batch entry
+}
+
+func (e *enqueuer) readLines(ctx context.Context, r io.Reader, batchSize int) error {
+	br := bufio.NewReaderSize(r, 64<<10)
+	for {
+		raw, readErr := br.ReadBytes('\n')
+		if len(bytes.TrimSpace(raw)) > 0 {
+			var line inputLine
+			var perr error
+			if len(raw) > maxLineBytes {
+				perr = fmt.Errorf("line is longer than %d bytes", maxLineBytes)
+			} else {
+				dec := json.NewDecoder(bytes.NewReader(raw))
+				dec.DisallowUnknownFields()
+				if err := dec.Decode(&line); err != nil {
+					perr = fmt.Errorf("not a valid instruction JSON object: %v", err)
+				}
+			}
+			e.add(ctx, line, perr)
+			if len(e.results) >= batchSize {
+				e.flush(ctx)
+			}
+		}
+		if readErr == io.EOF {
+			break
+		}
+		if readErr != nil {
+			e.flush(ctx)
+			return fmt.Errorf("read stdin: %w", readErr)
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	e.flush(ctx)
+	return nil
+}
+
+// add validates one line; valid instructions wait for the next flush.
+func (e *enqueuer) add(ctx context.Context, line inputLine, parseErr error) {
+	if parseErr != nil {
+		e.results = append(e.results, lineResult{err: &lineError{Code: codeInvalidInput, Message: parseErr.Error()}})
+		return
+	}
+	in, err := line.instruction()
+	if err == nil {
+		err = e.producer.Validate(in)
+	}
+	if err != nil {
+		e.results = append(e.results, lineResult{err: classify(err)})
+		return
+	}
+	e.slots = append(e.slots, len(e.results))
+	e.batch = append(e.batch, in)
+	e.results = append(e.results, lineResult{})
+}
+
+// flush enqueues the pending batch in one transaction (a mismatching line
+// is reported and the rest retried without it) and writes the output lines.
+func (e *enqueuer) flush(ctx context.Context) {
+	for len(e.batch) > 0 {
+		receipts, err := e.enqueue(ctx, e.batch)
+		var be *pending.BatchError
+		if errors.As(err, &be) {
+			e.results[e.slots[be.Index]].err = classify(be.Err)
+			e.batch = append(e.batch[:be.Index], e.batch[be.Index+1:]...)
+			e.slots = append(e.slots[:be.Index], e.slots[be.Index+1:]...)
+			continue
+		}
+		for i, slot := range e.slots {
+			if err != nil {
+				e.results[slot].err = classify(err)
+			} else {
+				e.results[slot].receipt = &receipts[i]
+			}
+		}
+		break
+	}
+	for _, r := range e.results {
+		if r.err != nil {
+			e.failed++
+		}
+		_ = e.out.Encode(r)
+	}
+	e.results, e.batch, e.slots = e.results[:0], e.batch[:0], e.slots[:0]
+}
+
+func (e *enqueuer) enqueue(ctx context.Context, ins []pending.Instruction) ([]pending.Receipt, error) {
+	if len(ins) == 1 {
+		r, err := e.producer.Enqueue(ctx, e.pool, ins[0])
+		if err != nil {
+			return nil, &pending.BatchError{Index: 0, Err: err}
+		}
+		return []pending.Receipt{r}, nil
+	}
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback(ctx)
+	receipts, err := e.producer.EnqueueBatch(ctx, tx, ins)
+	if err != nil {
+		return nil, err
+	}
+	return receipts, tx.Commit(ctx)
+}

@@ -1,0 +1,165 @@
+// Command outbox is the one binary of the outbox engine: schema migrations,
+// the relayer daemon, the zombie reaper, enqueueing from the shell, the demo,
+// benchmarks and operator tools.
+//
+// Every flag can also be set through an environment variable: the flag name
+// upper-cased with dashes as underscores and an OUTBOX_ prefix
+// (--database-url is OUTBOX_DATABASE_URL). Flags win over the environment.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// command is one subcommand.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, env *environment, args []string) error
+}
+
+var commands = []command{
+	{"migrate", "apply schema migrations (up), show status, or switch the NOTIFY trigger", runMigrate},
+	{"enqueue", "enqueue one instruction from flags, or JSON lines from stdin", runEnqueue},
+	{"demo", "run the whole system locally: Postgres, relayer, sandbox rail, a producer stream, a live summary", runDemo},
+}
+
+// environment is what every subcommand gets besides its flags.
+type environment struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	getenv         func(string) string
+}
+
+// errUsage marks errors caused by bad command-line usage (exit status 2).
+var errUsage = errors.New("usage error")
+
+// exitError carries a specific exit status without printing anything more.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	env := &environment{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}
+	err := run(ctx, env, os.Args[1:])
+	stop()
+	os.Exit(exitCode(env, err))
+}
+
+func exitCode(env *environment, err error) int {
+	var ee exitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		return ee.code
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		fmt.Fprintln(env.stderr, "outbox:", err)
+		return 2
+	default:
+		fmt.Fprintln(env.stderr, "outbox:", err)
+		return 1
+	}
+}
+
+func run(ctx context.Context, env *environment, args []string) error {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		usage(env.stdout)
+		if len(args) == 0 {
+			return fmt.Errorf("%w: no command given", errUsage)
+		}
+		return nil
+	}
+	for _, c := range commands {
+		if c.name == args[0] {
+			return c.run(ctx, env, args[1:])
+		}
+	}
+	usage(env.stderr)
+	return fmt.Errorf("%w: unknown command %q", errUsage, args[0])
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: outbox <command> [flags]   (outbox <command> --help for its flags)")
+	fmt.Fprintln(w, "\ncommands:")
+	cs := append([]command(nil), commands...)
+	sort.Slice(cs, func(i, j int) bool { return cs[i].name < cs[j].name })
+	for _, c := range cs {
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w, "\nEvery flag is also read from OUTBOX_<FLAG_NAME> (e.g. OUTBOX_DATABASE_URL).")
+}
+
+// newFlagSet returns a FlagSet for a subcommand whose --help lists every
+// flag with its environment variable.
+func newFlagSet(env *environment, name, synopsis string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(env.stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: outbox %s\n\nflags (each also settable as the environment variable shown):\n", synopsis)
+		fs.VisitAll(func(f *flag.Flag) {
+			def := ""
+			if f.DefValue != "" {
+				def = fmt.Sprintf(" (default %s)", f.DefValue)
+			}
+			fmt.Fprintf(fs.Output(), "  --%s  [%s]\n      %s%s\n", f.Name, envName(f.Name), f.Usage, def)
+		})
+	}
+	return fs
+}
+
+func envName(flagName string) string {
+	return "OUTBOX_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// parseFlags applies OUTBOX_* environment variables, then the command line.
+func parseFlags(fs *flag.FlagSet, env *environment, args []string) error {
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		if v := env.getenv(envName(f.Name)); v != "" && envErr == nil {
+			if err := fs.Set(f.Name, v); err != nil {
+				envErr = fmt.Errorf("%w: %s=%q: %v", errUsage, envName(f.Name), v, err)
+			}
+		}
+	})
+	if envErr != nil {
+		return envErr
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return nil
+}
+
+// newLogger builds the slog logger selected by --log-format/--log-level.
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("%w: --log-level %q", errUsage, level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	default:
+		return nil, fmt.Errorf("%w: --log-format %q (want json or text)", errUsage, format)
+	}
+}

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/ledgerline/outbox/migrations"
+)
+
+func runMigrate(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet(env, "migrate", "migrate [flags] [up|status|notify-on|notify-off]")
+	var db dbFlags
+	db.register(fs)
+	logFormat := fs.String("log-format", "text", "log format: text or json")
+	if err := parseFlags(fs, env, args); err != nil {
+		return err
+	}
+	action := "up"
+	if fs.NArg() > 1 {
+		return fmt.Errorf("%w: migrate takes one action", errUsage)
+	}
+	if fs.NArg() == 1 {
+		action = fs.Arg(0)
+	}
+	log, err := newLogger(env.stderr, *logFormat, "info")
+	if err != nil {
+		return err
+	}
+	pool, cleanup, err := db.connect(ctx, log, 2)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+
+	switch action {
+	case "up":
+		if err := migrations.MigrateWith(ctx, pool, migrations.Options{Schema: db.schema}); err != nil {
+			return err
+		}
+		fallthrough
+	case "status":
+		st, err := migrations.GetStatus(ctx, pool, db.schema)
+		if err != nil {
+			return err
+		}
+		notify := "n/a"
+		if st.Current > 0 {
+			on, err := migrations.NotifyEnabled(ctx, pool, db.schema)
+			if err != nil {
+				return err
+			}
+			notify = map[bool]string{true: "on", false: "off"}[on]
+		}
+		fmt.Fprintf(env.stdout, "schema %s: version %d of %d, notify trigger %s\n", st.Schema, st.Current, st.Latest, notify)
+		return nil
+	case "notify-on", "notify-off":
+		on := action == "notify-on"
+		if err := migrations.SetNotify(ctx, pool, db.schema, on); err != nil {
+			return err
+		}
+		fmt.Fprintf(env.stdout, "schema %s: notify trigger %s\n", db.schema, map[bool]string{true: "on", false: "off"}[on])
+		return nil
+	default:
+		return fmt.Errorf("%w: unknown migrate action %q (want up, status, notify-on or notify-off)", errUsage, action)
+	}
+}

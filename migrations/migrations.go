@@ -1,0 +1,215 @@
+// Package migrations owns the outbox schema: the embedded, append-only SQL
+// files and [Migrate], which applies them with tern under an advisory lock so
+// that any number of processes can migrate at once.
+//
+// Every table lives in one schema, "outbox" by default. Other packages render
+// their SQL for a schema with [Qualify].
+package migrations
+
+import (
+	"context"
+	"crypto/sha256"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/tern/v2/migrate"
+)
+
+// DefaultSchema is the schema used when none is configured.
+const DefaultSchema = "outbox"
+
+// NotifyChannel is the channel the pending insert trigger notifies.
+const NotifyChannel = "outbox_pending"
+
+//go:embed sql/*.sql
+var files embed.FS
+
+// ErrInvalidSchema is returned for schema names that are not plain
+// lower-case identifiers.
+var ErrInvalidSchema = errors.New("invalid schema name")
+
+// Schema names are restricted to plain identifiers so they can be spliced
+// into SQL text without quoting (SQL parameters cannot name a schema).
+var schemaPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// ValidateSchema checks a schema name; the empty string means [DefaultSchema].
+func ValidateSchema(schema string) error {
+	if schema == "" || schemaPattern.MatchString(schema) {
+		return nil
+	}
+	return fmt.Errorf("%w: %q (want lower-case letters, digits and _)", ErrInvalidSchema, schema)
+}
+
+// orDefault maps "" to DefaultSchema.
+func orDefault(schema string) string {
+	if schema == "" {
+		return DefaultSchema
+	}
+	return schema
+}
+
+// Qualify renders a query written with the {schema} placeholder for a
+// schema ("" means the default). The schema must have passed
+// [ValidateSchema]; callers validate once at construction.
+func Qualify(schema, query string) string {
+	return strings.ReplaceAll(query, "{schema}", orDefault(schema))
+}
+
+// Options tune [MigrateWith].
+type Options struct {
+	// Schema to migrate; "" means DefaultSchema.
+	Schema string
+	// TargetVersion to reach; 0 means the latest.
+	TargetVersion int32
+}
+
+// Migrate brings the default schema up to the latest version.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	return MigrateWith(ctx, pool, Options{})
+}
+
+// MigrateWith migrates the schema in opts. It takes a session advisory lock
+// (keyed by schema) before anything else, schema creation included, so
+// concurrent migrators serialize and all end at the same version.
+func MigrateWith(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
+	if err := ValidateSchema(opts.Schema); err != nil {
+		return err
+	}
+	schema := orDefault(opts.Schema)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate: acquire connection: %w", err)
+	}
+	// The lock is session-level; release the connection only after unlock.
+	defer conn.Release()
+
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", lockName(schema)); err != nil {
+		return fmt.Errorf("migrate: take advisory lock: %w", err)
+	}
+	defer func() {
+		// A fresh context: the unlock must happen even if ctx was cancelled,
+		// or the pooled session keeps the lock.
+		if _, err := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(hashtext($1))", lockName(schema)); err != nil {
+			conn.Conn().Close(context.WithoutCancel(ctx))
+		}
+	}()
+
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+schema); err != nil {
+		return fmt.Errorf("migrate: create schema %s: %w", schema, err)
+	}
+	m, err := newMigrator(ctx, conn.Conn(), schema)
+	if err != nil {
+		return err
+	}
+	target := opts.TargetVersion
+	if target == 0 {
+		target = int32(len(m.Migrations))
+	}
+	if err := m.MigrateTo(ctx, target); err != nil {
+		return fmt.Errorf("migrate %s to version %d: %w", schema, target, err)
+	}
+	return nil
+}
+
+func lockName(schema string) string { return "outbox-migrate:" + schema }
+
+func newMigrator(ctx context.Context, conn *pgx.Conn, schema string) (*migrate.Migrator, error) {
+	m, err := migrate.NewMigrator(ctx, conn, schema+".schema_version")
+	if err != nil {
+		return nil, fmt.Errorf("migrate: version table: %w", err)
+	}
+	sub, err := fs.Sub(files, "sql")
+	if err != nil {
+		return nil, err
+	}
+	// Templates are rendered while loading, so the data comes first.
+	m.Data["schema"] = schema
+	if err := m.LoadMigrations(sub); err != nil {
+		return nil, fmt.Errorf("migrate: load migrations: %w", err)
+	}
+	return m, nil
+}
+
+// DB is the part of a connection these helpers use; *pgxpool.Pool,
+// *pgx.Conn and pgx.Tx all satisfy it.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Status is where a schema stands.
+type Status struct {
+	Schema  string
+	Current int32 // applied version; 0 when the schema is not migrated
+	Latest  int32 // the newest version this build knows
+}
+
+// Latest returns the number of embedded migrations.
+func Latest() int32 {
+	names, _ := fs.Glob(files, "sql/*.sql")
+	return int32(len(names))
+}
+
+// GetStatus reports the applied and latest version of a schema, without
+// changing anything.
+func GetStatus(ctx context.Context, db DB, schema string) (Status, error) {
+	if err := ValidateSchema(schema); err != nil {
+		return Status{}, err
+	}
+	s := Status{Schema: orDefault(schema), Latest: Latest()}
+	var exists bool
+	err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", s.Schema+".schema_version").Scan(&exists)
+	if err != nil || !exists {
+		return s, err
+	}
+	err = db.QueryRow(ctx, "SELECT version FROM "+s.Schema+".schema_version").Scan(&s.Current)
+	return s, err
+}
+
+// Hash identifies the embedded migrations (for test template caching).
+func Hash() string {
+	h := sha256.New()
+	names, _ := fs.Glob(files, "sql/*.sql")
+	for _, n := range names {
+		b, _ := files.ReadFile(n)
+		h.Write([]byte(n))
+		h.Write(b)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// SetNotify switches the adaptive NOTIFY trigger on pending inserts on or
+// off. With it off, relayers find work by polling only and producers never
+// pay for NOTIFY.
+func SetNotify(ctx context.Context, db DB, schema string, enabled bool) error {
+	if err := ValidateSchema(schema); err != nil {
+		return err
+	}
+	verb := "DISABLE"
+	if enabled {
+		verb = "ENABLE"
+	}
+	_, err := db.Exec(ctx, Qualify(schema, "ALTER TABLE {schema}.pending "+verb+" TRIGGER pending_notify"))
+	return err
+}
+
+// NotifyEnabled reports whether the adaptive NOTIFY trigger is enabled.
+func NotifyEnabled(ctx context.Context, db DB, schema string) (bool, error) {
+	if err := ValidateSchema(schema); err != nil {
+		return false, err
+	}
+	var enabled bool
+	err := db.QueryRow(ctx, `
+		SELECT t.tgenabled <> 'D' FROM pg_trigger t
+		WHERE t.tgrelid = to_regclass($1) AND t.tgname = 'pending_notify'`,
+		orDefault(schema)+".pending").Scan(&enabled)
+	return enabled, err
+}

@@ -1,0 +1,267 @@
+package migrations_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/migrations"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+type testBundle struct {
+	ctx  context.Context
+	pool *pgxpool.Pool
+	url  string
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	url := testdb.URL(t)
+	pool, err := pgxpool.New(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return &testBundle{ctx: t.Context(), pool: pool, url: url}
+}
+
+func TestConcurrentMigratorsEndAtLatest(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const migrators = 8
+	var wg sync.WaitGroup
+	errs := make([]error, migrators)
+	start := make(chan struct{})
+	for i := range migrators {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Each migrator is its own "process": its own pool.
+			pool, err := pgxpool.New(b.ctx, b.url)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer pool.Close()
+			<-start
+			errs[i] = migrations.MigrateWith(b.ctx, pool, migrations.Options{Schema: "fresh_schema"})
+		}()
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("migrator %d: %v", i, err)
+		}
+	}
+	st, err := migrations.GetStatus(b.ctx, b.pool, "fresh_schema")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Current != migrations.Latest() || st.Latest < 1 {
+		t.Fatalf("status = %+v, want current = latest", st)
+	}
+	var tables int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = 'fresh_schema'
+		AND tablename IN ('sequences','idempotency_keys','pending','inflight','attempts','dead_letters','relayer_idle')`).Scan(&tables); err != nil {
+		t.Fatal(err)
+	}
+	if tables != 7 {
+		t.Fatalf("found %d of the 7 tables in fresh_schema", tables)
+	}
+	// Migrating again is a no-op.
+	if err := migrations.MigrateWith(b.ctx, b.pool, migrations.Options{Schema: "fresh_schema"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestInvalidSchemaRejected(t *testing.T) {
+	t.Parallel()
+	for _, s := range []string{"Outbox", "out-box", "1x", "a;drop table x", `"q"`} {
+		if err := migrations.ValidateSchema(s); !errors.Is(err, migrations.ErrInvalidSchema) {
+			t.Errorf("ValidateSchema(%q) = %v", s, err)
+		}
+	}
+	if err := migrations.ValidateSchema(""); err != nil {
+		t.Errorf("empty schema (the default) rejected: %v", err)
+	}
+}
+
+func TestStatusOfUnmigratedSchema(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	st, err := migrations.GetStatus(b.ctx, b.pool, "never_migrated")
+	if err != nil || st.Current != 0 {
+		t.Fatalf("status = %+v, %v", st, err)
+	}
+}
+
+const insertAttempt = `INSERT INTO outbox.attempts (outbox_id, instruction_id, participant_id, sequence_id,
+	idempotency_key, rail_type, attempt_no, state, claimed_at)
+	VALUES ('01900000-0000-7000-8000-000000000001', 'i', 'p', 1, 'k', 'sandbox', 1, 'DISPATCHING', now())`
+
+func TestAttemptsAreAppendOnly(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.pool.Exec(b.ctx, insertAttempt); err != nil {
+		t.Fatal(err)
+	}
+	for _, stmt := range []string{
+		`UPDATE outbox.attempts SET state = 'DISPATCHED'`,
+		`DELETE FROM outbox.attempts`,
+		`TRUNCATE outbox.attempts`,
+		// Through a partition directly: still rejected.
+		`DELETE FROM outbox.` + currentPartition(),
+		`UPDATE outbox.` + currentPartition() + ` SET error_code = 'x'`,
+		`TRUNCATE outbox.` + currentPartition(),
+		`TRUNCATE outbox.attempts_default`,
+	} {
+		_, err := b.pool.Exec(b.ctx, stmt)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			t.Errorf("%s: err = %v, want insufficient_privilege", stmt, err)
+		}
+	}
+	var n int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE state = 'DISPATCHING'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("attempt rows = %d, %v; want the one row untouched", n, err)
+	}
+}
+
+func currentPartition() string {
+	return "attempts_" + time.Now().UTC().Format("2006_01")
+}
+
+func TestAttemptsLandInMonthlyPartition(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.pool.Exec(b.ctx, insertAttempt); err != nil {
+		t.Fatal(err)
+	}
+	var part string
+	if err := b.pool.QueryRow(b.ctx, `SELECT tableoid::regclass::text FROM outbox.attempts`).Scan(&part); err != nil {
+		t.Fatal(err)
+	}
+	if part != "outbox."+currentPartition() {
+		t.Fatalf("row landed in %s, want outbox.%s", part, currentPartition())
+	}
+}
+
+// listen opens a LISTEN connection on the pending channel.
+func (b *testBundle) listen(t *testing.T) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(b.ctx, b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	if _, err := conn.Exec(b.ctx, "LISTEN "+migrations.NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+var seq int
+
+func (b *testBundle) insertPending(t *testing.T) {
+	t.Helper()
+	seq++
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id,
+		idempotency_key, rail_type, payload) VALUES (gen_random_uuid(), 'i', 'p', $1, 'k', 'sandbox', '{}')`, seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// nextNotification returns the payload of the next notification. Silence
+// is proven without clocks: the test sends its own sentinel after the
+// insert, and notifications arrive in commit order, so if the sentinel comes
+// first the insert notified nobody.
+func nextNotification(t *testing.T, conn *pgx.Conn) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	n, err := conn.WaitForNotification(ctx)
+	if err != nil {
+		t.Fatalf("waiting for notification: %v", err)
+	}
+	return n.Payload
+}
+
+func (b *testBundle) sentinel(t *testing.T) {
+	t.Helper()
+	if _, err := b.pool.Exec(b.ctx, `SELECT pg_notify($1, 'sentinel')`, migrations.NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNotifyTrigger(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	conn := b.listen(t)
+
+	// No idle relayer: silent.
+	b.insertPending(t)
+	b.sentinel(t)
+	if got := nextNotification(t, conn); got != "sentinel" {
+		t.Fatalf("with no idle relayer the insert notified (%q)", got)
+	}
+
+	// A stale registration (a dead relayer): silent.
+	if _, err := b.pool.Exec(b.ctx, `INSERT INTO outbox.relayer_idle VALUES ('dead', now() - interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
+	b.insertPending(t)
+	b.sentinel(t)
+	if got := nextNotification(t, conn); got != "sentinel" {
+		t.Fatalf("with a stale registration the insert notified (%q)", got)
+	}
+
+	// A fresh registration: notified.
+	if _, err := b.pool.Exec(b.ctx, `INSERT INTO outbox.relayer_idle VALUES ('idle-1', clock_timestamp())`); err != nil {
+		t.Fatal(err)
+	}
+	b.insertPending(t)
+	b.sentinel(t)
+	if got := nextNotification(t, conn); got != "" {
+		t.Fatalf("with an idle relayer the first notification is %q, want the trigger's", got)
+	}
+	if got := nextNotification(t, conn); got != "sentinel" {
+		t.Fatalf("then %q, want the sentinel", got)
+	}
+
+	// Turned off: silent even with an idle relayer.
+	if err := migrations.SetNotify(b.ctx, b.pool, "", false); err != nil {
+		t.Fatal(err)
+	}
+	if on, err := migrations.NotifyEnabled(b.ctx, b.pool, ""); err != nil || on {
+		t.Fatalf("NotifyEnabled = %v, %v after turning it off", on, err)
+	}
+	b.insertPending(t)
+	b.sentinel(t)
+	if got := nextNotification(t, conn); got != "sentinel" {
+		t.Fatalf("with the trigger off the insert notified (%q)", got)
+	}
+	if err := migrations.SetNotify(b.ctx, b.pool, "", true); err != nil {
+		t.Fatal(err)
+	}
+	b.insertPending(t)
+	if got := nextNotification(t, conn); got != "" {
+		t.Fatalf("after turning it back on: %q", got)
+	}
+}
+
+func ExampleQualify() {
+	fmt.Println(migrations.Qualify("payments", "SELECT count(*) FROM {schema}.pending"))
+	// Output: SELECT count(*) FROM payments.pending
+}

@@ -1,0 +1,147 @@
+package pending
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/gofrs/uuid/v5"
+
+	"github.com/ledgerline/outbox/rails"
+)
+
+// Instruction is what a producer enqueues: who, what, where to, and the keys
+// that make it safe to submit twice.
+type Instruction struct {
+	// InstructionID is the producer's id for the instruction (required).
+	InstructionID string
+	// ParticipantID is whose instructions are kept in order (required).
+	ParticipantID string
+	// IdempotencyKey, with InstructionID (and TenantID), identifies the
+	// instruction forever (required). It is also sent to the rail.
+	IdempotencyKey string
+	// RailType names the rail, e.g. "sandbox", "ach", "event" (required).
+	RailType string
+	// TenantID scopes idempotency keys per tenant (optional).
+	TenantID string
+	// CorrelationID is carried into every attempt row and log line (optional).
+	CorrelationID string
+
+	// Payment, required for rails that move money and absent for event
+	// rails: integer minor units (cents), an ISO 4217 code, a destination in
+	// the rail's format.
+	AmountMinor int64
+	Currency    string
+	Destination string
+
+	// Metadata is free JSON (an object). For event rails it is the event.
+	Metadata json.RawMessage
+}
+
+// Receipt is the result of an enqueue.
+type Receipt struct {
+	OutboxID   uuid.UUID `json:"outbox_id"`
+	SequenceID int64     `json:"sequence_id"`
+	// Duplicate is true when the instruction was already enqueued (same
+	// key, same payload): this is the original receipt, nothing was written.
+	Duplicate bool `json:"duplicate"`
+}
+
+// ErrIdempotencyMismatch is returned when an idempotency key is reused with
+// a different payload. Nothing is written.
+var ErrIdempotencyMismatch = errors.New("idempotency key reused with a different payload")
+
+// MismatchError details an [ErrIdempotencyMismatch].
+type MismatchError struct {
+	InstructionID  string
+	IdempotencyKey string
+	OutboxID       uuid.UUID // the instruction the key already belongs to
+}
+
+func (e *MismatchError) Error() string {
+	return fmt.Sprintf("%v: instruction %q key %q already belongs to outbox id %s",
+		ErrIdempotencyMismatch, e.InstructionID, e.IdempotencyKey, e.OutboxID)
+}
+
+// Unwrap makes errors.Is(err, ErrIdempotencyMismatch) work.
+func (e *MismatchError) Unwrap() error { return ErrIdempotencyMismatch }
+
+// BatchError says which instruction of a batch failed; nothing of the batch
+// was written.
+type BatchError struct {
+	Index int
+	Err   error
+}
+
+func (e *BatchError) Error() string { return fmt.Sprintf("instruction %d: %v", e.Index, e.Err) }
+
+// Unwrap returns the instruction's error.
+func (e *BatchError) Unwrap() error { return e.Err }
+
+// Payload is the JSON stored with an instruction and decoded by relayers.
+type Payload struct {
+	AmountMinor int64           `json:"amount_minor,omitempty"`
+	Currency    string          `json:"currency,omitempty"`
+	Destination string          `json:"destination,omitempty"`
+	Metadata    json.RawMessage `json:"metadata,omitempty"`
+}
+
+// RailInstruction is the rail's view of an instruction (without the
+// identity the relayer adds at dispatch).
+func (in Instruction) RailInstruction(movesMoney bool) rails.Instruction {
+	ri := rails.Instruction{
+		InstructionID:  in.InstructionID,
+		ParticipantID:  in.ParticipantID,
+		IdempotencyKey: in.IdempotencyKey,
+		RailType:       in.RailType,
+		TenantID:       in.TenantID,
+		CorrelationID:  in.CorrelationID,
+		Metadata:       in.Metadata,
+	}
+	if movesMoney || in.AmountMinor != 0 || in.Currency != "" || in.Destination != "" {
+		ri.Payment = &rails.Payment{AmountMinor: in.AmountMinor, Currency: in.Currency, Destination: in.Destination}
+	}
+	return ri
+}
+
+// prepared is a validated instruction with its encoded payload and hash.
+type prepared struct {
+	in       Instruction
+	outboxID uuid.UUID
+	payload  []byte
+	hash     []byte
+}
+
+// canonicalJSON re-encodes a JSON object with sorted keys and no
+// insignificant whitespace, so equal metadata hashes equally however the
+// producer formatted it.
+func canonicalJSON(raw json.RawMessage) (json.RawMessage, error) {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return nil, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	return json.Marshal(v)
+}
+
+// payloadHash identifies what an idempotency key promised: everything that
+// changes what the rail would be asked to do. The correlation id is left out
+// on purpose (a retried request may carry a new trace).
+func payloadHash(in Instruction, payload []byte) []byte {
+	h := sha256.New()
+	for _, s := range []string{in.ParticipantID, in.RailType, in.TenantID} {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(s)))
+		h.Write(n[:])
+		h.Write([]byte(s))
+	}
+	h.Write(payload)
+	return h.Sum(nil)
+}

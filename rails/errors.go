@@ -1,0 +1,93 @@
+package rails
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrorCode is a stable code of the error taxonomy. It is stored in attempt
+// rows and used as a metric label, so values never change once released.
+type ErrorCode string
+
+// The error taxonomy.
+const (
+	// CodeValidationFailed: the instruction failed validation (terminal; the
+	// rail is never called).
+	CodeValidationFailed ErrorCode = "VALIDATION_FAILED"
+	// CodeRailRejected: the rail answered with a terminal rejection.
+	CodeRailRejected ErrorCode = "RAIL_REJECTED"
+	// CodeRailUnavailable: the rail could not be reached before anything was
+	// sent (connection refused, DNS failure) or said it is unavailable.
+	CodeRailUnavailable ErrorCode = "RAIL_UNAVAILABLE"
+	// CodeRailTimeout: no answer within the hard timeout. The rail may have
+	// acted, so the retry carries the same idempotency key.
+	CodeRailTimeout ErrorCode = "RAIL_TIMEOUT"
+	// CodeRailTransport: the request may have reached the rail but the
+	// exchange broke (connection reset, malformed answer). Treated like a
+	// timeout: retried with the same idempotency key.
+	CodeRailTransport ErrorCode = "RAIL_TRANSPORT_ERROR"
+	// CodeRateLimited: the rail asked us to slow down (retryable).
+	CodeRateLimited ErrorCode = "RAIL_RATE_LIMITED"
+	// CodeCircuitOpen: the rail's circuit breaker refused the call.
+	CodeCircuitOpen ErrorCode = "CIRCUIT_OPEN"
+	// CodeMaxAttemptsExceeded: a retryable failure on the last allowed attempt.
+	CodeMaxAttemptsExceeded ErrorCode = "MAX_ATTEMPTS_EXCEEDED"
+	// CodeUnknownRailCode: the rail answered with a code its table does not
+	// know. Safe default: retryable (the same key protects the payment) and
+	// flagged so an operator extends the table.
+	CodeUnknownRailCode ErrorCode = "UNKNOWN_RAIL_CODE"
+	// CodeZombieRequeue: the relayer holding the instruction stopped
+	// renewing its lease and the reaper put it back.
+	CodeZombieRequeue ErrorCode = "ZOMBIE_REQUEUE"
+	// CodeRailNotConfigured: no rail of this type is loaded by the relayer.
+	CodeRailNotConfigured ErrorCode = "RAIL_NOT_CONFIGURED"
+)
+
+// ErrValidation matches every [*ValidationError] with errors.Is.
+var ErrValidation = errors.New("validation failed")
+
+// Validation reasons carried in [ValidationError.Reason]. They are stable and
+// machine-readable; Message is for people.
+const (
+	ReasonRequired           = "required"
+	ReasonInvalid            = "invalid"
+	ReasonNotPositive        = "not_positive"
+	ReasonOverflow           = "overflow"
+	ReasonExcessPrecision    = "excess_precision"
+	ReasonUnknownCurrency    = "unknown_currency"
+	ReasonCurrencyNotAllowed = "currency_not_allowed"
+	ReasonOutOfLimits        = "out_of_limits"
+	ReasonChecksum           = "checksum"
+	ReasonNotSEPA            = "not_sepa"
+	ReasonTooLarge           = "too_large"
+	ReasonUnknownRail        = "unknown_rail"
+	ReasonNotAllowed         = "not_allowed"
+)
+
+// ValidationError says which field of an instruction is wrong and why. It is
+// returned before anything is written or sent.
+type ValidationError struct {
+	Field   string // the field as named in the JSON input, e.g. "amount_minor"
+	Reason  string // one of the Reason* constants
+	Message string // human-readable detail; never contains secrets
+}
+
+// Error implements error.
+func (e *ValidationError) Error() string {
+	return fmt.Sprintf("invalid %s: %s", e.Field, e.Message)
+}
+
+// Is makes errors.Is(err, ErrValidation) true for every ValidationError.
+func (e *ValidationError) Is(target error) bool { return target == ErrValidation }
+
+// invalid builds a ValidationError.
+func invalid(field, reason, format string, args ...any) *ValidationError {
+	return &ValidationError{Field: field, Reason: reason, Message: fmt.Sprintf(format, args...)}
+}
+
+// ErrUnavailable is returned (wrapped) by transports when the rail could not
+// be reached before the request was sent; it classifies as RAIL_UNAVAILABLE.
+var ErrUnavailable = errors.New("rail unavailable")
+
+// ErrCircuitOpen is returned when a rail's circuit breaker refuses a call.
+var ErrCircuitOpen = errors.New("circuit breaker open")

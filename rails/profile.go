@@ -1,0 +1,208 @@
+package rails
+
+import (
+	"bytes"
+	"encoding/json"
+	"regexp"
+	"slices"
+	"strings"
+	"unicode/utf8"
+)
+
+// DefaultMaxPayloadBytes is the default limit on an instruction's encoded
+// payload (payment fields plus metadata).
+const DefaultMaxPayloadBytes = 64 << 10
+
+// Profile validates instructions for one kind of rail. Producers run it at
+// enqueue (nothing is written on failure) and relayers run it again right
+// before dispatch (the rail is never called on failure).
+type Profile interface {
+	// MovesMoney reports whether instructions must carry a [Payment].
+	MovesMoney() bool
+	// Validate returns a [*ValidationError] naming the first bad field.
+	Validate(Instruction) error
+}
+
+// Limits are a money rail's amount and currency limits, shared by every
+// money profile.
+type Limits struct {
+	// Currencies the rail accepts; empty means every active ISO 4217 code.
+	Currencies []string `json:"currencies,omitempty"`
+	// MinAmountMinor and MaxAmountMinor bound the amount; zero means no bound
+	// beyond "positive" and [MaxAmountMinor].
+	MinAmountMinor int64 `json:"min_amount_minor,omitempty"`
+	MaxAmountMinor int64 `json:"max_amount_minor,omitempty"`
+}
+
+// validatePayment runs the checks every money rail shares: a payment is
+// present, the amount is positive and within limits, the currency is valid
+// and accepted. The destination is the profile's own business.
+func (l Limits) validatePayment(ins Instruction) error {
+	p := ins.Payment
+	if p == nil {
+		return invalid(FieldAmount, ReasonRequired, "rail %q moves money: amount_minor, currency and destination are required", ins.RailType)
+	}
+	if err := ValidateAmount(p.AmountMinor); err != nil {
+		return err
+	}
+	if err := ValidateCurrency(p.Currency); err != nil {
+		return err
+	}
+	if len(l.Currencies) > 0 && !slices.Contains(l.Currencies, p.Currency) {
+		return invalid(FieldCurrency, ReasonCurrencyNotAllowed, "rail %q does not accept %s", ins.RailType, p.Currency)
+	}
+	if l.MinAmountMinor > 0 && p.AmountMinor < l.MinAmountMinor {
+		return invalid(FieldAmount, ReasonOutOfLimits, "amount %d is below the rail minimum %d", p.AmountMinor, l.MinAmountMinor)
+	}
+	if l.MaxAmountMinor > 0 && p.AmountMinor > l.MaxAmountMinor {
+		return invalid(FieldAmount, ReasonOutOfLimits, "amount %d is above the rail maximum %d", p.AmountMinor, l.MaxAmountMinor)
+	}
+	return nil
+}
+
+// Generic is a money rail whose destination is checked against an optional
+// pattern (anchored regular expression); without one, any non-empty
+// printable destination of at most 256 bytes is accepted.
+type Generic struct {
+	Limits
+	// DestinationPattern, when set, must match the whole destination.
+	DestinationPattern *regexp.Regexp
+}
+
+// MovesMoney implements [Profile].
+func (Generic) MovesMoney() bool { return true }
+
+// Validate implements [Profile].
+func (g Generic) Validate(ins Instruction) error {
+	if err := validateEnvelope(ins); err != nil {
+		return err
+	}
+	if err := g.validatePayment(ins); err != nil {
+		return err
+	}
+	dest := ins.Payment.Destination
+	if err := checkText(FieldDestination, dest, 256); err != nil {
+		return err
+	}
+	if g.DestinationPattern != nil && !fullMatch(g.DestinationPattern, dest) {
+		return invalid(FieldDestination, ReasonInvalid, "destination does not match the rail's pattern")
+	}
+	return nil
+}
+
+// fullMatch reports whether re matches the whole of s. Leftmost-first
+// matching can stop short of a whole-string match that exists (`a|ab` finds
+// "a" in "ab"), so match on a leftmost-longest copy, which finds it.
+func fullMatch(re *regexp.Regexp, s string) bool {
+	longest := *re
+	longest.Longest()
+	loc := longest.FindStringIndex(s)
+	return loc != nil && loc[0] == 0 && loc[1] == len(s)
+}
+
+// Event is a rail that moves no money (usage snapshots, notifications): the
+// metadata is the event body and must be a JSON object; payment fields must
+// be absent.
+type Event struct{}
+
+// MovesMoney implements [Profile].
+func (Event) MovesMoney() bool { return false }
+
+// Validate implements [Profile].
+func (Event) Validate(ins Instruction) error {
+	if err := validateEnvelope(ins); err != nil {
+		return err
+	}
+	if ins.Payment != nil {
+		return invalid(FieldAmount, ReasonNotAllowed, "rail %q is an event rail and carries no money fields", ins.RailType)
+	}
+	if len(bytes.TrimSpace(ins.Metadata)) == 0 {
+		return invalid(FieldMetadata, ReasonRequired, "event rail %q needs a JSON object as metadata", ins.RailType)
+	}
+	return nil
+}
+
+// validateEnvelope checks what every instruction needs regardless of rail:
+// identifiers present and printable, metadata a JSON object when given.
+func validateEnvelope(ins Instruction) error {
+	for _, f := range []struct {
+		name, value string
+		required    bool
+	}{
+		{FieldInstructionID, ins.InstructionID, true},
+		{FieldParticipantID, ins.ParticipantID, true},
+		{FieldIdempotencyKey, ins.IdempotencyKey, true},
+		{FieldRail, ins.RailType, true},
+		{FieldTenantID, ins.TenantID, false},
+		{FieldCorrelationID, ins.CorrelationID, false},
+	} {
+		if f.value == "" {
+			if f.required {
+				return invalid(f.name, ReasonRequired, "%s is required", f.name)
+			}
+			continue
+		}
+		if err := checkText(f.name, f.value, 200); err != nil {
+			return err
+		}
+	}
+	if m := bytes.TrimSpace(ins.Metadata); len(m) > 0 {
+		if m[0] != '{' || !json.Valid(m) {
+			return invalid(FieldMetadata, ReasonInvalid, "metadata must be a JSON object")
+		}
+	}
+	return nil
+}
+
+// checkText rejects empty, oversized, non-UTF-8 or control-character values:
+// identifiers end up in logs, headers and file names.
+func checkText(field, v string, max int) error {
+	switch {
+	case strings.TrimSpace(v) == "":
+		return invalid(field, ReasonRequired, "%s is required", field)
+	case len(v) > max:
+		return invalid(field, ReasonTooLarge, "%s is longer than %d bytes", field, max)
+	case !utf8.ValidString(v):
+		return invalid(field, ReasonInvalid, "%s is not valid UTF-8", field)
+	case strings.IndexFunc(v, isControl) >= 0:
+		return invalid(field, ReasonInvalid, "%s contains control characters", field)
+	}
+	return nil
+}
+
+func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
+
+// Catalog maps rail types (what instructions carry) to their validation
+// profile. Producers use it at enqueue; it knows nothing about transports.
+type Catalog map[string]Profile
+
+// DefaultCatalog is what exists when no rail configuration is loaded: the
+// sandbox money rail and the generic event rail.
+func DefaultCatalog() Catalog {
+	return Catalog{
+		"sandbox": Generic{},
+		"event":   Event{},
+	}
+}
+
+// Lookup returns the profile of a rail type or a ValidationError naming the
+// rail field.
+func (c Catalog) Lookup(railType string) (Profile, error) {
+	if railType == "" {
+		return nil, invalid(FieldRail, ReasonRequired, "rail is required")
+	}
+	p, ok := c[railType]
+	if !ok {
+		return nil, invalid(FieldRail, ReasonUnknownRail, "unknown rail type %q", railType)
+	}
+	return p, nil
+}
+
+// Validate validates ins with the profile of its rail type.
+func (c Catalog) Validate(ins Instruction) error {
+	p, err := c.Lookup(ins.RailType)
+	if err != nil {
+		return err
+	}
+	return p.Validate(ins)
+}

@@ -1,0 +1,230 @@
+package rails
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+	"sync"
+	"time"
+)
+
+// Sandbox answer codes.
+const (
+	SandboxAccepted    = "ACCEPTED"
+	SandboxDuplicate   = "DUPLICATE" // same idempotency key seen before: the original payment stands
+	SandboxUnavailable = "TEMPORARILY_UNAVAILABLE"
+	SandboxRejected    = "REJECTED"
+	SandboxRateLimited = "RATE_LIMITED"
+)
+
+// SandboxCodes is the sandbox's code table.
+var SandboxCodes = CodeTable{
+	SandboxAccepted:    {Outcome: Dispatched},
+	SandboxDuplicate:   {Outcome: Dispatched},
+	SandboxUnavailable: {Outcome: Retryable, Error: CodeRailUnavailable},
+	SandboxRateLimited: {Outcome: Retryable, Error: CodeRateLimited},
+	SandboxRejected:    {Outcome: Failed, Error: CodeRailRejected},
+}
+
+// SandboxOptions configure a [Sandbox]. Every random choice is a pure
+// function of (Seed, idempotency key, attempt number), so a run is
+// reproducible whatever the concurrency.
+type SandboxOptions struct {
+	Seed int64 `json:"seed,omitempty"`
+	// LatencyMin and LatencyMax: each call takes a uniform time in between.
+	LatencyMin time.Duration `json:"latency_min,omitempty"`
+	LatencyMax time.Duration `json:"latency_max,omitempty"`
+	// SlowRate of calls take SlowLatency instead (a latency tail).
+	SlowRate    float64       `json:"slow_rate,omitempty"`
+	SlowLatency time.Duration `json:"slow_latency,omitempty"`
+	// RetryableRate of calls answer TEMPORARILY_UNAVAILABLE without paying.
+	RetryableRate float64 `json:"retryable_rate,omitempty"`
+	// TerminalRate of first-time payments are REJECTED.
+	TerminalRate float64 `json:"terminal_rate,omitempty"`
+	// TimeoutRate of calls pay and then never answer (until the caller's
+	// deadline): the rail acted but the relayer cannot know.
+	TimeoutRate float64 `json:"timeout_rate,omitempty"`
+	// HangRate of calls never answer and do not pay.
+	HangRate float64 `json:"hang_rate,omitempty"`
+}
+
+// SandboxStats counts what a sandbox saw.
+type SandboxStats struct {
+	Calls     int64 // every Send
+	Payments  int64 // distinct payments made (first acceptance of a key)
+	Replays   int64 // calls with an already-paid key, answered DUPLICATE
+	Rejected  int64
+	Retryable int64
+	Timeouts  int64 // paid, then no answer
+	Hangs     int64 // no answer, not paid
+	// EffectiveDuplicates counts payments the sandbox would have made twice:
+	// an already-paid outbox id arriving under a different idempotency key,
+	// or a paid key arriving with different payment details. Must be zero.
+	EffectiveDuplicates int64
+}
+
+type sandboxPayment struct {
+	outboxID  string
+	payment   Payment
+	reference string
+}
+
+// Sandbox is an in-memory payment rail for tests, demos and benchmarks. It
+// honours idempotency keys like a real rail should, and counts the
+// duplicates it would have paid. Use [NewSandbox].
+type Sandbox struct {
+	opts SandboxOptions
+
+	mu       sync.Mutex
+	down     error
+	byKey    map[string]sandboxPayment
+	byOutbox map[string]string // outbox id -> key it was paid under
+	rejected map[string]bool   // keys rejected terminally (stay rejected)
+	stats    SandboxStats
+}
+
+// NewSandbox returns a sandbox transport.
+func NewSandbox(opts SandboxOptions) *Sandbox {
+	return &Sandbox{
+		opts:     opts,
+		byKey:    make(map[string]sandboxPayment),
+		byOutbox: make(map[string]string),
+		rejected: make(map[string]bool),
+	}
+}
+
+// Codes implements [CodeProvider].
+func (s *Sandbox) Codes() CodeTable { return SandboxCodes }
+
+// SetDown makes every call fail with err before anything is sent (nil
+// brings the rail back). Used to exercise circuit breakers.
+func (s *Sandbox) SetDown(err error) {
+	s.mu.Lock()
+	s.down = err
+	s.mu.Unlock()
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Sandbox) Stats() SandboxStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats
+}
+
+// Paid reports whether a payment was made under a tenant's idempotency key
+// (tenantID is empty for instructions without one). Keys are scoped per
+// tenant, as in [Sandbox.Pay].
+func (s *Sandbox) Paid(tenantID, key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.byKey[tenantID+"\x00"+key]
+	return ok
+}
+
+// roll returns a deterministic number in [0,1) for a call and a purpose.
+func (s *Sandbox) roll(ins Instruction, purpose string) float64 {
+	h := fnv.New64a()
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], uint64(s.opts.Seed))
+	h.Write(b[:])
+	binary.LittleEndian.PutUint64(b[:], uint64(ins.AttemptNo))
+	h.Write(b[:])
+	h.Write([]byte(ins.TenantID + "\x00" + ins.IdempotencyKey + "\x00" + purpose))
+	return float64(h.Sum64()>>11) / float64(1<<53)
+}
+
+func (s *Sandbox) latency(ins Instruction) time.Duration {
+	if s.opts.SlowRate > 0 && s.roll(ins, "slow") < s.opts.SlowRate {
+		return s.opts.SlowLatency
+	}
+	d := s.opts.LatencyMin
+	if s.opts.LatencyMax > d {
+		d += time.Duration(s.roll(ins, "latency") * float64(s.opts.LatencyMax-d))
+	}
+	return d
+}
+
+// Send implements [Transport].
+func (s *Sandbox) Send(ctx context.Context, ins Instruction) (Result, error) {
+	s.mu.Lock()
+	s.stats.Calls++
+	down := s.down
+	s.mu.Unlock()
+	if down != nil {
+		return Result{}, fmt.Errorf("sandbox: %w", down)
+	}
+	if d := s.latency(ins); d > 0 {
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return Result{}, ctx.Err()
+		case <-t.C:
+		}
+	}
+	if s.opts.HangRate > 0 && s.roll(ins, "hang") < s.opts.HangRate {
+		s.count(func(st *SandboxStats) { st.Hangs++ })
+		<-ctx.Done()
+		return Result{}, ctx.Err()
+	}
+	if s.opts.RetryableRate > 0 && s.roll(ins, "retryable") < s.opts.RetryableRate {
+		s.count(func(st *SandboxStats) { st.Retryable++ })
+		return Result{Code: SandboxUnavailable, Message: "sandbox: try again later"}, nil
+	}
+	res := s.Pay(ins, s.opts.TerminalRate > 0 && s.roll(ins, "terminal") < s.opts.TerminalRate)
+	if res.Code == SandboxAccepted && s.opts.TimeoutRate > 0 && s.roll(ins, "timeout") < s.opts.TimeoutRate {
+		s.count(func(st *SandboxStats) { st.Timeouts++ })
+		<-ctx.Done()
+		return Result{}, ctx.Err()
+	}
+	return res, nil
+}
+
+func (s *Sandbox) count(f func(*SandboxStats)) {
+	s.mu.Lock()
+	f(&s.stats)
+	s.mu.Unlock()
+}
+
+// Pay is the sandbox's ledger: it pays an instruction once per idempotency
+// key, answers DUPLICATE for a paid key, and keeps a terminal rejection
+// (reject=true on first sight) for the key's lifetime. Exported so the HTTP
+// sandbox server shares the same ledger logic.
+func (s *Sandbox) Pay(ins Instruction, reject bool) Result {
+	key := ins.TenantID + "\x00" + ins.IdempotencyKey
+	var p Payment
+	if ins.Payment != nil {
+		p = *ins.Payment
+	}
+	outbox := ins.OutboxID.String()
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if prev, ok := s.byKey[key]; ok {
+		if prev.payment != p || prev.outboxID != outbox {
+			// A rail that honours keys would refuse this; ours pays it and
+			// counts it, so a test can never miss a key collision.
+			s.stats.EffectiveDuplicates++
+		}
+		s.stats.Replays++
+		return Result{Code: SandboxDuplicate, Reference: prev.reference, Message: "idempotent replay"}
+	}
+	if s.rejected[key] {
+		s.stats.Rejected++
+		return Result{Code: SandboxRejected, Message: "sandbox: rejected"}
+	}
+	if reject {
+		s.rejected[key] = true
+		s.stats.Rejected++
+		return Result{Code: SandboxRejected, Message: "sandbox: rejected"}
+	}
+	if prevKey, ok := s.byOutbox[outbox]; ok && prevKey != key {
+		s.stats.EffectiveDuplicates++
+	}
+	s.stats.Payments++
+	ref := fmt.Sprintf("sbx_%d", s.stats.Payments)
+	s.byKey[key] = sandboxPayment{outboxID: outbox, payment: p, reference: ref}
+	s.byOutbox[outbox] = key
+	return Result{Code: SandboxAccepted, Reference: ref}
+}

@@ -1,0 +1,177 @@
+package rails
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"time"
+)
+
+// sandboxMaxRequestBytes bounds a request body: an instruction's payload is
+// at most DefaultMaxPayloadBytes, plus the envelope fields.
+const sandboxMaxRequestBytes = DefaultMaxPayloadBytes + 16<<10
+
+// SandboxStatsResponse is the JSON form of [SandboxStats] served by GET
+// /stats. It converts both ways with a plain conversion
+// (SandboxStatsResponse(st), SandboxStats(resp)); a field added to
+// SandboxStats without one here stops that conversion from compiling.
+type SandboxStatsResponse struct {
+	Calls               int64 `json:"calls"`
+	Payments            int64 `json:"payments"`
+	Replays             int64 `json:"replays"`
+	Rejected            int64 `json:"rejected"`
+	Retryable           int64 `json:"retryable"`
+	Timeouts            int64 `json:"timeouts"`
+	Hangs               int64 `json:"hangs"`
+	EffectiveDuplicates int64 `json:"effective_duplicates"`
+}
+
+// sandboxAnswer is the JSON body of every answer to a payment request.
+type sandboxAnswer struct {
+	Reference string `json:"reference,omitempty"`
+	Code      string `json:"code"`
+	Message   string `json:"message,omitempty"`
+}
+
+// Codes of answers produced by the HTTP layer itself, before the sandbox
+// ledger is involved.
+const (
+	sandboxHTTPUnauthorized = "UNAUTHORIZED"
+	sandboxHTTPBadRequest   = "BAD_REQUEST"
+	sandboxHTTPTooLarge     = "TOO_LARGE"
+	sandboxHTTPNotAllowed   = "METHOD_NOT_ALLOWED"
+)
+
+// NewSandboxHandler serves the webhook protocol (see [Webhook]) in front of
+// an in-memory [Sandbox], so the rail can live in its own process and
+// outlive the relayers that call it (crash tests, `outbox sandbox serve`).
+//
+//   - POST to any path other than the two below: verify the signature with
+//     secret (401 on failure; an empty secret rejects everything), decode
+//     the body (400 if malformed or if the Idempotency-Key header differs
+//     from the body's idempotency_key), then s.Send with the request's
+//     context, so injected latency, hangs and paid-then-silent timeouts
+//     last until the client gives up, exactly as in-process. Answers:
+//     ACCEPTED 200, DUPLICATE 409, REJECTED 422, TEMPORARILY_UNAVAILABLE
+//     503, RATE_LIMITED 429 with Retry-After: 1; body {"reference",
+//     "code", "message"}.
+//   - GET /stats: [SandboxStatsResponse].
+//   - GET /healthz: 200.
+func NewSandboxHandler(s *Sandbox, secret []byte) http.Handler {
+	key := bytes.Clone(secret)
+	h := &sandboxHandler{
+		sandbox: s,
+		verify: func(header http.Header, body []byte) error {
+			return VerifySignature(key, header, body, time.Now(), DefaultSignatureTolerance)
+		},
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /stats", h.stats)
+	mux.HandleFunc("GET /healthz", h.healthz)
+	mux.HandleFunc("POST /", h.pay)
+	return mux
+}
+
+type sandboxHandler struct {
+	sandbox *Sandbox
+	// verify holds the secret in a closure, out of reach of anything that
+	// prints the handler.
+	verify func(header http.Header, body []byte) error
+}
+
+func (h *sandboxHandler) pay(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/stats" || r.URL.Path == "/healthz" {
+		// "POST /" would otherwise take these paths and pay.
+		w.Header().Set("Allow", "GET, HEAD")
+		sandboxWriteJSON(w, http.StatusMethodNotAllowed, sandboxAnswer{Code: sandboxHTTPNotAllowed, Message: "use GET"})
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, sandboxMaxRequestBytes))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			sandboxWriteJSON(w, http.StatusRequestEntityTooLarge, sandboxAnswer{Code: sandboxHTTPTooLarge, Message: "request body too large"})
+		}
+		return // otherwise the client went away mid-body
+	}
+	// The signature is checked before the body is even parsed: an
+	// unauthenticated caller learns nothing about what we accept.
+	if err := h.verify(r.Header, body); err != nil {
+		sandboxWriteJSON(w, http.StatusUnauthorized, sandboxAnswer{Code: sandboxHTTPUnauthorized, Message: err.Error()})
+		return
+	}
+	var req WebhookRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		sandboxWriteJSON(w, http.StatusBadRequest, sandboxAnswer{Code: sandboxHTTPBadRequest, Message: "malformed JSON body"})
+		return
+	}
+	// The header is what intermediaries and the receiver's dedup layer see;
+	// the body is what gets paid. They must name the same key.
+	if r.Header.Get(HeaderIdempotencyKey) != req.IdempotencyKey {
+		sandboxWriteJSON(w, http.StatusBadRequest, sandboxAnswer{Code: sandboxHTTPBadRequest, Message: "Idempotency-Key header does not match idempotency_key"})
+		return
+	}
+	ins, err := req.Instruction()
+	if err != nil {
+		sandboxWriteJSON(w, http.StatusBadRequest, sandboxAnswer{Code: sandboxHTTPBadRequest, Message: err.Error()})
+		return
+	}
+
+	res, err := h.sandbox.Send(r.Context(), ins)
+	if err != nil {
+		if r.Context().Err() != nil {
+			return // the client gave up; nobody is left to answer
+		}
+		// SetDown: the rail refuses before acting. Never fall through to
+		// an implicit 200, which the client would take as a payment.
+		sandboxWriteJSON(w, http.StatusServiceUnavailable, sandboxAnswer{Code: SandboxUnavailable, Message: err.Error()})
+		return
+	}
+	if res.Code == SandboxRateLimited {
+		w.Header().Set("Retry-After", "1")
+	}
+	sandboxWriteJSON(w, sandboxHTTPStatus(res.Code), sandboxAnswer{Reference: res.Reference, Code: res.Code, Message: res.Message})
+}
+
+// sandboxHTTPStatus maps a sandbox answer code to the status whose
+// [WebhookCodes] rule matches the code's [SandboxCodes] rule.
+func sandboxHTTPStatus(code string) int {
+	switch code {
+	case SandboxAccepted:
+		return http.StatusOK
+	case SandboxDuplicate:
+		return http.StatusConflict
+	case SandboxRejected:
+		return http.StatusUnprocessableEntity
+	case SandboxUnavailable:
+		return http.StatusServiceUnavailable
+	case SandboxRateLimited:
+		return http.StatusTooManyRequests
+	}
+	// A code this server does not know: retryable on the client side, and
+	// never a success.
+	return http.StatusInternalServerError
+}
+
+func (h *sandboxHandler) stats(w http.ResponseWriter, _ *http.Request) {
+	sandboxWriteJSON(w, http.StatusOK, SandboxStatsResponse(h.sandbox.Stats()))
+}
+
+func (h *sandboxHandler) healthz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	io.WriteString(w, "ok\n")
+}
+
+// sandboxWriteJSON writes v as the JSON answer.
+func sandboxWriteJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, "encoding answer", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}

@@ -1,0 +1,279 @@
+package rails
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// sandboxServer serves a fresh sandbox over plain loopback HTTP (allowed
+// for loopback hosts) and returns a webhook that talks to it.
+func sandboxServer(t *testing.T, opts SandboxOptions) (*Sandbox, *httptest.Server, *Webhook) {
+	t.Helper()
+	s := NewSandbox(opts)
+	srv := httptest.NewServer(NewSandboxHandler(s, testWebhookSecret))
+	t.Cleanup(srv.Close)
+	w, err := NewWebhook(WebhookOptions{URL: srv.URL, Secret: testWebhookSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, srv, w
+}
+
+func TestSandboxHandlerPaysOnce(t *testing.T) {
+	t.Parallel()
+	s, _, w := sandboxServer(t, SandboxOptions{})
+	ins := testInstruction(t, "key-once")
+
+	res, err := w.Send(t.Context(), ins)
+	first := w.Codes().Decide(res, err)
+	if first.Outcome != Dispatched || first.RailCode != "HTTP_200" || first.Reference == "" {
+		t.Fatalf("first send: %+v (err %v), want dispatched HTTP_200 with a reference", first, err)
+	}
+
+	ins.AttemptNo = 2 // a retry carries the same key
+	res, err = w.Send(t.Context(), ins)
+	replay := w.Codes().Decide(res, err)
+	if replay.Outcome != Dispatched || replay.RailCode != "HTTP_409" || replay.Reference != first.Reference {
+		t.Fatalf("replay: %+v (err %v), want dispatched HTTP_409 with reference %q", replay, err, first.Reference)
+	}
+	st := s.Stats()
+	if st.Payments != 1 || st.Replays != 1 || st.EffectiveDuplicates != 0 {
+		t.Fatalf("stats = %+v, want 1 payment, 1 replay, 0 effective duplicates", st)
+	}
+}
+
+func TestSandboxHandlerEventInstruction(t *testing.T) {
+	t.Parallel()
+	s, _, w := sandboxServer(t, SandboxOptions{})
+	ins := Instruction{InstructionID: "evt", ParticipantID: "p", IdempotencyKey: "key-event", RailType: "event",
+		Metadata: json.RawMessage(`{"kind":"usage"}`)}
+	res, err := w.Send(t.Context(), ins)
+	if d := w.Codes().Decide(res, err); d.Outcome != Dispatched {
+		t.Fatalf("decision = %+v (err %v), want dispatched", d, err)
+	}
+	if st := s.Stats(); st.Payments != 1 || st.EffectiveDuplicates != 0 {
+		t.Fatalf("stats = %+v", st)
+	}
+}
+
+func TestSandboxHandlerRejectsBadSignature(t *testing.T) {
+	t.Parallel()
+	s, srv, _ := sandboxServer(t, SandboxOptions{})
+	w, err := NewWebhook(WebhookOptions{URL: srv.URL, Secret: []byte("not the sandbox's secret")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ins := testInstruction(t, "key-forged")
+	res, err := w.Send(t.Context(), ins)
+	d := w.Codes().Decide(res, err)
+	if d.RailCode != "HTTP_401" || d.Outcome != Retryable || d.ErrorCode != CodeRailUnavailable {
+		t.Fatalf("decision = %+v (err %v), want HTTP_401 retryable RAIL_UNAVAILABLE", d, err)
+	}
+	if st := s.Stats(); st.Calls != 0 || st.Payments != 0 || s.Paid(ins.TenantID, ins.IdempotencyKey) {
+		t.Fatalf("stats = %+v: a forged request reached the ledger", st)
+	}
+}
+
+func TestSandboxHandlerBadRequests(t *testing.T) {
+	t.Parallel()
+	s, srv, _ := sandboxServer(t, SandboxOptions{})
+	body, err := json.Marshal(NewWebhookRequest(testInstruction(t, "key-bad")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	post := func(path string, body []byte, key string, sign func(ts string, body []byte) string) int {
+		t.Helper()
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+path, bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := strconv.FormatInt(time.Now().Unix(), 10)
+		req.Header.Set(HeaderIdempotencyKey, key)
+		req.Header.Set(HeaderTimestamp, ts)
+		if sign != nil {
+			req.Header.Set(HeaderSignature, sign(ts, body))
+		}
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	good := func(ts string, b []byte) string { return Sign(testWebhookSecret, ts, b) }
+
+	tests := []struct {
+		name   string
+		path   string
+		body   []byte
+		key    string
+		sign   func(string, []byte) string
+		status int
+	}{
+		{"unsigned", "/", body, "key-bad", nil, http.StatusUnauthorized},
+		{"wrong secret", "/", body, "key-bad", func(ts string, b []byte) string { return Sign([]byte("x"), ts, b) }, http.StatusUnauthorized},
+		{"signature of another body", "/", body, "key-bad", func(ts string, _ []byte) string { return Sign(testWebhookSecret, ts, []byte("{}")) }, http.StatusUnauthorized},
+		{"malformed JSON", "/", []byte(`{"idempotency_key":`), "key-bad", good, http.StatusBadRequest},
+		{"header and body keys differ", "/", body, "key-other", good, http.StatusBadRequest},
+		{"no key at all", "/", []byte(`{"instruction_id":"i"}`), "", good, http.StatusBadRequest},
+		{"POST to /stats", "/stats", body, "key-bad", good, http.StatusMethodNotAllowed},
+	}
+	for _, tt := range tests {
+		if got := post(tt.path, tt.body, tt.key, tt.sign); got != tt.status {
+			t.Errorf("%s: status %d, want %d", tt.name, got, tt.status)
+		}
+	}
+
+	// A correctly signed but old request is a replay attempt.
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, bytes.NewReader(body))
+	old := strconv.FormatInt(time.Now().Add(-time.Hour).Unix(), 10)
+	req.Header.Set(HeaderIdempotencyKey, "key-bad")
+	req.Header.Set(HeaderTimestamp, old)
+	req.Header.Set(HeaderSignature, Sign(testWebhookSecret, old, body))
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("stale request: status %d, want 401", resp.StatusCode)
+	}
+
+	if st := s.Stats(); st.Calls != 0 || st.Payments != 0 {
+		t.Fatalf("stats = %+v: a bad request reached the ledger", st)
+	}
+}
+
+func TestSandboxHandlerTimeoutThenRetry(t *testing.T) {
+	t.Parallel()
+	// Every first payment is made and then never answered: the worst case
+	// for a relayer, which cannot know the rail acted.
+	s, _, w := sandboxServer(t, SandboxOptions{TimeoutRate: 1})
+	ins := testInstruction(t, "key-paid-silently")
+
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	res, err := w.Send(ctx, ins)
+	if d := w.Codes().Decide(res, err); d.Outcome != Retryable || d.ErrorCode != CodeRailTimeout {
+		t.Fatalf("first send: %+v (err %v), want retryable RAIL_TIMEOUT", d, err)
+	}
+	// The sandbox did pay, even though the client never heard of it.
+	if !s.Paid(ins.TenantID, ins.IdempotencyKey) {
+		t.Fatal("the sandbox did not pay before withholding its answer")
+	}
+	if st := s.Stats(); st.Payments != 1 || st.Timeouts != 1 {
+		t.Fatalf("stats = %+v, want the payment made and its answer withheld", st)
+	}
+
+	ins.AttemptNo = 2
+	res, err = w.Send(t.Context(), ins)
+	d := w.Codes().Decide(res, err)
+	if d.Outcome != Dispatched || d.RailCode != "HTTP_409" || d.Reference == "" {
+		t.Fatalf("retry: %+v (err %v), want dispatched HTTP_409 with the original reference", d, err)
+	}
+	if st := s.Stats(); st.Payments != 1 || st.Replays != 1 || st.EffectiveDuplicates != 0 {
+		t.Fatalf("stats = %+v, want 1 payment, 1 replay, 0 effective duplicates", st)
+	}
+}
+
+func TestSandboxHandlerFailures(t *testing.T) {
+	t.Parallel()
+	for name, tt := range map[string]struct {
+		opts    SandboxOptions
+		down    error
+		rail    string
+		outcome Outcome
+		code    ErrorCode
+	}{
+		"rejected":    {opts: SandboxOptions{TerminalRate: 1}, rail: "HTTP_422", outcome: Failed, code: CodeRailRejected},
+		"unavailable": {opts: SandboxOptions{RetryableRate: 1}, rail: "HTTP_503", outcome: Retryable, code: CodeRailUnavailable},
+		"down":        {down: ErrUnavailable, rail: "HTTP_503", outcome: Retryable, code: CodeRailUnavailable},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s, _, w := sandboxServer(t, tt.opts)
+			s.SetDown(tt.down)
+			res, err := w.Send(t.Context(), testInstruction(t, "key-"+name))
+			d := w.Codes().Decide(res, err)
+			if d.RailCode != tt.rail || d.Outcome != tt.outcome || d.ErrorCode != tt.code {
+				t.Fatalf("decision = %+v (err %v), want %s %s %s", d, err, tt.rail, tt.outcome, tt.code)
+			}
+			if st := s.Stats(); st.Payments != 0 {
+				t.Fatalf("stats = %+v: nothing should be paid", st)
+			}
+		})
+	}
+}
+
+// The HTTP status chosen for each sandbox code must classify, through
+// WebhookCodes, exactly as the code does through SandboxCodes: a relayer
+// must not care whether the sandbox is in-process or across the network.
+func TestSandboxHTTPStatusAgreesWithCodes(t *testing.T) {
+	t.Parallel()
+	for code, want := range SandboxCodes {
+		status := sandboxHTTPStatus(code)
+		if got, ok := WebhookCodes[webhookCode(status)]; !ok || got != want {
+			t.Errorf("%s -> HTTP %d -> %+v, want %+v", code, status, got, want)
+		}
+	}
+	if status := sandboxHTTPStatus("SOMETHING_NEW"); status/100 == 2 || status == http.StatusConflict {
+		t.Errorf("an unknown sandbox code maps to success status %d", status)
+	}
+}
+
+func TestSandboxHandlerStatsAndHealth(t *testing.T) {
+	t.Parallel()
+	s, srv, w := sandboxServer(t, SandboxOptions{})
+	ins := testInstruction(t, "key-stats")
+	for range 2 {
+		if _, err := w.Send(t.Context(), ins); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	resp, err := srv.Client().Get(srv.URL + "/stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var raw map[string]int64
+	if err := json.NewDecoder(resp.Body).Decode(&raw); err != nil {
+		t.Fatalf("GET /stats: %v", err)
+	}
+	b, _ := json.Marshal(raw)
+	var got SandboxStatsResponse
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if SandboxStats(got) != s.Stats() || got.Payments != 1 || got.Replays != 1 {
+		t.Fatalf("GET /stats = %+v, sandbox has %+v", got, s.Stats())
+	}
+	for _, key := range []string{"calls", "payments", "replays", "rejected", "retryable", "timeouts", "hangs", "effective_duplicates"} {
+		if _, ok := raw[key]; !ok {
+			t.Errorf("GET /stats has no %q field: %v", key, raw)
+		}
+	}
+	if len(raw) != 8 {
+		t.Errorf("GET /stats has %d fields, want 8: %v", len(raw), raw)
+	}
+
+	for path, want := range map[string]int{"/healthz": http.StatusOK, "/": http.StatusMethodNotAllowed} {
+		resp, err := srv.Client().Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("GET %s: status %d, want %d", path, resp.StatusCode, want)
+		}
+	}
+	if st := s.Stats(); st.Calls != 2 {
+		t.Errorf("GETs must not touch the ledger: %+v", st)
+	}
+}

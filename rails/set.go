@@ -1,0 +1,249 @@
+package rails
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+	"golang.org/x/sync/semaphore"
+)
+
+// Default per-rail limits.
+const (
+	DefaultMaxConcurrency = 32
+	DefaultTimeout        = 30 * time.Second
+)
+
+// Transport carries an instruction to an external system and returns its
+// explicit answer. One transport (sandbox, webhook, a Go implementation of
+// the embedding program) can serve many rail types.
+type Transport interface {
+	Send(ctx context.Context, ins Instruction) (Result, error)
+}
+
+// CodeProvider is implemented by transports that come with their own code
+// table (the sandbox and webhook transports do).
+type CodeProvider interface {
+	Codes() CodeTable
+}
+
+// BreakerOptions configure a rail's circuit breaker.
+type BreakerOptions struct {
+	// Disabled turns the breaker off for this rail.
+	Disabled bool `json:"disabled,omitempty"`
+	// ConsecutiveFailures opens the breaker (default 5). Only failures that
+	// say the rail is in trouble count: unavailable, timeout, broken
+	// exchange; rejections of a single instruction do not.
+	ConsecutiveFailures uint32 `json:"consecutive_failures,omitempty"`
+	// OpenFor is how long the breaker stays open before a half-open probe
+	// (default 30 s).
+	OpenFor time.Duration `json:"open_for,omitempty"`
+	// HalfOpenProbes is how many calls a half-open breaker lets through
+	// (default 1).
+	HalfOpenProbes uint32 `json:"half_open_probes,omitempty"`
+}
+
+// Options configure one rail: its type name, validator profile, transport,
+// code table and limits.
+type Options struct {
+	Type      string
+	Profile   Profile
+	Transport Transport
+	// Codes overrides the transport's own code table.
+	Codes CodeTable
+	// MaxConcurrency caps concurrent dispatches to this rail (default 32).
+	MaxConcurrency int
+	// Timeout is the hard timeout of one dispatch (default 30 s).
+	Timeout time.Duration
+	Breaker BreakerOptions
+	// OnBreakerChange, if set, is called on every breaker state change.
+	OnBreakerChange func(railType string, from, to BreakerState)
+}
+
+// BreakerState is a circuit breaker's state.
+type BreakerState = gobreaker.State
+
+// Breaker states.
+const (
+	BreakerClosed   = gobreaker.StateClosed
+	BreakerHalfOpen = gobreaker.StateHalfOpen
+	BreakerOpen     = gobreaker.StateOpen
+)
+
+// configured is a Rail built from Options.
+type configured struct {
+	opts    Options
+	codes   CodeTable
+	slots   *semaphore.Weighted
+	breaker *gobreaker.CircuitBreaker[Decision]
+}
+
+func (c *configured) Type() string                   { return c.opts.Type }
+func (c *configured) Validate(ins Instruction) error { return c.opts.Profile.Validate(ins) }
+func (c *configured) Dispatch(ctx context.Context, ins Instruction) (Result, error) {
+	return c.opts.Transport.Send(ctx, ins)
+}
+
+// errTrip marks a decision that counts as a breaker failure.
+var errTrip = errors.New("rail failure")
+
+// Set is the collection of rails a relayer dispatches to. It applies, per
+// rail: validation, the concurrency cap, the circuit breaker, the hard
+// timeout and the code table. It is safe for concurrent use.
+type Set struct {
+	rails map[string]*configured
+	types []string
+}
+
+// NewSet builds a Set. Every option needs a Type, a Profile and a Transport;
+// a code table comes from Options.Codes or the transport's [CodeProvider].
+func NewSet(options ...Options) (*Set, error) {
+	s := &Set{rails: make(map[string]*configured)}
+	for _, o := range options {
+		if o.Type == "" || o.Profile == nil || o.Transport == nil {
+			return nil, fmt.Errorf("rails: rail %q needs a type, a profile and a transport", o.Type)
+		}
+		if _, dup := s.rails[o.Type]; dup {
+			return nil, fmt.Errorf("rails: rail type %q configured twice", o.Type)
+		}
+		codes := o.Codes
+		if codes == nil {
+			if cp, ok := o.Transport.(CodeProvider); ok {
+				codes = cp.Codes()
+			}
+		}
+		if codes == nil {
+			return nil, fmt.Errorf("rails: rail %q has no code table", o.Type)
+		}
+		if o.MaxConcurrency <= 0 {
+			o.MaxConcurrency = DefaultMaxConcurrency
+		}
+		if o.Timeout <= 0 {
+			o.Timeout = DefaultTimeout
+		}
+		c := &configured{opts: o, codes: codes, slots: semaphore.NewWeighted(int64(o.MaxConcurrency))}
+		if !o.Breaker.Disabled {
+			c.breaker = newBreaker(o)
+		}
+		s.rails[o.Type] = c
+		s.types = append(s.types, o.Type)
+	}
+	slices.Sort(s.types)
+	return s, nil
+}
+
+func newBreaker(o Options) *gobreaker.CircuitBreaker[Decision] {
+	b := o.Breaker
+	if b.ConsecutiveFailures == 0 {
+		b.ConsecutiveFailures = 5
+	}
+	if b.OpenFor <= 0 {
+		b.OpenFor = 30 * time.Second
+	}
+	if b.HalfOpenProbes == 0 {
+		b.HalfOpenProbes = 1
+	}
+	st := gobreaker.Settings{
+		Name:        o.Type,
+		MaxRequests: b.HalfOpenProbes,
+		Timeout:     b.OpenFor,
+		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= b.ConsecutiveFailures },
+	}
+	if o.OnBreakerChange != nil {
+		st.OnStateChange = func(name string, from, to gobreaker.State) { o.OnBreakerChange(name, from, to) }
+	}
+	return gobreaker.NewCircuitBreaker[Decision](st)
+}
+
+// Types returns the configured rail types, sorted.
+func (s *Set) Types() []string { return slices.Clone(s.types) }
+
+// Catalog returns the validation profiles of the configured rails, for
+// producers that share the relay configuration.
+func (s *Set) Catalog() Catalog {
+	c := make(Catalog, len(s.rails))
+	for t, r := range s.rails {
+		c[t] = r.opts.Profile
+	}
+	return c
+}
+
+// Rail returns the configured rail of a type.
+func (s *Set) Rail(railType string) (Rail, bool) {
+	r, ok := s.rails[railType]
+	return r, ok
+}
+
+// Timeout returns the hard dispatch timeout of a rail type (zero if unknown).
+func (s *Set) Timeout(railType string) time.Duration {
+	if r, ok := s.rails[railType]; ok {
+		return r.opts.Timeout
+	}
+	return 0
+}
+
+// State returns the breaker state of a rail (closed when it has none).
+func (s *Set) State(railType string) BreakerState {
+	if r, ok := s.rails[railType]; ok && r.breaker != nil {
+		return r.breaker.State()
+	}
+	return BreakerClosed
+}
+
+// Claimable splits the rail types by breaker state: open rails are not
+// claimed at all (their instructions stay pending and burn no attempt),
+// half-open rails only as many as the breaker lets through as probes.
+func (s *Set) Claimable() (closed []string, halfOpen []string) {
+	for _, t := range s.types {
+		switch s.State(t) {
+		case BreakerClosed:
+			closed = append(closed, t)
+		case BreakerHalfOpen:
+			halfOpen = append(halfOpen, t)
+		}
+	}
+	return closed, halfOpen
+}
+
+// Execute validates ins for its rail, waits for a slot under the rail's
+// concurrency cap, and dispatches it through the breaker with the rail's
+// hard timeout. It always returns a Decision; if ctx ends while waiting for
+// a slot, the decision is a retryable RAIL_UNAVAILABLE that never reached the
+// rail.
+func (s *Set) Execute(ctx context.Context, ins Instruction) Decision {
+	r, ok := s.rails[ins.RailType]
+	if !ok {
+		return Decision{Outcome: Retryable, ErrorCode: CodeRailNotConfigured,
+			Message: fmt.Sprintf("no rail of type %q is configured", ins.RailType)}
+	}
+	if err := r.Validate(ins); err != nil {
+		return r.codes.Decide(Result{}, err)
+	}
+	if err := r.slots.Acquire(ctx, 1); err != nil {
+		return Decision{Outcome: Retryable, ErrorCode: CodeRailUnavailable, Message: "stopped while waiting for a rail slot"}
+	}
+	defer r.slots.Release(1)
+
+	call := func() (Decision, error) {
+		callCtx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
+		defer cancel()
+		res, err := r.Dispatch(callCtx, ins)
+		d := r.codes.Decide(res, err)
+		if d.breakerFailure() {
+			return d, errTrip
+		}
+		return d, nil
+	}
+	if r.breaker == nil {
+		d, _ := call()
+		return d
+	}
+	d, err := r.breaker.Execute(call)
+	if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
+		return r.codes.Decide(Result{}, fmt.Errorf("rail %q: %w", ins.RailType, ErrCircuitOpen))
+	}
+	return d
+}

@@ -1,0 +1,610 @@
+package rails
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gofrs/uuid/v5"
+)
+
+// Headers of the webhook protocol (see [Webhook]).
+const (
+	// HeaderIdempotencyKey carries the instruction's idempotency key. The
+	// receiver must treat a second request with the same key as a replay of
+	// the first and answer 409 (or the original 2xx) without acting again.
+	HeaderIdempotencyKey = "Idempotency-Key"
+	// HeaderTimestamp carries the signing time in Unix seconds. It is part of
+	// the signed string so a captured request cannot be replayed later.
+	HeaderTimestamp = "X-Outbox-Timestamp"
+	// HeaderSignature carries "v1=<lowercase hex HMAC-SHA256>" (see [Sign]).
+	HeaderSignature = "X-Outbox-Signature"
+)
+
+// DefaultSignatureTolerance is how far a request's timestamp may be from the
+// receiver's clock before [VerifySignature] rejects it as a replay.
+const DefaultSignatureTolerance = 5 * time.Minute
+
+// ErrBadSignature is wrapped by every error of [VerifySignature]. The
+// wrapping error says which check failed but never carries the secret or
+// the signature values.
+var ErrBadSignature = errors.New("webhook signature verification failed")
+
+const (
+	// signatureVersion prefixes the hex MAC in HeaderSignature, so the
+	// scheme can change later without ambiguity.
+	signatureVersion = "v1"
+	// webhookMaxResponseBytes bounds what is read from an answer: a rail
+	// (or something impersonating it) must not be able to make the relayer
+	// buffer an unbounded body.
+	webhookMaxResponseBytes = 64 << 10
+	// webhookMaxText bounds Reference and Message, which end up in attempt
+	// rows, logs and metrics exemplars.
+	webhookMaxText = 500
+	// webhookMaxRetryAfter caps a rail's Retry-After: a misconfigured or
+	// hostile rail must not park instructions for days.
+	webhookMaxRetryAfter = time.Hour
+	// webhookRedacted replaces the secret wherever options are printed.
+	webhookRedacted = "[REDACTED]"
+)
+
+// WebhookCodes is the webhook transport's code table. Its codes are the HTTP
+// status of the answer, as "HTTP_<status>". Statuses that are not listed
+// (3xx, 404, 418, ...) deliberately fall through to [CodeTable.Decide]'s
+// default, a retryable UNKNOWN_RAIL_CODE that an operator is expected to
+// look at: guessing would either pay twice or drop a payment.
+var WebhookCodes = CodeTable{
+	"HTTP_200": {Outcome: Dispatched},
+	"HTTP_201": {Outcome: Dispatched},
+	"HTTP_202": {Outcome: Dispatched},
+	"HTTP_204": {Outcome: Dispatched},
+	// 409: the receiver already has this idempotency key, so the original
+	// request was acted on; the instruction is done.
+	"HTTP_409": {Outcome: Dispatched},
+	"HTTP_400": {Outcome: Failed, Error: CodeRailRejected},
+	"HTTP_422": {Outcome: Failed, Error: CodeRailRejected},
+	"HTTP_408": {Outcome: Retryable, Error: CodeRailTimeout},
+	"HTTP_429": {Outcome: Retryable, Error: CodeRateLimited},
+	"HTTP_500": {Outcome: Retryable, Error: CodeRailUnavailable},
+	"HTTP_502": {Outcome: Retryable, Error: CodeRailUnavailable},
+	"HTTP_503": {Outcome: Retryable, Error: CodeRailUnavailable},
+	"HTTP_504": {Outcome: Retryable, Error: CodeRailUnavailable},
+	// 401/403: the rail refused to act on any request of ours, which is a
+	// configuration problem (wrong secret, revoked access), not a verdict on
+	// this instruction. Retryable, so the breaker opens and instructions wait
+	// for the fix instead of all being dead-lettered.
+	"HTTP_401": {Outcome: Retryable, Error: CodeRailUnavailable},
+	"HTTP_403": {Outcome: Retryable, Error: CodeRailUnavailable},
+}
+
+// webhookCode is the code of an HTTP status in [WebhookCodes].
+func webhookCode(status int) string { return "HTTP_" + strconv.Itoa(status) }
+
+// WebhookOptions configure a [Webhook].
+//
+// Printing the options (fmt with any verb, slog, encoding/json) never shows
+// the secret.
+type WebhookOptions struct {
+	// URL is the endpoint. It must be https://, except that http:// is
+	// allowed for loopback hosts (tests, a local sandbox). It must not carry
+	// credentials: authentication is the HMAC signature.
+	URL string
+	// Secret is the HMAC-SHA256 key shared with the receiver (at least 32
+	// random bytes recommended; see [LoadSecret]).
+	Secret []byte `json:"-"`
+	// CAFile is an optional PEM file of extra root CAs, added to the system
+	// roots (or to RootCAs). TLS verification cannot be turned off.
+	CAFile string
+	// RootCAs, if set, replaces the system roots (tests use the certificate
+	// of httptest.NewTLSServer).
+	RootCAs *x509.CertPool
+	// Client, if set, is used instead of the built-in client. It must not
+	// skip TLS verification, and cannot be combined with CAFile or RootCAs.
+	// Redirects are never followed whatever its CheckRedirect says.
+	Client *http.Client
+	// Codes overrides [WebhookCodes].
+	Codes CodeTable
+}
+
+// String describes the options with the secret redacted.
+func (o WebhookOptions) String() string {
+	secret := "<empty>"
+	if len(o.Secret) > 0 {
+		secret = webhookRedacted
+	}
+	return fmt.Sprintf("rails.WebhookOptions{URL:%s Secret:%s CAFile:%q RootCAs:%t Client:%t Codes:%d}",
+		redactURLString(o.URL), secret, o.CAFile, o.RootCAs != nil, o.Client != nil, len(o.Codes))
+}
+
+// Format makes every fmt verb (%v, %+v, %#v, %x, %d, ...) print [String]:
+// without it, %+v or %d would walk the struct and print the secret's bytes.
+func (o WebhookOptions) Format(f fmt.State, _ rune) { io.WriteString(f, o.String()) }
+
+// LogValue implements [slog.LogValuer] so structured logs get the redacted
+// form too (slog's JSON handler would otherwise marshal the fields).
+func (o WebhookOptions) LogValue() slog.Value { return slog.StringValue(o.String()) }
+
+// Webhook is a [Transport] that POSTs instructions to an HTTPS endpoint.
+//
+// # Protocol
+//
+// Each dispatch is one request:
+//
+//	POST <URL>
+//	Content-Type: application/json
+//	Idempotency-Key: <idempotency_key>
+//	X-Outbox-Timestamp: <unix seconds>
+//	X-Outbox-Signature: v1=<lowercase hex HMAC-SHA256(secret, timestamp + "." + body)>
+//
+// with a [WebhookRequest] as the JSON body. The receiver verifies the
+// signature and the timestamp (see [VerifySignature]) and must honour the
+// idempotency key: a repeated key is answered 409 (or the original 2xx)
+// without acting again. Retries after a timeout carry the same key, which
+// is what makes them safe.
+//
+// The answer's status becomes Result.Code "HTTP_<status>", classified by
+// [WebhookCodes]. The body may be JSON {"reference": "...", "message":
+// "..."} (read up to 64 KiB): on a 2xx or 409 the reference is the
+// receiver's id of the payment; the message, kept for any status so a
+// rejection says why, is sanitized and cut to 500 characters. A
+// Retry-After header (seconds or HTTP-date) becomes Result.RetryAfter,
+// capped at one hour. Redirects are not followed: a payment is only ever
+// sent to the configured URL.
+//
+// When no answer is obtained, Send returns an error instead of a Result, so
+// [CodeTable.Decide] classifies it by type: a context deadline is
+// RAIL_TIMEOUT, a refused or failed dial is RAIL_UNAVAILABLE, anything else
+// RAIL_TRANSPORT_ERROR. Errors never contain the secret or signature.
+//
+// A Webhook is safe for concurrent use. Its secret is held only inside a
+// signing closure, so even printing a copied Webhook value with fmt cannot
+// reveal it.
+type Webhook struct {
+	url     string // the request URL
+	safeURL string // the URL without query or credentials, for errors
+	client  *http.Client
+	codes   CodeTable
+	sign    func(timestamp string, body []byte) string
+	now     func() time.Time // tests pin the clock
+}
+
+// NewWebhook checks the options and builds a webhook transport.
+func NewWebhook(o WebhookOptions) (*Webhook, error) {
+	u, err := url.Parse(o.URL)
+	if err != nil {
+		// url.Parse's error quotes the whole URL; keep it out of logs.
+		return nil, errors.New("rails: webhook URL does not parse")
+	}
+	switch {
+	case u.Host == "":
+		return nil, errors.New("rails: webhook URL has no host")
+	case u.User != nil:
+		return nil, errors.New("rails: webhook URL must not carry credentials; authentication is the HMAC secret")
+	case u.Scheme == "https":
+	case u.Scheme == "http" && isLoopbackHost(u.Hostname()):
+	case u.Scheme == "http":
+		return nil, fmt.Errorf("rails: webhook URL must be https:// (http:// is only allowed for loopback hosts, not %q)", u.Hostname())
+	default:
+		return nil, fmt.Errorf("rails: webhook URL scheme %q is not supported; use https://", u.Scheme)
+	}
+	if len(o.Secret) == 0 {
+		return nil, errors.New("rails: webhook secret is empty")
+	}
+
+	client, err := webhookClient(o)
+	if err != nil {
+		return nil, err
+	}
+	codes := o.Codes
+	if codes == nil {
+		codes = WebhookCodes
+	}
+	key := bytes.Clone(o.Secret) // the caller may zero or reuse its slice
+	return &Webhook{
+		url:     u.String(),
+		safeURL: redactURL(u),
+		client:  client,
+		codes:   codes,
+		sign:    func(ts string, body []byte) string { return Sign(key, ts, body) },
+		now:     time.Now,
+	}, nil
+}
+
+// webhookClient returns the caller's client (checked, redirects disabled)
+// or builds one.
+func webhookClient(o WebhookOptions) (*http.Client, error) {
+	if o.Client != nil {
+		if o.CAFile != "" || o.RootCAs != nil {
+			return nil, errors.New("rails: webhook Client cannot be combined with CAFile or RootCAs; configure the client's TLS roots instead")
+		}
+		if tr, ok := o.Client.Transport.(*http.Transport); ok && tr.TLSClientConfig != nil && tr.TLSClientConfig.InsecureSkipVerify {
+			return nil, errors.New("rails: webhook Client skips TLS verification; that is never allowed for a payment rail")
+		}
+		c := *o.Client // shallow copy: the caller's client stays as it was
+		c.CheckRedirect = refuseRedirect
+		return &c, nil
+	}
+
+	roots := o.RootCAs
+	if o.CAFile != "" {
+		pem, err := os.ReadFile(o.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("rails: webhook CA file: %w", err)
+		}
+		if roots != nil {
+			roots = roots.Clone()
+		} else if roots, err = x509.SystemCertPool(); err != nil {
+			roots = x509.NewCertPool() // no system roots: trust just the file
+		}
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("rails: webhook CA file %q holds no PEM certificate", o.CAFile)
+		}
+	}
+	// Like http.DefaultTransport, but with enough idle connections per host
+	// for a rail's full concurrency (DefaultMaxConcurrency), so a busy relayer
+	// does not handshake on most requests. There is no Client.Timeout: the
+	// relayer's per-dispatch context carries the hard timeout.
+	tr := &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          256,
+		MaxIdleConnsPerHost:   2 * DefaultMaxConcurrency,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		TLSClientConfig:       &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots},
+	}
+	return &http.Client{Transport: tr, CheckRedirect: refuseRedirect}, nil
+}
+
+// refuseRedirect hands a 3xx back as the answer: re-POSTing a signed
+// payment to a location we were not configured with is not acceptable, and
+// the unknown HTTP_3xx code gets an operator's attention.
+func refuseRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+// isLoopbackHost reports whether plain http:// is acceptable for host.
+func isLoopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
+}
+
+// redactURL drops credentials, query and fragment, which may hold tokens,
+// keeping what an operator needs to recognise the endpoint.
+func redactURL(u *url.URL) string {
+	c := *u
+	c.User, c.RawQuery, c.ForceQuery, c.Fragment, c.RawFragment = nil, "", false, "", ""
+	return c.String()
+}
+
+func redactURLString(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "<invalid>"
+	}
+	return redactURL(u)
+}
+
+// String describes the webhook without its secret.
+func (w *Webhook) String() string { return "rails.Webhook{URL:" + w.safeURL + "}" }
+
+// Codes implements [CodeProvider].
+func (w *Webhook) Codes() CodeTable { return w.codes }
+
+// webhookAnswer is the optional JSON body of an answer.
+type webhookAnswer struct {
+	Reference string `json:"reference"`
+	Message   string `json:"message"`
+}
+
+// Send implements [Transport]: it signs and POSTs the instruction and turns
+// the HTTP answer into a Result (see the protocol in [Webhook]).
+func (w *Webhook) Send(ctx context.Context, ins Instruction) (Result, error) {
+	if ins.IdempotencyKey == "" {
+		// Without a key a retry could pay twice; never send such a request.
+		return Result{}, invalid(FieldIdempotencyKey, ReasonRequired, "the webhook rail needs an idempotency key")
+	}
+	body, err := json.Marshal(NewWebhookRequest(ins))
+	if err != nil {
+		// Only the raw metadata can fail to encode, and it would fail on
+		// every retry: terminal, and the rail is never called.
+		return Result{}, invalid(FieldMetadata, ReasonInvalid, "metadata is not valid JSON")
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.url, bytes.NewReader(body))
+	if err != nil {
+		return Result{}, fmt.Errorf("webhook %s: building request: %w", w.safeURL, err)
+	}
+	ts := strconv.FormatInt(w.now().Unix(), 10)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json")
+	// Besides telling the receiver what to deduplicate on, this header lets
+	// net/http replay the request itself on a stale pooled connection.
+	req.Header.Set(HeaderIdempotencyKey, ins.IdempotencyKey)
+	req.Header.Set(HeaderTimestamp, ts)
+	req.Header.Set(HeaderSignature, w.sign(ts, body))
+
+	resp, err := w.client.Do(req)
+	if err != nil {
+		return Result{}, w.transportError(ctx, err)
+	}
+	defer resp.Body.Close()
+
+	res := Result{
+		Code:       webhookCode(resp.StatusCode),
+		RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), w.now()),
+	}
+	// The status is the answer; the body is optional detail. A body that
+	// cannot be read or parsed therefore does not turn an explicit answer
+	// into an error.
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, webhookMaxResponseBytes))
+	var ans webhookAnswer
+	if json.Unmarshal(raw, &ans) == nil {
+		ok := resp.StatusCode/100 == 2 || resp.StatusCode == http.StatusConflict
+		if ok {
+			res.Reference = sanitizeRailText(ans.Reference)
+		}
+		// A rejection's message is what tells an operator why, so it is
+		// kept for every status; it never decides anything.
+		res.Message = sanitizeRailText(ans.Message)
+	}
+	return res, nil
+}
+
+// transportError prepares an http.Client error for [CodeTable.Decide]: it
+// keeps the error chain (context.DeadlineExceeded, *net.OpError,
+// syscall.ECONNREFUSED) intact, makes sure a deadline classifies as a
+// timeout whichever layer noticed it, and strips the URL's query.
+func (w *Webhook) transportError(ctx context.Context, err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		ue.URL = w.safeURL
+	}
+	if !errors.Is(err, context.DeadlineExceeded) && !notSent(err) {
+		// net/http reports context.Cause(ctx), which is not
+		// DeadlineExceeded under context.WithTimeoutCause; and a
+		// timeout inside the exchange (net.Error.Timeout) is a timeout
+		// too. Either way the rail may have acted: RAIL_TIMEOUT.
+		var ne net.Error
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+			return fmt.Errorf("webhook: %w (%w)", err, context.DeadlineExceeded)
+		}
+	}
+	return fmt.Errorf("webhook: %w", err)
+}
+
+// parseRetryAfter reads a Retry-After value, delta-seconds or HTTP-date.
+// Garbage, negative values and past dates mean "no preference" (zero);
+// anything beyond an hour is capped.
+func parseRetryAfter(v string, now time.Time) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	if allDigits(v) {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n > int64(webhookMaxRetryAfter/time.Second) {
+			return webhookMaxRetryAfter // only digits, so the error is overflow
+		}
+		return time.Duration(n) * time.Second
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return 0
+	}
+	d := t.Sub(now)
+	switch {
+	case d <= 0:
+		return 0
+	case d > webhookMaxRetryAfter:
+		return webhookMaxRetryAfter
+	}
+	return d
+}
+
+// sanitizeRailText makes text from a rail safe to store and log: valid
+// UTF-8, no control characters (log injection), at most webhookMaxText
+// characters.
+func sanitizeRailText(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.Map(func(r rune) rune {
+		if isControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+	if utf8.RuneCountInString(s) > webhookMaxText {
+		s = string([]rune(s)[:webhookMaxText])
+	}
+	return s
+}
+
+// WebhookRequest is the JSON body of a webhook request. Optional fields are
+// omitted when empty; the money fields are omitted for event instructions
+// (nil Payment); Metadata is the instruction's raw JSON.
+type WebhookRequest struct {
+	OutboxID       string          `json:"outbox_id,omitempty"`
+	InstructionID  string          `json:"instruction_id"`
+	ParticipantID  string          `json:"participant_id"`
+	SequenceID     int64           `json:"sequence_id,omitempty"`
+	IdempotencyKey string          `json:"idempotency_key"`
+	Rail           string          `json:"rail"`
+	TenantID       string          `json:"tenant_id,omitempty"`
+	CorrelationID  string          `json:"correlation_id,omitempty"`
+	AttemptNo      int             `json:"attempt_no,omitempty"`
+	AmountMinor    *int64          `json:"amount_minor,omitempty"` // a pointer: present whenever Payment is
+	Currency       string          `json:"currency,omitempty"`
+	Destination    string          `json:"destination,omitempty"`
+	Metadata       json.RawMessage `json:"metadata,omitempty"`
+}
+
+// NewWebhookRequest builds the request body of an instruction.
+func NewWebhookRequest(ins Instruction) WebhookRequest {
+	r := WebhookRequest{
+		InstructionID:  ins.InstructionID,
+		ParticipantID:  ins.ParticipantID,
+		SequenceID:     ins.SequenceID,
+		IdempotencyKey: ins.IdempotencyKey,
+		Rail:           ins.RailType,
+		TenantID:       ins.TenantID,
+		CorrelationID:  ins.CorrelationID,
+		AttemptNo:      ins.AttemptNo,
+	}
+	if ins.OutboxID != uuid.Nil {
+		r.OutboxID = ins.OutboxID.String()
+	}
+	if p := ins.Payment; p != nil {
+		amount := p.AmountMinor
+		r.AmountMinor, r.Currency, r.Destination = &amount, p.Currency, p.Destination
+	}
+	if len(bytes.TrimSpace(ins.Metadata)) > 0 {
+		r.Metadata = ins.Metadata
+	}
+	return r
+}
+
+// Instruction decodes a request body back into an instruction (the
+// receiving side of the protocol). Any money field present means a Payment.
+// It fails with a [*ValidationError] when the idempotency key is missing or
+// the outbox id is not a UUID.
+func (r WebhookRequest) Instruction() (Instruction, error) {
+	ins := Instruction{
+		InstructionID:  r.InstructionID,
+		ParticipantID:  r.ParticipantID,
+		SequenceID:     r.SequenceID,
+		IdempotencyKey: r.IdempotencyKey,
+		RailType:       r.Rail,
+		TenantID:       r.TenantID,
+		CorrelationID:  r.CorrelationID,
+		AttemptNo:      r.AttemptNo,
+	}
+	if r.IdempotencyKey == "" {
+		return Instruction{}, invalid(FieldIdempotencyKey, ReasonRequired, "idempotency_key is required")
+	}
+	if r.OutboxID != "" {
+		id, err := uuid.FromString(r.OutboxID)
+		if err != nil {
+			return Instruction{}, invalid("outbox_id", ReasonInvalid, "outbox_id is not a UUID")
+		}
+		ins.OutboxID = id
+	}
+	if r.AmountMinor != nil || r.Currency != "" || r.Destination != "" {
+		ins.Payment = &Payment{Currency: r.Currency, Destination: r.Destination}
+		if r.AmountMinor != nil {
+			ins.Payment.AmountMinor = *r.AmountMinor
+		}
+	}
+	if len(r.Metadata) > 0 {
+		ins.Metadata = bytes.Clone(r.Metadata)
+	}
+	return ins, nil
+}
+
+// Sign returns the X-Outbox-Signature header value for a request:
+// "v1=" followed by the lowercase hex HMAC-SHA256 of timestamp + "." + body
+// under secret. The timestamp is the exact X-Outbox-Timestamp header value.
+func Sign(secret []byte, timestamp string, body []byte) string {
+	return signatureVersion + "=" + hex.EncodeToString(webhookMAC(secret, timestamp, body))
+}
+
+func webhookMAC(secret []byte, timestamp string, body []byte) []byte {
+	m := hmac.New(sha256.New, secret)
+	io.WriteString(m, timestamp)
+	m.Write([]byte{'.'})
+	m.Write(body)
+	return m.Sum(nil)
+}
+
+// VerifySignature checks a request's signature headers against its body:
+// the timestamp must be within tolerance of now (either direction; zero
+// or negative means [DefaultSignatureTolerance]) so captured requests
+// cannot be replayed later, and one of the "v1=" signatures in
+// X-Outbox-Signature (comma-separated, or repeated headers, to allow secret
+// rotation) must match, compared in constant time. An empty secret
+// verifies nothing. Errors wrap [ErrBadSignature].
+func VerifySignature(secret []byte, header http.Header, body []byte, now time.Time, tolerance time.Duration) error {
+	if len(secret) == 0 {
+		return fmt.Errorf("%w: no secret configured", ErrBadSignature)
+	}
+	ts := header.Get(HeaderTimestamp)
+	if ts == "" {
+		return fmt.Errorf("%w: missing %s header", ErrBadSignature, HeaderTimestamp)
+	}
+	sigs := header.Values(HeaderSignature)
+	if len(sigs) == 0 {
+		return fmt.Errorf("%w: missing %s header", ErrBadSignature, HeaderSignature)
+	}
+	// Plain digits only: the signed string is the header text, so lenient
+	// parsing ("+17", " 17") would let one signature cover several texts.
+	if !allDigits(ts) || len(ts) > 12 {
+		return fmt.Errorf("%w: malformed %s header", ErrBadSignature, HeaderTimestamp)
+	}
+	sec, _ := strconv.ParseInt(ts, 10, 64)
+	if tolerance <= 0 {
+		tolerance = DefaultSignatureTolerance
+	}
+	if d := now.Sub(time.Unix(sec, 0)); d > tolerance || d < -tolerance {
+		return fmt.Errorf("%w: timestamp outside the %s tolerance", ErrBadSignature, tolerance)
+	}
+	want := webhookMAC(secret, ts, body)
+	for _, h := range sigs {
+		for part := range strings.SplitSeq(h, ",") {
+			version, sig, ok := strings.Cut(strings.TrimSpace(part), "=")
+			if !ok || version != signatureVersion {
+				continue
+			}
+			got, err := hex.DecodeString(sig)
+			if err == nil && hmac.Equal(got, want) {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("%w: signature mismatch", ErrBadSignature)
+}
+
+// LoadSecret reads a webhook secret from file (trailing newlines trimmed,
+// as editors and `echo` add them) or, when file is empty, from the
+// environment variable envVar. The file wins when both are given. It fails
+// when neither is given or the secret found is empty; errors name the file
+// or variable, never the secret.
+func LoadSecret(file, envVar string) ([]byte, error) {
+	switch {
+	case file != "":
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("rails: reading webhook secret: %w", err)
+		}
+		b = bytes.TrimRight(b, "\r\n")
+		if len(b) == 0 {
+			return nil, fmt.Errorf("rails: webhook secret file %q is empty", file)
+		}
+		return b, nil
+	case envVar != "":
+		v := os.Getenv(envVar)
+		if v == "" {
+			return nil, fmt.Errorf("rails: webhook secret variable %s is unset or empty", envVar)
+		}
+		return []byte(v), nil
+	}
+	return nil, errors.New("rails: no webhook secret configured: give a secret file or an environment variable")
+}
