@@ -41,6 +41,10 @@ const (
 	CodeZombieRequeue ErrorCode = "ZOMBIE_REQUEUE"
 	// CodeRailNotConfigured: no rail of this type is loaded by the relayer.
 	CodeRailNotConfigured ErrorCode = "RAIL_NOT_CONFIGURED"
+	// CodeReleased: claimed but handed back without calling the rail (the
+	// relayer is stopping, or the lease would end before the rail's
+	// timeout). Does not use up the retry budget.
+	CodeReleased ErrorCode = "RELEASED"
 )
 
 // ErrValidation matches every [*ValidationError] with errors.Is.

@@ -211,9 +211,17 @@ func (s *Set) Claimable() (closed []string, halfOpen []string) {
 // Execute validates ins for its rail, waits for a slot under the rail's
 // concurrency cap, and dispatches it through the breaker with the rail's
 // hard timeout. It always returns a Decision; if ctx ends while waiting for
-// a slot, the decision is a retryable RAIL_UNAVAILABLE that never reached the
-// rail.
+// a slot, the decision is a retryable RELEASED that never reached the rail.
 func (s *Set) Execute(ctx context.Context, ins Instruction) Decision {
+	return s.ExecuteBefore(ctx, ins, time.Time{})
+}
+
+// ExecuteBefore is Execute for a caller whose claim on ins ends at
+// leaseUntil: if, once a rail slot is free, less than the rail's timeout
+// remains, the rail is not called and the decision is a retryable RELEASED
+// (the call could outlive the lease, and the reaper would hand the
+// instruction to someone else mid-call). A zero leaseUntil means no limit.
+func (s *Set) ExecuteBefore(ctx context.Context, ins Instruction, leaseUntil time.Time) Decision {
 	r, ok := s.rails[ins.RailType]
 	if !ok {
 		return Decision{Outcome: Retryable, ErrorCode: CodeRailNotConfigured,
@@ -223,9 +231,13 @@ func (s *Set) Execute(ctx context.Context, ins Instruction) Decision {
 		return r.codes.Decide(Result{}, err)
 	}
 	if err := r.slots.Acquire(ctx, 1); err != nil {
-		return Decision{Outcome: Retryable, ErrorCode: CodeRailUnavailable, Message: "stopped while waiting for a rail slot"}
+		return Decision{Outcome: Retryable, ErrorCode: CodeReleased, Message: "released without calling the rail: stopped while waiting for a rail slot"}
 	}
 	defer r.slots.Release(1)
+	if !leaseUntil.IsZero() && time.Until(leaseUntil) < r.opts.Timeout {
+		return Decision{Outcome: Retryable, ErrorCode: CodeReleased,
+			Message: "released without calling the rail: the lease would end before the rail's timeout"}
+	}
 
 	call := func() (Decision, error) {
 		callCtx, cancel := context.WithTimeout(ctx, r.opts.Timeout)

@@ -241,8 +241,11 @@ CREATE UNLOGGED TABLE {{.schema}}.relayer_idle (
 CREATE FUNCTION {{.schema}}.notify_pending() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+  -- Statement triggers also fire for statements that insert nothing (a
+  -- duplicate enqueue, an outcome batch without retries): check both.
   IF EXISTS (SELECT 1 FROM {{.schema}}.relayer_idle
-             WHERE idle_since > clock_timestamp() - interval '10 seconds') THEN
+             WHERE idle_since > clock_timestamp() - interval '10 seconds')
+     AND EXISTS (SELECT 1 FROM inserted) THEN
     PERFORM pg_notify('outbox_pending', '');
   END IF;
   RETURN NULL;
@@ -252,4 +255,5 @@ END $$;
 -- (or `outbox notify off`); relayers then rely on polling alone.
 CREATE TRIGGER pending_notify
   AFTER INSERT ON {{.schema}}.pending
+  REFERENCING NEW TABLE AS inserted
   FOR EACH STATEMENT EXECUTE FUNCTION {{.schema}}.notify_pending();

@@ -1,0 +1,184 @@
+package attempts
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ledgerline/outbox/migrations"
+)
+
+// Outcome is how one claimed attempt ended, as the relayer recorded it.
+// The identity fields repeat what the claim returned, so an outcome can be
+// archived even when the in-flight row is no longer this relayer's.
+type Outcome struct {
+	AttemptID      uuid.UUID // the new outcome row's id
+	ClaimAttemptID uuid.UUID // the DISPATCHING attempt this outcome closes
+	OutboxID       uuid.UUID
+	AttemptNo      int
+	InstructionID  string
+	ParticipantID  string
+	SequenceID     int64
+	IdempotencyKey string
+	RailType       string
+	TenantID       string
+	CorrelationID  string
+	RelayerID      string
+	ClaimedAt      time.Time
+
+	// State is Dispatched, Retryable or Failed.
+	State         State
+	RailReference string
+	RailCode      string
+	ErrorCode     string
+	ErrorMessage  string
+	LatencyMS     int
+	// RetryDelay is how long a Retryable instruction waits in pending.
+	RetryDelay time.Duration
+	// CountAttempt is false when the rail was never called (open breaker,
+	// released by a stopping relayer): the attempt does not use up the
+	// instruction's retry budget.
+	CountAttempt bool
+}
+
+// Recorded says what happened to one outcome.
+type Recorded struct {
+	OutboxID uuid.UUID
+	// Late is true when the in-flight row no longer belonged to this
+	// attempt (its lease was reaped): the outcome was archived, marked
+	// late, and did not touch the queue.
+	Late bool
+	// Withdrew is true when a late DISPATCHED/FAILED outcome removed the
+	// requeued copy that nobody had claimed yet.
+	Withdrew bool
+	// NextAttemptAt is when a Retryable instruction is due again.
+	NextAttemptAt *time.Time
+}
+
+// Execer runs one query; *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
+type Execer interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Record applies a batch of outcomes in one statement (one transaction):
+// it appends each outcome attempt, removes the in-flight row only where it
+// still belongs to that attempt (fencing), puts retries back into pending
+// with the same outbox and sequence id (attempt_count + 1 unless the attempt
+// did not count, next_attempt_at = now() + RetryDelay), and moves terminal
+// failures to the dead letters. An outcome whose in-flight row is gone or
+// owned by a newer attempt is late: it is archived with late = true, and if
+// it is DISPATCHED or FAILED and the reaper's requeued copy is still
+// pending, that copy is withdrawn (a FAILED one becomes a dead letter).
+func (a *Archive) Record(ctx context.Context, db Execer, outcomes []Outcome) ([]Recorded, error) {
+	if len(outcomes) == 0 {
+		return nil, nil
+	}
+	n := len(outcomes)
+	var (
+		ids, claimIDs, outboxIDs                        = make([]uuid.UUID, n), make([]uuid.UUID, n), make([]uuid.UUID, n)
+		states, instrs, parts, keys, railTypes          = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		tenants, corrs, relayers, refs, codes, errCodes = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		messages                                        = make([]string, n)
+		attemptNos, latencies                           = make([]int32, n), make([]int32, n)
+		seqs, delays                                    = make([]int64, n), make([]int64, n)
+		claimedAt                                       = make([]time.Time, n)
+		counts                                          = make([]bool, n)
+	)
+	for i, o := range outcomes {
+		switch o.State {
+		case Dispatched, Retryable, Failed:
+		default:
+			return nil, fmt.Errorf("attempts: record: outcome %d has state %q", i, o.State)
+		}
+		ids[i], claimIDs[i], outboxIDs[i] = o.AttemptID, o.ClaimAttemptID, o.OutboxID
+		states[i], instrs[i], parts[i], keys[i], railTypes[i] = string(o.State), o.InstructionID, o.ParticipantID, o.IdempotencyKey, o.RailType
+		tenants[i], corrs[i], relayers[i], refs[i], codes[i], errCodes[i] = o.TenantID, o.CorrelationID, o.RelayerID, o.RailReference, o.RailCode, o.ErrorCode
+		messages[i] = o.ErrorMessage
+		attemptNos[i], latencies[i] = int32(o.AttemptNo), int32(o.LatencyMS)
+		seqs[i], delays[i] = o.SequenceID, o.RetryDelay.Milliseconds()
+		claimedAt[i], counts[i] = o.ClaimedAt, o.CountAttempt
+	}
+	rows, err := db.Query(ctx, migrations.Qualify(a.schema, recordSQL),
+		ids, claimIDs, outboxIDs, states, attemptNos, instrs, parts, seqs, keys, railTypes, tenants, corrs,
+		relayers, claimedAt, refs, codes, errCodes, messages, latencies, delays, counts)
+	if err != nil {
+		return nil, fmt.Errorf("attempts: record: %w", err)
+	}
+	recorded, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Recorded, error) {
+		var r Recorded
+		err := row.Scan(&r.OutboxID, &r.Late, &r.Withdrew, &r.NextAttemptAt)
+		return r, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("attempts: record: %w", err)
+	}
+	return recorded, nil
+}
+
+const recordSQL = `
+WITH o AS (
+  SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::int[], $6::text[], $7::text[], $8::bigint[],
+                       $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::timestamptz[], $15::text[],
+                       $16::text[], $17::text[], $18::text[], $19::int[], $20::bigint[], $21::bool[])
+    AS o(attempt_id, claim_attempt_id, outbox_id, state, attempt_no, instruction_id, participant_id, sequence_id,
+         idempotency_key, rail_type, tenant_id, correlation_id, relayer_id, claimed_at, rail_reference,
+         rail_code, error_code, error_message, latency_ms, retry_delay_ms, count_attempt)
+), fenced AS (
+  DELETE FROM {schema}.inflight f USING o
+  WHERE f.outbox_id = o.outbox_id AND f.attempt_id = o.claim_attempt_id
+  RETURNING f.*
+), requeued AS (
+  INSERT INTO {schema}.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+                                tenant_id, correlation_id, payload, attempt_count, next_attempt_at, created_at)
+  SELECT f.outbox_id, f.instruction_id, f.participant_id, f.sequence_id, f.idempotency_key, f.rail_type,
+         f.tenant_id, f.correlation_id, f.payload,
+         CASE WHEN o.count_attempt THEN f.attempt_no ELSE f.attempt_no - 1 END,
+         now() + o.retry_delay_ms * interval '1 millisecond', f.created_at
+  FROM fenced f JOIN o ON o.claim_attempt_id = f.attempt_id
+  WHERE o.state = 'RETRYABLE'
+  RETURNING outbox_id, next_attempt_at
+), dead AS (
+  INSERT INTO {schema}.dead_letters (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+                                     tenant_id, correlation_id, payload, attempt_count, error_code, error_message,
+                                     attempt_id, created_at)
+  SELECT f.outbox_id, f.instruction_id, f.participant_id, f.sequence_id, f.idempotency_key, f.rail_type,
+         f.tenant_id, f.correlation_id, f.payload, f.attempt_no, o.error_code, nullif(o.error_message, ''),
+         o.attempt_id, f.created_at
+  FROM fenced f JOIN o ON o.claim_attempt_id = f.attempt_id
+  WHERE o.state = 'FAILED'
+), withdrawn AS (
+  DELETE FROM {schema}.pending p USING o
+  WHERE p.outbox_id = o.outbox_id AND o.state IN ('DISPATCHED', 'FAILED')
+    AND NOT EXISTS (SELECT 1 FROM fenced f WHERE f.attempt_id = o.claim_attempt_id)
+  RETURNING p.*, o.claim_attempt_id
+), late_dead AS (
+  INSERT INTO {schema}.dead_letters (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+                                     tenant_id, correlation_id, payload, attempt_count, error_code, error_message,
+                                     attempt_id, created_at)
+  SELECT w.outbox_id, w.instruction_id, w.participant_id, w.sequence_id, w.idempotency_key, w.rail_type,
+         w.tenant_id, w.correlation_id, w.payload, w.attempt_count, o.error_code, nullif(o.error_message, ''),
+         o.attempt_id, w.created_at
+  FROM withdrawn w JOIN o ON o.claim_attempt_id = w.claim_attempt_id
+  WHERE o.state = 'FAILED'
+), archived AS (
+  INSERT INTO {schema}.attempts (attempt_id, outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
+                                 rail_type, tenant_id, correlation_id, attempt_no, state, relayer_id, claim_attempt_id,
+                                 claimed_at, completed_at, next_attempt_at, rail_reference, rail_code, error_code,
+                                 error_message, latency_ms, late)
+  SELECT o.attempt_id, o.outbox_id, o.instruction_id, o.participant_id, o.sequence_id, o.idempotency_key,
+         o.rail_type, nullif(o.tenant_id, ''), nullif(o.correlation_id, ''), o.attempt_no, o.state, o.relayer_id,
+         o.claim_attempt_id, o.claimed_at, now(), r.next_attempt_at, nullif(o.rail_reference, ''),
+         nullif(o.rail_code, ''), nullif(o.error_code, ''), nullif(o.error_message, ''), o.latency_ms,
+         f.attempt_id IS NULL
+  FROM o
+  LEFT JOIN fenced f ON f.attempt_id = o.claim_attempt_id
+  LEFT JOIN requeued r ON r.outbox_id = f.outbox_id
+)
+SELECT o.outbox_id, f.attempt_id IS NULL, w.outbox_id IS NOT NULL, r.next_attempt_at
+FROM o
+LEFT JOIN fenced f ON f.attempt_id = o.claim_attempt_id
+LEFT JOIN withdrawn w ON w.claim_attempt_id = o.claim_attempt_id
+LEFT JOIN requeued r ON r.outbox_id = f.outbox_id`

@@ -1,0 +1,39 @@
+package engine
+
+import (
+	"math/rand/v2"
+	"time"
+)
+
+// Backoff is capped exponential backoff with full jitter: the n-th retry
+// waits a uniformly random time in [0, min(Cap, Base·2^(n-1))]. Full jitter
+// spreads a burst of failures (a rail outage) so the retries do not arrive
+// as a new burst.
+type Backoff struct {
+	Base time.Duration
+	Cap  time.Duration
+}
+
+// Bound is the largest delay of the n-th retry (n >= 1).
+func (b Backoff) Bound(n int) time.Duration {
+	if n < 1 {
+		n = 1
+	}
+	d := b.Base
+	for i := 1; i < n; i++ {
+		if d >= b.Cap/2 {
+			return b.Cap
+		}
+		d *= 2
+	}
+	return min(d, b.Cap)
+}
+
+// Delay draws the delay of the n-th retry from rnd.
+func (b Backoff) Delay(n int, rnd *rand.Rand) time.Duration {
+	bound := b.Bound(n)
+	if bound <= 0 {
+		return 0
+	}
+	return time.Duration(rnd.Int64N(int64(bound) + 1))
+}

@@ -1,0 +1,74 @@
+package engine
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+func TestBackoffBoundGrowsAndCaps(t *testing.T) {
+	t.Parallel()
+	b := Backoff{Base: time.Second, Cap: 5 * time.Minute}
+	want := []time.Duration{1, 2, 4, 8, 16, 32, 64, 128, 256}
+	for i, w := range want {
+		if got := b.Bound(i + 1); got != w*time.Second {
+			t.Errorf("Bound(%d) = %v, want %v", i+1, got, w*time.Second)
+		}
+	}
+	for _, n := range []int{10, 11, 30, 64, 1000} {
+		if got := b.Bound(n); got != 5*time.Minute {
+			t.Errorf("Bound(%d) = %v, want the cap", n, got)
+		}
+	}
+}
+
+func TestBackoffDelayWithinBoundAndSeeded(t *testing.T) {
+	t.Parallel()
+	b := Backoff{Base: time.Second, Cap: 5 * time.Minute}
+	r1 := rand.New(rand.NewPCG(1, 2))
+	r2 := rand.New(rand.NewPCG(1, 2))
+	means := make([]float64, 12)
+	for n := 1; n <= 12; n++ {
+		var sum time.Duration
+		for range 2000 {
+			d := b.Delay(n, r1)
+			if d2 := b.Delay(n, r2); d2 != d {
+				t.Fatalf("same seed gave %v and %v", d, d2)
+			}
+			if d < 0 || d > b.Bound(n) {
+				t.Fatalf("attempt %d: delay %v outside [0, %v]", n, d, b.Bound(n))
+			}
+			sum += d
+		}
+		means[n-1] = float64(sum) / 2000
+	}
+	// Full jitter: the mean is about half the bound, so it doubles per
+	// attempt until the cap, then stays put.
+	for n := 2; n <= 9; n++ {
+		if ratio := means[n-1] / means[n-2]; ratio < 1.7 || ratio > 2.3 {
+			t.Errorf("mean delay of attempt %d is %.2fx attempt %d's, want about 2x", n, ratio, n-1)
+		}
+	}
+	if ratio := means[11] / means[10]; ratio < 0.9 || ratio > 1.1 {
+		t.Errorf("capped attempts' mean delays differ by %.2fx", ratio)
+	}
+}
+
+func TestSanitize(t *testing.T) {
+	t.Parallel()
+	cases := map[string]string{
+		"dial postgres://app:hunter2@db:5432/x failed":   "dial postgres://[REDACTED]@db:5432/x failed",
+		"Authorization: Bearer abc.def.ghi":              "Authorization: [REDACTED] [REDACTED]",
+		`upstream said password="s3 cret" and token=abc`: `upstream said password=[REDACTED] and token=[REDACTED]`,
+		"api_key: XYZ123; rest":                          "api_key: [REDACTED]; rest",
+		"plain failure":                                  "plain failure",
+	}
+	for in, want := range cases {
+		if got := sanitize(in, 0); got != want {
+			t.Errorf("sanitize(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if got := sanitize("héllo wörld", 2); got != "h" {
+		t.Errorf("truncation split a rune: %q", got)
+	}
+}

@@ -1,0 +1,142 @@
+// Package engine is the relayer: it wakes on NOTIFY (adaptively) or on a
+// poll, claims due instructions, dispatches them to their rails with bounded
+// concurrency and hard timeouts, and records outcomes in batches: retries
+// with backoff, dead letters, strict per-participant ordering. Stop is
+// graceful: claiming stops, dispatches finish up to a deadline, outcomes are
+// flushed, and anything cut off at the deadline stays leased for the reaper.
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"time"
+
+	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/rails"
+)
+
+// Defaults of Config.
+const (
+	DefaultBatchSize      = 100
+	DefaultMaxConcurrency = 64
+	DefaultPollInterval   = 500 * time.Millisecond
+	DefaultDebounce       = 25 * time.Millisecond
+	DefaultLeaseGrace     = 10 * time.Second
+	DefaultBackoffBase    = time.Second
+	DefaultBackoffCap     = 5 * time.Minute
+	DefaultMaxAttempts    = 10
+	DefaultMaxErrorLength = 2000
+	DefaultFlushInterval  = 5 * time.Millisecond
+	DefaultFlushSize      = 100
+	DefaultIdleRefresh    = 3 * time.Second
+	DefaultReconnectDelay = time.Second
+	DefaultStopTimeout    = 30 * time.Second
+)
+
+// Config configures a [Relayer]. Zero values mean the defaults above.
+type Config struct {
+	// Schema holding the outbox tables; "" means the default.
+	Schema string
+	// RelayerID names this relayer in attempt rows and logs; default
+	// host-pid-random.
+	RelayerID string
+	// Rails are the rails this relayer dispatches to (required). Only
+	// instructions of these rail types are claimed.
+	Rails *rails.Set
+
+	// BatchSize is the most instructions one claim takes.
+	BatchSize int
+	// MaxConcurrency caps dispatches in progress across all rails (each
+	// rail's own cap applies on top).
+	MaxConcurrency int
+	// Unordered turns per-participant ordering off for this relayer. With
+	// ordering on (the default) a participant never has two instructions in
+	// flight and sequence n+1 waits until n is dispatched or dead.
+	Unordered bool
+
+	// PollInterval is the fallback poll (jittered by ±20%); polling is the
+	// source of truth, NOTIFY only shortens the wait.
+	PollInterval time.Duration
+	// Debounce coalesces a burst of notifications into one claim.
+	Debounce time.Duration
+	// PollOnly disables LISTEN (e.g. behind a transaction-pooling proxy).
+	PollOnly bool
+	// IdleRefresh is how often an idle relayer refreshes its registration
+	// in relayer_idle (the trigger ignores registrations older than 10 s).
+	IdleRefresh time.Duration
+	// ReconnectDelay is the wait before the listener reconnects.
+	ReconnectDelay time.Duration
+
+	// LeaseGrace is added to a rail's timeout to form the lease.
+	LeaseGrace time.Duration
+	// BackoffBase, BackoffCap and MaxAttempts shape retries: full-jitter
+	// exponential backoff; the MaxAttempts-th failed attempt is terminal.
+	BackoffBase time.Duration
+	BackoffCap  time.Duration
+	MaxAttempts int
+	// Seed seeds the backoff jitter (0: random).
+	Seed uint64
+
+	// MaxErrorLength truncates stored error text (after secrets are
+	// stripped).
+	MaxErrorLength int
+	// FlushInterval and FlushSize batch outcome recording: a batch is
+	// written when it is FlushSize long or FlushInterval old.
+	FlushInterval time.Duration
+	FlushSize     int
+	// StopTimeout is Run's grace period for in-flight dispatches on stop.
+	StopTimeout time.Duration
+
+	// Logger receives one line per claim batch and per failed attempt.
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.Rails == nil || len(c.Rails.Types()) == 0 {
+		return errors.New("engine: Config.Rails must configure at least one rail")
+	}
+	if err := migrations.ValidateSchema(c.Schema); err != nil {
+		return err
+	}
+	if c.RelayerID == "" {
+		host, _ := os.Hostname()
+		c.RelayerID = fmt.Sprintf("%s-%d-%04x", host, os.Getpid(), rand.IntN(1<<16))
+	}
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	defDur := func(v *time.Duration, d time.Duration) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.BatchSize, DefaultBatchSize)
+	def(&c.MaxConcurrency, DefaultMaxConcurrency)
+	def(&c.MaxAttempts, DefaultMaxAttempts)
+	def(&c.MaxErrorLength, DefaultMaxErrorLength)
+	def(&c.FlushSize, DefaultFlushSize)
+	defDur(&c.PollInterval, DefaultPollInterval)
+	defDur(&c.Debounce, DefaultDebounce)
+	defDur(&c.IdleRefresh, DefaultIdleRefresh)
+	defDur(&c.ReconnectDelay, DefaultReconnectDelay)
+	defDur(&c.LeaseGrace, DefaultLeaseGrace)
+	defDur(&c.BackoffBase, DefaultBackoffBase)
+	defDur(&c.BackoffCap, DefaultBackoffCap)
+	defDur(&c.FlushInterval, DefaultFlushInterval)
+	defDur(&c.StopTimeout, DefaultStopTimeout)
+	if c.BackoffCap < c.BackoffBase {
+		return fmt.Errorf("engine: BackoffCap %v is below BackoffBase %v", c.BackoffCap, c.BackoffBase)
+	}
+	if c.BatchSize > c.MaxConcurrency {
+		c.BatchSize = c.MaxConcurrency
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}

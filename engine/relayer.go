@@ -1,0 +1,621 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/semaphore"
+
+	"github.com/ledgerline/outbox/attempts"
+	"github.com/ledgerline/outbox/pending"
+	"github.com/ledgerline/outbox/rails"
+)
+
+// Stats are a relayer's counters since it started.
+type Stats struct {
+	ClaimBatches  int64 // claims that returned work
+	Claimed       int64
+	Dispatched    int64
+	Retried       int64 // RETRYABLE outcomes (back to pending)
+	Dead          int64 // FAILED outcomes (dead letters)
+	Released      int64 // handed back without calling the rail
+	Late          int64 // outcomes recorded after the lease was reaped
+	LeftInFlight  int64 // cut off at the hard stop deadline, left for the reaper
+	Notifications int64 // wakeups by NOTIFY
+	Polls         int64 // wakeups by the poll timer
+}
+
+// Relayer claims, dispatches and records. Create it with [New], run it with
+// [Relayer.Start] and [Relayer.Stop] (or [Relayer.Run]).
+type Relayer struct {
+	cfg     Config
+	pool    *pgxpool.Pool
+	claimer *pending.Claimer
+	archive *attempts.Archive
+	log     *slog.Logger
+	backoff Backoff
+	idle    idleSQL
+
+	slots    *semaphore.Weighted
+	inFlight atomic.Int64 // dispatches in progress
+	wake     chan struct{}
+	outcomes chan attempts.Outcome
+
+	listening atomic.Bool
+	rndMu     sync.Mutex
+	rnd       *rand.Rand
+
+	stats struct {
+		claimBatches, claimed, dispatched, retried, dead, released, late, leftInFlight, notifications, polls atomic.Int64
+	}
+
+	// Lifecycle.
+	startOnce    sync.Once
+	stopOnce     sync.Once
+	started      atomic.Bool
+	stopping     chan struct{}      // closed when Stop begins
+	dispatchCtx  context.Context    // cancelled at the hard deadline
+	hardStop     context.CancelFunc // cancels dispatchCtx
+	listenCancel context.CancelFunc
+	loopDone     chan struct{}
+	listenDone   chan struct{}
+	flushDone    chan struct{}
+	dispatches   sync.WaitGroup
+
+	// testHooks let tests in this package act between protocol steps.
+	testHooks struct {
+		beforeRegister, afterIdleClaim func()
+	}
+}
+
+// New validates cfg and returns a relayer that is not yet running.
+func New(pool *pgxpool.Pool, cfg Config) (*Relayer, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	claimer, err := pending.NewClaimer(cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	archive, err := attempts.New(cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	seed := cfg.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	r := &Relayer{
+		cfg:        cfg,
+		pool:       pool,
+		claimer:    claimer,
+		archive:    archive,
+		log:        cfg.Logger.With("relayer", cfg.RelayerID),
+		backoff:    Backoff{Base: cfg.BackoffBase, Cap: cfg.BackoffCap},
+		idle:       newIdleSQL(cfg.Schema),
+		slots:      semaphore.NewWeighted(int64(cfg.MaxConcurrency)),
+		wake:       make(chan struct{}, 1),
+		outcomes:   make(chan attempts.Outcome, 2*cfg.MaxConcurrency),
+		rnd:        rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		stopping:   make(chan struct{}),
+		loopDone:   make(chan struct{}),
+		flushDone:  make(chan struct{}),
+		listenDone: make(chan struct{}),
+	}
+	r.dispatchCtx, r.hardStop = context.WithCancel(context.Background())
+	return r, nil
+}
+
+// ID returns the relayer id recorded in attempt rows.
+func (r *Relayer) ID() string { return r.cfg.RelayerID }
+
+// Stats returns a snapshot of the counters.
+func (r *Relayer) Stats() Stats {
+	s := &r.stats
+	return Stats{
+		ClaimBatches: s.claimBatches.Load(), Claimed: s.claimed.Load(), Dispatched: s.dispatched.Load(),
+		Retried: s.retried.Load(), Dead: s.dead.Load(), Released: s.released.Load(), Late: s.late.Load(),
+		LeftInFlight: s.leftInFlight.Load(), Notifications: s.notifications.Load(), Polls: s.polls.Load(),
+	}
+}
+
+// Start starts the relayer's goroutines and returns. The relayer runs until
+// Stop; ctx is only used for start-up work (and its values are kept).
+func (r *Relayer) Start(ctx context.Context) error {
+	err := errors.New("engine: relayer already started")
+	r.startOnce.Do(func() {
+		err = nil
+		if perr := r.archive.EnsurePartitions(ctx, r.pool, 3); perr != nil {
+			r.log.Warn("could not ensure attempt partitions", "err", perr)
+		}
+		runCtx := context.WithoutCancel(ctx)
+		if r.cfg.PollOnly {
+			close(r.listenDone)
+		} else {
+			var lctx context.Context
+			lctx, r.listenCancel = context.WithCancel(runCtx)
+			go r.listen(lctx)
+		}
+		go r.flushLoop()
+		go r.claimLoop(runCtx)
+		r.started.Store(true)
+		r.log.Info("relayer started", "ordered", !r.cfg.Unordered, "rails", r.cfg.Rails.Types(),
+			"poll_only", r.cfg.PollOnly, "max_concurrency", r.cfg.MaxConcurrency, "batch_size", r.cfg.BatchSize)
+	})
+	return err
+}
+
+// Stop stops gracefully: no more claims; instructions claimed but not yet
+// sent are handed back; dispatches in progress may finish until ctx is done
+// (the hard deadline); outcomes are flushed; the listener closes. A dispatch
+// still running at the deadline is abandoned without an outcome: its
+// in-flight row stays leased and the reaper requeues it after the lease, and
+// the rail sees the same idempotency key again. Stop returns
+// context.DeadlineExceeded if that happened.
+func (r *Relayer) Stop(ctx context.Context) error {
+	if !r.started.Load() {
+		return errors.New("engine: relayer not started")
+	}
+	var result error
+	r.stopOnce.Do(func() {
+		close(r.stopping)
+		<-r.loopDone
+
+		done := make(chan struct{})
+		go func() { r.dispatches.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			result = ctx.Err()
+			r.hardStop()
+			// Transports honour the cancelled context; give them a moment to
+			// return so their goroutines do not outlive Stop.
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				r.log.Error("dispatches did not return after cancellation")
+			}
+		}
+		close(r.outcomes)
+		<-r.flushDone
+		r.hardStop()
+
+		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		if err := r.unregisterIdle(cleanup); err != nil {
+			r.log.Warn("could not unregister idle relayer", "err", err)
+		}
+		cancel()
+		if r.listenCancel != nil {
+			r.listenCancel()
+		}
+		<-r.listenDone
+		st := r.Stats()
+		r.log.Info("relayer stopped", "dispatched", st.Dispatched, "retried", st.Retried, "dead", st.Dead,
+			"left_in_flight", st.LeftInFlight)
+	})
+	return result
+}
+
+// Run starts the relayer, runs until ctx is cancelled, then stops it
+// gracefully with Config.StopTimeout as the hard deadline.
+func (r *Relayer) Run(ctx context.Context) error {
+	if err := r.Start(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StopTimeout)
+	defer cancel()
+	if err := r.Stop(stopCtx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}
+
+func (r *Relayer) isStopping() bool {
+	select {
+	case <-r.stopping:
+		return true
+	default:
+		return false
+	}
+}
+
+// signal wakes the claim loop (non-blocking; one pending wake is enough).
+func (r *Relayer) signal() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// claimLoop claims while there is work and slots, and otherwise waits for a
+// notification, a local wake (an outcome freed a participant) or the poll.
+func (r *Relayer) claimLoop(ctx context.Context) {
+	defer close(r.loopDone)
+	stopCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-r.stopping:
+			cancel()
+		case <-stopCtx.Done():
+		}
+	}()
+
+	registered := false
+	var lastRefresh time.Time
+	errDelay := 50 * time.Millisecond
+	for !r.isStopping() {
+		n, full, err := r.claimOnce(stopCtx)
+		switch {
+		case err != nil && stopCtx.Err() != nil:
+			return
+		case errors.Is(err, pending.ErrOrderingConflict):
+			continue // a concurrent claim won a participant; try again
+		case err != nil:
+			r.log.Warn("claim failed", "err", err)
+			if !r.sleep(stopCtx, errDelay) {
+				return
+			}
+			errDelay = min(2*errDelay, r.cfg.PollInterval)
+			continue
+		}
+		errDelay = 50 * time.Millisecond
+		if n > 0 && registered {
+			if err := r.unregisterIdle(stopCtx); err == nil {
+				registered = false
+			}
+		}
+		if full {
+			continue // drain mode: there is probably more
+		}
+		if n == 0 && r.shouldRegisterIdle() {
+			if !registered || time.Since(lastRefresh) >= r.cfg.IdleRefresh {
+				found, err := r.goIdle(stopCtx)
+				if err != nil {
+					r.log.Warn("idle registration failed", "err", err)
+				} else {
+					registered, lastRefresh = true, time.Now()
+				}
+				if found {
+					if err := r.unregisterIdle(stopCtx); err == nil {
+						registered = false
+					}
+					continue
+				}
+			}
+		}
+		if !r.waitForWork(stopCtx, registered) {
+			return
+		}
+	}
+}
+
+// shouldRegisterIdle: only a relayer that listens and has nothing in
+// flight registers; one with dispatches in progress is woken by its own
+// outcomes anyway, and registering would make producers pay for NOTIFY.
+func (r *Relayer) shouldRegisterIdle() bool {
+	return r.listening.Load() && r.inFlight.Load() == 0
+}
+
+// waitForWork blocks until a notification (debounced), a local wake, the
+// poll timer (or the idle refresh while registered), or stop. It reports
+// false on stop.
+func (r *Relayer) waitForWork(ctx context.Context, registered bool) bool {
+	wait := r.pollDelay()
+	if registered && r.cfg.IdleRefresh < wait {
+		wait = r.cfg.IdleRefresh
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-r.wake:
+		// Coalesce a burst into one claim.
+		return r.sleep(ctx, r.cfg.Debounce)
+	case <-t.C:
+		r.stats.polls.Add(1)
+		return true
+	}
+}
+
+func (r *Relayer) pollDelay() time.Duration {
+	r.rndMu.Lock()
+	j := 0.8 + 0.4*r.rnd.Float64()
+	r.rndMu.Unlock()
+	return time.Duration(float64(r.cfg.PollInterval) * j)
+}
+
+func (r *Relayer) sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// claimOnce takes as many free dispatch slots as it can (waiting for at
+// least one), claims up to that many instructions and starts their
+// dispatches. full reports that every slot asked for was filled.
+func (r *Relayer) claimOnce(ctx context.Context) (n int, full bool, err error) {
+	if err := r.slots.Acquire(ctx, 1); err != nil {
+		return 0, false, err
+	}
+	want := 1
+	for want < r.cfg.BatchSize && r.slots.TryAcquire(1) {
+		want++
+	}
+	// The claim itself must not be cancelled by Stop: a claim that commits
+	// while its caller gives up would leave instructions in flight that
+	// nobody dispatches (until the reaper). It is short, so it gets its own
+	// timeout instead.
+	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	claimed, err := r.claim(claimCtx, want)
+	cancel()
+	r.slots.Release(int64(want - len(claimed)))
+	if err != nil || len(claimed) == 0 {
+		return 0, false, err
+	}
+	r.stats.claimBatches.Add(1)
+	r.stats.claimed.Add(int64(len(claimed)))
+	r.log.Info("claimed", "count", len(claimed), "asked", want)
+	r.inFlight.Add(int64(len(claimed)))
+	r.dispatches.Add(len(claimed))
+	for _, c := range claimed {
+		go r.dispatch(c)
+	}
+	return len(claimed), len(claimed) == want, nil
+}
+
+// claim claims up to limit instructions of rails whose breaker admits
+// calls; a half-open rail gets a claim of one, its probe.
+func (r *Relayer) claim(ctx context.Context, limit int) ([]pending.Claimed, error) {
+	closed, halfOpen := r.cfg.Rails.Claimable()
+	p := pending.ClaimParams{RelayerID: r.cfg.RelayerID, Limit: limit, Ordered: !r.cfg.Unordered}
+	var out []pending.Claimed
+	if len(halfOpen) > 0 {
+		p.Leases = r.leases(halfOpen)
+		p.Limit = 1
+		probe, err := r.claimer.Claim(ctx, r.pool, p)
+		if err != nil {
+			return nil, err
+		}
+		out = probe
+		p.Limit = limit - len(probe)
+	}
+	if len(closed) > 0 && p.Limit > 0 {
+		p.Leases = r.leases(closed)
+		more, err := r.claimer.Claim(ctx, r.pool, p)
+		if err != nil {
+			return out, joinClaimErr(out, err)
+		}
+		out = append(out, more...)
+	}
+	return out, nil
+}
+
+// joinClaimErr keeps a successful probe claim when the second claim fails:
+// the probe is ours and must be dispatched.
+func joinClaimErr(claimed []pending.Claimed, err error) error {
+	if len(claimed) > 0 {
+		return nil
+	}
+	return err
+}
+
+func (r *Relayer) leases(types []string) map[string]time.Duration {
+	m := make(map[string]time.Duration, len(types))
+	for _, t := range types {
+		m[t] = r.cfg.Rails.Timeout(t) + r.cfg.LeaseGrace
+	}
+	return m
+}
+
+// dispatch sends one claimed instruction and queues its outcome.
+func (r *Relayer) dispatch(c pending.Claimed) {
+	defer r.dispatches.Done()
+	defer r.inFlight.Add(-1)
+	defer r.slots.Release(1)
+
+	var d rails.Decision
+	var latency time.Duration
+	if r.isStopping() {
+		d = rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeReleased, Message: "released: relayer stopping"}
+	} else {
+		start := time.Now()
+		d = r.cfg.Rails.ExecuteBefore(r.dispatchCtx, railInstruction(c), c.LeaseUntil)
+		latency = time.Since(start)
+		if r.dispatchCtx.Err() != nil && d.RailCalled && d.Outcome == rails.Retryable {
+			// Cut off at the hard deadline without an answer: no outcome is
+			// recorded, the lease stands and the reaper will requeue it.
+			r.stats.leftInFlight.Add(1)
+			r.log.Warn("dispatch cut off at stop deadline; left in flight for the reaper",
+				"outbox_id", c.OutboxID, "instruction_id", c.InstructionID, "participant", c.ParticipantID,
+				"attempt_no", c.AttemptNo, "lease_until", c.LeaseUntil)
+			return
+		}
+	}
+	r.outcomes <- r.outcome(c, d, latency)
+}
+
+func railInstruction(c pending.Claimed) rails.Instruction {
+	ins := rails.Instruction{
+		OutboxID: c.OutboxID, InstructionID: c.InstructionID, ParticipantID: c.ParticipantID,
+		SequenceID: c.SequenceID, IdempotencyKey: c.IdempotencyKey, RailType: c.RailType,
+		TenantID: c.TenantID, CorrelationID: c.CorrelationID, AttemptNo: c.AttemptNo,
+		Metadata: c.Payload.Metadata,
+	}
+	if c.Payload.AmountMinor != 0 || c.Payload.Currency != "" || c.Payload.Destination != "" {
+		ins.Payment = &rails.Payment{AmountMinor: c.Payload.AmountMinor, Currency: c.Payload.Currency, Destination: c.Payload.Destination}
+	}
+	return ins
+}
+
+// countsAgainstBudget: an attempt that never reached the rail for reasons of
+// ours (open breaker, released, rail not loaded) does not use up retries.
+func countsAgainstBudget(code rails.ErrorCode) bool {
+	switch code {
+	case rails.CodeCircuitOpen, rails.CodeReleased, rails.CodeRailNotConfigured:
+		return false
+	}
+	return true
+}
+
+// outcome turns a decision into what is recorded: backoff for retries,
+// MAX_ATTEMPTS_EXCEEDED on the last allowed attempt.
+func (r *Relayer) outcome(c pending.Claimed, d rails.Decision, latency time.Duration) attempts.Outcome {
+	id, _ := uuid.NewV7()
+	o := attempts.Outcome{
+		AttemptID: id, ClaimAttemptID: c.AttemptID, OutboxID: c.OutboxID, AttemptNo: c.AttemptNo,
+		InstructionID: c.InstructionID, ParticipantID: c.ParticipantID, SequenceID: c.SequenceID,
+		IdempotencyKey: c.IdempotencyKey, RailType: c.RailType, TenantID: c.TenantID,
+		CorrelationID: c.CorrelationID, RelayerID: r.cfg.RelayerID, ClaimedAt: c.ClaimedAt,
+		RailReference: d.Reference, RailCode: d.RailCode, ErrorCode: string(d.ErrorCode),
+		ErrorMessage: sanitize(d.Message, r.cfg.MaxErrorLength), LatencyMS: int(latency.Milliseconds()),
+		CountAttempt: countsAgainstBudget(d.ErrorCode),
+	}
+	if d.Field != "" {
+		o.ErrorMessage = sanitize(fmt.Sprintf("field %s: %s", d.Field, d.Message), r.cfg.MaxErrorLength)
+	}
+	switch d.Outcome {
+	case rails.Dispatched:
+		o.State, o.ErrorMessage = attempts.Dispatched, ""
+	case rails.Failed:
+		o.State = attempts.Failed
+	default:
+		o.State = attempts.Retryable
+		switch {
+		case o.CountAttempt && c.AttemptNo >= r.cfg.MaxAttempts:
+			o.State, o.ErrorCode = attempts.Failed, string(rails.CodeMaxAttemptsExceeded)
+			o.ErrorMessage = sanitize(fmt.Sprintf("attempt %d of %d failed with %s: %s", c.AttemptNo, r.cfg.MaxAttempts, d.ErrorCode, d.Message), r.cfg.MaxErrorLength)
+		case o.CountAttempt:
+			r.rndMu.Lock()
+			o.RetryDelay = r.backoff.Delay(c.AttemptNo, r.rnd)
+			r.rndMu.Unlock()
+		case d.ErrorCode == rails.CodeReleased:
+			o.RetryDelay = 0
+		default:
+			o.RetryDelay = time.Second
+		}
+		if d.RetryAfter > o.RetryDelay {
+			o.RetryDelay = d.RetryAfter
+		}
+	}
+	return o
+}
+
+// flushLoop records outcomes in batches until the outcomes channel closes.
+func (r *Relayer) flushLoop() {
+	defer close(r.flushDone)
+	var batch []attempts.Outcome
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		select {
+		case o, ok := <-r.outcomes:
+			if !ok {
+				r.flush(batch, true)
+				return
+			}
+			if len(batch) == 0 {
+				timer.Reset(r.cfg.FlushInterval)
+			}
+			batch = append(batch, o)
+			if len(batch) >= r.cfg.FlushSize {
+				timer.Stop()
+				r.flush(batch, false)
+				batch = nil
+			}
+		case <-timer.C:
+			r.flush(batch, false)
+			batch = nil
+		}
+	}
+}
+
+// flush writes one batch, retrying until it succeeds: an outcome is never
+// dropped while the relayer runs. On the final flush (stopping) it gives up
+// after a bounded time; the unrecorded instructions stay in flight and the
+// reaper requeues them after their leases.
+func (r *Relayer) flush(batch []attempts.Outcome, final bool) {
+	if len(batch) == 0 {
+		return
+	}
+	delay := 20 * time.Millisecond
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		recorded, err := r.archive.Record(ctx, r.pool, batch)
+		cancel()
+		if err == nil {
+			r.afterFlush(batch, recorded)
+			return
+		}
+		r.log.Warn("recording outcomes failed; retrying", "count", len(batch), "err", err)
+		if final && time.Now().After(deadline) {
+			r.log.Error("giving up recording outcomes at stop; the reaper will requeue them", "count", len(batch))
+			return
+		}
+		time.Sleep(delay)
+		delay = min(2*delay, 2*time.Second)
+	}
+}
+
+func (r *Relayer) afterFlush(batch []attempts.Outcome, recorded []attempts.Recorded) {
+	late := make(map[uuid.UUID]attempts.Recorded, 0)
+	for _, rec := range recorded {
+		if rec.Late {
+			late[rec.OutboxID] = rec
+		}
+	}
+	for _, o := range batch {
+		if rec, ok := late[o.OutboxID]; ok {
+			r.stats.late.Add(1)
+			r.log.Warn("late outcome: lease was reaped", "outbox_id", o.OutboxID, "instruction_id", o.InstructionID,
+				"participant", o.ParticipantID, "attempt_no", o.AttemptNo, "state", o.State, "withdrew_requeued_copy", rec.Withdrew)
+			continue
+		}
+		switch {
+		case o.State == attempts.Dispatched:
+			r.stats.dispatched.Add(1)
+		case o.State == attempts.Failed:
+			r.stats.dead.Add(1)
+			r.logFailure(o, "dead letter")
+		case o.ErrorCode == string(rails.CodeReleased):
+			r.stats.released.Add(1)
+		default:
+			r.stats.retried.Add(1)
+			r.logFailure(o, "will retry")
+		}
+	}
+	// Recorded outcomes free participants (ordering) and slots: claim again.
+	r.signal()
+}
+
+func (r *Relayer) logFailure(o attempts.Outcome, what string) {
+	args := []any{"outbox_id", o.OutboxID, "instruction_id", o.InstructionID, "participant", o.ParticipantID,
+		"sequence_id", o.SequenceID, "attempt_no", o.AttemptNo, "rail", o.RailType, "error_code", o.ErrorCode,
+		"rail_code", o.RailCode, "error", o.ErrorMessage}
+	if o.State == attempts.Retryable {
+		args = append(args, "retry_in", o.RetryDelay)
+	}
+	if o.TenantID != "" {
+		args = append(args, "tenant_id", o.TenantID)
+	}
+	if o.CorrelationID != "" {
+		args = append(args, "correlation_id", o.CorrelationID)
+	}
+	r.log.Warn("attempt failed: "+what, args...)
+}

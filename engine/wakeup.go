@@ -1,0 +1,150 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgxlisten"
+
+	"github.com/ledgerline/outbox/migrations"
+)
+
+// idleSQL holds the statements of the adaptive NOTIFY protocol.
+type idleSQL struct {
+	register, unregister string
+}
+
+func newIdleSQL(schema string) idleSQL {
+	return idleSQL{
+		register: migrations.Qualify(schema, `INSERT INTO {schema}.relayer_idle (relayer_id, idle_since)
+			VALUES ($1, clock_timestamp())
+			ON CONFLICT (relayer_id) DO UPDATE SET idle_since = clock_timestamp()`),
+		unregister: migrations.Qualify(schema, `DELETE FROM {schema}.relayer_idle WHERE relayer_id = $1`),
+	}
+}
+
+// inProgressSQL lists the transactions running right now (those with a
+// transaction id, i.e. writers).
+const inProgressSQL = `SELECT coalesce(array_agg(x::text), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) AS x`
+
+// allFinishedSQL reports whether every listed transaction has ended.
+const allFinishedSQL = `SELECT coalesce(bool_and(pg_xact_status(x::xid8) IS DISTINCT FROM 'in progress'), true)
+	FROM unnest($1::text[]) AS x`
+
+// listen runs the LISTEN connection until ctx ends. pgxlisten reconnects
+// with a fresh connection each time; every (re)connect counts as a wake,
+// because notifications sent while disconnected are lost.
+func (r *Relayer) listen(ctx context.Context) {
+	defer close(r.listenDone)
+	l := &pgxlisten.Listener{
+		Connect: func(ctx context.Context) (*pgx.Conn, error) {
+			return pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
+		},
+		LogError: func(ctx context.Context, err error) {
+			r.listening.Store(false)
+			if ctx.Err() == nil {
+				r.log.Warn("listener error; polling until it reconnects", "err", err)
+			}
+		},
+		ReconnectDelay: r.cfg.ReconnectDelay,
+	}
+	// Handlers are registered before Listen starts.
+	l.Handle(migrations.NotifyChannel, notifyHandler{r})
+	_ = l.Listen(ctx)
+	r.listening.Store(false)
+}
+
+type notifyHandler struct{ r *Relayer }
+
+// HandleNotification wakes the claim loop; the claim loop debounces.
+func (h notifyHandler) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
+	h.r.log.Debug("notified", "pid", n.PID, "payload", n.Payload)
+	h.r.stats.notifications.Add(1)
+	h.r.signal()
+	return nil
+}
+
+// HandleBacklog runs right after LISTEN succeeded (also after a reconnect):
+// from now on notifications arrive, and anything enqueued while we were not
+// listening is picked up by one claim.
+func (h notifyHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
+	h.r.listening.Store(true)
+	h.r.signal()
+	return nil
+}
+
+// goIdle runs the adaptive NOTIFY protocol after an empty claim. It
+// registers (or refreshes) this relayer in relayer_idle, so the pending
+// trigger notifies from now on. A producer whose trigger ran before the
+// registration was visible did not notify, so:
+//  1. claim once more: catches producers that committed before now;
+//  2. wait for the transactions that were in progress when the
+//     registration committed (they may include such a producer), then claim
+//     again. Producers that start later see the registration and notify.
+//
+// found reports that one of these claims returned work.
+func (r *Relayer) goIdle(ctx context.Context) (found bool, err error) {
+	if h := r.testHooks.beforeRegister; h != nil {
+		h()
+	}
+	if _, err := r.pool.Exec(ctx, r.idle.register, r.cfg.RelayerID); err != nil {
+		return false, err
+	}
+	// The snapshot must be taken after the registration committed, so it
+	// is a separate statement (and implicit transaction).
+	var running []string
+	if err := r.pool.QueryRow(ctx, inProgressSQL).Scan(&running); err != nil {
+		return false, err
+	}
+	if n, _, err := r.claimOnce(ctx); err != nil || n > 0 {
+		return n > 0, err
+	}
+	if h := r.testHooks.afterIdleClaim; h != nil {
+		h()
+	}
+	if len(running) == 0 {
+		return false, nil
+	}
+	if !r.awaitFinished(ctx, running) {
+		return false, nil // woken (or the poll interval passed) meanwhile
+	}
+	n, _, err := r.claimOnce(ctx)
+	return n > 0, err
+}
+
+// awaitFinished polls until the listed transactions have all ended. It
+// gives up (false) after one poll interval or when woken, since the poll
+// and the wake both lead to a claim anyway.
+func (r *Relayer) awaitFinished(ctx context.Context, xids []string) bool {
+	deadline := time.Now().Add(r.cfg.PollInterval)
+	delay := time.Millisecond
+	for time.Now().Before(deadline) {
+		var done bool
+		if err := r.pool.QueryRow(ctx, allFinishedSQL, xids).Scan(&done); err != nil {
+			return false
+		}
+		if done {
+			return true
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-r.wake:
+			t.Stop()
+			r.signal() // leave the wake for the claim loop
+			return false
+		case <-t.C:
+		}
+		delay = min(2*delay, 50*time.Millisecond)
+	}
+	return false
+}
+
+func (r *Relayer) unregisterIdle(ctx context.Context) error {
+	_, err := r.pool.Exec(ctx, r.idle.unregister, r.cfg.RelayerID)
+	return err
+}
