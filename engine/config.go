@@ -14,6 +14,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/migrations"
 	"github.com/ledgerline/outbox/rails"
 )
@@ -92,6 +93,21 @@ type Config struct {
 
 	// Logger receives one line per claim batch and per failed attempt.
 	Logger *slog.Logger
+	// OnRecorded, if set, is called after each outcome batch is committed,
+	// from the relayer's single recording goroutine (keep it fast).
+	OnRecorded func([]Recorded)
+}
+
+// Recorded is an outcome as committed, for observers (demo, benchmarks,
+// metrics).
+type Recorded struct {
+	attempts.Outcome
+	// EnqueuedAt is the instruction's first enqueue (database clock);
+	// RecordedAt is when the outcome committed (relayer clock).
+	EnqueuedAt, RecordedAt time.Time
+	// Late is true when the lease had been reaped before the outcome was
+	// recorded.
+	Late bool
 }
 
 func (c *Config) setDefaults() error {

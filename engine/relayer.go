@@ -47,7 +47,7 @@ type Relayer struct {
 	slots    *semaphore.Weighted
 	inFlight atomic.Int64 // dispatches in progress
 	wake     chan struct{}
-	outcomes chan attempts.Outcome
+	outcomes chan pendingOutcome
 
 	listening atomic.Bool
 	rndMu     sync.Mutex
@@ -103,7 +103,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relayer, error) {
 		idle:       newIdleSQL(cfg.Schema),
 		slots:      semaphore.NewWeighted(int64(cfg.MaxConcurrency)),
 		wake:       make(chan struct{}, 1),
-		outcomes:   make(chan attempts.Outcome, 2*cfg.MaxConcurrency),
+		outcomes:   make(chan pendingOutcome, 2*cfg.MaxConcurrency),
 		rnd:        rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		stopping:   make(chan struct{}),
 		loopDone:   make(chan struct{}),
@@ -447,7 +447,13 @@ func (r *Relayer) dispatch(c pending.Claimed) {
 			return
 		}
 	}
-	r.outcomes <- r.outcome(c, d, latency)
+	r.outcomes <- pendingOutcome{Outcome: r.outcome(c, d, latency), enqueuedAt: c.EnqueuedAt}
+}
+
+// pendingOutcome is an outcome waiting to be recorded.
+type pendingOutcome struct {
+	attempts.Outcome
+	enqueuedAt time.Time
 }
 
 func railInstruction(c pending.Claimed) rails.Instruction {
@@ -519,7 +525,7 @@ func (r *Relayer) outcome(c pending.Claimed, d rails.Decision, latency time.Dura
 // flushLoop records outcomes in batches until the outcomes channel closes.
 func (r *Relayer) flushLoop() {
 	defer close(r.flushDone)
-	var batch []attempts.Outcome
+	var batch []pendingOutcome
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
@@ -549,15 +555,19 @@ func (r *Relayer) flushLoop() {
 // dropped while the relayer runs. On the final flush (stopping) it gives up
 // after a bounded time; the unrecorded instructions stay in flight and the
 // reaper requeues them after their leases.
-func (r *Relayer) flush(batch []attempts.Outcome, final bool) {
+func (r *Relayer) flush(batch []pendingOutcome, final bool) {
 	if len(batch) == 0 {
 		return
+	}
+	outcomes := make([]attempts.Outcome, len(batch))
+	for i, p := range batch {
+		outcomes[i] = p.Outcome
 	}
 	delay := 20 * time.Millisecond
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		recorded, err := r.archive.Record(ctx, r.pool, batch)
+		recorded, err := r.archive.Record(ctx, r.pool, outcomes)
 		cancel()
 		if err == nil {
 			r.afterFlush(batch, recorded)
@@ -573,15 +583,25 @@ func (r *Relayer) flush(batch []attempts.Outcome, final bool) {
 	}
 }
 
-func (r *Relayer) afterFlush(batch []attempts.Outcome, recorded []attempts.Recorded) {
-	late := make(map[uuid.UUID]attempts.Recorded, 0)
+func (r *Relayer) afterFlush(batch []pendingOutcome, recorded []attempts.Recorded) {
+	late := make(map[uuid.UUID]attempts.Recorded)
 	for _, rec := range recorded {
 		if rec.Late {
 			late[rec.OutboxID] = rec
 		}
 	}
-	for _, o := range batch {
-		if rec, ok := late[o.OutboxID]; ok {
+	var observed []Recorded
+	if r.cfg.OnRecorded != nil {
+		observed = make([]Recorded, 0, len(batch))
+	}
+	now := time.Now()
+	for _, p := range batch {
+		o := p.Outcome
+		rec, isLate := late[o.OutboxID]
+		if observed != nil {
+			observed = append(observed, Recorded{Outcome: o, EnqueuedAt: p.enqueuedAt, RecordedAt: now, Late: isLate})
+		}
+		if isLate {
 			r.stats.late.Add(1)
 			r.log.Warn("late outcome: lease was reaped", "outbox_id", o.OutboxID, "instruction_id", o.InstructionID,
 				"participant", o.ParticipantID, "attempt_no", o.AttemptNo, "state", o.State, "withdrew_requeued_copy", rec.Withdrew)
@@ -599,6 +619,9 @@ func (r *Relayer) afterFlush(batch []attempts.Outcome, recorded []attempts.Recor
 			r.stats.retried.Add(1)
 			r.logFailure(o, "will retry")
 		}
+	}
+	if observed != nil {
+		r.cfg.OnRecorded(observed)
 	}
 	// Recorded outcomes free participants (ordering) and slots: claim again.
 	r.signal()

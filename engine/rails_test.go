@@ -1,0 +1,258 @@
+package engine
+
+import (
+	"bytes"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ledgerline/outbox/pending"
+	"github.com/ledgerline/outbox/rails"
+)
+
+// TestBreakerOpensBurnsNothingAndRecovers: a rail that fails repeatedly
+// opens its breaker; while open, its instructions stay pending and no
+// attempt is burned; after the open period a probe succeeds, the breaker
+// closes, and everything drains.
+func TestBreakerOpensBurnsNothingAndRecovers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	var changes sync.Map
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: rails.Generic{}, Transport: b.sandbox, Timeout: time.Second,
+		Breaker:         rails.BreakerOptions{ConsecutiveFailures: 3, OpenFor: 1500 * time.Millisecond},
+		OnBreakerChange: func(_ string, from, to rails.BreakerState) { changes.Store(from.String()+"->"+to.String(), true) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.sandbox.SetDown(rails.ErrUnavailable)
+	b.enqueue(t, 200, 20)
+	cfg := b.config("breaker")
+	cfg.Rails = set
+	cfg.MaxAttempts = 100 // the retry budget is not what ends this test
+	b.start(t, cfg)
+
+	// Wait for the breaker to open.
+	deadline := time.Now().Add(30 * time.Second)
+	for set.State("sandbox") != rails.BreakerOpen {
+		if time.Now().After(deadline) {
+			t.Fatal("breaker never opened")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Outcomes of the calls that were in flight when it opened land first.
+	for {
+		var inflight int
+		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.inflight`).Scan(&inflight); err != nil {
+			t.Fatal(err)
+		}
+		if inflight == 0 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// While open: nothing is claimed, so no attempt row appears and no
+	// attempt count grows. Sample twice within the open period.
+	claims1 := countStates(t, b, "DISPATCHING")
+	var burned1 int64
+	if err := b.pool.QueryRow(b.ctx, `SELECT coalesce(sum(attempt_count), 0) FROM outbox.pending`).Scan(&burned1); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if set.State("sandbox") == rails.BreakerOpen {
+		claims2 := countStates(t, b, "DISPATCHING")
+		var burned2 int64
+		if err := b.pool.QueryRow(b.ctx, `SELECT coalesce(sum(attempt_count), 0) FROM outbox.pending`).Scan(&burned2); err != nil {
+			t.Fatal(err)
+		}
+		if claims2 != claims1 || burned2 != burned1 {
+			t.Fatalf("while open: claims %d -> %d, attempt counts %d -> %d; want no change", claims1, claims2, burned1, burned2)
+		}
+	} else {
+		t.Fatal("breaker left the open state within 0.5 s of a 3 s open period; machine too slow to check the open state")
+	}
+	if calls := b.sandbox.Stats().Calls; calls > 3+64 {
+		t.Fatalf("rail called %d times; an open breaker should stop the calls", calls)
+	}
+	b.sandbox.SetDown(nil)
+	b.waitDrained(t, 2*time.Minute)
+	rep := b.verify(t, true)
+	if rep.Dispatched != 200 || rep.DeadLetters != 0 {
+		t.Fatalf("report %+v: want everything dispatched after recovery", rep)
+	}
+	for _, c := range []string{"closed->open", "open->half-open", "half-open->closed"} {
+		if _, ok := changes.Load(c); !ok {
+			t.Errorf("breaker never went %s", c)
+		}
+	}
+}
+
+// TestTimeoutRetriesWithSameKey: the rail pays but answers too late; the
+// relayer records RAIL_TIMEOUT, retries with the same idempotency key, and
+// the rail recognises it: one payment, zero effective duplicates.
+func TestTimeoutRetriesWithSameKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{Seed: 9, TimeoutRate: 0.5})
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: rails.Generic{}, Transport: b.sandbox,
+		Timeout: 150 * time.Millisecond, Breaker: rails.BreakerOptions{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := b.config("timeouts")
+	cfg.Rails = set
+	b.enqueue(t, 60, 6)
+	b.start(t, cfg)
+	b.waitDrained(t, 2*time.Minute)
+	rep := b.verify(t, true)
+	timeouts := countCode(t, b, string(rails.CodeRailTimeout))
+	st := b.sandbox.Stats()
+	if timeouts == 0 || st.Timeouts == 0 {
+		t.Fatalf("no timeouts happened (archive %d, sandbox %+v): the test proves nothing", timeouts, st)
+	}
+	if rep.Dispatched != 60 || st.Payments != 60 || st.EffectiveDuplicates != 0 || st.Replays < timeouts {
+		t.Fatalf("report %+v, sandbox %+v, %d timeouts: want 60 payments, every timed-out call replayed, no duplicates", rep, st, timeouts)
+	}
+	// Every retry after a timeout carried the same key: the rail answered
+	// DUPLICATE for exactly those.
+	var dupAnswers int64
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE rail_code = $1`, rails.SandboxDuplicate).Scan(&dupAnswers); err != nil {
+		t.Fatal(err)
+	}
+	if dupAnswers == 0 {
+		t.Fatal("no retry was recognised by its idempotency key")
+	}
+}
+
+func countCode(t *testing.T, b *testBundle, code string) int64 {
+	t.Helper()
+	var n int64
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE error_code = $1`, code).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestWebhookRailEndToEnd dispatches through the webhook transport to a
+// TLS server that verifies signatures and answers 429 with Retry-After,
+// then 422, then 200. Retry-After is honoured; the secret appears in no log
+// line and no attempt row.
+func TestWebhookRailEndToEnd(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	const secret = "whsec-do-not-leak-7f3a9c"
+	var calls sync.Map // idempotency key -> *atomic.Int32
+	var badSignatures atomic.Int32
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if err := rails.VerifySignature([]byte(secret), r.Header, body, time.Now(), 5*time.Minute); err != nil {
+			badSignatures.Add(1)
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		key := r.Header.Get(rails.HeaderIdempotencyKey)
+		n, _ := calls.LoadOrStore(key, new(atomic.Int32))
+		switch call := n.(*atomic.Int32).Add(1); {
+		case strings.Contains(key, "reject"):
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			fmt.Fprint(w, `{"message":"account closed"}`)
+		case call == 1:
+			w.Header().Set("Retry-After", "2")
+			w.WriteHeader(http.StatusTooManyRequests)
+		default:
+			fmt.Fprintf(w, `{"reference":"psp-%s"}`, key)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	pool := x509Pool(t, srv)
+	hook, err := rails.NewWebhook(rails.WebhookOptions{URL: srv.URL, Secret: []byte(secret), RootCAs: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := rails.NewSet(rails.Options{Type: "psp", Profile: rails.Generic{}, Transport: hook, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	var logMu sync.Mutex
+	cfg := b.config("webhook")
+	cfg.Rails = set
+	cfg.BackoffBase, cfg.BackoffCap = time.Millisecond, 2*time.Millisecond
+	cfg.Logger = slog.New(slog.NewJSONHandler(lockedWriter{&logMu, &logs}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	producer, err := pending.NewProducer(pending.Config{Rails: set.Catalog()}) // knows the psp rail type
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"pay-1", "pay-2", "reject-1"} {
+		in := instruction("p-"+key, 1)
+		in.RailType, in.IdempotencyKey = "psp", key
+		if _, err := producer.Enqueue(b.ctx, b.pool, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.start(t, cfg)
+	b.waitDrained(t, time.Minute)
+	rep := b.verify(t, true)
+	if rep.Dispatched != 2 || rep.DeadLetters != 1 || badSignatures.Load() != 0 {
+		t.Fatalf("report %+v, bad signatures %d", rep, badSignatures.Load())
+	}
+	// Retry-After: 2 s was honoured even though the backoff says 2 ms.
+	rows, err := b.pool.Query(b.ctx, `SELECT extract(epoch FROM next_attempt_at - completed_at)
+		FROM outbox.attempts WHERE state = 'RETRYABLE'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waits, err := pgx.CollectRows(rows, pgx.RowTo[float64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(waits) != 2 {
+		t.Fatalf("%d retries, want one per paid instruction", len(waits))
+	}
+	for _, w := range waits {
+		if w < 1.99 {
+			t.Errorf("retry scheduled after %.3fs, want at least the 2 s Retry-After", w)
+		}
+	}
+	var archived string
+	if err := b.pool.QueryRow(b.ctx, `SELECT string_agg(concat_ws('|', rail_reference, rail_code, error_code, error_message, payload::text), '\n')
+		FROM outbox.attempts`).Scan(&archived); err != nil {
+		t.Fatal(err)
+	}
+	logMu.Lock()
+	defer logMu.Unlock()
+	if strings.Contains(archived, secret) || strings.Contains(logs.String(), secret) {
+		t.Fatal("the webhook secret leaked into the archive or the logs")
+	}
+	if !strings.Contains(archived, "HTTP_422") || !strings.Contains(archived, "psp-pay-1") {
+		t.Fatalf("archive lacks the rail's answers:\n%s", archived)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// x509Pool trusts the test server's certificate, so TLS verification stays
+// on.
+func x509Pool(t *testing.T, srv *httptest.Server) *x509.CertPool {
+	t.Helper()
+	pool := x509.NewCertPool()
+	pool.AddCert(srv.Certificate())
+	return pool
+}
