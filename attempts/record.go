@@ -71,7 +71,10 @@ type Execer interface {
 // failures to the dead letters. An outcome whose in-flight row is gone or
 // owned by a newer attempt is late: it is archived with late = true, and if
 // it is DISPATCHED or FAILED and the reaper's requeued copy is still
-// pending, that copy is withdrawn (a FAILED one becomes a dead letter).
+// pending, that copy is withdrawn (a FAILED one becomes a dead letter) by a
+// second statement. If that second statement fails the outcomes are still
+// archived and the copy is simply dispatched again under the same
+// idempotency key; the error is returned with the results.
 func (a *Archive) Record(ctx context.Context, db Execer, outcomes []Outcome) ([]Recorded, error) {
 	if len(outcomes) == 0 {
 		return nil, nil
@@ -107,15 +110,68 @@ func (a *Archive) Record(ctx context.Context, db Execer, outcomes []Outcome) ([]
 	if err != nil {
 		return nil, fmt.Errorf("attempts: record: %w", err)
 	}
-	recorded, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Recorded, error) {
-		var r Recorded
-		err := row.Scan(&r.OutboxID, &r.Late, &r.Withdrew, &r.NextAttemptAt)
+	type row struct {
+		Recorded
+		claim uuid.UUID
+	}
+	results, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
+		var r row
+		err := cr.Scan(&r.OutboxID, &r.claim, &r.Late, &r.NextAttemptAt)
 		return r, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("attempts: record: %w", err)
 	}
+	byClaim := make(map[uuid.UUID]Outcome, len(outcomes))
+	for _, o := range outcomes {
+		byClaim[o.ClaimAttemptID] = o
+	}
+	var lateTerminal []Outcome
+	recorded := make([]Recorded, len(results))
+	for i, r := range results {
+		recorded[i] = r.Recorded
+		if o := byClaim[r.claim]; r.Late && (o.State == Dispatched || o.State == Failed) {
+			lateTerminal = append(lateTerminal, o)
+		}
+	}
+	if len(lateTerminal) == 0 {
+		return recorded, nil
+	}
+	withdrew, err := a.withdraw(ctx, db, lateTerminal)
+	if err != nil {
+		// The outcome rows are archived; the copy stays pending and is
+		// dispatched again under the same idempotency key.
+		return recorded, fmt.Errorf("attempts: record: withdraw requeued copies: %w", err)
+	}
+	for i := range recorded {
+		recorded[i].Withdrew = withdrew[recorded[i].OutboxID]
+	}
 	return recorded, nil
+}
+
+// withdraw runs withdrawSQL for late terminal outcomes.
+func (a *Archive) withdraw(ctx context.Context, db Execer, late []Outcome) (map[uuid.UUID]bool, error) {
+	n := len(late)
+	ids, attemptIDs := make([]uuid.UUID, n), make([]uuid.UUID, n)
+	states, codes, messages := make([]string, n), make([]string, n), make([]string, n)
+	attemptNos := make([]int32, n)
+	for i, o := range late {
+		ids[i], attemptIDs[i], states[i], codes[i], messages[i], attemptNos[i] =
+			o.OutboxID, o.AttemptID, string(o.State), o.ErrorCode, o.ErrorMessage, int32(o.AttemptNo)
+	}
+	rows, err := db.Query(ctx, migrations.Qualify(a.schema, withdrawSQL), ids, attemptIDs, states, codes, messages, attemptNos)
+	if err != nil {
+		return nil, err
+	}
+	withdrawn, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[uuid.UUID]bool, len(withdrawn))
+	for _, id := range withdrawn {
+		m[id] = true
+	}
+	return m, nil
 }
 
 const recordSQL = `
@@ -149,20 +205,6 @@ WITH o AS (
          o.attempt_id, f.created_at
   FROM fenced f JOIN o ON o.claim_attempt_id = f.attempt_id
   WHERE o.state = 'FAILED'
-), withdrawn AS (
-  DELETE FROM {schema}.pending p USING o
-  WHERE p.outbox_id = o.outbox_id AND o.state IN ('DISPATCHED', 'FAILED')
-    AND NOT EXISTS (SELECT 1 FROM fenced f WHERE f.attempt_id = o.claim_attempt_id)
-  RETURNING p.*, o.claim_attempt_id
-), late_dead AS (
-  INSERT INTO {schema}.dead_letters (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-                                     tenant_id, correlation_id, payload, attempt_count, error_code, error_message,
-                                     attempt_id, created_at)
-  SELECT w.outbox_id, w.instruction_id, w.participant_id, w.sequence_id, w.idempotency_key, w.rail_type,
-         w.tenant_id, w.correlation_id, w.payload, w.attempt_count, o.error_code, nullif(o.error_message, ''),
-         o.attempt_id, w.created_at
-  FROM withdrawn w JOIN o ON o.claim_attempt_id = w.claim_attempt_id
-  WHERE o.state = 'FAILED'
 ), archived AS (
   INSERT INTO {schema}.attempts (attempt_id, outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
                                  rail_type, tenant_id, correlation_id, attempt_no, state, relayer_id, claim_attempt_id,
@@ -177,8 +219,31 @@ WITH o AS (
   LEFT JOIN fenced f ON f.attempt_id = o.claim_attempt_id
   LEFT JOIN requeued r ON r.outbox_id = f.outbox_id
 )
-SELECT o.outbox_id, f.attempt_id IS NULL, w.outbox_id IS NOT NULL, r.next_attempt_at
+SELECT o.outbox_id, o.claim_attempt_id, f.attempt_id IS NULL, r.next_attempt_at
 FROM o
 LEFT JOIN fenced f ON f.attempt_id = o.claim_attempt_id
-LEFT JOIN withdrawn w ON w.claim_attempt_id = o.claim_attempt_id
 LEFT JOIN requeued r ON r.outbox_id = f.outbox_id`
+
+// withdrawSQL removes the requeued copies of instructions whose late
+// outcome was terminal, if nobody claimed them yet; a FAILED one becomes a
+// dead letter. It is a separate statement so that it sees the reaper's
+// commit even when recordSQL had to wait for the reaper's lock on the
+// in-flight row (recordSQL's snapshot predates that commit).
+const withdrawSQL = `
+WITH o AS (
+  SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int[])
+    AS o(outbox_id, attempt_id, state, error_code, error_message, attempt_no)
+), withdrawn AS (
+  DELETE FROM {schema}.pending p USING o WHERE p.outbox_id = o.outbox_id
+  RETURNING p.*
+), late_dead AS (
+  INSERT INTO {schema}.dead_letters (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+                                     tenant_id, correlation_id, payload, attempt_count, error_code, error_message,
+                                     attempt_id, created_at)
+  SELECT w.outbox_id, w.instruction_id, w.participant_id, w.sequence_id, w.idempotency_key, w.rail_type,
+         w.tenant_id, w.correlation_id, w.payload, greatest(w.attempt_count, o.attempt_no), o.error_code,
+         nullif(o.error_message, ''), o.attempt_id, w.created_at
+  FROM withdrawn w JOIN o USING (outbox_id)
+  WHERE o.state = 'FAILED'
+)
+SELECT outbox_id FROM withdrawn`

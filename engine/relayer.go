@@ -569,7 +569,12 @@ func (r *Relayer) flush(batch []pendingOutcome, final bool) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		recorded, err := r.archive.Record(ctx, r.pool, outcomes)
 		cancel()
-		if err == nil {
+		if recorded != nil {
+			// Archived; an error here is about withdrawing a requeued copy,
+			// which then is dispatched again under the same key.
+			if err != nil {
+				r.log.Warn("outcomes recorded, but a late completion could not withdraw its requeued copy", "err", err)
+			}
 			r.afterFlush(batch, recorded)
 			return
 		}

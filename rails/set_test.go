@@ -167,7 +167,7 @@ func TestSetSlotWaitCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	d := s.Execute(ctx, sandboxIns("r", "waiter"))
-	if d.Outcome != rails.Retryable || d.ErrorCode != rails.CodeRailUnavailable {
+	if d.Outcome != rails.Retryable || d.ErrorCode != rails.CodeReleased || d.RailCalled {
 		t.Fatalf("got %+v", d)
 	}
 	if _, _, n := g.snapshot(); n != 1 {

@@ -4,28 +4,62 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
 
+	"github.com/HdrHistogram/hdrhistogram-go"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ledgerline/outbox/attempts"
+	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/migrations"
 	"github.com/ledgerline/outbox/pending"
+	"github.com/ledgerline/outbox/rails"
 )
+
+// demoFlags configure `outbox demo`.
+type demoFlags struct {
+	rate          int
+	participants  int
+	relayers      int
+	duration      time.Duration
+	retryableRate float64
+	terminalRate  float64
+	latencyMin    time.Duration
+	latencyMax    time.Duration
+}
 
 func runDemo(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "demo", "demo [flags]")
 	var db dbFlags
+	var rf relayFlags
+	var df demoFlags
 	db.register(fs)
-	count := fs.Int("instructions", 300, "instructions to enqueue")
-	participants := fs.Int("participants", 12, "participants to spread them over")
+	rf.register(fs)
+	fs.IntVar(&df.rate, "rate", 500, "instructions per second the producer stream enqueues")
+	fs.IntVar(&df.participants, "participants", 100, "participants the stream spreads over")
+	fs.IntVar(&df.relayers, "relayers", 2, "relayers to run")
+	fs.DurationVar(&df.duration, "duration", 30*time.Second, "how long to produce (0: until Ctrl-C)")
+	fs.Float64Var(&df.retryableRate, "retryable-rate", 0.03, "sandbox rail: share of calls answered retryable")
+	fs.Float64Var(&df.terminalRate, "terminal-rate", 0.01, "sandbox rail: share of payments rejected terminally")
+	fs.DurationVar(&df.latencyMin, "latency-min", 2*time.Millisecond, "sandbox rail: fastest answer")
+	fs.DurationVar(&df.latencyMax, "latency-max", 20*time.Millisecond, "sandbox rail: slowest answer")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
-	if err := parseFlags(fs, env, args); err != nil {
+	logLevel := fs.String("log-level", "error", "log level of the relayers (the summary is printed regardless)")
+	if _, err := parseFlags(fs, env, args); err != nil {
 		return err
 	}
-	log, err := newLogger(env.stderr, *logFormat, "info")
+	if df.rate <= 0 || df.participants <= 0 || df.relayers <= 0 {
+		return fmt.Errorf("%w: --rate, --participants and --relayers must be positive", errUsage)
+	}
+	log, err := newLogger(env.stderr, *logFormat, *logLevel)
 	if err != nil {
 		return err
 	}
-	pool, cleanup, err := db.connect(ctx, log, 8)
+	bootLog, _ := newLogger(env.stderr, *logFormat, "info")
+	pool, cleanup, err := db.connect(ctx, bootLog, int32(8+4*df.relayers))
 	if err != nil {
 		return err
 	}
@@ -33,37 +67,222 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	if err := migrations.MigrateWith(ctx, pool, migrations.Options{Schema: db.schema}); err != nil {
 		return err
 	}
-	producer, err := pending.NewProducer(pending.Config{Schema: db.schema})
+
+	sandbox := rails.NewSandbox(rails.SandboxOptions{Seed: time.Now().UnixNano(), LatencyMin: df.latencyMin,
+		LatencyMax: df.latencyMax, RetryableRate: df.retryableRate, TerminalRate: df.terminalRate})
+	set, err := rails.NewSet(
+		rails.Options{Type: "sandbox", Profile: rails.Generic{}, Transport: sandbox, Timeout: rf.railTimeout},
+		rails.Options{Type: "event", Profile: rails.Event{}, Transport: sandbox, Timeout: rf.railTimeout})
 	if err != nil {
 		return err
 	}
+	d := &demo{env: env, pool: pool, schema: db.schema, sandbox: sandbox,
+		latency: hdrhistogram.New(1, int64(10*time.Minute/time.Microsecond), 3),
+		window:  hdrhistogram.New(1, int64(10*time.Minute/time.Microsecond), 3)}
+
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	stopReaper, err := rf.startReaper(runCtx, pool, db.schema, log)
+	if err != nil {
+		return err
+	}
+	defer stopReaper()
+	var relayers []*engine.Relayer
+	for i := range df.relayers {
+		cfg := rf.engineConfig(db.schema, set, log)
+		cfg.RelayerID = fmt.Sprintf("demo-relayer-%d", i+1)
+		cfg.OnRecorded = d.observe
+		r, err := engine.New(pool, cfg)
+		if err != nil {
+			return err
+		}
+		if err := r.Start(runCtx); err != nil {
+			return err
+		}
+		relayers = append(relayers, r)
+	}
+
+	produceCtx := runCtx
+	if df.duration > 0 {
+		var cancel context.CancelFunc
+		produceCtx, cancel = context.WithTimeout(runCtx, df.duration)
+		defer cancel()
+	}
+	fmt.Fprintf(env.stdout, "demo: %d instr/s over %d participants, %d relayers, sandbox rail (%.1f%% retryable, %.1f%% rejected)\n",
+		df.rate, df.participants, df.relayers, 100*df.retryableRate, 100*df.terminalRate)
+	d.header()
+	var producer sync.WaitGroup
+	producer.Add(1)
+	go func() { defer producer.Done(); d.produce(produceCtx, df) }()
+
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	start := time.Now()
+	for produceCtx.Err() == nil {
+		select {
+		case <-produceCtx.Done():
+		case <-tick.C:
+			d.summary(ctx, time.Since(start))
+		}
+	}
+	producer.Wait()
+
+	// Let the relayers finish what is due (retries scheduled later stay
+	// pending; they are durable and the next run picks them up).
+	drainUntil := time.Now().Add(10 * time.Second)
+	for ctx.Err() == nil && time.Now().Before(drainUntil) && d.due(ctx) > 0 {
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+			d.summary(ctx, time.Since(start))
+		}
+	}
+	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, r := range relayers {
+		_ = r.Stop(stopCtx)
+	}
+	d.summary(context.Background(), time.Since(start))
+	return d.final(context.Background(), !rf.ordered)
+}
+
+// demo holds the live counters.
+type demo struct {
+	env     *environment
+	pool    *pgxpool.Pool
+	schema  string
+	sandbox *rails.Sandbox
+
+	enqueued, dispatched, retried, dead atomic.Int64
+	lastEnqueued                        int64
+	mu                                  sync.Mutex
+	latency, window                     *hdrhistogram.Histogram
+}
+
+// observe is every relayer's OnRecorded hook.
+func (d *demo) observe(recs []engine.Recorded) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, r := range recs {
+		switch {
+		case r.Late:
+		case r.State == attempts.Dispatched:
+			d.dispatched.Add(1)
+			us := r.RecordedAt.Sub(r.EnqueuedAt).Microseconds()
+			_ = d.latency.RecordValue(max(us, 1))
+			_ = d.window.RecordValue(max(us, 1))
+		case r.State == attempts.Failed:
+			d.dead.Add(1)
+		case r.ErrorCode != string(rails.CodeReleased):
+			d.retried.Add(1)
+		}
+	}
+}
+
+// produce enqueues a steady stream in small batches, one transaction each,
+// every 10 ms.
+func (d *demo) produce(ctx context.Context, df demoFlags) {
+	producer, _ := pending.NewProducer(pending.Config{Schema: d.schema})
 	run := rand.Uint64()
-	var ins []pending.Instruction
-	for i := range *count {
-		key := pending.DeterministicKey("demo", fmt.Sprint(run), fmt.Sprint(i))
-		ins = append(ins, pending.Instruction{
-			InstructionID: fmt.Sprintf("demo-%x-%d", run&0xffff, i), ParticipantID: fmt.Sprintf("merchant-%02d", rand.IntN(*participants)),
-			IdempotencyKey: key, RailType: "sandbox", AmountMinor: 100 + rand.Int64N(99_900), Currency: "USD",
-			Destination: fmt.Sprintf("acct-%06d", rand.IntN(1_000_000)),
+	start := time.Now()
+	n := 0
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		// Pace by elapsed time, not ticks: a slow commit makes the next
+		// batch bigger instead of lowering the rate.
+		owed := int(time.Since(start).Seconds()*float64(df.rate)) - n
+		var batch []pending.Instruction
+		for ; owed > 0; owed-- {
+			n++
+			batch = append(batch, pending.Instruction{
+				InstructionID:  fmt.Sprintf("demo-%x-%d", run&0xffffff, n),
+				ParticipantID:  fmt.Sprintf("merchant-%03d", rand.IntN(df.participants)),
+				IdempotencyKey: pending.DeterministicKey("demo", fmt.Sprint(run), fmt.Sprint(n)),
+				RailType:       "sandbox",
+				AmountMinor:    100 + rand.Int64N(99_900),
+				Currency:       "USD",
+				Destination:    fmt.Sprintf("acct-%06d", rand.IntN(1_000_000)),
+			})
+		}
+		if len(batch) == 0 {
+			continue
+		}
+		err := pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
+			_, err := producer.EnqueueBatch(ctx, tx, batch)
+			return err
 		})
+		if err != nil {
+			if ctx.Err() == nil {
+				fmt.Fprintln(d.env.stderr, "demo: enqueue:", err)
+			}
+			continue
+		}
+		d.enqueued.Add(int64(len(batch)))
 	}
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := producer.EnqueueBatch(ctx, tx, ins)
-		return err
-	}); err != nil {
-		return err
-	}
-	fmt.Fprintf(env.stdout, "enqueued %d instructions\n\n%-14s %8s %10s %10s\n", len(ins), "participant", "pending", "first seq", "last seq")
-	rows, err := pool.Query(ctx, migrations.Qualify(db.schema,
-		`SELECT participant_id, count(*), min(sequence_id), max(sequence_id) FROM {schema}.pending GROUP BY 1 ORDER BY 1`))
+}
+
+func (d *demo) header() {
+	fmt.Fprintf(d.env.stdout, "%6s %7s %9s %10s %8s %6s %8s %8s %9s %9s\n",
+		"time", "enq/s", "enqueued", "dispatched", "retried", "dead", "pending", "inflight", "p50", "p99")
+}
+
+// summary prints one line: counters, queue depth, and the enqueue→dispatch
+// latency percentiles of the last interval.
+func (d *demo) summary(ctx context.Context, elapsed time.Duration) {
+	var pendingN, inflightN int64
+	_ = d.pool.QueryRow(ctx, migrations.Qualify(d.schema,
+		`SELECT (SELECT count(*) FROM {schema}.pending), (SELECT count(*) FROM {schema}.inflight)`)).Scan(&pendingN, &inflightN)
+	enq := d.enqueued.Load()
+	d.mu.Lock()
+	p50, p99 := d.window.ValueAtQuantile(50), d.window.ValueAtQuantile(99)
+	d.window.Reset()
+	d.mu.Unlock()
+	fmt.Fprintf(d.env.stdout, "%6s %7d %9d %10d %8d %6d %8d %8d %9s %9s\n",
+		elapsed.Round(time.Second), enq-d.lastEnqueued, enq, d.dispatched.Load(), d.retried.Load(), d.dead.Load(),
+		pendingN, inflightN, us(p50), us(p99))
+	d.lastEnqueued = enq
+}
+
+// due counts what is still due or in flight.
+func (d *demo) due(ctx context.Context) int64 {
+	var n int64
+	_ = d.pool.QueryRow(ctx, migrations.Qualify(d.schema, `SELECT (SELECT count(*) FROM {schema}.pending WHERE next_attempt_at <= now())
+		+ (SELECT count(*) FROM {schema}.inflight)`)).Scan(&n)
+	return n
+}
+
+func (d *demo) final(ctx context.Context, unordered bool) error {
+	w := d.env.stdout
+	d.mu.Lock()
+	fmt.Fprintf(w, "\nenqueue→dispatch latency over the run: p50 %s, p99 %s, max %s (%d dispatched)\n",
+		us(d.latency.ValueAtQuantile(50)), us(d.latency.ValueAtQuantile(99)), us(d.latency.Max()), d.latency.TotalCount())
+	d.mu.Unlock()
+	st := d.sandbox.Stats()
+	fmt.Fprintf(w, "sandbox rail: %d calls, %d payments, %d idempotent replays, %d rejected, effective duplicates %d\n",
+		st.Calls, st.Payments, st.Replays, st.Rejected, st.EffectiveDuplicates)
+	archive, _ := attempts.New(d.schema)
+	rep, err := archive.Verify(ctx, d.pool, attempts.VerifyOptions{Ordered: !unordered})
 	if err != nil {
 		return err
 	}
-	var p string
-	var n, lo, hi int64
-	_, err = pgx.ForEachRow(rows, []any{&p, &n, &lo, &hi}, func() error {
-		_, err := fmt.Fprintf(env.stdout, "%-14s %8d %10d %10d\n", p, n, lo, hi)
-		return err
-	})
-	return err
+	fmt.Fprintf(w, "database: %d instructions: %d dispatched, %d dead letters, %d pending (retries not yet due), %d in flight; %d attempt rows\n",
+		rep.Instructions, rep.Dispatched, rep.DeadLetters, rep.Pending, rep.InFlight, rep.Attempts)
+	if rep.OK() {
+		fmt.Fprintln(w, "invariants: OK (nothing lost, nothing in two places, sequences gap-free, ordering kept, attempt trails complete)")
+		return nil
+	}
+	for _, v := range rep.Violations {
+		fmt.Fprintln(w, "invariant violated:", v)
+	}
+	return exitError{code: 1}
+}
+
+func us(v int64) string {
+	return (time.Duration(v) * time.Microsecond).Round(100 * time.Microsecond).String()
 }

@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 
@@ -108,17 +107,19 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 	fs.StringVar(&metadata, "metadata", "", "metadata JSON object (optional)")
 	batch := fs.Int("batch", 0, "stdin mode: enqueue N lines per transaction (0: each line its own transaction)")
 	maxPayload := fs.Int("max-payload-bytes", rails.DefaultMaxPayloadBytes, "largest accepted payload")
+	railsConfig := fs.String("rails-config", "", "rail configuration file (as for relay): the rail types and validation profiles to accept; empty: sandbox and event")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
-	if err := parseFlags(fs, env, args); err != nil {
+	onCommandLine, err := parseFlags(fs, env, args)
+	if err != nil {
 		return err
 	}
+	// Only instruction flags given on the command line select single mode:
+	// OUTBOX_TENANT_ID in the environment must not switch stdin mode off.
 	single := false
-	fs.Visit(func(f *flag.Flag) {
-		switch f.Name {
-		case "instruction-id", "participant-id", "idempotency-key", "rail", "amount-minor", "currency", "destination", "tenant-id", "correlation-id", "metadata":
-			single = true
-		}
-	})
+	for _, name := range []string{"instruction-id", "participant-id", "idempotency-key", "rail", "amount-minor",
+		"currency", "destination", "tenant-id", "correlation-id", "metadata"} {
+		single = single || onCommandLine[name]
+	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
@@ -126,7 +127,17 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
-	producer, err := pending.NewProducer(pending.Config{Schema: db.schema, MaxPayloadBytes: *maxPayload})
+	var catalog rails.Catalog
+	if *railsConfig != "" {
+		cfg, err := rails.LoadConfig(*railsConfig)
+		if err == nil {
+			catalog, err = cfg.Catalog()
+		}
+		if err != nil {
+			return fmt.Errorf("%w: rails configuration: %v", errUsage, err)
+		}
+	}
+	producer, err := pending.NewProducer(pending.Config{Schema: db.schema, MaxPayloadBytes: *maxPayload, Rails: catalog})
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
@@ -170,19 +181,15 @@ type enqueuer struct {
 
 func (e *enqueuer) readLines(ctx context.Context, r io.Reader, batchSize int) error {
 	br := bufio.NewReaderSize(r, 64<<10)
-	for {
-		raw, readErr := br.ReadBytes('\n')
-		if len(bytes.TrimSpace(raw)) > 0 {
+	for ctx.Err() == nil {
+		raw, tooLong, readErr := readLine(br, maxLineBytes)
+		if tooLong || len(bytes.TrimSpace(raw)) > 0 {
 			var line inputLine
 			var perr error
-			if len(raw) > maxLineBytes {
+			if tooLong {
 				perr = fmt.Errorf("line is longer than %d bytes", maxLineBytes)
 			} else {
-				dec := json.NewDecoder(bytes.NewReader(raw))
-				dec.DisallowUnknownFields()
-				if err := dec.Decode(&line); err != nil {
-					perr = fmt.Errorf("not a valid instruction JSON object: %v", err)
-				}
+				perr = decodeLine(raw, &line)
 			}
 			e.add(ctx, line, perr)
 			if len(e.results) >= batchSize {
@@ -196,11 +203,40 @@ func (e *enqueuer) readLines(ctx context.Context, r io.Reader, batchSize int) er
 			e.flush(ctx)
 			return fmt.Errorf("read stdin: %w", readErr)
 		}
-		if ctx.Err() != nil {
-			break
-		}
 	}
 	e.flush(ctx)
+	return nil
+}
+
+// readLine reads one line, keeping at most max bytes of it in memory: the
+// rest of a longer line is read and discarded, and tooLong reports it.
+func readLine(br *bufio.Reader, max int) (line []byte, tooLong bool, err error) {
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if !tooLong {
+			if len(line)+len(chunk) > max {
+				tooLong, line = true, nil
+			} else {
+				line = append(line, chunk...)
+			}
+		}
+		if err != bufio.ErrBufferFull {
+			return line, tooLong, err
+		}
+	}
+}
+
+// decodeLine decodes exactly one instruction object: unknown fields and
+// anything after the object (two objects run together) are errors.
+func decodeLine(raw []byte, line *inputLine) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(line); err != nil {
+		return fmt.Errorf("not a valid instruction JSON object: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("not a valid instruction JSON object: unexpected data after the object")
+	}
 	return nil
 }
 

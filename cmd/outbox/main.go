@@ -32,6 +32,10 @@ var commands = []command{
 	{"migrate", "apply schema migrations (up), show status, or switch the NOTIFY trigger", runMigrate},
 	{"enqueue", "enqueue one instruction from flags, or JSON lines from stdin", runEnqueue},
 	{"demo", "run the whole system locally: Postgres, relayer, sandbox rail, a producer stream, a live summary", runDemo},
+	{"relay", "run a relayer (and the zombie reaper): claim, dispatch to rails, record outcomes", runRelay},
+	{"bench", "benchmarks: drain throughput (ordering on/off), steady-rate latency, producer throughput (NOTIFY trigger on/off)", runBench},
+	{"sandbox", "sandbox serve: the sandbox rail as an HTTP server (webhook protocol), for crash tests and demos", runSandbox},
+	{"reap", "one zombie-reaper pass: requeue in-flight instructions whose lease expired", runReap},
 }
 
 // environment is what every subcommand gets besides its flags.
@@ -125,26 +129,30 @@ func envName(flagName string) string {
 	return "OUTBOX_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
-// parseFlags applies OUTBOX_* environment variables, then the command line.
-func parseFlags(fs *flag.FlagSet, env *environment, args []string) error {
+// parseFlags parses the command line, then applies OUTBOX_* environment
+// variables to the flags the command line did not set (flags win). It
+// returns the names of the flags set on the command line.
+func parseFlags(fs *flag.FlagSet, env *environment, args []string) (map[string]bool, error) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	onCommandLine := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { onCommandLine[f.Name] = true })
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
-		if v := env.getenv(envName(f.Name)); v != "" && envErr == nil {
+		if onCommandLine[f.Name] || envErr != nil {
+			return
+		}
+		if v := env.getenv(envName(f.Name)); v != "" {
 			if err := fs.Set(f.Name, v); err != nil {
 				envErr = fmt.Errorf("%w: %s=%q: %v", errUsage, envName(f.Name), v, err)
 			}
 		}
 	})
-	if envErr != nil {
-		return envErr
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	return nil
+	return onCommandLine, envErr
 }
 
 // newLogger builds the slog logger selected by --log-format/--log-level.

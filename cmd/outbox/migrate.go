@@ -12,7 +12,7 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 	var db dbFlags
 	db.register(fs)
 	logFormat := fs.String("log-format", "text", "log format: text or json")
-	if err := parseFlags(fs, env, args); err != nil {
+	if _, err := parseFlags(fs, env, args); err != nil {
 		return err
 	}
 	action := "up"

@@ -1,0 +1,637 @@
+package attempts_test
+
+// TestMain for this package is in verify_test.go.
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerline/outbox/attempts"
+	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/pending"
+	"github.com/ledgerline/outbox/reaper"
+)
+
+// recordBundle builds states with the real producer, claimer and reaper,
+// and records outcomes by hand as a relayer would.
+type recordBundle struct {
+	ctx      context.Context
+	pool     *pgxpool.Pool
+	producer *pending.Producer
+	claimer  *pending.Claimer
+	archive  *attempts.Archive
+	reaper   *reaper.Reaper
+}
+
+func setupRecord(t *testing.T) *recordBundle {
+	t.Helper()
+	pool := testdb.New(t)
+	producer, err := pending.NewProducer(pending.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimer, err := pending.NewClaimer("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	archive, err := attempts.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp, err := reaper.New(pool, reaper.Config{ReaperID: "test-reaper"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &recordBundle{ctx: t.Context(), pool: pool, producer: producer, claimer: claimer, archive: archive, reaper: rp}
+}
+
+// Leases: one that runs out almost at once (the relayer is presumed dead)
+// and one that cannot run out during a test.
+const (
+	shortLease = 50 * time.Millisecond
+	longLease  = time.Hour
+)
+
+func (b *recordBundle) enqueue(t *testing.T, participant, key string) uuid.UUID {
+	t.Helper()
+	r, err := b.producer.Enqueue(b.ctx, b.pool, pending.Instruction{
+		InstructionID: "ins-" + key, ParticipantID: participant, IdempotencyKey: key,
+		RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.OutboxID
+}
+
+// claimOne claims one due instruction (the oldest) for relayer, ordered.
+func (b *recordBundle) claimOne(t *testing.T, relayer string, lease time.Duration) pending.Claimed {
+	t.Helper()
+	claimed, err := b.claimer.Claim(b.ctx, b.pool, pending.ClaimParams{
+		RelayerID: relayer, Limit: 1, Ordered: true, Leases: map[string]time.Duration{"sandbox": lease},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(claimed) != 1 {
+		t.Fatalf("%s claimed %d instructions, want 1", relayer, len(claimed))
+	}
+	return claimed[0]
+}
+
+// reap waits (bounded) for c's lease to run out and requeues it with the
+// real reaper.
+func (b *recordBundle) reap(t *testing.T, c pending.Claimed) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var expired bool
+		if err := b.pool.QueryRow(b.ctx, `SELECT $1 < now()`, c.LeaseUntil).Scan(&expired); err != nil {
+			t.Fatal(err)
+		}
+		if expired {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("timed out waiting for the lease to expire")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	requeued, err := b.reaper.RunOnce(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(requeued) != 1 || requeued[0].OutboxID != c.OutboxID {
+		t.Fatalf("reaper requeued %+v, want %s", requeued, c.OutboxID)
+	}
+}
+
+// recordOutcome builds the outcome of claim c as relayer would report it.
+func recordOutcome(t *testing.T, c pending.Claimed, relayer string, state attempts.State) attempts.Outcome {
+	t.Helper()
+	id, err := uuid.NewV7()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := attempts.Outcome{
+		AttemptID: id, ClaimAttemptID: c.AttemptID, OutboxID: c.OutboxID, AttemptNo: c.AttemptNo,
+		InstructionID: c.InstructionID, ParticipantID: c.ParticipantID, SequenceID: c.SequenceID,
+		IdempotencyKey: c.IdempotencyKey, RailType: c.RailType, TenantID: c.TenantID, CorrelationID: c.CorrelationID,
+		RelayerID: relayer, ClaimedAt: c.ClaimedAt, State: state, LatencyMS: 12, CountAttempt: true,
+	}
+	switch state {
+	case attempts.Dispatched:
+		o.RailReference, o.RailCode = "ref-"+c.IdempotencyKey, "ACCEPTED"
+	case attempts.Retryable:
+		o.RailCode, o.ErrorCode, o.ErrorMessage = "BUSY", "RAIL_UNAVAILABLE", "try later"
+	case attempts.Failed:
+		o.RailCode, o.ErrorCode, o.ErrorMessage = "R03", "RAIL_REJECTED", "no such account"
+	}
+	return o
+}
+
+func (b *recordBundle) record(t *testing.T, outcomes ...attempts.Outcome) []attempts.Recorded {
+	t.Helper()
+	rec, err := b.archive.Record(b.ctx, b.pool, outcomes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec) != len(outcomes) {
+		t.Fatalf("recorded %d of %d outcomes", len(rec), len(outcomes))
+	}
+	return rec
+}
+
+// whereabouts says whether the instruction is pending, in flight (and under
+// which attempt) and a dead letter.
+type whereabouts struct {
+	pending, dead bool
+	inflight      *uuid.UUID
+}
+
+func (b *recordBundle) where(t *testing.T, id uuid.UUID) whereabouts {
+	t.Helper()
+	var w whereabouts
+	err := b.pool.QueryRow(b.ctx, `
+		SELECT EXISTS (SELECT 1 FROM outbox.pending WHERE outbox_id = $1),
+		       EXISTS (SELECT 1 FROM outbox.dead_letters WHERE outbox_id = $1),
+		       (SELECT attempt_id FROM outbox.inflight WHERE outbox_id = $1)`, id).Scan(&w.pending, &w.dead, &w.inflight)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// trail returns the instruction's attempts as "STATE#no" (with "+late").
+func (b *recordBundle) trail(t *testing.T, id uuid.UUID) ([]string, []attempts.Attempt) {
+	t.Helper()
+	rows, err := b.archive.Trail(b.ctx, b.pool, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]string, len(rows))
+	for i, a := range rows {
+		out[i] = string(a.State) + "#" + strconv.Itoa(a.AttemptNo)
+		if a.Late {
+			out[i] += "+late"
+		}
+	}
+	return out, rows
+}
+
+func (b *recordBundle) verifyOK(t *testing.T) attempts.Report {
+	t.Helper()
+	r, err := b.archive.Verify(b.ctx, b.pool, attempts.VerifyOptions{Ordered: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range r.Violations {
+		t.Errorf("invariant violated: %s", v)
+	}
+	return r
+}
+
+func wantTrail(t *testing.T, got []string, want ...string) {
+	t.Helper()
+	if !slices.Equal(got, want) {
+		t.Errorf("trail %v, want %v", got, want)
+	}
+}
+
+func TestRecordDispatched(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	id := b.enqueue(t, "p1", "k1")
+	c := b.claimOne(t, "r1", longLease)
+	o := recordOutcome(t, c, "r1", attempts.Dispatched)
+
+	rec := b.record(t, o)
+	if rec[0].OutboxID != id || rec[0].Late || rec[0].Withdrew || rec[0].NextAttemptAt != nil {
+		t.Errorf("recorded %+v, want on time, nothing withdrawn, no next attempt", rec[0])
+	}
+	if w := b.where(t, id); w.pending || w.dead || w.inflight != nil {
+		t.Errorf("dispatched instruction is still somewhere: %+v", w)
+	}
+	got, rows := b.trail(t, id)
+	wantTrail(t, got, "DISPATCHING#1", "DISPATCHED#1")
+	if len(rows) == 2 {
+		a := rows[1]
+		if a.AttemptID != o.AttemptID || a.ClaimAttemptID == nil || *a.ClaimAttemptID != c.AttemptID ||
+			a.RelayerID == nil || *a.RelayerID != "r1" || !a.ClaimedAt.Equal(c.ClaimedAt) || a.CompletedAt == nil ||
+			a.RailReference == nil || *a.RailReference != "ref-k1" || a.LatencyMS == nil || *a.LatencyMS != 12 ||
+			a.NextAttemptAt != nil || a.ErrorCode != nil {
+			t.Errorf("DISPATCHED row %+v does not match outcome %+v", a, o)
+		}
+	}
+	if r := b.verifyOK(t); r.Dispatched != 1 || r.DispatchedTwice != 0 {
+		t.Errorf("report %+v, want 1 dispatched", r)
+	}
+}
+
+func TestRecordRetryable(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	counted := b.enqueue(t, "p1", "k1")
+	notCounted := b.enqueue(t, "p2", "k2")
+	c1 := b.claimOne(t, "r1", longLease) // p1
+	c2 := b.claimOne(t, "r1", longLease) // p2
+	if c1.OutboxID != counted || c2.OutboxID != notCounted {
+		t.Fatalf("claimed %s then %s, want %s then %s", c1.OutboxID, c2.OutboxID, counted, notCounted)
+	}
+	o1 := recordOutcome(t, c1, "r1", attempts.Retryable)
+	o1.RetryDelay = time.Hour
+	o2 := recordOutcome(t, c2, "r1", attempts.Retryable)
+	o2.RetryDelay, o2.CountAttempt, o2.ErrorCode = time.Hour, false, "CIRCUIT_OPEN"
+
+	rec := b.record(t, o1, o2)
+	for i, want := range []struct {
+		id    uuid.UUID
+		count int
+	}{{counted, 1}, {notCounted, 0}} {
+		r := rec[i]
+		if r.OutboxID != want.id || r.Late || r.Withdrew || r.NextAttemptAt == nil {
+			t.Errorf("recorded %+v, want on time with a next attempt", r)
+			continue
+		}
+		var (
+			count         int
+			nextAt        time.Time
+			wait          time.Duration
+			seq           int64
+			createdBefore bool
+		)
+		err := b.pool.QueryRow(b.ctx, `
+			SELECT attempt_count, next_attempt_at, next_attempt_at - now(), sequence_id, created_at < next_attempt_at
+			FROM outbox.pending WHERE outbox_id = $1`, want.id).Scan(&count, &nextAt, &wait, &seq, &createdBefore)
+		if err != nil {
+			t.Fatalf("%s is not pending: %v", want.id, err)
+		}
+		if count != want.count {
+			t.Errorf("%s: attempt_count %d, want %d", want.id, count, want.count)
+		}
+		// next_attempt_at = (outcome time) + RetryDelay, so from a later
+		// now() it is a little under an hour away, and never in the past.
+		if wait <= 59*time.Minute || wait > time.Hour {
+			t.Errorf("%s: due in %s, want just under 1h", want.id, wait)
+		}
+		if !nextAt.Equal(*r.NextAttemptAt) || seq != 1 || !createdBefore {
+			t.Errorf("%s: pending next_attempt_at %s (recorded %s), sequence %d", want.id, nextAt, *r.NextAttemptAt, seq)
+		}
+		_, rows := b.trail(t, want.id)
+		if len(rows) != 2 || rows[1].State != attempts.Retryable || rows[1].NextAttemptAt == nil || !rows[1].NextAttemptAt.Equal(nextAt) {
+			t.Errorf("%s: trail %+v, want DISPATCHING then RETRYABLE due at %s", want.id, rows, nextAt)
+		}
+	}
+	if w := b.where(t, counted); w.inflight != nil {
+		t.Errorf("retried instruction still in flight under %s", w.inflight)
+	}
+	if r := b.verifyOK(t); r.Pending != 2 || r.InFlight != 0 {
+		t.Errorf("report %+v, want 2 pending", r)
+	}
+}
+
+func TestRecordFailed(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	id := b.enqueue(t, "p1", "k1")
+	c := b.claimOne(t, "r1", longLease)
+	o := recordOutcome(t, c, "r1", attempts.Failed)
+
+	rec := b.record(t, o)
+	if rec[0].Late || rec[0].Withdrew || rec[0].NextAttemptAt != nil {
+		t.Errorf("recorded %+v, want on time", rec[0])
+	}
+	var (
+		count       int
+		code, msg   string
+		attemptID   uuid.UUID
+		seq         int64
+		enqueuedAt  time.Time
+		hasAmount   bool
+		failedAfter bool
+	)
+	err := b.pool.QueryRow(b.ctx, `
+		SELECT attempt_count, error_code, error_message, attempt_id, sequence_id, created_at,
+		       payload ? 'amount_minor', failed_at >= created_at
+		FROM outbox.dead_letters WHERE outbox_id = $1`, id).Scan(&count, &code, &msg, &attemptID, &seq, &enqueuedAt, &hasAmount, &failedAfter)
+	if err != nil {
+		t.Fatalf("no dead letter: %v", err)
+	}
+	if count != 1 || code != "RAIL_REJECTED" || msg != "no such account" || attemptID != o.AttemptID || seq != 1 ||
+		!enqueuedAt.Equal(c.EnqueuedAt) || !hasAmount || !failedAfter {
+		t.Errorf("dead letter: count %d code %s msg %q attempt %s seq %d created %s payload %v", count, code, msg, attemptID, seq, enqueuedAt, hasAmount)
+	}
+	if w := b.where(t, id); w.pending || w.inflight != nil {
+		t.Errorf("failed instruction is also elsewhere: %+v", w)
+	}
+	got, _ := b.trail(t, id)
+	wantTrail(t, got, "DISPATCHING#1", "FAILED#1")
+	if r := b.verifyOK(t); r.DeadLetters != 1 || r.Dispatched != 0 {
+		t.Errorf("report %+v, want 1 dead letter", r)
+	}
+}
+
+// TestRecordLateDispatchedWithdrawsCopy: the relayer's lease was reaped, but
+// it did reach the rail and now reports DISPATCHED. The outcome is archived
+// as late and the requeued copy, not yet claimed, is withdrawn: the
+// instruction is dispatched, once.
+func TestRecordLateDispatchedWithdrawsCopy(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	id := b.enqueue(t, "p1", "k1")
+	c := b.claimOne(t, "slow", shortLease)
+	b.reap(t, c)
+
+	rec := b.record(t, recordOutcome(t, c, "slow", attempts.Dispatched))
+	if !rec[0].Late || !rec[0].Withdrew {
+		t.Errorf("recorded %+v, want late and withdrawn", rec[0])
+	}
+	if w := b.where(t, id); w.pending || w.dead || w.inflight != nil {
+		t.Errorf("withdrawn instruction is still somewhere: %+v", w)
+	}
+	got, _ := b.trail(t, id)
+	wantTrail(t, got, "DISPATCHING#1", "ZOMBIE_REQUEUE#1", "DISPATCHED#1+late")
+	if r := b.verifyOK(t); r.Dispatched != 1 || r.Pending != 0 || r.DispatchedTwice != 0 {
+		t.Errorf("report %+v, want dispatched once, nothing pending", r)
+	}
+}
+
+// TestRecordLateFailedDeadLettersCopy: a late terminal failure withdraws
+// the pending copy into the dead letters.
+func TestRecordLateFailedDeadLettersCopy(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	id := b.enqueue(t, "p1", "k1")
+	c := b.claimOne(t, "slow", shortLease)
+	b.reap(t, c)
+
+	o := recordOutcome(t, c, "slow", attempts.Failed)
+	rec := b.record(t, o)
+	if !rec[0].Late || !rec[0].Withdrew {
+		t.Errorf("recorded %+v, want late and withdrawn", rec[0])
+	}
+	w := b.where(t, id)
+	if w.pending || w.inflight != nil || !w.dead {
+		t.Errorf("late FAILED: %+v, want only a dead letter", w)
+	}
+	var (
+		attemptID uuid.UUID
+		code      string
+		count     int
+	)
+	if err := b.pool.QueryRow(b.ctx, `SELECT attempt_id, error_code, attempt_count FROM outbox.dead_letters WHERE outbox_id = $1`, id).
+		Scan(&attemptID, &code, &count); err != nil {
+		t.Fatal(err)
+	}
+	if attemptID != o.AttemptID || code != "RAIL_REJECTED" {
+		t.Errorf("dead letter names attempt %s (%s), want the late FAILED %s (RAIL_REJECTED)", attemptID, code, o.AttemptID)
+	}
+	// The failed attempt counts, as on the on-time path.
+	if count != c.AttemptNo {
+		t.Errorf("late dead letter has attempt_count %d, the failed attempt was #%d", count, c.AttemptNo)
+	}
+	got, _ := b.trail(t, id)
+	wantTrail(t, got, "DISPATCHING#1", "ZOMBIE_REQUEUE#1", "FAILED#1+late")
+	if r := b.verifyOK(t); r.DeadLetters != 1 || r.Pending != 0 {
+		t.Errorf("report %+v, want one dead letter, nothing pending", r)
+	}
+}
+
+// TestRecordLateRetryableLeavesCopy: a late retryable outcome changes
+// nothing in the queue: the requeued copy is already the retry.
+func TestRecordLateRetryableLeavesCopy(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	id := b.enqueue(t, "p1", "k1")
+	c := b.claimOne(t, "slow", shortLease)
+	b.reap(t, c)
+
+	o := recordOutcome(t, c, "slow", attempts.Retryable)
+	o.RetryDelay = time.Hour
+	rec := b.record(t, o)
+	if !rec[0].Late || rec[0].Withdrew || rec[0].NextAttemptAt != nil {
+		t.Errorf("recorded %+v, want late, nothing withdrawn, no new due time", rec[0])
+	}
+	var (
+		count int
+		due   bool
+	)
+	if err := b.pool.QueryRow(b.ctx, `SELECT attempt_count, next_attempt_at <= now() FROM outbox.pending WHERE outbox_id = $1`, id).
+		Scan(&count, &due); err != nil {
+		t.Fatalf("the requeued copy is gone: %v", err)
+	}
+	if count != 0 || !due {
+		t.Errorf("copy changed by a late retry: attempt_count %d, due %v", count, due)
+	}
+	got, _ := b.trail(t, id)
+	wantTrail(t, got, "DISPATCHING#1", "ZOMBIE_REQUEUE#1", "RETRYABLE#1+late")
+	b.verifyOK(t)
+}
+
+// TestRecordLateWhileCopyInFlight: the copy was claimed again before the
+// slow relayer reported. The late outcome must not touch the new claim's
+// in-flight row (fencing) and withdraws nothing; the archive shows both
+// dispatches and the rail's idempotency key is what makes them one payment.
+// A normal outcome recorded in the same batch is unaffected.
+func TestRecordLateWhileCopyInFlight(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	id := b.enqueue(t, "p1", "k1")
+	other := b.enqueue(t, "p2", "k2")
+	slow := b.claimOne(t, "slow", shortLease) // p1
+	if slow.OutboxID != id {
+		t.Fatalf("claimed %s, want %s", slow.OutboxID, id)
+	}
+	b.reap(t, slow)
+	claims, err := b.claimer.Claim(b.ctx, b.pool, pending.ClaimParams{
+		RelayerID: "fast", Limit: 10, Ordered: true, Leases: map[string]time.Duration{"sandbox": longLease},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var again, second pending.Claimed
+	for _, c := range claims {
+		switch c.OutboxID {
+		case id:
+			again = c
+		case other:
+			second = c
+		}
+	}
+	if len(claims) != 2 || again.AttemptID == uuid.Nil || second.AttemptID == uuid.Nil {
+		t.Fatalf("re-claim got %+v, want the copy and p2's instruction", claims)
+	}
+	if again.AttemptNo != slow.AttemptNo {
+		t.Errorf("copy claimed as attempt %d, want %d (a zombie does not count)", again.AttemptNo, slow.AttemptNo)
+	}
+
+	rec := b.record(t, recordOutcome(t, slow, "slow", attempts.Dispatched), recordOutcome(t, second, "fast", attempts.Dispatched))
+	byID := map[uuid.UUID]attempts.Recorded{}
+	for _, r := range rec {
+		byID[r.OutboxID] = r
+	}
+	if r := byID[id]; !r.Late || r.Withdrew {
+		t.Errorf("slow outcome recorded %+v, want late, nothing withdrawn", r)
+	}
+	if r := byID[other]; r.Late || r.Withdrew {
+		t.Errorf("on-time outcome in the same batch recorded %+v", r)
+	}
+	w := b.where(t, id)
+	if w.inflight == nil || *w.inflight != again.AttemptID || w.pending || w.dead {
+		t.Errorf("the new claim's in-flight row was touched: %+v, want in flight under %s", w, again.AttemptID)
+	}
+	got, _ := b.trail(t, id)
+	wantTrail(t, got, "DISPATCHING#1", "ZOMBIE_REQUEUE#1", "DISPATCHING#1", "DISPATCHED#1+late")
+	if r := b.verifyOK(t); r.Dispatched != 2 || r.InFlight != 1 {
+		t.Errorf("report %+v, want 2 dispatched (one late), 1 in flight", r)
+	}
+
+	// The new claim finishes too: dispatched twice, each claim closed once.
+	if rec := b.record(t, recordOutcome(t, again, "fast", attempts.Dispatched)); rec[0].Late {
+		t.Errorf("the current claim's outcome was recorded late: %+v", rec[0])
+	}
+	got, _ = b.trail(t, id)
+	wantTrail(t, got, "DISPATCHING#1", "ZOMBIE_REQUEUE#1", "DISPATCHING#1", "DISPATCHED#1+late", "DISPATCHED#1")
+	if r := b.verifyOK(t); r.Dispatched != 2 || r.DispatchedTwice != 1 || r.InFlight != 0 {
+		t.Errorf("report %+v, want 2 dispatched, 1 of them twice, nothing in flight", r)
+	}
+}
+
+// TestRecordFencingAfterManualRetake: without the reaper, an operator (or
+// a crashed-and-restarted claim) moved the instruction back to pending and
+// it was claimed again; the first claim's outcome must not close the
+// second claim's in-flight row.
+func TestRecordFencingAfterManualRetake(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	id := b.enqueue(t, "p1", "k1")
+	first := b.claimOne(t, "r1", longLease)
+	// What the reaper does, by hand, for a lease that has not expired.
+	err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(b.ctx, `
+			WITH f AS (DELETE FROM outbox.inflight WHERE outbox_id = $1 RETURNING *),
+			     p AS (INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
+			                                       rail_type, tenant_id, correlation_id, payload, attempt_count, created_at)
+			           SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
+			                  rail_type, tenant_id, correlation_id, payload, attempt_no - 1, created_at FROM f)
+			INSERT INTO outbox.attempts (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+			                             attempt_no, state, relayer_id, claim_attempt_id, claimed_at, completed_at, error_code)
+			SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+			       attempt_no, 'ZOMBIE_REQUEUE', relayer_id, attempt_id, claimed_at, now(), 'ZOMBIE_REQUEUE' FROM f`, id)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := b.claimOne(t, "r2", longLease)
+
+	rec := b.record(t, recordOutcome(t, first, "r1", attempts.Failed))
+	if !rec[0].Late || rec[0].Withdrew {
+		t.Errorf("stale outcome recorded %+v, want late, nothing withdrawn", rec[0])
+	}
+	if w := b.where(t, id); w.inflight == nil || *w.inflight != second.AttemptID || w.dead {
+		t.Errorf("stale FAILED touched the new claim: %+v", w)
+	}
+	b.verifyOK(t)
+}
+
+// TestRecordRejectsBadState: only outcome states can be recorded, and
+// nothing is written otherwise.
+func TestRecordRejectsBadState(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	id := b.enqueue(t, "p1", "k1")
+	c := b.claimOne(t, "r1", longLease)
+	_, err := b.archive.Record(b.ctx, b.pool, []attempts.Outcome{
+		recordOutcome(t, c, "r1", attempts.Dispatched),
+		recordOutcome(t, c, "r1", attempts.ZombieRequeue),
+	})
+	if err == nil {
+		t.Fatal("recording a ZOMBIE_REQUEUE outcome succeeded")
+	}
+	if w := b.where(t, id); w.inflight == nil || *w.inflight != c.AttemptID {
+		t.Errorf("a rejected batch changed the queue: %+v", w)
+	}
+	if rec, err := b.archive.Record(b.ctx, b.pool, nil); err != nil || rec != nil {
+		t.Errorf("empty batch: %v, %v", rec, err)
+	}
+}
+
+// TestRecordLateWhileReaperHoldsTheRow: the relayer records while a reaper
+// transaction holds the in-flight row. The outcome statement waits, then
+// finds the row gone (late), and must still withdraw the copy the reaper
+// committed meanwhile, even though its own snapshot predates that commit.
+func TestRecordLateWhileReaperHoldsTheRow(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	id := b.enqueue(t, "p1", "k1")
+	c := b.claimOne(t, "slow", longLease)
+
+	// A reaper-like transaction: in-flight row out, copy back in, not yet
+	// committed.
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx)
+	if _, err := tx.Exec(b.ctx, `WITH f AS (DELETE FROM outbox.inflight WHERE outbox_id = $1 RETURNING *)
+		INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+		                            payload, attempt_count, created_at)
+		SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload, attempt_no - 1, created_at FROM f`,
+		c.OutboxID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(b.ctx, `INSERT INTO outbox.attempts (outbox_id, instruction_id, participant_id, sequence_id,
+		idempotency_key, rail_type, attempt_no, state, claim_attempt_id, claimed_at, error_code)
+		VALUES ($1, $2, $3, $4, $5, 'sandbox', $6, 'ZOMBIE_REQUEUE', $7, $8, 'ZOMBIE_REQUEUE')`,
+		c.OutboxID, c.InstructionID, c.ParticipantID, c.SequenceID, c.IdempotencyKey, c.AttemptNo, c.AttemptID, c.ClaimedAt); err != nil {
+		t.Fatal(err)
+	}
+
+	done := make(chan []attempts.Recorded, 1)
+	errc := make(chan error, 1)
+	go func() {
+		rec, err := b.archive.Record(b.ctx, b.pool, []attempts.Outcome{recordOutcome(t, c, "slow", attempts.Dispatched)})
+		errc <- err
+		done <- rec
+	}()
+	// Wait until the outcome statement is blocked on the row lock.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var waiting int
+		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the outcome never waited for the reaper's lock")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	rec := <-done
+	if !rec[0].Late || !rec[0].Withdrew {
+		t.Fatalf("recorded %+v, want late and the copy withdrawn", rec[0])
+	}
+	if w := b.where(t, id); w.pending || w.inflight != nil || w.dead {
+		t.Fatalf("instruction still queued after its late DISPATCHED: %+v", w)
+	}
+	if r := b.verifyOK(t); r.Dispatched != 1 || r.Pending != 0 {
+		t.Fatalf("report %+v", r)
+	}
+}

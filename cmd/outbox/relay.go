@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerline/outbox/engine"
+	"github.com/ledgerline/outbox/rails"
+	"github.com/ledgerline/outbox/reaper"
+)
+
+// relayFlags are the knobs of `outbox relay` (and of the demo's relayers).
+type relayFlags struct {
+	railsConfig        string
+	relayerID          string
+	batchSize          int
+	maxConcurrency     int
+	ordered            bool
+	pollInterval       time.Duration
+	debounce           time.Duration
+	pollOnly           bool
+	idleRefresh        time.Duration
+	leaseGrace         time.Duration
+	backoffBase        time.Duration
+	backoffCap         time.Duration
+	maxAttempts        int
+	maxErrorLength     int
+	flushInterval      time.Duration
+	flushSize          int
+	stopTimeout        time.Duration
+	railTimeout        time.Duration
+	railMaxConcurrency int
+	reaper             bool
+	reaperInterval     time.Duration
+	reaperBatch        int
+}
+
+func (f *relayFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.railsConfig, "rails-config", "", "rail configuration file (JSON, see docs/relay-config.md); empty: the sandbox and event rails on the sandbox transport")
+	fs.StringVar(&f.relayerID, "relayer-id", "", "relayer id in attempt rows and logs (default host-pid-random)")
+	fs.IntVar(&f.batchSize, "batch-size", engine.DefaultBatchSize, "most instructions per claim")
+	fs.IntVar(&f.maxConcurrency, "max-concurrency", engine.DefaultMaxConcurrency, "dispatches in progress across all rails")
+	fs.BoolVar(&f.ordered, "ordered", true, "per-participant ordering (one instruction in flight per participant, in sequence order)")
+	fs.DurationVar(&f.pollInterval, "poll-interval", engine.DefaultPollInterval, "fallback poll interval (jittered ±20%)")
+	fs.DurationVar(&f.debounce, "debounce", engine.DefaultDebounce, "coalesce notifications for this long")
+	fs.BoolVar(&f.pollOnly, "poll-only", false, "do not LISTEN (e.g. behind a transaction-pooling proxy); poll only")
+	fs.DurationVar(&f.idleRefresh, "idle-refresh", engine.DefaultIdleRefresh, "refresh interval of the idle registration")
+	fs.DurationVar(&f.leaseGrace, "lease-grace", engine.DefaultLeaseGrace, "added to a rail's timeout to form the in-flight lease")
+	fs.DurationVar(&f.backoffBase, "backoff-base", engine.DefaultBackoffBase, "first retry delay bound (full-jitter exponential)")
+	fs.DurationVar(&f.backoffCap, "backoff-cap", engine.DefaultBackoffCap, "largest retry delay")
+	fs.IntVar(&f.maxAttempts, "max-attempts", engine.DefaultMaxAttempts, "attempts before an instruction is dead-lettered")
+	fs.IntVar(&f.maxErrorLength, "max-error-length", engine.DefaultMaxErrorLength, "stored error text is truncated to this many bytes")
+	fs.DurationVar(&f.flushInterval, "flush-interval", engine.DefaultFlushInterval, "outcome batches are written at least this often")
+	fs.IntVar(&f.flushSize, "flush-size", engine.DefaultFlushSize, "outcome batch size")
+	fs.DurationVar(&f.stopTimeout, "stop-timeout", engine.DefaultStopTimeout, "on SIGTERM, how long in-flight dispatches may finish")
+	fs.DurationVar(&f.railTimeout, "rail-timeout", 0, "hard timeout of every rail without its own (default 30s)")
+	fs.IntVar(&f.railMaxConcurrency, "rail-max-concurrency", 0, "concurrency cap of every rail without its own (default 32)")
+	fs.BoolVar(&f.reaper, "reaper", true, "also run the zombie reaper in the background")
+	fs.DurationVar(&f.reaperInterval, "reaper-interval", 60*time.Second, "reaper pass interval (>= 1s)")
+	fs.IntVar(&f.reaperBatch, "reaper-batch", 500, "instructions the reaper requeues per transaction")
+}
+
+// loadRails builds the rail set from --rails-config (or the default).
+func (f *relayFlags) loadRails(log *slog.Logger) (*rails.Built, error) {
+	cfg := rails.DefaultConfig()
+	if f.railsConfig != "" {
+		var err error
+		if cfg, err = rails.LoadConfig(f.railsConfig); err != nil {
+			return nil, err
+		}
+	}
+	for i := range cfg.Rails {
+		if cfg.Rails[i].Timeout == "" && f.railTimeout > 0 {
+			cfg.Rails[i].Timeout = f.railTimeout.String()
+		}
+		if cfg.Rails[i].MaxConcurrency == 0 && f.railMaxConcurrency > 0 {
+			cfg.Rails[i].MaxConcurrency = f.railMaxConcurrency
+		}
+	}
+	return cfg.Build(rails.BuildOptions{OnBreakerChange: func(railType string, from, to rails.BreakerState) {
+		log.Warn("circuit breaker changed state", "rail", railType, "from", from.String(), "to", to.String())
+	}})
+}
+
+func (f *relayFlags) engineConfig(schema string, set *rails.Set, log *slog.Logger) engine.Config {
+	return engine.Config{
+		Schema: schema, RelayerID: f.relayerID, Rails: set, BatchSize: f.batchSize,
+		MaxConcurrency: f.maxConcurrency, Unordered: !f.ordered, PollInterval: f.pollInterval,
+		Debounce: f.debounce, PollOnly: f.pollOnly, IdleRefresh: f.idleRefresh, LeaseGrace: f.leaseGrace,
+		BackoffBase: f.backoffBase, BackoffCap: f.backoffCap, MaxAttempts: f.maxAttempts,
+		MaxErrorLength: f.maxErrorLength, FlushInterval: f.flushInterval, FlushSize: f.flushSize,
+		StopTimeout: f.stopTimeout, Logger: log,
+	}
+}
+
+// startReaper starts the background reaper when enabled; the returned stop
+// function is safe to call either way.
+func (f *relayFlags) startReaper(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Logger) (func(), error) {
+	if !f.reaper {
+		return func() {}, nil
+	}
+	rp, err := reaper.New(pool, reaper.Config{Schema: schema, Interval: f.reaperInterval, BatchSize: f.reaperBatch, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if err := rp.Start(ctx); err != nil {
+		return nil, err
+	}
+	return func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = rp.Stop(sctx)
+	}, nil
+}
+
+func runRelay(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet(env, "relay", "relay [flags]")
+	var db dbFlags
+	var rf relayFlags
+	db.register(fs)
+	rf.register(fs)
+	maxConns := fs.Int("max-conns", 0, "database pool size (default: max-concurrency/4 + 8)")
+	logFormat := fs.String("log-format", "json", "log format: json or text")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	if _, err := parseFlags(fs, env, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	log, err := newLogger(env.stderr, *logFormat, *logLevel)
+	if err != nil {
+		return err
+	}
+	built, err := rf.loadRails(log)
+	if err != nil {
+		return fmt.Errorf("%w: rails configuration: %v", errUsage, err)
+	}
+	conns := int32(*maxConns)
+	if conns <= 0 {
+		conns = int32(rf.maxConcurrency/4 + 8)
+	}
+	pool, cleanup, err := db.connect(ctx, log, conns)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+
+	relayer, err := engine.New(pool, rf.engineConfig(db.schema, built.Set, log))
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	stopReaper, err := rf.startReaper(ctx, pool, db.schema, log)
+	if err != nil {
+		return err
+	}
+	defer stopReaper()
+	return relayer.Run(ctx)
+}
+
+func runReap(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet(env, "reap", "reap [flags]   (one pass; prints each requeued instruction as a JSON line)")
+	var db dbFlags
+	db.register(fs)
+	batch := fs.Int("batch", 500, "instructions requeued per transaction")
+	logFormat := fs.String("log-format", "text", "log format: text or json")
+	if _, err := parseFlags(fs, env, args); err != nil {
+		return err
+	}
+	log, err := newLogger(env.stderr, *logFormat, "warn")
+	if err != nil {
+		return err
+	}
+	pool, cleanup, err := db.connect(ctx, log, 2)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	rp, err := reaper.New(pool, reaper.Config{Schema: db.schema, BatchSize: *batch, Logger: log})
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	requeued, err := rp.RunOnce(ctx)
+	out := json.NewEncoder(env.stdout)
+	for _, q := range requeued {
+		_ = out.Encode(struct {
+			OutboxID      string    `json:"outbox_id"`
+			InstructionID string    `json:"instruction_id"`
+			ParticipantID string    `json:"participant_id"`
+			SequenceID    int64     `json:"sequence_id"`
+			AttemptNo     int       `json:"attempt_no"`
+			RelayerID     string    `json:"relayer_id"`
+			LeaseUntil    time.Time `json:"lease_until"`
+			RequeuedAt    time.Time `json:"requeued_at"`
+		}{q.OutboxID.String(), q.InstructionID, q.ParticipantID, q.SequenceID, q.AttemptNo, q.RelayerID, q.LeaseUntil, q.RequeuedAt})
+	}
+	fmt.Fprintf(env.stderr, "requeued %d zombie instruction(s)\n", len(requeued))
+	return err
+}

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/ledgerline/outbox/rails"
+)
+
+// runSandbox serves the sandbox rail over HTTP, speaking the webhook
+// transport's protocol, so its memory of idempotency keys outlives the
+// relayers that call it (crash tests kill relayers, not the rail).
+func runSandbox(ctx context.Context, env *environment, args []string) error {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+		fmt.Fprintln(env.stdout, "usage: outbox sandbox serve [flags]   (outbox sandbox serve --help for the flags)")
+		return nil
+	}
+	if len(args) == 0 || args[0] != "serve" {
+		return fmt.Errorf("%w: usage: outbox sandbox serve [flags]", errUsage)
+	}
+	fs := newFlagSet(env, "sandbox serve", "sandbox serve [flags]   (POST / webhook protocol, GET /stats, GET /healthz)")
+	addr := fs.String("addr", "127.0.0.1:0", "listen address (port 0: pick one; the address is printed on stdout)")
+	secretFile := fs.String("secret-file", "", "file holding the HMAC secret that requests must be signed with")
+	secretEnv := fs.String("secret-env", "", "environment variable holding the HMAC secret (name, not value)")
+	var o rails.SandboxOptions
+	fs.Int64Var(&o.Seed, "seed", 1, "seed of every injected behaviour")
+	fs.DurationVar(&o.LatencyMin, "latency-min", 0, "fastest answer")
+	fs.DurationVar(&o.LatencyMax, "latency-max", 0, "slowest answer")
+	fs.Float64Var(&o.SlowRate, "slow-rate", 0, "share of calls that take --slow-latency")
+	fs.DurationVar(&o.SlowLatency, "slow-latency", 0, "latency of slow calls")
+	fs.Float64Var(&o.RetryableRate, "retryable-rate", 0, "share of calls answered 503 without paying")
+	fs.Float64Var(&o.TerminalRate, "terminal-rate", 0, "share of payments rejected with 422")
+	fs.Float64Var(&o.TimeoutRate, "timeout-rate", 0, "share of calls that pay and then never answer")
+	fs.Float64Var(&o.HangRate, "hang-rate", 0, "share of calls that never answer and do not pay")
+	if _, err := parseFlags(fs, env, args[1:]); err != nil {
+		return err
+	}
+	var err error
+	var secret []byte
+	switch {
+	case *secretFile != "":
+		secret, err = rails.LoadSecret(*secretFile, "")
+	case *secretEnv != "":
+		if secret = []byte(env.getenv(*secretEnv)); len(secret) == 0 {
+			err = fmt.Errorf("secret variable %s is unset or empty", *secretEnv)
+		}
+	default:
+		err = errors.New("give --secret-file or --secret-env: requests are signed")
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: rails.NewSandboxHandler(rails.NewSandbox(o), secret), ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintf(env.stdout, "sandbox rail listening on http://%s\n", ln.Addr())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+		return nil
+	}
+}
