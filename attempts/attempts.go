@@ -47,29 +47,29 @@ type DB interface {
 
 // Attempt is one archive row.
 type Attempt struct {
-	AttemptID      uuid.UUID
-	OutboxID       uuid.UUID
-	InstructionID  string
-	ParticipantID  string
-	SequenceID     int64
-	IdempotencyKey string
-	RailType       string
-	TenantID       *string
-	CorrelationID  *string
-	AttemptNo      int
-	State          State
-	RelayerID      *string
-	ClaimAttemptID *uuid.UUID
-	ClaimedAt      time.Time
-	CompletedAt    *time.Time
-	NextAttemptAt  *time.Time
-	RailReference  *string
-	RailCode       *string
-	ErrorCode      *string
-	ErrorMessage   *string
-	LatencyMS      *int
-	Late           bool
-	CreatedAt      time.Time
+	AttemptID      uuid.UUID  `json:"attempt_id"`
+	OutboxID       uuid.UUID  `json:"outbox_id"`
+	InstructionID  string     `json:"instruction_id"`
+	ParticipantID  string     `json:"participant_id"`
+	SequenceID     int64      `json:"sequence_id"`
+	IdempotencyKey string     `json:"idempotency_key"`
+	RailType       string     `json:"rail"`
+	TenantID       *string    `json:"tenant_id,omitempty"`
+	CorrelationID  *string    `json:"correlation_id,omitempty"`
+	AttemptNo      int        `json:"attempt_no"`
+	State          State      `json:"state"`
+	RelayerID      *string    `json:"relayer_id,omitempty"`
+	ClaimAttemptID *uuid.UUID `json:"claim_attempt_id,omitempty"`
+	ClaimedAt      time.Time  `json:"claimed_at"`
+	CompletedAt    *time.Time `json:"completed_at,omitempty"`
+	NextAttemptAt  *time.Time `json:"next_attempt_at,omitempty"`
+	RailReference  *string    `json:"rail_reference,omitempty"`
+	RailCode       *string    `json:"rail_code,omitempty"`
+	ErrorCode      *string    `json:"error_code,omitempty"`
+	ErrorMessage   *string    `json:"error_message,omitempty"`
+	LatencyMS      *int       `json:"latency_ms,omitempty"`
+	Late           bool       `json:"late"`
+	CreatedAt      time.Time  `json:"created_at"`
 }
 
 // Archive reads the archive of one schema.

@@ -137,12 +137,13 @@ var checks = []check{
 		     AND d.outbox_id = a.outbox_id AND d.attempt_no = a.attempt_no
 		WHERE a.state IN ('DISPATCHED', 'RETRYABLE', 'FAILED', 'ZOMBIE_REQUEUE') AND d.attempt_id IS NULL`, false},
 	// Late outcomes carry their claim's number and may land after a newer
-	// claim; "closers match a claim" checks them instead.
+	// claim; "closers match a claim" checks them instead. A replay (of a
+	// dead letter) starts a fresh budget at attempt 0.
 	{5, "attempt numbers never go back", `
 		SELECT format('outbox %s: attempt_no %s after %s', outbox_id, attempt_no, prev)
-		FROM (SELECT outbox_id, attempt_no, lag(attempt_no) OVER (PARTITION BY outbox_id ORDER BY created_at, attempt_id) AS prev
+		FROM (SELECT outbox_id, attempt_no, state, lag(attempt_no) OVER (PARTITION BY outbox_id ORDER BY created_at, attempt_id) AS prev
 		      FROM {schema}.attempts WHERE NOT late) x
-		WHERE attempt_no < prev`, false},
+		WHERE attempt_no < prev AND state <> 'REPLAYED'`, false},
 	{5, "in-flight rows have their claim", `
 		SELECT format('inflight outbox %s: attempt %s has no DISPATCHING row', f.outbox_id, f.attempt_id)
 		FROM {schema}.inflight f

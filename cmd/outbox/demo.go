@@ -82,7 +82,7 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
-	stopReaper, err := rf.startReaper(runCtx, pool, db.schema, log)
+	_, stopReaper, err := rf.startReaper(runCtx, pool, db.schema, log)
 	if err != nil {
 		return err
 	}

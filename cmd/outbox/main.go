@@ -35,6 +35,9 @@ var commands = []command{
 	{"relay", "run a relayer (and the zombie reaper): claim, dispatch to rails, record outcomes", runRelay},
 	{"bench", "benchmarks: drain throughput (ordering on/off), steady-rate latency, producer throughput (NOTIFY trigger on/off)", runBench},
 	{"sandbox", "sandbox serve: the sandbox rail as an HTTP server (webhook protocol), for crash tests and demos", runSandbox},
+	{"stats", "queue state: pending, due, oldest due age, in flight, stuck, DLQ depth (JSON)", runStats},
+	{"dlq", "dead letters: list, replay, ack", runDLQ},
+	{"audit", "an instruction's attempt trail, or verify the invariants over the database", runAudit},
 	{"reap", "one zombie-reaper pass: requeue in-flight instructions whose lease expired", runReap},
 }
 
@@ -133,7 +136,7 @@ func envName(flagName string) string {
 // variables to the flags the command line did not set (flags win). It
 // returns the names of the flags set on the command line.
 func parseFlags(fs *flag.FlagSet, env *environment, args []string) (map[string]bool, error) {
-	if err := fs.Parse(args); err != nil {
+	if err := fs.Parse(flagsFirst(fs, args)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
 		}
@@ -153,6 +156,43 @@ func parseFlags(fs *flag.FlagSet, env *environment, args []string) (map[string]b
 		}
 	})
 	return onCommandLine, envErr
+}
+
+// flagsFirst moves flags before positional arguments (the flag package
+// stops at the first positional one), so `outbox dlq list --limit 5` works.
+func flagsFirst(fs *flag.FlagSet, args []string) []string {
+	var flags, positional []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			positional = append(positional, args[i+1:]...)
+			break
+		}
+		if len(a) < 2 || a[0] != '-' {
+			positional = append(positional, a)
+			continue
+		}
+		flags = append(flags, a)
+		name := strings.TrimLeft(a, "-")
+		if strings.Contains(name, "=") {
+			continue
+		}
+		f := fs.Lookup(name)
+		if f == nil {
+			continue // let Parse report it
+		}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			continue
+		}
+		if i+1 < len(args) {
+			i++
+			flags = append(flags, args[i])
+		}
+	}
+	if len(positional) == 0 {
+		return flags
+	}
+	return append(append(flags, "--"), positional...)
 }
 
 // newLogger builds the slog logger selected by --log-format/--log-level.

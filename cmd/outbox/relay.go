@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/rails"
 	"github.com/ledgerline/outbox/reaper"
@@ -39,6 +40,7 @@ type relayFlags struct {
 	reaper             bool
 	reaperInterval     time.Duration
 	reaperBatch        int
+	metricsAddr        string
 }
 
 func (f *relayFlags) register(fs *flag.FlagSet) {
@@ -64,6 +66,7 @@ func (f *relayFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.reaper, "reaper", true, "also run the zombie reaper in the background")
 	fs.DurationVar(&f.reaperInterval, "reaper-interval", 60*time.Second, "reaper pass interval (>= 1s)")
 	fs.IntVar(&f.reaperBatch, "reaper-batch", 500, "instructions the reaper requeues per transaction")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9464); empty: off")
 }
 
 // loadRails builds the rail set from --rails-config (or the default).
@@ -99,20 +102,20 @@ func (f *relayFlags) engineConfig(schema string, set *rails.Set, log *slog.Logge
 	}
 }
 
-// startReaper starts the background reaper when enabled; the returned stop
-// function is safe to call either way.
-func (f *relayFlags) startReaper(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Logger) (func(), error) {
+// startReaper starts the background reaper when enabled (nil when not);
+// the returned stop function is safe to call either way.
+func (f *relayFlags) startReaper(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Logger) (*reaper.Reaper, func(), error) {
 	if !f.reaper {
-		return func() {}, nil
+		return nil, func() {}, nil
 	}
 	rp, err := reaper.New(pool, reaper.Config{Schema: schema, Interval: f.reaperInterval, BatchSize: f.reaperBatch, Logger: log})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errUsage, err)
+		return nil, nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if err := rp.Start(ctx); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return func() {
+	return rp, func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		_ = rp.Stop(sctx)
@@ -152,15 +155,34 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 	}
 	defer cleanup()
 
-	relayer, err := engine.New(pool, rf.engineConfig(db.schema, built.Set, log))
+	cfg := rf.engineConfig(db.schema, built.Set, log)
+	var m *metrics
+	if rf.metricsAddr != "" {
+		archive, err := attempts.New(db.schema)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		m = newMetrics(pool, archive, built.Set)
+		cfg.OnRecorded = m.observe
+	}
+	relayer, err := engine.New(pool, cfg)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	stopReaper, err := rf.startReaper(ctx, pool, db.schema, log)
+	rp, stopReaper, err := rf.startReaper(ctx, pool, db.schema, log)
 	if err != nil {
 		return err
 	}
 	defer stopReaper()
+	if m != nil {
+		m.registerRelayer(relayer)
+		if rp != nil {
+			m.registerReaper(rp)
+		}
+		if err := m.serve(ctx, rf.metricsAddr, log); err != nil {
+			return err
+		}
+	}
 	return relayer.Run(ctx)
 }
 

@@ -208,8 +208,9 @@ SELECT {{.schema}}.ensure_attempt_partitions(3);
 
 
 
--- Instructions that failed terminally, until replayed or acknowledged. Small:
--- DLQ depth is count(*).
+-- Instructions that failed terminally. Replay moves one back to pending;
+-- acknowledging marks it handled. DLQ depth is a count over the partial
+-- index of unacknowledged rows.
 CREATE TABLE {{.schema}}.dead_letters (
   outbox_id       uuid PRIMARY KEY,
   instruction_id  text NOT NULL,
@@ -225,9 +226,13 @@ CREATE TABLE {{.schema}}.dead_letters (
   error_message   text,
   attempt_id      uuid NOT NULL, -- the FAILED attempt
   created_at      timestamptz NOT NULL, -- first enqueue
-  failed_at       timestamptz NOT NULL DEFAULT now()
+  failed_at       timestamptz NOT NULL DEFAULT now(),
+  -- An operator accepted the failure: the row stays (the instruction's last
+  -- place) but leaves the queue of things to handle.
+  acknowledged_at timestamptz,
+  acknowledged_by text
 );
-CREATE INDEX dead_letters_failed_idx ON {{.schema}}.dead_letters (failed_at);
+CREATE INDEX dead_letters_open_idx ON {{.schema}}.dead_letters (failed_at) WHERE acknowledged_at IS NULL;
 
 -- Adaptive NOTIFY. A commit that has issued NOTIFY takes a cluster-wide lock,
 -- so notifying on every enqueue halves producer throughput. Relayers register

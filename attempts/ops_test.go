@@ -1,0 +1,95 @@
+package attempts_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ledgerline/outbox/attempts"
+)
+
+// TestDeadLetterReplayAndAcknowledge: a dead letter replayed by an operator
+// goes back to pending with a fresh budget and is dispatched; another is
+// acknowledged and leaves the DLQ count but not the table; the invariants
+// hold throughout.
+func TestDeadLetterReplayAndAcknowledge(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	first := b.enqueue(t, "p1", "k1")
+	second := b.enqueue(t, "p2", "k2")
+	for range 2 {
+		c := b.claimOne(t, "r1", longLease)
+		b.record(t, recordOutcome(t, c, "r1", attempts.Failed))
+	}
+	snap, err := b.archive.Snapshot(b.ctx, b.pool)
+	if err != nil || snap.DeadLetters != 2 || snap.Pending != 0 {
+		t.Fatalf("snapshot %+v, %v: want 2 dead letters", snap, err)
+	}
+	dls, err := b.archive.DeadLetters(b.ctx, b.pool, false, 10)
+	if err != nil || len(dls) != 2 || dls[0].ErrorCode != "RAIL_REJECTED" || dls[0].AttemptCount != 1 {
+		t.Fatalf("dead letters %+v, %v", dls, err)
+	}
+
+	if ok, err := b.archive.Replay(b.ctx, b.pool, first, "alice"); err != nil || !ok {
+		t.Fatalf("replay: %v, %v", ok, err)
+	}
+	if ok, err := b.archive.Replay(b.ctx, b.pool, first, "alice"); err != nil || ok {
+		t.Fatalf("second replay of the same dead letter: %v, %v; want nothing to replay", ok, err)
+	}
+	if ok, err := b.archive.Acknowledge(b.ctx, b.pool, second, "bob"); err != nil || !ok {
+		t.Fatalf("acknowledge: %v, %v", ok, err)
+	}
+	if ok, _ := b.archive.Acknowledge(b.ctx, b.pool, second, "bob"); ok {
+		t.Fatal("acknowledged twice")
+	}
+	if open, _ := b.archive.DeadLetters(b.ctx, b.pool, false, 10); len(open) != 0 {
+		t.Fatalf("open dead letters %+v, want none", open)
+	}
+	if all, _ := b.archive.DeadLetters(b.ctx, b.pool, true, 10); len(all) != 1 || all[0].AcknowledgedBy == nil || *all[0].AcknowledgedBy != "bob" {
+		t.Fatalf("all dead letters %+v, want the acknowledged one", all)
+	}
+	b.verifyOK(t)
+
+	// The replayed instruction is claimed as attempt 1 of a new budget and
+	// dispatched.
+	c := b.claimOne(t, "r2", longLease)
+	if c.OutboxID != first || c.AttemptNo != 1 {
+		t.Fatalf("claimed %s attempt %d, want the replayed %s as attempt 1", c.OutboxID, c.AttemptNo, first)
+	}
+	b.record(t, recordOutcome(t, c, "r2", attempts.Dispatched))
+	got, _ := b.trail(t, first)
+	wantTrail(t, got, "DISPATCHING#1", "FAILED#1", "REPLAYED#0", "DISPATCHING#1", "DISPATCHED#1")
+	if r := b.verifyOK(t); r.Dispatched != 1 || r.DeadLetters != 1 {
+		t.Fatalf("report %+v", r)
+	}
+	snap, err = b.archive.Snapshot(b.ctx, b.pool)
+	if err != nil || snap.DeadLetters != 0 || snap.Pending != 0 || snap.InFlight != 0 {
+		t.Fatalf("snapshot %+v, %v", snap, err)
+	}
+}
+
+// TestSnapshotStuckAndOldest: an in-flight row past its lease counts as
+// stuck; the oldest due instruction's age is reported.
+func TestSnapshotStuckAndOldest(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	b.enqueue(t, "p1", "k1")
+	b.enqueue(t, "p2", "k2")
+	c := b.claimOne(t, "dead", shortLease)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		snap, err := b.archive.Snapshot(b.ctx, b.pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if snap.Stuck == 1 {
+			if snap.InFlight != 1 || snap.Pending != 1 || snap.Due != 1 || snap.OldestPendingAge <= 0 {
+				t.Fatalf("snapshot %+v", snap)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("claim %s never counted as stuck: %+v", c.OutboxID, snap)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,44 @@
+package attempts
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ledgerline/outbox/migrations"
+)
+
+// Snapshot is the operational state of the queue at one instant. Every
+// figure is read from the small hot tables (never the archive), so it is
+// cheap enough to scrape every few seconds.
+type Snapshot struct {
+	Pending           int64         `json:"pending"` // waiting, due or not
+	Due               int64         `json:"due"`     // pending and due now
+	OldestPendingAge  time.Duration `json:"-"`       // age of the oldest due instruction (0 if none)
+	OldestPendingSecs float64       `json:"oldest_pending_age_seconds"`
+	InFlight          int64         `json:"in_flight"`
+	Stuck             int64         `json:"stuck_dispatching"` // in flight past their lease: a relayer died
+	DeadLetters       int64         `json:"dead_letters"`      // not yet acknowledged
+	IdleRelayers      int64         `json:"idle_relayers"`     // fresh registrations in relayer_idle
+}
+
+const snapshotSQL = `
+SELECT (SELECT count(*) FROM {schema}.pending),
+       (SELECT count(*) FROM {schema}.pending WHERE next_attempt_at <= now()),
+       coalesce((SELECT extract(epoch FROM now() - min(created_at)) FROM {schema}.pending WHERE next_attempt_at <= now()), 0),
+       (SELECT count(*) FROM {schema}.inflight),
+       (SELECT count(*) FROM {schema}.inflight WHERE lease_until < now()),
+       (SELECT count(*) FROM {schema}.dead_letters WHERE acknowledged_at IS NULL),
+       (SELECT count(*) FROM {schema}.relayer_idle WHERE idle_since > clock_timestamp() - interval '10 seconds')`
+
+// Snapshot reads the queue's operational state.
+func (a *Archive) Snapshot(ctx context.Context, db DB) (Snapshot, error) {
+	var s Snapshot
+	err := db.QueryRow(ctx, migrations.Qualify(a.schema, snapshotSQL)).Scan(
+		&s.Pending, &s.Due, &s.OldestPendingSecs, &s.InFlight, &s.Stuck, &s.DeadLetters, &s.IdleRelayers)
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("attempts: snapshot: %w", err)
+	}
+	s.OldestPendingAge = time.Duration(s.OldestPendingSecs * float64(time.Second))
+	return s, nil
+}

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/ledgerline/outbox/attempts"
+	"github.com/ledgerline/outbox/engine"
+	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/pending"
+	"github.com/ledgerline/outbox/rails"
+)
+
+// TestMetricsReflectTheQueue drains a few instructions (one rejected by the
+// rail) through an in-process relayer and checks the scrape: outcome
+// counters, error codes, latency samples, queue gauges and breaker state.
+func TestMetricsReflectTheQueue(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := testdb.New(t)
+	sbx := rails.NewSandbox(rails.SandboxOptions{})
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: rails.Generic{}, Transport: sbx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	archive, _ := attempts.New("")
+	m := newMetrics(pool, archive, set)
+	r, err := engine.New(pool, engine.Config{Rails: set, OnRecorded: m.observe, PollInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.registerRelayer(r)
+	producer, _ := pending.NewProducer(pending.Config{})
+	for i := range 5 {
+		in := pending.Instruction{InstructionID: fmt.Sprint("m", i), ParticipantID: fmt.Sprint("p", i), IdempotencyKey: fmt.Sprint("k", i),
+			RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1"}
+		if _, err := producer.Enqueue(ctx, pool, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The rail rejects k0 terminally: reject its key before the relayer runs.
+	sbx.Pay(rails.Instruction{IdempotencyKey: "k0"}, true)
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = r.Stop(sctx)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for r.Stats().Dispatched+r.Stats().Dead < 5 {
+		if time.Now().After(deadline) {
+			t.Fatalf("not drained: %+v", r.Stats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	srv := httptest.NewServer(promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`outbox_attempts_total{state="DISPATCHED"} 4`,
+		`outbox_attempts_total{state="FAILED"} 1`,
+		`outbox_attempt_errors_total{error_code="RAIL_REJECTED",rail="sandbox"} 1`,
+		`outbox_dispatch_latency_seconds_count 4`,
+		`outbox_dlq_depth 1`,
+		`outbox_pending_depth 0`,
+		`outbox_inflight 0`,
+		`outbox_snapshot_up 1`,
+		`outbox_rail_breaker_state{rail="sandbox"} 0`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("scrape lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("scrape:\n%s", body)
+	}
+}

@@ -1,0 +1,193 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/user"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerline/outbox/attempts"
+)
+
+// runStats prints the queue's operational state as one JSON object.
+func runStats(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet(env, "stats", "stats [flags]   (queue depth, due, oldest due age, in flight, stuck, DLQ depth, idle relayers)")
+	var db dbFlags
+	db.register(fs)
+	if _, err := parseFlags(fs, env, args); err != nil {
+		return err
+	}
+	archive, pool, cleanup, err := openArchive(ctx, env, &db)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	snap, err := archive.Snapshot(ctx, pool)
+	if err != nil {
+		return err
+	}
+	return json.NewEncoder(env.stdout).Encode(snap)
+}
+
+// runDLQ lists, replays or acknowledges dead letters.
+func runDLQ(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet(env, "dlq", "dlq [flags] list | replay OUTBOX_ID... | ack OUTBOX_ID...")
+	var db dbFlags
+	db.register(fs)
+	all := fs.Bool("all", false, "list: include acknowledged dead letters")
+	limit := fs.Int("limit", 100, "list: at most this many")
+	operator := fs.String("operator", defaultOperator(), "replay/ack: who is acting (recorded in the archive)")
+	if _, err := parseFlags(fs, env, args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		return fmt.Errorf("%w: dlq needs an action: list, replay or ack", errUsage)
+	}
+	action, rest := fs.Arg(0), fs.Args()[1:]
+	ids := make([]uuid.UUID, 0, len(rest))
+	for _, a := range rest {
+		id, err := uuid.FromString(a)
+		if err != nil {
+			return fmt.Errorf("%w: %q is not an outbox id", errUsage, a)
+		}
+		ids = append(ids, id)
+	}
+	switch {
+	case action == "list" && len(ids) == 0:
+	case (action == "replay" || action == "ack") && len(ids) > 0:
+	default:
+		return fmt.Errorf("%w: usage: dlq list | replay OUTBOX_ID... | ack OUTBOX_ID...", errUsage)
+	}
+	archive, pool, cleanup, err := openArchive(ctx, env, &db)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	out := json.NewEncoder(env.stdout)
+	if action == "list" {
+		dls, err := archive.DeadLetters(ctx, pool, *all, *limit)
+		if err != nil {
+			return err
+		}
+		for _, d := range dls {
+			_ = out.Encode(d)
+		}
+		return nil
+	}
+	missing := 0
+	for _, id := range ids {
+		var ok bool
+		var err error
+		if action == "replay" {
+			ok, err = archive.Replay(ctx, pool, id, *operator)
+		} else {
+			ok, err = archive.Acknowledge(ctx, pool, id, *operator)
+		}
+		if err != nil {
+			return err
+		}
+		if !ok {
+			missing++
+		}
+		_ = out.Encode(map[string]any{"outbox_id": id, "action": action, "done": ok})
+	}
+	if missing > 0 {
+		return exitError{code: 1}
+	}
+	return nil
+}
+
+// runAudit prints an instruction's attempt trail, or verifies the
+// invariants over the whole database.
+func runAudit(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet(env, "audit", "audit [flags] trail (OUTBOX_ID | --instruction-id ID) | verify")
+	var db dbFlags
+	db.register(fs)
+	instructionID := fs.String("instruction-id", "", "trail: the producer's instruction id instead of an outbox id")
+	unordered := fs.Bool("unordered", false, "verify: skip the ordering invariant (relayers ran with --ordered=false)")
+	if _, err := parseFlags(fs, env, args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 || (fs.Arg(0) != "trail" && fs.Arg(0) != "verify") {
+		return fmt.Errorf("%w: audit needs trail or verify", errUsage)
+	}
+	var outboxID uuid.UUID
+	if fs.Arg(0) == "trail" {
+		switch {
+		case fs.NArg() == 2 && *instructionID == "":
+			id, err := uuid.FromString(fs.Arg(1))
+			if err != nil {
+				return fmt.Errorf("%w: %q is not an outbox id", errUsage, fs.Arg(1))
+			}
+			outboxID = id
+		case fs.NArg() == 1 && *instructionID != "":
+		default:
+			return fmt.Errorf("%w: audit trail takes an outbox id or --instruction-id", errUsage)
+		}
+	}
+	archive, pool, cleanup, err := openArchive(ctx, env, &db)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	out := json.NewEncoder(env.stdout)
+	if fs.Arg(0) == "verify" {
+		rep, err := archive.Verify(ctx, pool, attempts.VerifyOptions{Ordered: !*unordered})
+		if err != nil {
+			return err
+		}
+		violations := make([]string, len(rep.Violations))
+		for i, v := range rep.Violations {
+			violations[i] = v.String()
+		}
+		_ = out.Encode(map[string]any{
+			"instructions": rep.Instructions, "pending": rep.Pending, "in_flight": rep.InFlight,
+			"dispatched": rep.Dispatched, "dead_letters": rep.DeadLetters, "dispatched_twice": rep.DispatchedTwice,
+			"attempts": rep.Attempts, "ok": rep.OK(), "violations": violations,
+		})
+		if !rep.OK() {
+			return exitError{code: 1}
+		}
+		return nil
+	}
+	var trail []attempts.Attempt
+	if *instructionID != "" {
+		trail, err = archive.TrailByInstruction(ctx, pool, *instructionID)
+	} else {
+		trail, err = archive.Trail(ctx, pool, outboxID)
+	}
+	if err != nil {
+		return err
+	}
+	for _, a := range trail {
+		_ = out.Encode(a)
+	}
+	if len(trail) == 0 {
+		fmt.Fprintln(env.stderr, "no attempts (not claimed yet, or unknown)")
+	}
+	return nil
+}
+
+func openArchive(ctx context.Context, env *environment, db *dbFlags) (*attempts.Archive, *pgxpool.Pool, func(), error) {
+	log, _ := newLogger(env.stderr, "text", "warn")
+	pool, cleanup, err := db.connect(ctx, log, 2)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	archive, err := attempts.New(db.schema)
+	if err != nil {
+		cleanup()
+		return nil, nil, nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return archive, pool, cleanup, nil
+}
+
+func defaultOperator() string {
+	if u, err := user.Current(); err == nil {
+		return u.Username
+	}
+	return "operator"
+}
