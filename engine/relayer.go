@@ -259,7 +259,12 @@ func (r *Relayer) claimLoop(ctx context.Context) {
 		case err != nil && stopCtx.Err() != nil:
 			return
 		case errors.Is(err, pending.ErrOrderingConflict):
-			continue // a concurrent claim won a participant; try again
+			// A concurrent claim won a participant; try again shortly (not
+			// at once: two relayers retrying in lockstep would spin).
+			if !r.sleep(stopCtx, r.cfg.Debounce) {
+				return
+			}
+			continue
 		case err != nil:
 			r.log.Warn("claim failed", "err", err)
 			if !r.sleep(stopCtx, errDelay) {
