@@ -47,6 +47,8 @@ type Outcome struct {
 // Recorded says what happened to one outcome.
 type Recorded struct {
 	OutboxID uuid.UUID
+	// ClaimAttemptID is the DISPATCHING attempt the outcome closed.
+	ClaimAttemptID uuid.UUID
 	// Late is true when the in-flight row no longer belonged to this
 	// attempt (its lease was reaped): the outcome was archived, marked
 	// late, and did not touch the queue.
@@ -75,6 +77,11 @@ type Execer interface {
 // second statement. If that second statement fails the outcomes are still
 // archived and the copy is simply dispatched again under the same
 // idempotency key; the error is returned with the results.
+//
+// Record is idempotent per outcome (keyed by Outcome.AttemptID): a caller
+// that lost the reply of a commit may send the same outcomes again, and an
+// outcome already archived is reported as it was recorded the first time
+// instead of being archived twice.
 func (a *Archive) Record(ctx context.Context, db Execer, outcomes []Outcome) ([]Recorded, error) {
 	if len(outcomes) == 0 {
 		return nil, nil
@@ -110,13 +117,9 @@ func (a *Archive) Record(ctx context.Context, db Execer, outcomes []Outcome) ([]
 	if err != nil {
 		return nil, fmt.Errorf("attempts: record: %w", err)
 	}
-	type row struct {
-		Recorded
-		claim uuid.UUID
-	}
-	results, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (row, error) {
-		var r row
-		err := cr.Scan(&r.OutboxID, &r.claim, &r.Late, &r.NextAttemptAt)
+	recorded, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (Recorded, error) {
+		var r Recorded
+		err := cr.Scan(&r.OutboxID, &r.ClaimAttemptID, &r.Late, &r.NextAttemptAt)
 		return r, err
 	})
 	if err != nil {
@@ -127,10 +130,8 @@ func (a *Archive) Record(ctx context.Context, db Execer, outcomes []Outcome) ([]
 		byClaim[o.ClaimAttemptID] = o
 	}
 	var lateTerminal []Outcome
-	recorded := make([]Recorded, len(results))
-	for i, r := range results {
-		recorded[i] = r.Recorded
-		if o := byClaim[r.claim]; r.Late && (o.State == Dispatched || o.State == Failed) {
+	for _, r := range recorded {
+		if o := byClaim[r.ClaimAttemptID]; r.Late && (o.State == Dispatched || o.State == Failed) {
 			lateTerminal = append(lateTerminal, o)
 		}
 	}
@@ -144,22 +145,23 @@ func (a *Archive) Record(ctx context.Context, db Execer, outcomes []Outcome) ([]
 		return recorded, fmt.Errorf("attempts: record: withdraw requeued copies: %w", err)
 	}
 	for i := range recorded {
-		recorded[i].Withdrew = withdrew[recorded[i].OutboxID]
+		recorded[i].Withdrew = withdrew[recorded[i].ClaimAttemptID]
 	}
 	return recorded, nil
 }
 
-// withdraw runs withdrawSQL for late terminal outcomes.
+// withdraw runs withdrawSQL for late terminal outcomes and returns the
+// claim attempt ids whose requeued copy it withdrew.
 func (a *Archive) withdraw(ctx context.Context, db Execer, late []Outcome) (map[uuid.UUID]bool, error) {
 	n := len(late)
-	ids, attemptIDs := make([]uuid.UUID, n), make([]uuid.UUID, n)
+	ids, attemptIDs, claimIDs := make([]uuid.UUID, n), make([]uuid.UUID, n), make([]uuid.UUID, n)
 	states, codes, messages := make([]string, n), make([]string, n), make([]string, n)
 	attemptNos := make([]int32, n)
 	for i, o := range late {
-		ids[i], attemptIDs[i], states[i], codes[i], messages[i], attemptNos[i] =
-			o.OutboxID, o.AttemptID, string(o.State), o.ErrorCode, o.ErrorMessage, int32(o.AttemptNo)
+		ids[i], attemptIDs[i], claimIDs[i], states[i], codes[i], messages[i], attemptNos[i] =
+			o.OutboxID, o.AttemptID, o.ClaimAttemptID, string(o.State), o.ErrorCode, o.ErrorMessage, int32(o.AttemptNo)
 	}
-	rows, err := db.Query(ctx, migrations.Qualify(a.schema, withdrawSQL), ids, attemptIDs, states, codes, messages, attemptNos)
+	rows, err := db.Query(ctx, migrations.Qualify(a.schema, withdrawSQL), ids, attemptIDs, states, codes, messages, attemptNos, claimIDs)
 	if err != nil {
 		return nil, err
 	}
@@ -174,16 +176,27 @@ func (a *Archive) withdraw(ctx context.Context, db Execer, late []Outcome) (map[
 	return m, nil
 }
 
+// recordSQL: o is every outcome with prior_late set when its row is already
+// archived (a repeat after a lost commit reply; the correlated probe is one
+// primary-key lookup per outcome, pruned to recent partitions, never a scan
+// of the archive); fresh are the rest, and only they touch the queue.
 const recordSQL = `
-WITH o AS (
+WITH input AS (
   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::int[], $6::text[], $7::text[], $8::bigint[],
                        $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::timestamptz[], $15::text[],
                        $16::text[], $17::text[], $18::text[], $19::int[], $20::bigint[], $21::bool[])
     AS o(attempt_id, claim_attempt_id, outbox_id, state, attempt_no, instruction_id, participant_id, sequence_id,
          idempotency_key, rail_type, tenant_id, correlation_id, relayer_id, claimed_at, rail_reference,
          rail_code, error_code, error_message, latency_ms, retry_delay_ms, count_attempt)
+), o AS (
+  SELECT i.*, (SELECT a.late FROM {schema}.attempts a
+               WHERE a.attempt_id = i.attempt_id AND a.created_at >= i.claimed_at - interval '1 day'
+               LIMIT 1) AS prior_late
+  FROM input i
+), fresh AS (
+  SELECT * FROM o WHERE prior_late IS NULL
 ), fenced AS (
-  DELETE FROM {schema}.inflight f USING o
+  DELETE FROM {schema}.inflight f USING fresh o
   WHERE f.outbox_id = o.outbox_id AND f.attempt_id = o.claim_attempt_id
   RETURNING f.*
 ), requeued AS (
@@ -193,7 +206,7 @@ WITH o AS (
          f.tenant_id, f.correlation_id, f.payload,
          CASE WHEN o.count_attempt THEN f.attempt_no ELSE f.attempt_no - 1 END,
          now() + o.retry_delay_ms * interval '1 millisecond', f.created_at
-  FROM fenced f JOIN o ON o.claim_attempt_id = f.attempt_id
+  FROM fenced f JOIN fresh o ON o.claim_attempt_id = f.attempt_id
   WHERE o.state = 'RETRYABLE'
   RETURNING outbox_id, next_attempt_at
 ), dead AS (
@@ -203,7 +216,7 @@ WITH o AS (
   SELECT f.outbox_id, f.instruction_id, f.participant_id, f.sequence_id, f.idempotency_key, f.rail_type,
          f.tenant_id, f.correlation_id, f.payload, f.attempt_no, o.error_code, nullif(o.error_message, ''),
          o.attempt_id, f.created_at
-  FROM fenced f JOIN o ON o.claim_attempt_id = f.attempt_id
+  FROM fenced f JOIN fresh o ON o.claim_attempt_id = f.attempt_id
   WHERE o.state = 'FAILED'
 ), archived AS (
   INSERT INTO {schema}.attempts (attempt_id, outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
@@ -215,11 +228,11 @@ WITH o AS (
          o.claim_attempt_id, o.claimed_at, now(), r.next_attempt_at, nullif(o.rail_reference, ''),
          nullif(o.rail_code, ''), nullif(o.error_code, ''), nullif(o.error_message, ''), o.latency_ms,
          f.attempt_id IS NULL
-  FROM o
+  FROM fresh o
   LEFT JOIN fenced f ON f.attempt_id = o.claim_attempt_id
   LEFT JOIN requeued r ON r.outbox_id = f.outbox_id
 )
-SELECT o.outbox_id, o.claim_attempt_id, f.attempt_id IS NULL, r.next_attempt_at
+SELECT o.outbox_id, o.claim_attempt_id, coalesce(o.prior_late, f.attempt_id IS NULL), r.next_attempt_at
 FROM o
 LEFT JOIN fenced f ON f.attempt_id = o.claim_attempt_id
 LEFT JOIN requeued r ON r.outbox_id = f.outbox_id`
@@ -228,14 +241,17 @@ LEFT JOIN requeued r ON r.outbox_id = f.outbox_id`
 // outcome was terminal, if nobody claimed them yet; a FAILED one becomes a
 // dead letter. It is a separate statement so that it sees the reaper's
 // commit even when recordSQL had to wait for the reaper's lock on the
-// in-flight row (recordSQL's snapshot predates that commit).
+// in-flight row (recordSQL's snapshot predates that commit). It is fenced:
+// only a pending row the reaper requeued from this very claim qualifies,
+// never a later retry of the copy or an operator's replay.
 const withdrawSQL = `
 WITH o AS (
-  SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int[])
-    AS o(outbox_id, attempt_id, state, error_code, error_message, attempt_no)
+  SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int[], $7::uuid[])
+    AS o(outbox_id, attempt_id, state, error_code, error_message, attempt_no, claim_attempt_id)
 ), withdrawn AS (
-  DELETE FROM {schema}.pending p USING o WHERE p.outbox_id = o.outbox_id
-  RETURNING p.*
+  DELETE FROM {schema}.pending p USING o
+  WHERE p.outbox_id = o.outbox_id AND p.zombie_attempt_id = o.claim_attempt_id
+  RETURNING p.*, o.claim_attempt_id
 ), late_dead AS (
   INSERT INTO {schema}.dead_letters (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
                                      tenant_id, correlation_id, payload, attempt_count, error_code, error_message,
@@ -246,4 +262,4 @@ WITH o AS (
   FROM withdrawn w JOIN o USING (outbox_id)
   WHERE o.state = 'FAILED'
 )
-SELECT outbox_id FROM withdrawn`
+SELECT claim_attempt_id FROM withdrawn`

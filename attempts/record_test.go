@@ -4,8 +4,10 @@ package attempts_test
 
 import (
 	"context"
+	"encoding/json"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/migrations"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/reaper"
 )
@@ -574,8 +577,8 @@ func TestRecordLateWhileReaperHoldsTheRow(t *testing.T) {
 	id := b.enqueue(t, "p1", "k1")
 	c := b.claimOne(t, "slow", longLease)
 
-	// A reaper-like transaction: in-flight row out, copy back in, not yet
-	// committed.
+	// A reaper-like transaction: in-flight row out, copy back in (marked
+	// with the abandoned claim, as the reaper does), not yet committed.
 	tx, err := b.pool.Begin(b.ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -583,8 +586,9 @@ func TestRecordLateWhileReaperHoldsTheRow(t *testing.T) {
 	defer tx.Rollback(b.ctx)
 	if _, err := tx.Exec(b.ctx, `WITH f AS (DELETE FROM outbox.inflight WHERE outbox_id = $1 RETURNING *)
 		INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-		                            payload, attempt_count, created_at)
-		SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload, attempt_no - 1, created_at FROM f`,
+		                            payload, attempt_count, created_at, zombie_attempt_id)
+		SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload, attempt_no - 1,
+		       created_at, attempt_id FROM f`,
 		c.OutboxID); err != nil {
 		t.Fatal(err)
 	}
@@ -633,5 +637,200 @@ func TestRecordLateWhileReaperHoldsTheRow(t *testing.T) {
 	}
 	if r := b.verifyOK(t); r.Dispatched != 1 || r.Pending != 0 {
 		t.Fatalf("report %+v", r)
+	}
+}
+
+// TestRecordRepeatAfterLostReply: a relayer whose commit reply was lost
+// (connection cut, timeout after commit) sends the same outcomes again.
+// Each is reported as it was first recorded, nothing is archived twice and
+// the queue is not touched again.
+func TestRecordRepeatAfterLostReply(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	idOK := b.enqueue(t, "p1", "k1")
+	idRetry := b.enqueue(t, "p2", "k2")
+	idLate := b.enqueue(t, "p3", "k3")
+	claims, err := b.claimer.Claim(b.ctx, b.pool, pending.ClaimParams{
+		RelayerID: "r1", Limit: 2, Ordered: true, Leases: map[string]time.Duration{"sandbox": longLease},
+	})
+	if err != nil || len(claims) != 2 {
+		t.Fatalf("claimed %d (%v), want 2", len(claims), err)
+	}
+	slow := b.claimOne(t, "slow", shortLease)
+	if slow.OutboxID != idLate {
+		t.Fatalf("slow claimed %s, want %s", slow.OutboxID, idLate)
+	}
+	b.reap(t, slow)
+
+	var outcomes []attempts.Outcome
+	for _, c := range claims {
+		state := attempts.Dispatched
+		if c.OutboxID == idRetry {
+			state = attempts.Retryable
+		}
+		outcomes = append(outcomes, recordOutcome(t, c, "r1", state))
+	}
+	outcomes = append(outcomes, recordOutcome(t, slow, "slow", attempts.Dispatched))
+	first := b.record(t, outcomes...)
+	again := b.record(t, outcomes...)
+
+	byClaim := func(rs []attempts.Recorded) map[uuid.UUID]attempts.Recorded {
+		m := map[uuid.UUID]attempts.Recorded{}
+		for _, r := range rs {
+			m[r.ClaimAttemptID] = r
+		}
+		return m
+	}
+	f, a := byClaim(first), byClaim(again)
+	for _, o := range outcomes {
+		if f[o.ClaimAttemptID].Late != a[o.ClaimAttemptID].Late {
+			t.Errorf("outcome of %s: first recorded late=%v, repeat says late=%v", o.OutboxID, f[o.ClaimAttemptID].Late, a[o.ClaimAttemptID].Late)
+		}
+	}
+	if r := f[slow.AttemptID]; !r.Late || !r.Withdrew {
+		t.Errorf("late outcome first recorded as %+v, want late and withdrawn", r)
+	}
+	if r := a[slow.AttemptID]; r.Withdrew {
+		t.Errorf("repeat withdrew again: %+v", r)
+	}
+	for id, want := range map[uuid.UUID][]string{
+		idOK:    {"DISPATCHING#1", "DISPATCHED#1"},
+		idRetry: {"DISPATCHING#1", "RETRYABLE#1"},
+		idLate:  {"DISPATCHING#1", "ZOMBIE_REQUEUE#1", "DISPATCHED#1+late"},
+	} {
+		got, _ := b.trail(t, id)
+		wantTrail(t, got, want...)
+	}
+	if w := b.where(t, idRetry); !w.pending {
+		t.Errorf("the retry is not pending: %+v", w)
+	}
+	if r := b.verifyOK(t); r.Dispatched != 2 || r.Pending != 1 || r.Attempts != 7 {
+		t.Errorf("report %+v, want 2 dispatched, 1 pending, 7 attempt rows", r)
+	}
+}
+
+// TestRecordLateWithdrawIsFenced: a late terminal outcome withdraws only
+// the copy the reaper requeued from its own claim. Once that copy was
+// claimed again and is back in pending as a retry, or went to the dead
+// letters and an operator replayed it, the late outcome leaves it alone.
+func TestRecordLateWithdrawIsFenced(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		state attempts.State // of the late outcome
+		after func(t *testing.T, b *recordBundle, copyClaim pending.Claimed)
+	}{
+		{"copy retried", attempts.Dispatched, func(t *testing.T, b *recordBundle, c pending.Claimed) {
+			b.record(t, recordOutcome(t, c, "fast", attempts.Retryable))
+		}},
+		{"copy dead-lettered and replayed", attempts.Failed, func(t *testing.T, b *recordBundle, c pending.Claimed) {
+			b.record(t, recordOutcome(t, c, "fast", attempts.Failed))
+			if ok, err := b.archive.Replay(b.ctx, b.pool, c.OutboxID, "operator"); err != nil || !ok {
+				t.Fatalf("replay: %v %v", ok, err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setupRecord(t)
+			id := b.enqueue(t, "p1", "k1")
+			slow := b.claimOne(t, "slow", shortLease)
+			b.reap(t, slow)
+			tc.after(t, b, b.claimOne(t, "fast", longLease))
+
+			rec := b.record(t, recordOutcome(t, slow, "slow", tc.state))
+			if !rec[0].Late || rec[0].Withdrew {
+				t.Errorf("late outcome recorded %+v, want late and nothing withdrawn", rec[0])
+			}
+			if w := b.where(t, id); !w.pending || w.dead || w.inflight != nil {
+				t.Errorf("the pending copy was touched: %+v", w)
+			}
+		})
+	}
+}
+
+// TestRecordPlanProbesArchiveByKey: recording looks up each outcome's own
+// row (to stay idempotent) by primary key; with a large archive the plan
+// must reach the archive only through index probes and its inserts, never a
+// scan, or every flush would slow down as the archive grows.
+func TestRecordPlanProbesArchiveByKey(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	// 200,000 rows over 90 days: the current month's partition and the
+	// default partition both hold many.
+	if _, err := b.pool.Exec(b.ctx, `
+		INSERT INTO outbox.attempts (attempt_id, outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
+		                             rail_type, attempt_no, state, relayer_id, claimed_at, completed_at, created_at)
+		SELECT ('00000000-0000-7000-8000-' || lpad(to_hex(g), 12, '0'))::uuid,
+		       ('00000001-0000-7000-8000-' || lpad(to_hex(g), 12, '0'))::uuid,
+		       'bulk-' || g, 'bulk-p' || (g % 1000), g / 1000 + 1, 'bulk-k' || g,
+		       'sandbox', 1, 'DISPATCHED', 'bulk', ts, ts, ts
+		FROM generate_series(1, 200000) g,
+		     LATERAL (SELECT now() - (200000 - g) * interval '38880 milliseconds' AS ts) x`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(b.ctx, `ANALYZE outbox.attempts`); err != nil {
+		t.Fatal(err)
+	}
+	b.enqueue(t, "p1", "k1")
+	c := b.claimOne(t, "r1", longLease)
+	o := recordOutcome(t, c, "r1", attempts.Dispatched)
+	args := []any{
+		[]uuid.UUID{o.AttemptID}, []uuid.UUID{o.ClaimAttemptID}, []uuid.UUID{o.OutboxID}, []string{string(o.State)},
+		[]int32{int32(o.AttemptNo)}, []string{o.InstructionID}, []string{o.ParticipantID}, []int64{o.SequenceID},
+		[]string{o.IdempotencyKey}, []string{o.RailType}, []string{""}, []string{""}, []string{o.RelayerID},
+		[]time.Time{o.ClaimedAt}, []string{o.RailReference}, []string{o.RailCode}, []string{""}, []string{""},
+		[]int32{12}, []int64{0}, []bool{true},
+	}
+	var plan []byte
+	if err := b.pool.QueryRow(b.ctx, "EXPLAIN (FORMAT JSON) "+migrations.Qualify("", attempts.RecordSQL), args...).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	var root []struct {
+		Plan planNode `json:"Plan"`
+	}
+	if err := json.Unmarshal(plan, &root); err != nil || len(root) != 1 {
+		t.Fatalf("decode plan (%v): %s", err, plan)
+	}
+	// Partitions that hold rows; the planner rightly scans an empty one.
+	rows, err := b.pool.Query(b.ctx, `SELECT DISTINCT c.relname FROM outbox.attempts a JOIN pg_class c ON c.oid = a.tableoid`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	filled, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(filled) < 2 {
+		t.Fatalf("archive rows are in partitions %v (%v), want at least 2", filled, err)
+	}
+	probed := map[string]bool{}
+	root[0].Plan.walk(func(n planNode) {
+		switch {
+		case !strings.HasPrefix(n.Relation, "attempts"), n.NodeType == "ModifyTable":
+		case n.NodeType == "Index Scan" || n.NodeType == "Index Only Scan":
+			probed[n.Relation] = true
+		case slices.Contains(filled, n.Relation):
+			t.Errorf("the outcome statement reads the archive by %s on %s:\n%s", n.NodeType, n.Relation, plan)
+		}
+	})
+	for _, p := range filled {
+		if !probed[p] {
+			t.Errorf("no index probe of partition %s in the plan:\n%s", p, plan)
+		}
+	}
+	if rec := b.record(t, o); rec[0].Late {
+		t.Errorf("recorded %+v", rec[0])
+	}
+}
+
+// planNode is the part of an EXPLAIN (FORMAT JSON) node the test reads.
+type planNode struct {
+	NodeType string     `json:"Node Type"`
+	Relation string     `json:"Relation Name"`
+	Plans    []planNode `json:"Plans"`
+}
+
+func (n planNode) walk(visit func(planNode)) {
+	visit(n)
+	for _, c := range n.Plans {
+		c.walk(visit)
 	}
 }

@@ -366,6 +366,22 @@ var corruptions = []corruption{
 		},
 	},
 	{
+		// A late outcome excuses two places only for a late DISPATCHED
+		// whose copy is still queued; a late RETRYABLE excuses nothing.
+		name: "pending and dead letter after a late retry", invariant: 1, check: "exactly one place",
+		build: func(t *testing.T, b *verifyBundle) {
+			id := b.enqueue(t, "p1", "k1")
+			c := b.claim(t, id, true)
+			b.outcome(t, c, attempts.ZombieRequeue)
+			b.lateOutcome(t, c, attempts.Retryable)
+			b.exec(t, `INSERT INTO outbox.dead_letters (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
+				rail_type, payload, attempt_count, error_code, attempt_id, created_at)
+				SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
+				       rail_type, payload, attempt_count, 'RAIL_REJECTED', gen_random_uuid(), created_at
+				FROM outbox.pending WHERE outbox_id = $1`, id)
+		},
+	},
+	{
 		name: "orphan pending row", invariant: 1, check: "no orphans",
 		build: func(t *testing.T, b *verifyBundle) {
 			b.exec(t, `INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload)
@@ -471,6 +487,31 @@ var corruptions = []corruption{
 				                            rail_type, payload, attempt_count, created_at)
 				SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload, attempt_no, created_at
 				FROM f`, id)
+		},
+	},
+	{
+		// What a relayer that re-sent a committed batch (its reply lost)
+		// would have written: the outcome again, as late, with no reaper
+		// involved.
+		name: "outcome archived again as late", invariant: 5, check: "every claim closed once",
+		build: func(t *testing.T, b *verifyBundle) {
+			id := b.enqueue(t, "p1", "k1")
+			c := b.claim(t, id, true)
+			b.outcome(t, c, attempts.Dispatched)
+			b.lateOutcome(t, c, attempts.Dispatched)
+		},
+	},
+	{
+		name: "attempt archived twice", invariant: 5, check: "attempt ids unique",
+		build: func(t *testing.T, b *verifyBundle) {
+			id := b.enqueue(t, "p1", "k1")
+			c := b.claim(t, id, true)
+			b.outcome(t, c, attempts.Dispatched)
+			b.exec(t, `INSERT INTO outbox.attempts (attempt_id, outbox_id, instruction_id, participant_id, sequence_id,
+				idempotency_key, rail_type, payload, attempt_no, state, relayer_id, claimed_at, created_at)
+				SELECT attempt_id, outbox_id, instruction_id, participant_id, sequence_id,
+				       idempotency_key, rail_type, payload, attempt_no, state, relayer_id, claimed_at, created_at + interval '1 second'
+				FROM outbox.attempts WHERE attempt_id = $1`, c.attemptID)
 		},
 	},
 	{

@@ -68,6 +68,10 @@ func TestSanitize(t *testing.T) {
 			t.Errorf("sanitize(%q) = %q, want %q", in, got, want)
 		}
 	}
+	// PostgreSQL text cannot hold NUL; invalid UTF-8 is replaced too.
+	if got := sanitize("a\x00b\xffc", 0); got != "a?b?c" {
+		t.Errorf("sanitize kept unstorable bytes: %q", got)
+	}
 	if got := sanitize("héllo wörld", 2); got != "h" {
 		t.Errorf("truncation split a rune: %q", got)
 	}

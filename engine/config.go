@@ -37,6 +37,18 @@ const (
 	DefaultStopTimeout    = 30 * time.Second
 )
 
+// StopRecordTimeout is how long Stop keeps trying to record outcomes after
+// the dispatches ended before it leaves them to the reaper.
+const StopRecordTimeout = 10 * time.Second
+
+// idleFreshness is how old a relayer_idle registration may be for the
+// pending trigger to still notify (the interval in notify_pending()).
+const idleFreshness = 10 * time.Second
+
+// maxRailTextLength bounds the rail reference and rail code stored per
+// attempt.
+const maxRailTextLength = 1000
+
 // Config configures a [Relayer]. Zero values mean the defaults above.
 type Config struct {
 	// Schema holding the outbox tables; "" means the default.
@@ -66,7 +78,8 @@ type Config struct {
 	// PollOnly disables LISTEN (e.g. behind a transaction-pooling proxy).
 	PollOnly bool
 	// IdleRefresh is how often an idle relayer refreshes its registration
-	// in relayer_idle (the trigger ignores registrations older than 10 s).
+	// in relayer_idle. The trigger ignores registrations older than 10 s,
+	// so at most 5 s is accepted (room for a slow refresh).
 	IdleRefresh time.Duration
 	// ReconnectDelay is the wait before the listener reconnects.
 	ReconnectDelay time.Duration
@@ -145,6 +158,10 @@ func (c *Config) setDefaults() error {
 	defDur(&c.BackoffCap, DefaultBackoffCap)
 	defDur(&c.FlushInterval, DefaultFlushInterval)
 	defDur(&c.StopTimeout, DefaultStopTimeout)
+	if c.IdleRefresh > idleFreshness/2 {
+		return fmt.Errorf("engine: IdleRefresh %v is too long: the trigger ignores registrations older than %v, so refresh at least every %v",
+			c.IdleRefresh, idleFreshness, idleFreshness/2)
+	}
 	if c.BackoffCap < c.BackoffBase {
 		return fmt.Errorf("engine: BackoffCap %v is below BackoffBase %v", c.BackoffCap, c.BackoffBase)
 	}

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/semaphore"
 
@@ -28,7 +31,7 @@ type Stats struct {
 	Dead          int64 // FAILED outcomes (dead letters)
 	Released      int64 // handed back without calling the rail
 	Late          int64 // outcomes recorded after the lease was reaped
-	LeftInFlight  int64 // cut off at the hard stop deadline, left for the reaper
+	LeftInFlight  int64 // cut off at stop, or unrecordable: left for the reaper
 	Notifications int64 // wakeups by NOTIFY
 	Polls         int64 // wakeups by the poll timer
 }
@@ -67,12 +70,26 @@ type Relayer struct {
 	listenCancel context.CancelFunc
 	loopDone     chan struct{}
 	listenDone   chan struct{}
-	flushDone    chan struct{}
-	dispatches   sync.WaitGroup
+	// flushQuit is closed by Stop once dispatches are done (or abandoned):
+	// the recorder flushes what it has and returns. outcomes itself is never
+	// closed, so a dispatch that returns late cannot panic on a send.
+	flushQuit chan struct{}
+	flushDone chan struct{}
+	// recordCtx is cancelled when Stop gives up on recording (the database
+	// is unreachable): the recorder stops retrying, and what it could not
+	// record stays in flight for the reaper.
+	recordCtx      context.Context
+	abandonRecords context.CancelFunc
+	dispatches     sync.WaitGroup
 
 	// testHooks let tests in this package act between protocol steps.
 	testHooks struct {
 		beforeRegister, afterIdleClaim func()
+		// outcome may alter an outcome after it was made storable.
+		outcome func(*attempts.Outcome)
+		// abandonWait replaces the wait for dispatches after the hard
+		// deadline.
+		abandonWait time.Duration
 	}
 }
 
@@ -107,10 +124,12 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relayer, error) {
 		rnd:        rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		stopping:   make(chan struct{}),
 		loopDone:   make(chan struct{}),
+		flushQuit:  make(chan struct{}),
 		flushDone:  make(chan struct{}),
 		listenDone: make(chan struct{}),
 	}
 	r.dispatchCtx, r.hardStop = context.WithCancel(context.Background())
+	r.recordCtx, r.abandonRecords = context.WithCancel(context.Background())
 	return r, nil
 }
 
@@ -160,6 +179,11 @@ func (r *Relayer) Start(ctx context.Context) error {
 // in-flight row stays leased and the reaper requeues it after the lease, and
 // the rail sees the same idempotency key again. Stop returns
 // context.DeadlineExceeded if that happened.
+//
+// Recording gets up to [StopRecordTimeout] after the dispatches ended; if
+// the database cannot be reached by then, the unrecorded outcomes are
+// abandoned the same way (left in flight for the reaper), so Stop returns
+// even while the database is down.
 func (r *Relayer) Stop(ctx context.Context) error {
 	if !r.started.Load() {
 		return errors.New("engine: relayer not started")
@@ -178,15 +202,27 @@ func (r *Relayer) Stop(ctx context.Context) error {
 			r.hardStop()
 			// Transports honour the cancelled context; give them a moment to
 			// return so their goroutines do not outlive Stop.
+			wait := 5 * time.Second
+			if r.testHooks.abandonWait > 0 {
+				wait = r.testHooks.abandonWait
+			}
 			select {
 			case <-done:
-			case <-time.After(5 * time.Second):
-				r.log.Error("dispatches did not return after cancellation")
+			case <-time.After(wait):
+				r.log.Error("dispatches did not return after cancellation; their instructions stay in flight for the reaper")
 			}
 		}
-		close(r.outcomes)
-		<-r.flushDone
+		close(r.flushQuit)
+		select {
+		case <-r.flushDone:
+		case <-time.After(StopRecordTimeout):
+			r.log.Error("could not record outcomes while stopping; they stay in flight and the reaper requeues them after their leases",
+				"waited", StopRecordTimeout)
+			r.abandonRecords()
+			<-r.flushDone
+		}
 		r.hardStop()
+		r.abandonRecords()
 
 		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		if err := r.unregisterIdle(cleanup); err != nil {
@@ -367,6 +403,10 @@ func (r *Relayer) claimOnce(ctx context.Context) (n int, full bool, err error) {
 	// nobody dispatches (until the reaper). It is short, so it gets its own
 	// timeout instead.
 	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	// Taken before the claim, so it is no later than the database's claim
+	// time: leases measured from it by this process's clock end no later
+	// than the database's, however the two clocks disagree.
+	claimStart := time.Now()
 	claimed, err := r.claim(claimCtx, want)
 	cancel()
 	r.slots.Release(int64(want - len(claimed)))
@@ -379,7 +419,7 @@ func (r *Relayer) claimOnce(ctx context.Context) (n int, full bool, err error) {
 	r.inFlight.Add(int64(len(claimed)))
 	r.dispatches.Add(len(claimed))
 	for _, c := range claimed {
-		go r.dispatch(c)
+		go r.dispatch(c, r.callDeadline(claimStart, c))
 	}
 	return len(claimed), len(claimed) == want, nil
 }
@@ -428,19 +468,33 @@ func (r *Relayer) leases(types []string) map[string]time.Duration {
 	return m
 }
 
+// callDeadline is the latest moment, by this process's clock, at which a
+// rail call for c may end: the lease measured from claimStart, less half the
+// grace period, which is left for recording the outcome before the
+// database's lease ends and the reaper may hand the instruction to another
+// relayer.
+func (r *Relayer) callDeadline(claimStart time.Time, c pending.Claimed) time.Time {
+	return claimStart.Add(c.LeaseUntil.Sub(c.ClaimedAt) - r.cfg.LeaseGrace/2)
+}
+
 // dispatch sends one claimed instruction and queues its outcome.
-func (r *Relayer) dispatch(c pending.Claimed) {
+func (r *Relayer) dispatch(c pending.Claimed, callDeadline time.Time) {
 	defer r.dispatches.Done()
 	defer r.inFlight.Add(-1)
 	defer r.slots.Release(1)
 
 	var d rails.Decision
 	var latency time.Duration
-	if r.isStopping() {
+	switch {
+	case c.PayloadErr != nil:
+		// Nothing any rail could be sent; retrying cannot help.
+		d = rails.Decision{Outcome: rails.Failed, ErrorCode: rails.CodeValidationFailed, Field: rails.FieldPayload,
+			Message: "stored payload cannot be decoded: " + c.PayloadErr.Error()}
+	case r.isStopping():
 		d = rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeReleased, Message: "released: relayer stopping"}
-	} else {
+	default:
 		start := time.Now()
-		d = r.cfg.Rails.ExecuteBefore(r.dispatchCtx, railInstruction(c), c.LeaseUntil)
+		d = r.execute(c, callDeadline)
 		latency = time.Since(start)
 		if r.dispatchCtx.Err() != nil && d.RailCalled && d.Outcome == rails.Retryable {
 			// Cut off at the hard deadline without an answer: no outcome is
@@ -452,7 +506,41 @@ func (r *Relayer) dispatch(c pending.Claimed) {
 			return
 		}
 	}
-	r.outcomes <- pendingOutcome{Outcome: r.outcome(c, d, latency), enqueuedAt: c.EnqueuedAt}
+	po := pendingOutcome{Outcome: r.outcome(c, d, latency), enqueuedAt: c.EnqueuedAt}
+	if h := r.testHooks.outcome; h != nil {
+		h(&po.Outcome)
+	}
+	select {
+	case <-r.flushQuit:
+	default:
+		select {
+		case r.outcomes <- po:
+			return
+		case <-r.flushQuit:
+		}
+	}
+	// Stop stopped recording before this dispatch returned (it ignored the
+	// hard deadline): the lease stands and the reaper requeues it.
+	r.stats.leftInFlight.Add(1)
+	r.log.Warn("outcome arrived after recording stopped; left in flight for the reaper",
+		"outbox_id", c.OutboxID, "instruction_id", c.InstructionID, "participant", c.ParticipantID,
+		"attempt_no", c.AttemptNo, "state", po.State)
+}
+
+// execute calls the rail, turning a panic in a rail (a transport registered
+// by the embedding program) into a retryable transport error: whether the
+// request left is unknown, so the retry carries the same idempotency key.
+// A panic must not take the relayer, and every other instruction it holds,
+// down with it.
+func (r *Relayer) execute(c pending.Claimed, callDeadline time.Time) (d rails.Decision) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.log.Error("rail panicked", "rail", c.RailType, "outbox_id", c.OutboxID, "panic", p, "stack", string(debug.Stack()))
+			d = rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeRailTransport, RailCalled: true,
+				Message: fmt.Sprintf("rail %s panicked: %v", c.RailType, p)}
+		}
+	}()
+	return r.cfg.Rails.ExecuteBefore(r.dispatchCtx, railInstruction(c), callDeadline)
 }
 
 // pendingOutcome is an outcome waiting to be recorded.
@@ -493,7 +581,8 @@ func (r *Relayer) outcome(c pending.Claimed, d rails.Decision, latency time.Dura
 		InstructionID: c.InstructionID, ParticipantID: c.ParticipantID, SequenceID: c.SequenceID,
 		IdempotencyKey: c.IdempotencyKey, RailType: c.RailType, TenantID: c.TenantID,
 		CorrelationID: c.CorrelationID, RelayerID: r.cfg.RelayerID, ClaimedAt: c.ClaimedAt,
-		RailReference: d.Reference, RailCode: d.RailCode, ErrorCode: string(d.ErrorCode),
+		RailReference: storable(d.Reference, maxRailTextLength), RailCode: storable(d.RailCode, maxRailTextLength),
+		ErrorCode:    string(d.ErrorCode),
 		ErrorMessage: sanitize(d.Message, r.cfg.MaxErrorLength), LatencyMS: int(latency.Milliseconds()),
 		CountAttempt: countsAgainstBudget(d.ErrorCode),
 	}
@@ -527,7 +616,8 @@ func (r *Relayer) outcome(c pending.Claimed, d rails.Decision, latency time.Dura
 	return o
 }
 
-// flushLoop records outcomes in batches until the outcomes channel closes.
+// flushLoop records outcomes in batches until Stop closes flushQuit; then
+// it records what is still queued and returns.
 func (r *Relayer) flushLoop() {
 	defer close(r.flushDone)
 	var batch []pendingOutcome
@@ -535,32 +625,54 @@ func (r *Relayer) flushLoop() {
 	timer.Stop()
 	for {
 		select {
-		case o, ok := <-r.outcomes:
-			if !ok {
-				r.flush(batch, true)
-				return
-			}
+		case o := <-r.outcomes:
 			if len(batch) == 0 {
 				timer.Reset(r.cfg.FlushInterval)
 			}
 			batch = append(batch, o)
 			if len(batch) >= r.cfg.FlushSize {
 				timer.Stop()
-				r.flush(batch, false)
+				r.flush(batch)
 				batch = nil
 			}
 		case <-timer.C:
-			r.flush(batch, false)
+			r.flush(batch)
 			batch = nil
+		case <-r.flushQuit:
+			for drained := false; !drained; {
+				select {
+				case o := <-r.outcomes:
+					batch = append(batch, o)
+				default:
+					drained = true
+				}
+			}
+			r.flush(batch)
+			return
 		}
 	}
 }
 
-// flush writes one batch, retrying until it succeeds: an outcome is never
-// dropped while the relayer runs. On the final flush (stopping) it gives up
-// after a bounded time; the unrecorded instructions stay in flight and the
-// reaper requeues them after their leases.
-func (r *Relayer) flush(batch []pendingOutcome, final bool) {
+// flush records outcomes in chunks of at most FlushSize.
+func (r *Relayer) flush(batch []pendingOutcome) {
+	for len(batch) > 0 {
+		n := min(len(batch), r.cfg.FlushSize)
+		r.flushChunk(batch[:n], false)
+		batch = batch[n:]
+	}
+}
+
+// flushChunk writes one batch in one transaction, retrying until it
+// succeeds: an outcome is never dropped while the relayer runs. Only when
+// Stop abandons recording does it give up; the unrecorded instructions then
+// stay in flight and the reaper requeues them after their leases.
+//
+// A batch the database refuses for its content (a data or constraint
+// error: retrying the same statement cannot succeed) is split until the
+// offending outcome is alone, so one bad outcome cannot block the others.
+// That one is recorded once more with the rail's text removed; if even that
+// fails it is left in flight.
+func (r *Relayer) flushChunk(batch []pendingOutcome, scrubbed bool) {
 	if len(batch) == 0 {
 		return
 	}
@@ -569,9 +681,8 @@ func (r *Relayer) flush(batch []pendingOutcome, final bool) {
 		outcomes[i] = p.Outcome
 	}
 	delay := 20 * time.Millisecond
-	deadline := time.Now().Add(10 * time.Second)
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(r.recordCtx, 30*time.Second)
 		recorded, err := r.archive.Record(ctx, r.pool, outcomes)
 		cancel()
 		if recorded != nil {
@@ -583,21 +694,64 @@ func (r *Relayer) flush(batch []pendingOutcome, final bool) {
 			r.afterFlush(batch, recorded)
 			return
 		}
-		r.log.Warn("recording outcomes failed; retrying", "count", len(batch), "err", err)
-		if final && time.Now().After(deadline) {
-			r.log.Error("giving up recording outcomes at stop; the reaper will requeue them", "count", len(batch))
+		if code, ok := contentError(err); ok {
+			r.unrecordable(batch, scrubbed, code, err)
 			return
 		}
-		time.Sleep(delay)
+		if r.recordCtx.Err() != nil {
+			r.stats.leftInFlight.Add(int64(len(batch)))
+			r.log.Error("gave up recording outcomes at stop; the reaper will requeue them", "count", len(batch), "err", err)
+			return
+		}
+		r.log.Warn("recording outcomes failed; retrying", "count", len(batch), "err", err)
+		select {
+		case <-time.After(delay):
+		case <-r.recordCtx.Done():
+		}
 		delay = min(2*delay, 2*time.Second)
 	}
 }
 
+// unrecordable handles a batch the database refused for its content.
+func (r *Relayer) unrecordable(batch []pendingOutcome, scrubbed bool, code string, err error) {
+	if len(batch) > 1 {
+		half := len(batch) / 2
+		r.flushChunk(batch[:half], scrubbed)
+		r.flushChunk(batch[half:], scrubbed)
+		return
+	}
+	o := batch[0]
+	if !scrubbed {
+		r.log.Error("outcome refused by the database; recording it without the rail's text", "outbox_id", o.OutboxID,
+			"attempt_no", o.AttemptNo, "sqlstate", code, "err", err)
+		o.RailReference, o.RailCode = "", ""
+		o.ErrorMessage = fmt.Sprintf("the rail's reference, code and message could not be stored (SQLSTATE %s) and were removed", code)
+		r.flushChunk([]pendingOutcome{o}, true)
+		return
+	}
+	r.stats.leftInFlight.Add(1)
+	r.log.Error("outcome cannot be recorded; left in flight for the reaper", "outbox_id", o.OutboxID,
+		"instruction_id", o.InstructionID, "attempt_no", o.AttemptNo, "state", o.State, "sqlstate", code, "err", err)
+}
+
+// contentError reports whether err is the database refusing the data
+// itself (SQLSTATE class 22, data exception, or 23, integrity constraint
+// violation), which no retry of the same statement can fix.
+func contentError(err error) (string, bool) {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23")) {
+		return pgErr.Code, true
+	}
+	return "", false
+}
+
 func (r *Relayer) afterFlush(batch []pendingOutcome, recorded []attempts.Recorded) {
+	// Keyed by claim, not outbox id: one batch may hold a reaped attempt
+	// and the newer attempt of the same instruction.
 	late := make(map[uuid.UUID]attempts.Recorded)
 	for _, rec := range recorded {
 		if rec.Late {
-			late[rec.OutboxID] = rec
+			late[rec.ClaimAttemptID] = rec
 		}
 	}
 	var observed []Recorded
@@ -607,7 +761,7 @@ func (r *Relayer) afterFlush(batch []pendingOutcome, recorded []attempts.Recorde
 	now := time.Now()
 	for _, p := range batch {
 		o := p.Outcome
-		rec, isLate := late[o.OutboxID]
+		rec, isLate := late[o.ClaimAttemptID]
 		if observed != nil {
 			observed = append(observed, Recorded{Outcome: o, EnqueuedAt: p.enqueuedAt, RecordedAt: now, Late: isLate})
 		}

@@ -50,6 +50,11 @@ type Claimed struct {
 	ClaimedAt      time.Time
 	LeaseUntil     time.Time
 	EnqueuedAt     time.Time // first enqueue, kept across retries
+	// PayloadErr is set when the stored payload cannot be decoded (it was
+	// altered outside the producer). The instruction is claimed all the
+	// same, so the relayer can dead-letter it instead of stranding the
+	// whole claim batch in flight.
+	PayloadErr error
 }
 
 // ErrOrderingConflict is returned when the database refused a second
@@ -115,7 +120,7 @@ func (c *Claimer) Claim(ctx context.Context, db Querier, p ClaimParams) ([]Claim
 			c.CorrelationID = *corr
 		}
 		if err := json.Unmarshal(payload, &c.Payload); err != nil {
-			return c, fmt.Errorf("outbox %s: decode payload: %w", c.OutboxID, err)
+			c.Payload, c.PayloadErr = Payload{}, fmt.Errorf("outbox %s: decode payload: %w", c.OutboxID, err)
 		}
 		return c, nil
 	})

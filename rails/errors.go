@@ -34,7 +34,8 @@ const (
 	CodeMaxAttemptsExceeded ErrorCode = "MAX_ATTEMPTS_EXCEEDED"
 	// CodeUnknownRailCode: the rail answered with a code its table does not
 	// know. Safe default: retryable (the same key protects the payment) and
-	// flagged so an operator extends the table.
+	// flagged so an operator extends the table. It counts as a breaker
+	// failure, so a misconfigured endpoint opens the breaker.
 	CodeUnknownRailCode ErrorCode = "UNKNOWN_RAIL_CODE"
 	// CodeZombieRequeue: the relayer holding the instruction stopped
 	// renewing its lease and the reaper put it back.

@@ -28,8 +28,11 @@ const (
 )
 
 // ValidateCurrency checks that code is an active ISO 4217 currency code in
-// canonical (upper-case) form. Withdrawn codes (DEM, HRK, SLL, ...) and the
-// non-currency codes (XXX, XTS, metals) are rejected.
+// canonical (upper-case) form that payments can settle in. Withdrawn codes
+// (DEM, HRK, SLL, ...), the non-currency codes (XXX, XTS, XDR, metals) and
+// the fund and accounting codes of [nonSettlementCodes] (USN, CLF, CHE, ...)
+// are rejected, all with the same [*ValidationError] (Reason
+// [ReasonUnknownCurrency]).
 func ValidateCurrency(code string) error {
 	if code == "" {
 		return invalid(FieldCurrency, ReasonRequired, "currency is required")
@@ -37,7 +40,27 @@ func ValidateCurrency(code string) error {
 	if !currency.IsValid(code) {
 		return invalid(FieldCurrency, ReasonUnknownCurrency, "%q is not an active ISO 4217 currency code", code)
 	}
+	if nonSettlementCodes[code] {
+		return invalid(FieldCurrency, ReasonUnknownCurrency, "%q is an ISO 4217 fund or accounting code, not a settlement currency", code)
+	}
 	return nil
+}
+
+// nonSettlementCodes are active ISO 4217 codes that the currency library
+// accepts but that no payment settles in: funds codes (next-day dollars,
+// indexed units, WIR money) and units of account. A rail paying "1000 CLF"
+// would pay an inflation-indexed accounting unit, not pesos.
+var nonSettlementCodes = map[string]bool{
+	"BOV": true, // Bolivian Mvdol (funds code)
+	"CHE": true, // WIR euro (complementary currency)
+	"CHW": true, // WIR franc (complementary currency)
+	"CLF": true, // Chilean Unidad de Fomento (indexed unit of account)
+	"COU": true, // Colombian Unidad de Valor Real (unit of account)
+	"MXV": true, // Mexican Unidad de Inversion (unit of account)
+	"USN": true, // US dollar next day (funds code)
+	"UYI": true, // Uruguay peso en unidades indexadas (funds code)
+	"UYW": true, // Unidad previsional (Uruguayan unit of account)
+	"XAD": true, // Arab accounting dinar (unit of account of the Arab Monetary Fund)
 }
 
 // CurrencyDigits returns the number of minor-unit digits of a valid currency

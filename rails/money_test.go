@@ -24,6 +24,27 @@ func TestValidateCurrency(t *testing.T) {
 		{"ZWL", rails.ReasonUnknownCurrency}, // replaced by ZWG
 		{"XXX", rails.ReasonUnknownCurrency}, // "no currency"
 		{"XTS", rails.ReasonUnknownCurrency}, // reserved for testing
+		{"XAU", rails.ReasonUnknownCurrency}, // gold
+		{"XDR", rails.ReasonUnknownCurrency}, // IMF special drawing right
+		// Active fund and accounting codes: valid ISO 4217, but nothing
+		// settles in them.
+		{"USN", rails.ReasonUnknownCurrency}, // US dollar next day
+		{"CLF", rails.ReasonUnknownCurrency}, // Chilean Unidad de Fomento
+		{"UYW", rails.ReasonUnknownCurrency}, // Unidad previsional
+		{"UYI", rails.ReasonUnknownCurrency}, // Uruguayan indexed units
+		{"CHE", rails.ReasonUnknownCurrency}, // WIR euro
+		{"CHW", rails.ReasonUnknownCurrency}, // WIR franc
+		{"BOV", rails.ReasonUnknownCurrency}, // Bolivian Mvdol
+		{"MXV", rails.ReasonUnknownCurrency}, // Mexican Unidad de Inversion
+		{"COU", rails.ReasonUnknownCurrency}, // Colombian Unidad de Valor Real
+		{"XAD", rails.ReasonUnknownCurrency}, // Arab accounting dinar
+		// ... while the settlement currencies they index stay valid.
+		{"CLP", ""},
+		{"UYU", ""},
+		{"MXN", ""},
+		{"COP", ""},
+		{"BOB", ""},
+		{"XOF", ""}, // a real currency despite the X
 		{"usd", rails.ReasonUnknownCurrency},
 		{"US", rails.ReasonUnknownCurrency},
 		{"USDD", rails.ReasonUnknownCurrency},

@@ -119,9 +119,19 @@ func (t CodeTable) Decide(res Result, err error) Decision {
 	return d
 }
 
+// errRequestWritten marks a transport error after which a refused or failed
+// dial no longer proves that nothing was sent: some of the request was
+// written (on a connection that then broke) before the transport retried
+// on a new one, which was refused. See [Webhook.Send].
+var errRequestWritten = errors.New("the request had already been written on an earlier connection")
+
 // notSent reports whether err proves the request never left: the rail said
-// it is unavailable, or the connection was refused or could not be dialled.
+// it is unavailable, or the connection was refused or could not be dialled,
+// and the transport did not mark the error with errRequestWritten.
 func notSent(err error) bool {
+	if errors.Is(err, errRequestWritten) {
+		return false
+	}
 	if errors.Is(err, ErrUnavailable) || errors.Is(err, syscall.ECONNREFUSED) {
 		return true
 	}
@@ -135,12 +145,16 @@ func notSent(err error) bool {
 
 // breakerFailure reports whether a decision says the rail itself is in
 // trouble (as opposed to rejecting one instruction): these trip breakers.
+// UNKNOWN_RAIL_CODE counts: a misconfigured endpoint (a wrong path answering
+// 404 to everything) must open the breaker, so instructions wait for the fix
+// instead of every one burning its retry budget into the dead letters; a
+// healthy rail does not answer with codes its table lacks.
 func (d Decision) breakerFailure() bool {
 	if d.Outcome != Retryable {
 		return false
 	}
 	switch d.ErrorCode {
-	case CodeRailUnavailable, CodeRailTimeout, CodeRailTransport:
+	case CodeRailUnavailable, CodeRailTimeout, CodeRailTransport, CodeUnknownRailCode:
 		return true
 	}
 	return false

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 )
 
@@ -50,10 +52,14 @@ const (
 //
 //   - POST to any path other than the two below: verify the signature with
 //     secret (401 on failure; an empty secret rejects everything), decode
-//     the body (400 if malformed or if the Idempotency-Key header differs
-//     from the body's idempotency_key), then s.Send with the request's
-//     context, so injected latency, hangs and paid-then-silent timeouts
-//     last until the client gives up, exactly as in-process. Answers:
+//     the body (400 if malformed or if the Idempotency-Key header is not
+//     exactly the body's idempotency_key, both checked by
+//     [VerifySignature]; 400 too if the X-Outbox-Attempt header is present
+//     but not a positive number), then s.Send with the request's context
+//     and the attempt number of the header (0 without one; it seeds the
+//     sandbox's choices as in-process), so injected latency, hangs and
+//     paid-then-silent timeouts last until the client gives up, exactly as
+//     in-process. Answers:
 //     ACCEPTED 200, DUPLICATE 409, REJECTED 422, TEMPORARILY_UNAVAILABLE
 //     503, RATE_LIMITED 429 with Retry-After: 1; body {"reference",
 //     "code", "message"}.
@@ -96,9 +102,16 @@ func (h *sandboxHandler) pay(w http.ResponseWriter, r *http.Request) {
 		}
 		return // otherwise the client went away mid-body
 	}
-	// The signature is checked before the body is even parsed: an
+	// The signature is checked before the body is used: an
 	// unauthenticated caller learns nothing about what we accept.
+	// VerifySignature also binds the Idempotency-Key header (what
+	// intermediaries and dedup layers see) to the body's key (what gets
+	// paid); a signed request that fails only that check is a bad request.
 	if err := h.verify(r.Header, body); err != nil {
+		if errors.Is(err, errKeyBinding) {
+			sandboxWriteJSON(w, http.StatusBadRequest, sandboxAnswer{Code: sandboxHTTPBadRequest, Message: err.Error()})
+			return
+		}
 		sandboxWriteJSON(w, http.StatusUnauthorized, sandboxAnswer{Code: sandboxHTTPUnauthorized, Message: err.Error()})
 		return
 	}
@@ -107,14 +120,14 @@ func (h *sandboxHandler) pay(w http.ResponseWriter, r *http.Request) {
 		sandboxWriteJSON(w, http.StatusBadRequest, sandboxAnswer{Code: sandboxHTTPBadRequest, Message: "malformed JSON body"})
 		return
 	}
-	// The header is what intermediaries and the receiver's dedup layer see;
-	// the body is what gets paid. They must name the same key.
-	if r.Header.Get(HeaderIdempotencyKey) != req.IdempotencyKey {
-		sandboxWriteJSON(w, http.StatusBadRequest, sandboxAnswer{Code: sandboxHTTPBadRequest, Message: "Idempotency-Key header does not match idempotency_key"})
-		return
-	}
 	ins, err := req.Instruction()
 	if err != nil {
+		sandboxWriteJSON(w, http.StatusBadRequest, sandboxAnswer{Code: sandboxHTTPBadRequest, Message: err.Error()})
+		return
+	}
+	// The attempt number travels in a header so that every attempt's body
+	// is the same bytes (see HeaderAttempt).
+	if ins.AttemptNo, err = parseAttemptHeader(r.Header); err != nil {
 		sandboxWriteJSON(w, http.StatusBadRequest, sandboxAnswer{Code: sandboxHTTPBadRequest, Message: err.Error()})
 		return
 	}
@@ -133,6 +146,28 @@ func (h *sandboxHandler) pay(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "1")
 	}
 	sandboxWriteJSON(w, sandboxHTTPStatus(res.Code), sandboxAnswer{Reference: res.Reference, Code: res.Code, Message: res.Message})
+}
+
+// parseAttemptHeader reads the [HeaderAttempt] header: 0 when absent,
+// otherwise a positive decimal number of at most 9 digits (plain digits
+// only, as for the timestamp).
+func parseAttemptHeader(h http.Header) (int, error) {
+	vs := h.Values(HeaderAttempt)
+	switch {
+	case len(vs) == 0:
+		return 0, nil
+	case len(vs) > 1:
+		return 0, fmt.Errorf("more than one %s header", HeaderAttempt)
+	}
+	v := vs[0]
+	if v == "" || len(v) > 9 || !allDigits(v) {
+		return 0, fmt.Errorf("malformed %s header", HeaderAttempt)
+	}
+	n, _ := strconv.Atoi(v)
+	if n == 0 {
+		return 0, fmt.Errorf("%s header must be at least 1", HeaderAttempt)
+	}
+	return n, nil
 }
 
 // sandboxHTTPStatus maps a sandbox answer code to the status whose

@@ -277,3 +277,74 @@ func TestSandboxHandlerStatsAndHealth(t *testing.T) {
 		t.Errorf("GETs must not touch the ledger: %+v", st)
 	}
 }
+
+// TestSandboxHandlerUsesAttemptHeader: the attempt number reaches the
+// sandbox through the X-Outbox-Attempt header (the body no longer carries
+// it), so its deterministic choices are the same over HTTP as in-process.
+func TestSandboxHandlerUsesAttemptHeader(t *testing.T) {
+	t.Parallel()
+	opts := SandboxOptions{Seed: 7, RetryableRate: 0.5}
+	remote, _, w := sandboxServer(t, opts)
+	local := NewSandbox(opts)
+	differs := false // some answer depends on the attempt number
+	for i := range 20 {
+		ins := testInstruction(t, "key-attempt-"+strconv.Itoa(i))
+		var first string
+		for attempt := 1; attempt <= 3; attempt++ {
+			ins.AttemptNo = attempt
+			want, err := local.Send(t.Context(), ins)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := w.Send(t.Context(), ins)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Code != webhookCode(sandboxHTTPStatus(want.Code)) {
+				t.Fatalf("%s attempt %d: HTTP answer %s, in-process %s", ins.IdempotencyKey, attempt, res.Code, want.Code)
+			}
+			if attempt == 1 {
+				first = want.Code
+			} else if want.Code != first {
+				differs = true
+			}
+		}
+	}
+	if !differs {
+		t.Fatal("no answer depended on the attempt number: the test proves nothing")
+	}
+	if remote.Stats() != local.Stats() {
+		t.Fatalf("stats over HTTP %+v, in-process %+v", remote.Stats(), local.Stats())
+	}
+}
+
+func TestSandboxHandlerBadAttemptHeader(t *testing.T) {
+	t.Parallel()
+	s, srv, _ := sandboxServer(t, SandboxOptions{})
+	body, err := json.Marshal(NewWebhookRequest(testInstruction(t, "key-bad-attempt")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, values := range [][]string{{"0"}, {"-1"}, {"+2"}, {"two"}, {""}, {"1234567890"}, {"1", "2"}} {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := strconv.FormatInt(time.Now().Unix(), 10)
+		req.Header.Set(HeaderIdempotencyKey, "key-bad-attempt")
+		req.Header.Set(HeaderTimestamp, ts)
+		req.Header.Set(HeaderSignature, Sign(testWebhookSecret, ts, body))
+		req.Header[HeaderAttempt] = values
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("%s %q: status %d, want 400", HeaderAttempt, values, resp.StatusCode)
+		}
+	}
+	if st := s.Stats(); st.Calls != 0 {
+		t.Fatalf("stats = %+v: a bad request reached the ledger", st)
+	}
+}

@@ -192,3 +192,27 @@ func TestSandboxTenantScopedKeys(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestSandboxNoOutboxIDIsNoDuplicate: instructions sent without an outbox
+// id (outside a relayer) all have uuid.Nil; two different keys are two
+// different payments, not one outbox row paid twice.
+func TestSandboxNoOutboxIDIsNoDuplicate(t *testing.T) {
+	t.Parallel()
+	sbx := rails.NewSandbox(rails.SandboxOptions{})
+	for _, key := range []string{"k1", "k2", "k3"} {
+		ins := sandboxIns("r", key)
+		ins.OutboxID = uuid.Nil
+		if res := sbx.Pay(ins, false); res.Code != rails.SandboxAccepted {
+			t.Fatalf("%s: %+v", key, res)
+		}
+	}
+	// A replay of one of them is still recognised by its key.
+	again := sandboxIns("r", "k2")
+	again.OutboxID = uuid.Nil
+	if res := sbx.Pay(again, false); res.Code != rails.SandboxDuplicate {
+		t.Fatalf("replay: %+v", res)
+	}
+	if st := sbx.Stats(); st.Payments != 3 || st.Replays != 1 || st.EffectiveDuplicates != 0 {
+		t.Fatalf("stats %+v, want 3 payments, 1 replay, 0 effective duplicates", st)
+	}
+}

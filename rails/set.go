@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -36,7 +37,9 @@ type BreakerOptions struct {
 	Disabled bool `json:"disabled,omitempty"`
 	// ConsecutiveFailures opens the breaker (default 5). Only failures that
 	// say the rail is in trouble count: unavailable, timeout, broken
-	// exchange; rejections of a single instruction do not.
+	// exchange, an answer code missing from the code table; rejections of a
+	// single instruction do not, and neither does a call cut short because
+	// the caller's context was cancelled (the relayer stopping).
 	ConsecutiveFailures uint32 `json:"consecutive_failures,omitempty"`
 	// OpenFor is how long the breaker stays open before a half-open probe
 	// (default 30 s).
@@ -79,6 +82,14 @@ type configured struct {
 	codes   CodeTable
 	slots   *semaphore.Weighted
 	breaker *gobreaker.CircuitBreaker[Decision]
+	// maxProbes is the breaker's MaxRequests: how many calls it lets
+	// through while half-open.
+	maxProbes uint32
+	// probes counts calls admitted while the breaker was half-open that
+	// have not finished yet (from admission until the breaker has recorded
+	// their result), so [Set.Claimable] does not offer the rail for more
+	// probes than the breaker would let through.
+	probes atomic.Int64
 }
 
 func (c *configured) Type() string                   { return c.opts.Type }
@@ -89,6 +100,12 @@ func (c *configured) Dispatch(ctx context.Context, ins Instruction) (Result, err
 
 // errTrip marks a decision that counts as a breaker failure.
 var errTrip = errors.New("rail failure")
+
+// errCallerGone marks a call cut short because the caller's context was
+// cancelled (the relayer's hard stop), not because of the rail: the
+// breaker counts it neither as a failure nor as a success, so a stopping
+// relayer neither trips the breaker nor closes it on an unfinished probe.
+var errCallerGone = errors.New("dispatch cancelled by the caller")
 
 // Set is the collection of rails a relayer dispatches to. It applies, per
 // rail: validation, the concurrency cap, the circuit breaker, the hard
@@ -126,7 +143,7 @@ func NewSet(options ...Options) (*Set, error) {
 		}
 		c := &configured{opts: o, codes: codes, slots: semaphore.NewWeighted(int64(o.MaxConcurrency))}
 		if !o.Breaker.Disabled {
-			c.breaker = newBreaker(o)
+			c.breaker, c.maxProbes = newBreaker(o)
 		}
 		s.rails[o.Type] = c
 		s.types = append(s.types, o.Type)
@@ -135,7 +152,9 @@ func NewSet(options ...Options) (*Set, error) {
 	return s, nil
 }
 
-func newBreaker(o Options) *gobreaker.CircuitBreaker[Decision] {
+// newBreaker builds a rail's breaker and returns it with its MaxRequests
+// (calls let through while half-open).
+func newBreaker(o Options) (*gobreaker.CircuitBreaker[Decision], uint32) {
 	b := o.Breaker
 	if b.ConsecutiveFailures == 0 {
 		b.ConsecutiveFailures = 5
@@ -151,11 +170,14 @@ func newBreaker(o Options) *gobreaker.CircuitBreaker[Decision] {
 		MaxRequests: b.HalfOpenProbes,
 		Timeout:     b.OpenFor,
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= b.ConsecutiveFailures },
+		// A half-open probe excluded this way also frees its slot, so the
+		// next claim can probe again.
+		IsExcluded: func(err error) bool { return errors.Is(err, errCallerGone) },
 	}
 	if o.OnBreakerChange != nil {
 		st.OnStateChange = func(name string, from, to gobreaker.State) { o.OnBreakerChange(name, from, to) }
 	}
-	return gobreaker.NewCircuitBreaker[Decision](st)
+	return gobreaker.NewCircuitBreaker[Decision](st), b.HalfOpenProbes
 }
 
 // Types returns the configured rail types, sorted.
@@ -195,14 +217,19 @@ func (s *Set) State(railType string) BreakerState {
 
 // Claimable splits the rail types by breaker state: open rails are not
 // claimed at all (their instructions stay pending and burn no attempt),
-// half-open rails only as many as the breaker lets through as probes.
+// half-open rails only while fewer probes are in flight than the breaker
+// lets through (HalfOpenProbes). Without that limit every claim pass would
+// claim another "probe" while the first is still running, and the breaker
+// would refuse each one (a DISPATCHING + CIRCUIT_OPEN pair in the archive).
 func (s *Set) Claimable() (closed []string, halfOpen []string) {
 	for _, t := range s.types {
 		switch s.State(t) {
 		case BreakerClosed:
 			closed = append(closed, t)
 		case BreakerHalfOpen:
-			halfOpen = append(halfOpen, t)
+			if r := s.rails[t]; r.probes.Load() < int64(r.maxProbes) {
+				halfOpen = append(halfOpen, t)
+			}
 		}
 	}
 	return closed, halfOpen
@@ -239,12 +266,34 @@ func (s *Set) ExecuteBefore(ctx context.Context, ins Instruction, leaseUntil tim
 			Message: "released without calling the rail: the lease would end before the rail's timeout"}
 	}
 
+	// probing is set when the breaker admitted this call while half-open;
+	// the probe counts as in flight until Execute has recorded its result,
+	// so Claimable cannot offer the rail again in between. (A probe whose
+	// breaker has meanwhile moved on to another generation stays counted
+	// until it ends, at most the rail's timeout: conservative.)
+	probing := false
+	defer func() {
+		if probing {
+			r.probes.Add(-1)
+		}
+	}()
 	call := func() (Decision, error) {
+		if r.breaker != nil && r.breaker.State() == BreakerHalfOpen {
+			probing = true
+			r.probes.Add(1)
+		}
 		callCtx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
 		defer cancel()
 		res, err := r.Dispatch(callCtx, ins)
 		d := r.codes.Decide(res, err)
-		if d.breakerFailure() {
+		switch {
+		case err != nil && errors.Is(ctx.Err(), context.Canceled):
+			// The caller (the relayer's hard stop) cancelled the call:
+			// whatever error the transport made of that, the rail did
+			// nothing wrong. The decision stays as classified, retryable
+			// (the rail may have acted); only the breaker ignores it.
+			return d, errCallerGone
+		case d.breakerFailure():
 			return d, errTrip
 		}
 		return d, nil

@@ -292,3 +292,190 @@ func TestSetBreakerIgnoresRejections(t *testing.T) {
 		t.Fatal("rejections tripped the breaker")
 	}
 }
+
+// transportFunc adapts a function to rails.Transport.
+type transportFunc func(ctx context.Context, ins rails.Instruction) (rails.Result, error)
+
+func (f transportFunc) Send(ctx context.Context, ins rails.Instruction) (rails.Result, error) {
+	return f(ctx, ins)
+}
+
+// cancelKey holds, in a call's context, the test's cancel function, so a
+// transport can cancel its caller once the call has reached it.
+type cancelKey struct{}
+
+// cancelCaller cancels the caller's context from inside the transport and
+// returns once the call's context has ended.
+func cancelCaller(ctx context.Context) error {
+	ctx.Value(cancelKey{}).(context.CancelFunc)()
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestSetBreakerCounts: which dispatch endings count towards opening the
+// breaker. An answer the code table does not know (a misconfigured endpoint
+// answering 404 to everything) does; a call cancelled by the caller (the
+// relayer's hard stop) does not, though it stays retryable.
+func TestSetBreakerCounts(t *testing.T) {
+	t.Parallel()
+	const failures = 3
+	for _, tc := range []struct {
+		name  string
+		send  transportFunc
+		code  rails.ErrorCode
+		trips bool
+	}{
+		{
+			name: "unknown rail code",
+			send: func(context.Context, rails.Instruction) (rails.Result, error) {
+				return rails.Result{Code: "HTTP_404"}, nil
+			},
+			code:  rails.CodeUnknownRailCode,
+			trips: true,
+		},
+		{
+			name: "unavailable",
+			send: func(context.Context, rails.Instruction) (rails.Result, error) {
+				return rails.Result{}, rails.ErrUnavailable
+			},
+			code:  rails.CodeRailUnavailable,
+			trips: true,
+		},
+		{
+			name: "cancelled by the caller",
+			send: func(ctx context.Context, _ rails.Instruction) (rails.Result, error) {
+				return rails.Result{}, cancelCaller(ctx)
+			},
+			code: rails.CodeRailTransport,
+		},
+		{
+			name: "cancelled by the caller, error wrapped by the transport",
+			send: func(ctx context.Context, _ rails.Instruction) (rails.Result, error) {
+				return rails.Result{}, fmt.Errorf("webhook: Post %q: %w", "https://rail.example", cancelCaller(ctx))
+			},
+			code: rails.CodeRailTransport,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSet(t, rails.Options{Type: "r", Profile: rails.Generic{}, Transport: tc.send, Codes: rails.SandboxCodes,
+				Breaker: rails.BreakerOptions{ConsecutiveFailures: failures, OpenFor: time.Hour}})
+			for i := range failures {
+				ctx, cancel := context.WithCancel(context.Background())
+				ctx = context.WithValue(ctx, cancelKey{}, cancel)
+				d := s.Execute(ctx, sandboxIns("r", fmt.Sprint("k", i)))
+				cancel()
+				if d.Outcome != rails.Retryable || d.ErrorCode != tc.code {
+					t.Fatalf("call %d: %+v, want retryable %s", i, d, tc.code)
+				}
+			}
+			want := rails.BreakerClosed
+			if tc.trips {
+				want = rails.BreakerOpen
+			}
+			if got := s.State("r"); got != want {
+				t.Fatalf("breaker %v after %d such calls, want %v", got, failures, want)
+			}
+		})
+	}
+}
+
+// halfOpenSet returns a set whose rail "r" is half-open: its transport
+// failed once (opening the breaker) and now blocks every call until
+// release is closed or the call's context ends.
+func halfOpenSet(t *testing.T, probes uint32) (s *rails.Set, calls func() int, release chan struct{}) {
+	t.Helper()
+	release = make(chan struct{})
+	var (
+		mu sync.Mutex
+		n  int
+	)
+	send := func(ctx context.Context, _ rails.Instruction) (rails.Result, error) {
+		mu.Lock()
+		n++
+		first := n == 1
+		mu.Unlock()
+		if first {
+			return rails.Result{}, rails.ErrUnavailable
+		}
+		select {
+		case <-release:
+			return rails.Result{Code: rails.SandboxAccepted}, nil
+		case <-ctx.Done():
+			return rails.Result{}, ctx.Err()
+		}
+	}
+	s = newSet(t, rails.Options{Type: "r", Profile: rails.Generic{}, Transport: transportFunc(send), Codes: rails.SandboxCodes,
+		Breaker: rails.BreakerOptions{ConsecutiveFailures: 1, OpenFor: 20 * time.Millisecond, HalfOpenProbes: probes}})
+	if d := s.Execute(context.Background(), sandboxIns("r", "trip")); d.ErrorCode != rails.CodeRailUnavailable {
+		t.Fatalf("tripping call: %+v", d)
+	}
+	waitFor(t, "half-open", func() bool { return s.State("r") == rails.BreakerHalfOpen })
+	calls = func() int { mu.Lock(); defer mu.Unlock(); return n - 1 } // probes that reached the transport
+	return s, calls, release
+}
+
+// TestSetClaimableHalfOpenProbes: a half-open rail is claimable only while
+// fewer probes are in flight than the breaker lets through; otherwise every
+// claim pass would claim a "probe" the breaker then refuses (CIRCUIT_OPEN).
+func TestSetClaimableHalfOpenProbes(t *testing.T) {
+	t.Parallel()
+	for _, probes := range []uint32{1, 2} {
+		t.Run(fmt.Sprint(probes, " probes"), func(t *testing.T) {
+			t.Parallel()
+			s, calls, release := halfOpenSet(t, probes)
+			decisions := make(chan rails.Decision, probes)
+			for i := range probes {
+				if _, halfOpen := s.Claimable(); !slices.Equal(halfOpen, []string{"r"}) {
+					t.Fatalf("with %d of %d probes in flight: half-open claimable %v, want [r]", i, probes, halfOpen)
+				}
+				go func() { decisions <- s.Execute(context.Background(), sandboxIns("r", fmt.Sprint("probe", i))) }()
+				waitFor(t, "the probe to reach the transport", func() bool { return calls() == int(i)+1 })
+			}
+			if closed, halfOpen := s.Claimable(); len(closed)+len(halfOpen) != 0 {
+				t.Fatalf("with all %d probes in flight: Claimable = %v, %v, want nothing", probes, closed, halfOpen)
+			}
+			// This is what the relayer would claim otherwise: refused.
+			if d := s.Execute(context.Background(), sandboxIns("r", "extra")); d.ErrorCode != rails.CodeCircuitOpen {
+				t.Fatalf("extra probe: %+v, want CIRCUIT_OPEN", d)
+			}
+			close(release)
+			for range probes {
+				if d := <-decisions; d.Outcome != rails.Dispatched {
+					t.Fatalf("probe: %+v", d)
+				}
+			}
+			if closed, halfOpen := s.Claimable(); !slices.Equal(closed, []string{"r"}) || len(halfOpen) != 0 {
+				t.Fatalf("after the probes: Claimable = %v, %v, want closed [r]", closed, halfOpen)
+			}
+		})
+	}
+}
+
+// TestSetHalfOpenProbeCancelled: a probe cut off by the caller's stop
+// neither closes nor re-opens the breaker, and frees its probe slot.
+func TestSetHalfOpenProbeCancelled(t *testing.T) {
+	t.Parallel()
+	s, calls, release := halfOpenSet(t, 1)
+	defer close(release)
+	ctx, cancel := context.WithCancel(context.Background())
+	decision := make(chan rails.Decision, 1)
+	go func() { decision <- s.Execute(ctx, sandboxIns("r", "probe")) }()
+	waitFor(t, "the probe to reach the transport", func() bool { return calls() == 1 })
+	if _, halfOpen := s.Claimable(); len(halfOpen) != 0 {
+		t.Fatalf("half-open claimable %v with the probe in flight", halfOpen)
+	}
+	cancel()
+	if d := <-decision; d.Outcome != rails.Retryable || !d.RailCalled {
+		t.Fatalf("cancelled probe: %+v", d)
+	}
+	if calls() != 1 {
+		t.Fatalf("%d probes reached the transport, want 1", calls())
+	}
+	if got := s.State("r"); got != rails.BreakerHalfOpen {
+		t.Fatalf("breaker %v after a cancelled probe, want half-open", got)
+	}
+	if _, halfOpen := s.Claimable(); !slices.Equal(halfOpen, []string{"r"}) {
+		t.Fatalf("half-open claimable %v after a cancelled probe, want [r]", halfOpen)
+	}
+}

@@ -15,11 +15,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/netip"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -37,6 +39,14 @@ const (
 	HeaderTimestamp = "X-Outbox-Timestamp"
 	// HeaderSignature carries "v1=<lowercase hex HMAC-SHA256>" (see [Sign]).
 	HeaderSignature = "X-Outbox-Signature"
+	// HeaderAttempt carries the attempt number (1, 2, ...) of the dispatch,
+	// for the receiver's logs. It is deliberately a header and not part of
+	// the body: every attempt of one instruction must send a byte-identical
+	// body, because receivers that fingerprint the payload per idempotency
+	// key answer a changed payload under a known key with 422, which would
+	// dead-letter an instruction that was in fact paid. It is not signed and
+	// must never decide anything on the receiving side.
+	HeaderAttempt = "X-Outbox-Attempt"
 )
 
 // DefaultSignatureTolerance is how far a request's timestamp may be from the
@@ -153,9 +163,14 @@ func (o WebhookOptions) LogValue() slog.Value { return slog.StringValue(o.String
 //	Idempotency-Key: <idempotency_key>
 //	X-Outbox-Timestamp: <unix seconds>
 //	X-Outbox-Signature: v1=<lowercase hex HMAC-SHA256(secret, timestamp + "." + body)>
+//	X-Outbox-Attempt: <attempt number, 1, 2, ...; informational, not signed>
 //
-// with a [WebhookRequest] as the JSON body. The receiver verifies the
-// signature and the timestamp (see [VerifySignature]) and must honour the
+// with a [WebhookRequest] as the JSON body. The body of every attempt of one
+// instruction is byte-identical (the attempt number is only in the
+// X-Outbox-Attempt header), so a receiver that fingerprints the payload per
+// idempotency key sees a retry as the same request. The receiver verifies
+// the signature, the timestamp and that the Idempotency-Key header names
+// the body's idempotency_key (see [VerifySignature]), and must honour the
 // idempotency key: a repeated key is answered 409 (or the original 2xx)
 // without acting again. Retries after a timeout carry the same key, which
 // is what makes them safe.
@@ -172,14 +187,20 @@ func (o WebhookOptions) LogValue() slog.Value { return slog.StringValue(o.String
 // When no answer is obtained, Send returns an error instead of a Result, so
 // [CodeTable.Decide] classifies it by type: a context deadline is
 // RAIL_TIMEOUT, a refused or failed dial is RAIL_UNAVAILABLE, anything else
-// RAIL_TRANSPORT_ERROR. Errors never contain the secret or signature.
+// RAIL_TRANSPORT_ERROR. A refused or failed dial is only RAIL_UNAVAILABLE if
+// no byte of the request was written during the Send: net/http replays a
+// request carrying an Idempotency-Key on a new connection when a pooled one
+// breaks after the request was written, and a refused re-dial then says
+// nothing about the first write (RAIL_TRANSPORT_ERROR). Errors never contain
+// the secret, the signature, or the URL's path, query or credentials (only
+// scheme://host[:port]).
 //
 // A Webhook is safe for concurrent use. Its secret is held only inside a
 // signing closure, so even printing a copied Webhook value with fmt cannot
 // reveal it.
 type Webhook struct {
 	url     string // the request URL
-	safeURL string // the URL without query or credentials, for errors
+	safeURL string // scheme://host[:port] only, for errors and String
 	client  *http.Client
 	codes   CodeTable
 	sign    func(timestamp string, body []byte) string
@@ -290,12 +311,16 @@ func isLoopbackHost(host string) bool {
 	return err == nil && ip.Unmap().IsLoopback()
 }
 
-// redactURL drops credentials, query and fragment, which may hold tokens,
-// keeping what an operator needs to recognise the endpoint.
+// redactURL keeps only scheme://host[:port], which is what an operator
+// needs to recognise the endpoint. Everything else may hold a token:
+// credentials, query and fragment, and the path too (Slack-style hook URLs
+// carry their secret in the path). The result ends up in error messages,
+// which are stored in the attempt archive and logged.
 func redactURL(u *url.URL) string {
-	c := *u
-	c.User, c.RawQuery, c.ForceQuery, c.Fragment, c.RawFragment = nil, "", false, "", ""
-	return c.String()
+	if u.Host == "" {
+		return "<no host>" // never fall back to showing the path
+	}
+	return u.Scheme + "://" + u.Host
 }
 
 func redactURLString(s string) string {
@@ -325,13 +350,27 @@ func (w *Webhook) Send(ctx context.Context, ins Instruction) (Result, error) {
 		// Without a key a retry could pay twice; never send such a request.
 		return Result{}, invalid(FieldIdempotencyKey, ReasonRequired, "the webhook rail needs an idempotency key")
 	}
+	// The body must not depend on anything that changes between attempts
+	// (see HeaderAttempt): NewWebhookRequest leaves AttemptNo out.
 	body, err := json.Marshal(NewWebhookRequest(ins))
 	if err != nil {
 		// Only the raw metadata can fail to encode, and it would fail on
 		// every retry: terminal, and the rail is never called.
 		return Result{}, invalid(FieldMetadata, ReasonInvalid, "metadata is not valid JSON")
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.url, bytes.NewReader(body))
+	// wrote records whether any byte of the request went out on any
+	// connection during this Send, including a retry net/http makes by
+	// itself; see transportError.
+	var wrote atomic.Bool
+	trace := &httptrace.ClientTrace{
+		// WroteHeaders fires once the headers are handed to the
+		// connection (they may already be on the wire); WroteRequest also
+		// fires when writing failed part way. Either means the rail may
+		// have seen the request.
+		WroteHeaders: func() { wrote.Store(true) },
+		WroteRequest: func(httptrace.WroteRequestInfo) { wrote.Store(true) },
+	}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, w.url, bytes.NewReader(body))
 	if err != nil {
 		return Result{}, fmt.Errorf("webhook %s: building request: %w", w.safeURL, err)
 	}
@@ -339,14 +378,18 @@ func (w *Webhook) Send(ctx context.Context, ins Instruction) (Result, error) {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json")
 	// Besides telling the receiver what to deduplicate on, this header lets
-	// net/http replay the request itself on a stale pooled connection.
+	// net/http replay the request itself on a new connection when a pooled
+	// one breaks after the request was written (hence the trace above).
 	req.Header.Set(HeaderIdempotencyKey, ins.IdempotencyKey)
 	req.Header.Set(HeaderTimestamp, ts)
 	req.Header.Set(HeaderSignature, w.sign(ts, body))
+	if ins.AttemptNo > 0 {
+		req.Header.Set(HeaderAttempt, strconv.Itoa(ins.AttemptNo))
+	}
 
 	resp, err := w.client.Do(req)
 	if err != nil {
-		return Result{}, w.transportError(ctx, err)
+		return Result{}, w.transportError(ctx, err, wrote.Load())
 	}
 	defer resp.Body.Close()
 
@@ -374,11 +417,21 @@ func (w *Webhook) Send(ctx context.Context, ins Instruction) (Result, error) {
 // transportError prepares an http.Client error for [CodeTable.Decide]: it
 // keeps the error chain (context.DeadlineExceeded, *net.OpError,
 // syscall.ECONNREFUSED) intact, makes sure a deadline classifies as a
-// timeout whichever layer noticed it, and strips the URL's query.
-func (w *Webhook) transportError(ctx context.Context, err error) error {
+// timeout whichever layer noticed it, and shows only scheme://host[:port]
+// of the URL.
+//
+// wrote says whether any byte of the request was written during the Send.
+// If it was, a refused or failed dial in the chain comes from net/http's
+// own replay on a new connection and proves nothing about the first write:
+// the error is marked with errRequestWritten so it never classifies as
+// "not sent" (RAIL_UNAVAILABLE, rail not called).
+func (w *Webhook) transportError(ctx context.Context, err error, wrote bool) error {
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		ue.URL = w.safeURL
+	}
+	if wrote && notSent(err) {
+		err = fmt.Errorf("%w (%w)", err, errRequestWritten)
 	}
 	if !errors.Is(err, context.DeadlineExceeded) && !notSent(err) {
 		// net/http reports context.Cause(ctx), which is not
@@ -441,7 +494,9 @@ func sanitizeRailText(s string) string {
 
 // WebhookRequest is the JSON body of a webhook request. Optional fields are
 // omitted when empty; the money fields are omitted for event instructions
-// (nil Payment); Metadata is the instruction's raw JSON.
+// (nil Payment); Metadata is the instruction's raw JSON. It holds nothing
+// that changes between attempts of one instruction (the attempt number is
+// the [HeaderAttempt] header), so every attempt sends the same bytes.
 type WebhookRequest struct {
 	OutboxID       string          `json:"outbox_id,omitempty"`
 	InstructionID  string          `json:"instruction_id"`
@@ -451,7 +506,6 @@ type WebhookRequest struct {
 	Rail           string          `json:"rail"`
 	TenantID       string          `json:"tenant_id,omitempty"`
 	CorrelationID  string          `json:"correlation_id,omitempty"`
-	AttemptNo      int             `json:"attempt_no,omitempty"`
 	AmountMinor    *int64          `json:"amount_minor,omitempty"` // a pointer: present whenever Payment is
 	Currency       string          `json:"currency,omitempty"`
 	Destination    string          `json:"destination,omitempty"`
@@ -468,7 +522,6 @@ func NewWebhookRequest(ins Instruction) WebhookRequest {
 		Rail:           ins.RailType,
 		TenantID:       ins.TenantID,
 		CorrelationID:  ins.CorrelationID,
-		AttemptNo:      ins.AttemptNo,
 	}
 	if ins.OutboxID != uuid.Nil {
 		r.OutboxID = ins.OutboxID.String()
@@ -485,8 +538,9 @@ func NewWebhookRequest(ins Instruction) WebhookRequest {
 
 // Instruction decodes a request body back into an instruction (the
 // receiving side of the protocol). Any money field present means a Payment.
-// It fails with a [*ValidationError] when the idempotency key is missing or
-// the outbox id is not a UUID.
+// AttemptNo is left zero: the body does not carry it (it is the
+// [HeaderAttempt] header). It fails with a [*ValidationError] when
+// the idempotency key is missing or the outbox id is not a UUID.
 func (r WebhookRequest) Instruction() (Instruction, error) {
 	ins := Instruction{
 		InstructionID:  r.InstructionID,
@@ -496,7 +550,6 @@ func (r WebhookRequest) Instruction() (Instruction, error) {
 		RailType:       r.Rail,
 		TenantID:       r.TenantID,
 		CorrelationID:  r.CorrelationID,
-		AttemptNo:      r.AttemptNo,
 	}
 	if r.IdempotencyKey == "" {
 		return Instruction{}, invalid(FieldIdempotencyKey, ReasonRequired, "idempotency_key is required")
@@ -535,13 +588,26 @@ func webhookMAC(secret []byte, timestamp string, body []byte) []byte {
 	return m.Sum(nil)
 }
 
+// errKeyBinding is wrapped, besides [ErrBadSignature], by the errors of
+// [VerifySignature] whose signature is good but whose Idempotency-Key
+// header is not the body's idempotency_key, so the sandbox server can
+// answer those 400 (a bad request) rather than 401.
+var errKeyBinding = errors.New("the Idempotency-Key header does not match the body's idempotency_key")
+
 // VerifySignature checks a request's signature headers against its body:
 // the timestamp must be within tolerance of now (either direction; zero
 // or negative means [DefaultSignatureTolerance]) so captured requests
 // cannot be replayed later, and one of the "v1=" signatures in
 // X-Outbox-Signature (comma-separated, or repeated headers, to allow secret
-// rotation) must match, compared in constant time. An empty secret
-// verifies nothing. Errors wrap [ErrBadSignature].
+// rotation) must match, compared in constant time.
+//
+// The signature covers the timestamp and the body, not the headers, so a
+// valid signature is not enough: the request must also carry exactly one
+// Idempotency-Key header, equal to the idempotency_key of the (JSON) body.
+// Otherwise a captured request replayed with another Idempotency-Key header
+// would verify and get past a receiver that deduplicates on the header.
+//
+// An empty secret verifies nothing. Errors wrap [ErrBadSignature].
 func VerifySignature(secret []byte, header http.Header, body []byte, now time.Time, tolerance time.Duration) error {
 	if len(secret) == 0 {
 		return fmt.Errorf("%w: no secret configured", ErrBadSignature)
@@ -575,11 +641,33 @@ func VerifySignature(secret []byte, header http.Header, body []byte, now time.Ti
 			}
 			got, err := hex.DecodeString(sig)
 			if err == nil && hmac.Equal(got, want) {
-				return nil
+				return verifyKeyBinding(header, body)
 			}
 		}
 	}
 	return fmt.Errorf("%w: signature mismatch", ErrBadSignature)
+}
+
+// verifyKeyBinding checks, for an authentic body, that the request has
+// exactly one Idempotency-Key header and that it is the body's
+// idempotency_key (compared as decoded by encoding/json, as receivers in
+// this package decode the body). Errors wrap ErrBadSignature and
+// errKeyBinding and never show the keys.
+func verifyKeyBinding(header http.Header, body []byte) error {
+	keys := header.Values(HeaderIdempotencyKey)
+	if len(keys) != 1 {
+		return fmt.Errorf("%w: %w (want exactly one such header, got %d)", ErrBadSignature, errKeyBinding, len(keys))
+	}
+	var b struct {
+		IdempotencyKey string `json:"idempotency_key"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		return fmt.Errorf("%w: %w (the body is not a JSON object)", ErrBadSignature, errKeyBinding)
+	}
+	if keys[0] != b.IdempotencyKey {
+		return fmt.Errorf("%w: %w", ErrBadSignature, errKeyBinding)
+	}
+	return nil
 }
 
 // LoadSecret reads a webhook secret from file (trailing newlines trimmed,

@@ -1,6 +1,7 @@
 package rails
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -89,6 +90,10 @@ func TestWebhookSendsSignedRequest(t *testing.T) {
 		decoded, err := req.Instruction()
 		if err != nil {
 			t.Errorf("server: decode: %v", err)
+		}
+		// The attempt number is a header, not part of the body.
+		if decoded.AttemptNo, err = parseAttemptHeader(r.Header); err != nil {
+			t.Errorf("server: %v", err)
 		}
 		got <- decoded
 		rw.WriteHeader(http.StatusCreated)
@@ -491,6 +496,7 @@ func TestVerifySignature(t *testing.T) {
 	body := []byte(`{"idempotency_key":"k1","amount_minor":100}`)
 	signed := func(ts time.Time, secret []byte, b []byte) http.Header {
 		h := http.Header{}
+		h.Set(HeaderIdempotencyKey, "k1") // the body's key
 		s := strconv.FormatInt(ts.Unix(), 10)
 		h.Set(HeaderTimestamp, s)
 		h.Set(HeaderSignature, Sign(secret, s, b))
@@ -498,7 +504,10 @@ func TestVerifySignature(t *testing.T) {
 	}
 	without := func(h http.Header, key string) http.Header { h.Del(key); return h }
 	with := func(h http.Header, key, v string) http.Header { h.Set(key, v); return h }
+	plus := func(h http.Header, key, v string) http.Header { h.Add(key, v); return h }
 	good := signed(now, testWebhookSecret, body)
+	noKeyBody := []byte(`{"amount_minor":100}`)
+	notJSON := []byte(`k1`)
 
 	tests := []struct {
 		name      string
@@ -507,6 +516,7 @@ func TestVerifySignature(t *testing.T) {
 		body      []byte
 		tolerance time.Duration
 		ok        bool
+		binding   bool // fails only the Idempotency-Key binding (errKeyBinding)
 	}{
 		{name: "good", header: good, ok: true},
 		{name: "clock skew within tolerance", header: signed(now.Add(-4*time.Minute), testWebhookSecret, body), ok: true},
@@ -524,6 +534,16 @@ func TestVerifySignature(t *testing.T) {
 		{name: "unknown version", header: with(signed(now, testWebhookSecret, body), HeaderSignature, strings.Replace(good.Get(HeaderSignature), "v1=", "v0=", 1))},
 		{name: "not hex", header: with(signed(now, testWebhookSecret, body), HeaderSignature, "v1=zz")},
 		{name: "empty secret", secret: []byte{}, header: good},
+		// The signature does not cover the headers: a captured request
+		// replayed under another Idempotency-Key must not verify.
+		{name: "swapped Idempotency-Key", header: with(signed(now, testWebhookSecret, body), HeaderIdempotencyKey, "k2"), binding: true},
+		{name: "Idempotency-Key differs in case", header: with(signed(now, testWebhookSecret, body), HeaderIdempotencyKey, "K1"), binding: true},
+		{name: "missing Idempotency-Key", header: without(signed(now, testWebhookSecret, body), HeaderIdempotencyKey), binding: true},
+		{name: "second Idempotency-Key", header: plus(signed(now, testWebhookSecret, body), HeaderIdempotencyKey, "k2"), binding: true},
+		{name: "body without a key", header: signed(now, testWebhookSecret, noKeyBody), body: noKeyBody, binding: true},
+		{name: "body not JSON", header: signed(now, testWebhookSecret, notJSON), body: notJSON, binding: true},
+		// A bad signature is reported as such, not as a binding problem.
+		{name: "bad secret and swapped key", header: with(signed(now, []byte("another secret"), body), HeaderIdempotencyKey, "k2")},
 	}
 	for _, tt := range tests {
 		secret, b := tt.secret, tt.body
@@ -539,6 +559,8 @@ func TestVerifySignature(t *testing.T) {
 			t.Errorf("%s: %v", tt.name, err)
 		case !tt.ok && !errors.Is(err, ErrBadSignature):
 			t.Errorf("%s: error = %v, want ErrBadSignature", tt.name, err)
+		case !tt.ok && errors.Is(err, errKeyBinding) != tt.binding:
+			t.Errorf("%s: error = %v, want errKeyBinding %t", tt.name, err, tt.binding)
 		case err != nil:
 			assertNoSecret(t, tt.name, err.Error())
 			if strings.Contains(err.Error(), strings.TrimPrefix(good.Get(HeaderSignature), "v1=")) {
@@ -563,6 +585,7 @@ func TestWebhookRequestRoundTrip(t *testing.T) {
 	bare := Instruction{InstructionID: "i", ParticipantID: "p", IdempotencyKey: "key-bare", RailType: "event"}
 
 	for _, ins := range []Instruction{money, zero, event, bare} {
+		ins.AttemptNo = 0 // not carried by the body (see TestWebhookRetryBodyIsIdentical)
 		b, err := json.Marshal(NewWebhookRequest(ins))
 		if err != nil {
 			t.Fatal(err)
@@ -590,6 +613,11 @@ func TestWebhookRequestRoundTrip(t *testing.T) {
 		if _, ok := fields[absent]; ok {
 			t.Errorf("event request has %q: %s", absent, b)
 		}
+	}
+	// No body carries the attempt number, whatever the instruction's.
+	b, _ = json.Marshal(NewWebhookRequest(money))
+	if bytes.Contains(b, []byte("attempt")) {
+		t.Errorf("money request carries the attempt number: %s", b)
 	}
 	if string(fields["metadata"]) != `{"kind":"usage","units":3}` {
 		t.Errorf("metadata = %s, want the raw object", fields["metadata"])
@@ -669,4 +697,214 @@ func TestLoadSecret(t *testing.T) {
 			assertNoSecret(t, "LoadSecret error", err.Error())
 		}
 	}
+}
+
+// TestWebhookRetryBodyIsIdentical: every attempt of one instruction sends
+// the same bytes (receivers fingerprint the payload per idempotency key
+// and answer a changed payload 422, which would dead-letter a paid
+// instruction); only the X-Outbox-Attempt header says which attempt it is.
+func TestWebhookRetryBodyIsIdentical(t *testing.T) {
+	t.Parallel()
+	type seen struct {
+		body                 []byte
+		signature, timestamp string
+		attempt              string
+	}
+	got := make(chan seen, 3)
+	w, _ := tlsWebhook(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		got <- seen{body, r.Header.Get(HeaderSignature), r.Header.Get(HeaderTimestamp), r.Header.Get(HeaderAttempt)}
+		rw.WriteHeader(http.StatusOK)
+	}))
+	now := time.Unix(time.Now().Unix(), 0)
+	w.now = func() time.Time { return now } // same timestamp for every attempt
+
+	ins := testInstruction(t, "key-identical")
+	var sent []seen
+	for _, attempt := range []int{1, 2, 7} {
+		ins.AttemptNo = attempt
+		if _, err := w.Send(t.Context(), ins); err != nil {
+			t.Fatalf("attempt %d: %v", attempt, err)
+		}
+		s := <-got
+		if s.attempt != strconv.Itoa(attempt) {
+			t.Errorf("attempt %d: %s header = %q", attempt, HeaderAttempt, s.attempt)
+		}
+		sent = append(sent, s)
+	}
+	for i, s := range sent[1:] {
+		if !bytes.Equal(s.body, sent[0].body) {
+			t.Errorf("attempt %d body differs from the first:\n%s\n%s", i+2, s.body, sent[0].body)
+		}
+		if s.timestamp != sent[0].timestamp || s.signature != sent[0].signature {
+			t.Errorf("attempt %d: signature %s at %s, first %s at %s", i+2, s.signature, s.timestamp, sent[0].signature, sent[0].timestamp)
+		}
+	}
+}
+
+// TestWebhookReplayAfterWriteIsNotUnavailable: net/http replays a request
+// with an Idempotency-Key on a new connection when a reused one breaks after
+// the request was written. When that re-dial is refused, the error looks
+// like "connection refused", but the rail did receive the request once: it
+// must not classify as RAIL_UNAVAILABLE with the rail not called.
+func TestWebhookReplayAfterWriteIsNotUnavailable(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	received := make(chan string, 2) // idempotency keys, as the server read them
+	served := make(chan error, 1)
+	go func() {
+		// One connection, served by hand so each step is deterministic:
+		// answer the first request (the client pools the connection), read
+		// the second, then stop listening and drop the connection without
+		// answering. The client's automatic replay then finds the port
+		// closed: connection refused.
+		served <- func() error {
+			conn, err := ln.Accept()
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			br := bufio.NewReader(conn)
+			for i := range 2 {
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return err
+				}
+				io.Copy(io.Discard, req.Body)
+				received <- req.Header.Get(HeaderIdempotencyKey)
+				if i == 0 {
+					if _, err := io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"); err != nil {
+						return err
+					}
+				}
+			}
+			return ln.Close() // before conn.Close (deferred): the re-dial is refused
+		}()
+	}()
+
+	w, err := NewWebhook(WebhookOptions{URL: "http://" + ln.Addr().String() + "/pay", Secret: testWebhookSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.client.CloseIdleConnections)
+	if res, err := w.Send(t.Context(), testInstruction(t, "key-warm-up")); err != nil || res.Code != "HTTP_200" {
+		t.Fatalf("first send: %+v, %v", res, err)
+	}
+	ins := testInstruction(t, "key-written-then-refused")
+	res, err := w.Send(t.Context(), ins)
+	if err := <-served; err != nil {
+		t.Fatalf("server: %v", err)
+	}
+	if <-received; <-received != ins.IdempotencyKey {
+		t.Fatal("the server did not read the second request")
+	}
+	// The scenario this test is about: the error says "refused".
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("Send error = %v, want a refused re-dial", err)
+	}
+	d := w.Codes().Decide(res, err)
+	if d.Outcome != Retryable || d.ErrorCode != CodeRailTransport || !d.RailCalled {
+		t.Fatalf("decision = %+v, want retryable RAIL_TRANSPORT_ERROR with the rail called", d)
+	}
+}
+
+// TestWebhookRedactsURLPath: hook URLs often carry a token in the path
+// (Slack style). Errors go into attempt rows and logs, so they show only
+// scheme://host:port, as does String.
+func TestWebhookRedactsURLPath(t *testing.T) {
+	t.Parallel()
+	const token = "T0SECRET/B0SECRET/xoxTOKEN1234567890"
+	hook := func(t *testing.T, base string) *Webhook {
+		t.Helper()
+		w, err := NewWebhook(WebhookOptions{URL: base + "/services/" + token + "?q=QUERYTOKEN", Secret: testWebhookSecret})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(w.client.CloseIdleConnections)
+		return w
+	}
+	check := func(t *testing.T, what, s string) {
+		t.Helper()
+		for _, part := range []string{"T0SECRET", "xoxTOKEN", "services", "QUERYTOKEN"} {
+			if strings.Contains(s, part) {
+				t.Errorf("%s shows the URL path or query (%q): %s", what, part, s)
+			}
+		}
+	}
+	send := func(t *testing.T, w *Webhook, ctx context.Context) {
+		t.Helper()
+		res, err := w.Send(ctx, testInstruction(t, "key-redact"))
+		if err != nil {
+			check(t, "Send error", err.Error())
+		}
+		d := w.Codes().Decide(res, err)
+		check(t, "decision message", d.Message)
+		if d.Outcome == Dispatched {
+			t.Errorf("decision = %+v, want a failure", d)
+		}
+	}
+
+	t.Run("connection refused", func(t *testing.T) {
+		t.Parallel()
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		w := hook(t, "http://"+addr)
+		send(t, w, t.Context())
+		check(t, "String", w.String())
+		check(t, "options", fmt.Sprint(WebhookOptions{URL: "http://" + addr + "/services/" + token}))
+		check(t, "options without a scheme", fmt.Sprint(WebhookOptions{URL: "hooks.example/services/" + token}))
+		if !strings.Contains(w.String(), "http://"+addr) {
+			t.Errorf("String %s does not say which endpoint", w)
+		}
+	})
+	t.Run("timeout", func(t *testing.T) {
+		t.Parallel()
+		srv := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			<-r.Context().Done()
+		}))
+		t.Cleanup(srv.Close)
+		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		defer cancel()
+		send(t, hook(t, srv.URL), ctx)
+	})
+	t.Run("error status", func(t *testing.T) {
+		t.Parallel()
+		srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+			rw.WriteHeader(http.StatusInternalServerError)
+		}))
+		t.Cleanup(srv.Close)
+		send(t, hook(t, srv.URL), t.Context())
+	})
+	t.Run("malformed status line", func(t *testing.T) {
+		t.Parallel()
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			if req, err := http.ReadRequest(bufio.NewReader(conn)); err == nil {
+				io.Copy(io.Discard, req.Body)
+				io.WriteString(conn, "HTTP/1.1 2x0 OK\r\n\r\n")
+			}
+		}()
+		send(t, hook(t, "http://"+ln.Addr().String()), t.Context())
+		<-done
+	})
 }

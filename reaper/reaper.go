@@ -180,7 +180,9 @@ func (r *Reaper) Stats() Stats {
 // relayer recording a late outcome, holds), delete them, put each back into
 // pending with its identity, payload, first-enqueue time and attempt count
 // (attempt_no - 1: the abandoned attempt does not use up the retry budget,
-// and the next claim gets the same attempt number), and append one
+// and the next claim gets the same attempt number) marked with the
+// abandoned attempt's id (so only that attempt's late outcome may withdraw
+// this copy), and append one
 // ZOMBIE_REQUEUE attempt that closes the dead relayer's DISPATCHING attempt.
 //
 // Only inflight is read (through inflight_lease_idx); attempts is only
@@ -199,9 +201,10 @@ WITH expired AS (
   RETURNING f.*
 ), requeued AS (
   INSERT INTO {schema}.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-                                tenant_id, correlation_id, payload, attempt_count, next_attempt_at, created_at)
+                                tenant_id, correlation_id, payload, attempt_count, next_attempt_at, created_at,
+                                zombie_attempt_id)
   SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-         tenant_id, correlation_id, payload, attempt_no - 1, now(), created_at
+         tenant_id, correlation_id, payload, attempt_no - 1, now(), created_at, attempt_id
   FROM reaped
 ), zombie AS (
   INSERT INTO {schema}.attempts (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,

@@ -1,0 +1,4 @@
+package attempts
+
+// RecordSQL exposes the outcome statement to plan tests.
+var RecordSQL = recordSQL

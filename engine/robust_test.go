@@ -1,0 +1,344 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ledgerline/outbox/attempts"
+	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/pending"
+	"github.com/ledgerline/outbox/rails"
+)
+
+// funcTransport is a Go transport made of a function, the way an
+// embedding program registers its own.
+type funcTransport func(ctx context.Context, ins rails.Instruction) (rails.Result, error)
+
+func (f funcTransport) Send(ctx context.Context, ins rails.Instruction) (rails.Result, error) {
+	return f(ctx, ins)
+}
+
+// useTransport replaces the bundle's rails with one sandbox-typed rail
+// over tr (sandbox codes, no breaker).
+func (b *testBundle) useTransport(t *testing.T, tr rails.Transport, timeout time.Duration) {
+	t.Helper()
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: rails.Generic{}, Transport: tr, Codes: rails.SandboxCodes,
+		Timeout: timeout, Breaker: rails.BreakerOptions{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.rails = set
+}
+
+// newRelayer creates a relayer that is not started yet (so a test can set
+// hooks) and stops it at cleanup.
+func (b *testBundle) newRelayer(t *testing.T, cfg Config) *Relayer {
+	t.Helper()
+	r, err := New(b.pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if !r.started.Load() {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = r.Stop(ctx)
+	})
+	return r
+}
+
+func (b *testBundle) waitInFlight(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var got int
+		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.inflight`).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d in flight, want %d", got, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestUnstorableOutcomeDoesNotWedge: the database refuses two outcomes of
+// a batch for their content (a NUL byte in text). The batch is split, the
+// other outcomes are recorded, the two are recorded without the rail's
+// text, and the relayer keeps going; before, the whole batch was retried
+// forever and the relayer stopped recording anything.
+func TestUnstorableOutcomeDoesNotWedge(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	const total = 40
+	b.enqueue(t, total, total)
+	poisoned := map[string]bool{"p003-0": true, "p011-0": true}
+	r := b.newRelayer(t, b.config("poison"))
+	r.testHooks.outcome = func(o *attempts.Outcome) {
+		if poisoned[o.InstructionID] {
+			o.RailReference = "ref\x00with-nul"
+		}
+	}
+	if err := r.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.waitDrained(t, time.Minute)
+
+	rep := b.verify(t, true)
+	if rep.Dispatched != total || rep.DispatchedTwice != 0 {
+		t.Fatalf("report %+v, want %d dispatched once", rep, total)
+	}
+	rows, err := b.pool.Query(b.ctx, `SELECT instruction_id, coalesce(rail_reference, ''), coalesce(error_message, '')
+		FROM outbox.attempts WHERE state = 'DISPATCHED'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		scrubbed     int
+		id, ref, msg string
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &ref, &msg}, func() error {
+		switch {
+		case poisoned[id] && ref == "" && strings.Contains(msg, "could not be stored"):
+			scrubbed++
+		case poisoned[id]:
+			t.Errorf("%s recorded with reference %q, message %q; want the rail's text removed and said so", id, ref, msg)
+		case ref == "":
+			t.Errorf("%s lost its rail reference", id)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if scrubbed != len(poisoned) {
+		t.Errorf("%d scrubbed outcomes, want %d", scrubbed, len(poisoned))
+	}
+	if st := r.Stats(); st.Dispatched != total || st.LeftInFlight != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestStopReturnsWhileDatabaseUnreachable: the database goes away while an
+// outcome waits to be recorded. Stop gives recording a bounded time, then
+// leaves the instruction in flight for the reaper and returns; before, it
+// waited for the database forever.
+func TestStopReturnsWhileDatabaseUnreachable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	release := make(chan struct{})
+	b.useTransport(t, funcTransport(func(ctx context.Context, ins rails.Instruction) (rails.Result, error) {
+		select {
+		case <-release:
+			return rails.Result{Code: rails.SandboxAccepted, Reference: "ref-" + ins.IdempotencyKey}, nil
+		case <-ctx.Done():
+			return rails.Result{}, ctx.Err()
+		}
+	}), 30*time.Second)
+	b.enqueue(t, 1, 1)
+	r := b.newRelayer(t, b.config("cut-off"))
+	if err := r.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.waitInFlight(t, 1)
+
+	// Cut the test database off: no new connections, existing ones
+	// terminated. The admin connection is to another database.
+	admin, err := pgx.Connect(b.ctx, testdb.AdminURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	db := b.pool.Config().ConnConfig.Database
+	if _, err := admin.Exec(b.ctx, `ALTER DATABASE "`+db+`" ALLOW_CONNECTIONS false`); err != nil {
+		t.Fatal(err)
+	}
+	reopen := sync.OnceFunc(func() {
+		if _, err := admin.Exec(context.Background(), `ALTER DATABASE "`+db+`" ALLOW_CONNECTIONS true`); err != nil {
+			t.Error(err)
+		}
+	})
+	defer reopen()
+	if _, err := admin.Exec(b.ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, db); err != nil {
+		t.Fatal(err)
+	}
+	close(release) // the rail answers; its outcome cannot be recorded
+
+	stopped := make(chan error, 1)
+	started := time.Now()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		stopped <- r.Stop(ctx)
+	}()
+	select {
+	case err := <-stopped:
+		t.Logf("Stop returned after %v: %v", time.Since(started).Round(time.Millisecond), err)
+	case <-time.After(StopRecordTimeout + 30*time.Second):
+		t.Fatal("Stop did not return while the database was unreachable")
+	}
+	if st := r.Stats(); st.LeftInFlight != 1 || st.Dispatched != 0 {
+		t.Errorf("stats %+v, want the outcome left in flight", st)
+	}
+
+	reopen()
+	b.waitInFlight(t, 1) // still leased: the reaper's to requeue
+	b.verify(t, true)
+}
+
+// TestOutcomeAfterStopGaveUpDoesNotPanic: a rail that ignores cancellation
+// answers after Stop stopped waiting for it. Its outcome is not recorded
+// (the instruction stays in flight for the reaper); before, sending it
+// crashed the process on a closed channel.
+func TestOutcomeAfterStopGaveUpDoesNotPanic(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	release := make(chan struct{})
+	b.useTransport(t, funcTransport(func(_ context.Context, ins rails.Instruction) (rails.Result, error) {
+		<-release // ignores ctx on purpose
+		return rails.Result{Code: rails.SandboxAccepted, Reference: "ref-" + ins.IdempotencyKey}, nil
+	}), 30*time.Second)
+	b.enqueue(t, 1, 1)
+	r := b.newRelayer(t, b.config("deaf-rail"))
+	r.testHooks.abandonWait = 50 * time.Millisecond
+	if err := r.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.waitInFlight(t, 1)
+
+	ctx, cancel := context.WithTimeout(b.ctx, 100*time.Millisecond)
+	defer cancel()
+	if err := r.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop: %v, want the deadline exceeded", err)
+	}
+	close(release)
+	done := make(chan struct{})
+	go func() { r.dispatches.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the dispatch never returned")
+	}
+	if st := r.Stats(); st.LeftInFlight != 1 || st.Dispatched != 0 {
+		t.Errorf("stats %+v, want the late outcome left in flight", st)
+	}
+	b.waitInFlight(t, 1)
+	b.verify(t, true)
+}
+
+// TestRailPanicIsRetriedWithSameKey: a Go transport that panics does not
+// take the relayer down; the attempt is a retryable transport error (the
+// request may have left) and the retry carries the same idempotency key.
+func TestRailPanicIsRetriedWithSameKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	var mu sync.Mutex
+	calls := map[string]int{}
+	b.useTransport(t, funcTransport(func(_ context.Context, ins rails.Instruction) (rails.Result, error) {
+		mu.Lock()
+		calls[ins.IdempotencyKey]++
+		n := calls[ins.IdempotencyKey]
+		mu.Unlock()
+		if n == 1 {
+			panic("transport bug")
+		}
+		return rails.Result{Code: rails.SandboxAccepted, Reference: "ref-" + ins.IdempotencyKey}, nil
+	}), 5*time.Second)
+	const total = 5
+	b.enqueue(t, total, total)
+	b.start(t, b.config("panicky"))
+	b.waitDrained(t, time.Minute)
+
+	rep := b.verify(t, true)
+	if rep.Dispatched != total {
+		t.Fatalf("report %+v, want %d dispatched", rep, total)
+	}
+	mu.Lock()
+	for key, n := range calls {
+		if n != 2 {
+			t.Errorf("key %s sent %d times, want 2 (the panic, then the retry)", key, n)
+		}
+	}
+	mu.Unlock()
+	var retries int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts
+		WHERE state = 'RETRYABLE' AND error_code = 'RAIL_TRANSPORT_ERROR' AND error_message LIKE '%panicked%'`).Scan(&retries); err != nil {
+		t.Fatal(err)
+	}
+	if retries != total {
+		t.Errorf("%d retryable transport errors recorded for the panics, want %d", retries, total)
+	}
+}
+
+// TestUndecodablePayloadIsDeadLettered: a pending row whose payload was
+// altered outside the producer cannot be decoded. It becomes a dead letter
+// (VALIDATION_FAILED, field payload) and the instructions claimed with it
+// are dispatched; before, the whole claim batch was stranded in flight.
+func TestUndecodablePayloadIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	b.enqueue(t, 3, 3)
+	if _, err := b.pool.Exec(b.ctx, `UPDATE outbox.pending SET payload = '{"amount_minor": "lots"}' WHERE participant_id = 'p001'`); err != nil {
+		t.Fatal(err)
+	}
+	b.start(t, b.config("decoder"))
+	b.waitDrained(t, 30*time.Second)
+
+	rep := b.verify(t, true)
+	if rep.Dispatched != 2 || rep.DeadLetters != 1 {
+		t.Fatalf("report %+v, want 2 dispatched and 1 dead letter", rep)
+	}
+	var participant, code string
+	if err := b.pool.QueryRow(b.ctx, `SELECT participant_id, error_code FROM outbox.dead_letters`).Scan(&participant, &code); err != nil {
+		t.Fatal(err)
+	}
+	if participant != "p001" || code != string(rails.CodeValidationFailed) {
+		t.Errorf("dead letter of %s with %s, want p001 with VALIDATION_FAILED", participant, code)
+	}
+	if st := b.sandbox.Stats(); st.Payments != 2 {
+		t.Errorf("sandbox paid %d, want 2", st.Payments)
+	}
+}
+
+// TestCallDeadlineUsesOwnClock: the rail call's deadline is measured on
+// the relayer's clock from before the claim, not by comparing the
+// database's lease end with the local clock, so a database clock running
+// ahead cannot stretch a call past the lease.
+func TestCallDeadlineUsesOwnClock(t *testing.T) {
+	t.Parallel()
+	r := &Relayer{cfg: Config{LeaseGrace: 10 * time.Second}}
+	claimStart := time.Now()
+	dbNow := claimStart.Add(time.Hour) // the database's clock is an hour ahead
+	c := pending.Claimed{ClaimedAt: dbNow, LeaseUntil: dbNow.Add(40 * time.Second)}
+	if got, want := r.callDeadline(claimStart, c), claimStart.Add(35*time.Second); !got.Equal(want) {
+		t.Errorf("call deadline %v after the claim started, want %v", got.Sub(claimStart), want.Sub(claimStart))
+	}
+}
+
+// TestConfigRejectsStaleIdleRefresh: a refresh slower than half the
+// trigger's freshness window would let the registration go stale while the
+// relayer waits, and producers would stop notifying it.
+func TestConfigRejectsStaleIdleRefresh(t *testing.T) {
+	t.Parallel()
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: rails.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(nil, Config{Rails: set, IdleRefresh: 8 * time.Second}); err == nil {
+		t.Error("IdleRefresh 8s accepted")
+	}
+	if _, err := New(nil, Config{Rails: set, IdleRefresh: 5 * time.Second}); err != nil {
+		t.Errorf("IdleRefresh 5s: %v", err)
+	}
+}
