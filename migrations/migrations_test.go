@@ -157,6 +157,43 @@ func TestAttemptsLandInMonthlyPartition(t *testing.T) {
 	}
 }
 
+// TestPartitionUpkeepSkipsBlockedMonth: when upkeep fell behind and the
+// default partition already holds rows of a month, that month's partition
+// cannot be created; the months after it still are, so new rows stop
+// landing in the default partition. (Migration 001's version aborted the
+// whole call on the blocked month.)
+func TestPartitionUpkeepSkipsBlockedMonth(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	month := func(ahead int) time.Time {
+		now := time.Now().UTC()
+		return time.Date(now.Year(), now.Month()+time.Month(ahead), 1, 12, 0, 0, 0, time.UTC)
+	}
+	name := func(ahead int) string { return "attempts_" + month(ahead).Format("2006_01") }
+	// Migrate created this month and the next 3; a row 5 months ahead goes
+	// to the default partition.
+	if _, err := b.pool.Exec(b.ctx, `INSERT INTO outbox.attempts (outbox_id, instruction_id, participant_id, sequence_id,
+		idempotency_key, rail_type, attempt_no, state, claimed_at, created_at)
+		VALUES (gen_random_uuid(), 'i', 'p', 1, 'k', 'sandbox', 1, 'DISPATCHING', $1, $1)`, month(5)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(b.ctx, `SELECT outbox.ensure_attempt_partitions(6)`); err != nil {
+		t.Fatalf("partition upkeep failed on the blocked month: %v", err)
+	}
+	exists := func(ahead int) bool {
+		var ok bool
+		if err := b.pool.QueryRow(b.ctx, `SELECT to_regclass('outbox.' || $1) IS NOT NULL`, name(ahead)).Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	for ahead, want := range map[int]bool{4: true, 5: false, 6: true} {
+		if got := exists(ahead); got != want {
+			t.Errorf("partition %s exists: %v, want %v", name(ahead), got, want)
+		}
+	}
+}
+
 // listen opens a LISTEN connection on the pending channel.
 func (b *testBundle) listen(t *testing.T) *pgx.Conn {
 	t.Helper()
