@@ -102,6 +102,15 @@ type bench struct {
 	flags benchFlags
 }
 
+// settle starts a run from clean buffers: a CHECKPOINT, so no run pays for
+// the writes of the one before (a 100,000-instruction drain leaves enough
+// dirty buffers behind to halve the next run's commit rate on a small
+// machine). It needs superuser or pg_checkpoint; without it runs are
+// noisier, not wrong.
+func (b *bench) settle(ctx context.Context) {
+	_, _ = b.pool.Exec(ctx, "CHECKPOINT")
+}
+
 // freshSchema migrates a new schema for one run and returns a cleanup
 // that drops it.
 func (b *bench) freshSchema(ctx context.Context) (string, func(), error) {
@@ -178,6 +187,7 @@ func (b *bench) drain(ctx context.Context) error {
 				return err
 			}
 		}
+		b.settle(ctx)
 		var done atomic.Int64
 		finished := make(chan struct{})
 		var once sync.Once
@@ -229,6 +239,7 @@ func (b *bench) latency(ctx context.Context) error {
 		return err
 	}
 	defer drop()
+	b.settle(ctx)
 	hist := hdrhistogram.New(1, int64(time.Hour/time.Microsecond), 3)
 	var mu sync.Mutex
 	const warmupFor = 2 * time.Second
@@ -374,9 +385,7 @@ func (b *bench) enqueueRun(ctx context.Context, trigger bool) (float64, int64, e
 	if err := migrations.SetNotify(ctx, b.pool, schema, trigger); err != nil {
 		return 0, 0, err
 	}
-	// Start from clean buffers (needs superuser or pg_checkpoint; without
-	// it runs are noisier, not wrong).
-	_, _ = b.pool.Exec(ctx, "CHECKPOINT")
+	b.settle(ctx)
 	rs, stop, err := b.relayers(ctx, schema, true, nil)
 	if err != nil {
 		return 0, 0, err
