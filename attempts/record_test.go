@@ -4,7 +4,6 @@ package attempts_test
 
 import (
 	"context"
-	"encoding/json"
 	"slices"
 	"strconv"
 	"strings"
@@ -782,16 +781,7 @@ func TestRecordPlanProbesArchiveByKey(t *testing.T) {
 		[]time.Time{o.ClaimedAt}, []string{o.RailReference}, []string{o.RailCode}, []string{""}, []string{""},
 		[]int32{12}, []int64{0}, []bool{true},
 	}
-	var plan []byte
-	if err := b.pool.QueryRow(b.ctx, "EXPLAIN (FORMAT JSON) "+migrations.Qualify("", attempts.RecordSQL), args...).Scan(&plan); err != nil {
-		t.Fatal(err)
-	}
-	var root []struct {
-		Plan planNode `json:"Plan"`
-	}
-	if err := json.Unmarshal(plan, &root); err != nil || len(root) != 1 {
-		t.Fatalf("decode plan (%v): %s", err, plan)
-	}
+	nodes, plan := testdb.Explain(t, b.pool, migrations.Qualify("", attempts.RecordSQL), args...)
 	// Partitions that hold rows; the planner rightly scans an empty one.
 	rows, err := b.pool.Query(b.ctx, `SELECT DISTINCT c.relname FROM outbox.attempts a JOIN pg_class c ON c.oid = a.tableoid`)
 	if err != nil {
@@ -802,7 +792,7 @@ func TestRecordPlanProbesArchiveByKey(t *testing.T) {
 		t.Fatalf("archive rows are in partitions %v (%v), want at least 2", filled, err)
 	}
 	probed := map[string]bool{}
-	root[0].Plan.walk(func(n planNode) {
+	for _, n := range nodes {
 		switch {
 		case !strings.HasPrefix(n.Relation, "attempts"), n.NodeType == "ModifyTable":
 		case n.NodeType == "Index Scan" || n.NodeType == "Index Only Scan":
@@ -810,7 +800,7 @@ func TestRecordPlanProbesArchiveByKey(t *testing.T) {
 		case slices.Contains(filled, n.Relation):
 			t.Errorf("the outcome statement reads the archive by %s on %s:\n%s", n.NodeType, n.Relation, plan)
 		}
-	})
+	}
 	for _, p := range filled {
 		if !probed[p] {
 			t.Errorf("no index probe of partition %s in the plan:\n%s", p, plan)
@@ -818,19 +808,5 @@ func TestRecordPlanProbesArchiveByKey(t *testing.T) {
 	}
 	if rec := b.record(t, o); rec[0].Late {
 		t.Errorf("recorded %+v", rec[0])
-	}
-}
-
-// planNode is the part of an EXPLAIN (FORMAT JSON) node the test reads.
-type planNode struct {
-	NodeType string     `json:"Node Type"`
-	Relation string     `json:"Relation Name"`
-	Plans    []planNode `json:"Plans"`
-}
-
-func (n planNode) walk(visit func(planNode)) {
-	visit(n)
-	for _, c := range n.Plans {
-		c.walk(visit)
 	}
 }

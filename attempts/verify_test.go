@@ -324,6 +324,17 @@ func TestVerifyEmptyDatabase(t *testing.T) {
 	}
 }
 
+// deadLetterCopy adds a dead letter for an instruction that stays pending
+// (two places at once).
+func (b *verifyBundle) deadLetterCopy(t *testing.T, id uuid.UUID) {
+	t.Helper()
+	b.exec(t, `INSERT INTO outbox.dead_letters (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
+		rail_type, payload, attempt_count, error_code, attempt_id, created_at)
+		SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
+		       rail_type, payload, attempt_count, 'RAIL_REJECTED', gen_random_uuid(), created_at
+		FROM outbox.pending WHERE outbox_id = $1`, id)
+}
+
 // corruption is a state that breaks exactly one check.
 type corruption struct {
 	name      string
@@ -345,11 +356,7 @@ var corruptions = []corruption{
 		name: "pending and dead letter", invariant: 1, check: "exactly one place",
 		build: func(t *testing.T, b *verifyBundle) {
 			id := b.enqueue(t, "p1", "k1")
-			b.exec(t, `INSERT INTO outbox.dead_letters (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
-				rail_type, payload, attempt_count, error_code, attempt_id, created_at)
-				SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
-				       rail_type, payload, attempt_count, 'RAIL_REJECTED', gen_random_uuid(), created_at
-				FROM outbox.pending WHERE outbox_id = $1`, id)
+			b.deadLetterCopy(t, id)
 		},
 	},
 	{
@@ -374,11 +381,7 @@ var corruptions = []corruption{
 			c := b.claim(t, id, true)
 			b.outcome(t, c, attempts.ZombieRequeue)
 			b.lateOutcome(t, c, attempts.Retryable)
-			b.exec(t, `INSERT INTO outbox.dead_letters (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
-				rail_type, payload, attempt_count, error_code, attempt_id, created_at)
-				SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
-				       rail_type, payload, attempt_count, 'RAIL_REJECTED', gen_random_uuid(), created_at
-				FROM outbox.pending WHERE outbox_id = $1`, id)
+			b.deadLetterCopy(t, id)
 		},
 	},
 	{

@@ -2,7 +2,6 @@ package reaper
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -538,18 +537,9 @@ func TestReapPlanDoesNotReadArchive(t *testing.T) {
 	b.waitExpired(t, dead)
 
 	r := b.newReaper(t, Config{})
-	var plan []byte
-	if err := b.pool.QueryRow(b.ctx, "EXPLAIN (FORMAT JSON) "+r.sql, r.cfg.BatchSize, r.cfg.ReaperID).Scan(&plan); err != nil {
-		t.Fatal(err)
-	}
-	var root []struct {
-		Plan planNode `json:"Plan"`
-	}
-	if err := json.Unmarshal(plan, &root); err != nil || len(root) != 1 {
-		t.Fatalf("decode plan (%v): %s", err, plan)
-	}
+	nodes, plan := testdb.Explain(t, b.pool, r.sql, r.cfg.BatchSize, r.cfg.ReaperID)
 	var archiveInserts, inflightReads int
-	root[0].Plan.walk(func(n planNode) {
+	for _, n := range nodes {
 		switch {
 		case !strings.HasPrefix(n.Relation, "attempts"):
 			if n.Relation == "inflight" && n.NodeType != "ModifyTable" {
@@ -560,7 +550,7 @@ func TestReapPlanDoesNotReadArchive(t *testing.T) {
 		default:
 			t.Errorf("the reaper's plan reads the archive: %s on %s", n.NodeType, n.Relation)
 		}
-	})
+	}
 	if archiveInserts != 1 || inflightReads == 0 {
 		t.Errorf("plan has %d archive inserts and %d in-flight reads; want 1 and some:\n%s", archiveInserts, inflightReads, plan)
 	}
@@ -580,21 +570,6 @@ func TestReapPlanDoesNotReadArchive(t *testing.T) {
 	}
 	if got := b.count(t, "pending"); got != 3 {
 		t.Errorf("%d pending, want 3", got)
-	}
-}
-
-// planNode is the part of an EXPLAIN (FORMAT JSON) node the test reads.
-type planNode struct {
-	NodeType  string     `json:"Node Type"`
-	Relation  string     `json:"Relation Name"`
-	Operation string     `json:"Operation"`
-	Plans     []planNode `json:"Plans"`
-}
-
-func (n planNode) walk(visit func(planNode)) {
-	visit(n)
-	for _, c := range n.Plans {
-		c.walk(visit)
 	}
 }
 

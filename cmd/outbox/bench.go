@@ -267,7 +267,7 @@ func (b *bench) latency(ctx context.Context) error {
 	// counts as missed (the stream fell behind).
 	work := make(chan int, b.flags.rate)
 	var sent, failed, missed atomic.Int64
-	var maxLag atomic.Int64
+	var maxLag time.Duration // the pacer's own: only it reads and writes
 	var wg sync.WaitGroup
 	for range max(b.flags.producers, latencyProducers) {
 		wg.Add(1)
@@ -290,8 +290,8 @@ func (b *bench) latency(ctx context.Context) error {
 		}
 		if d := time.Until(due); d > 0 {
 			time.Sleep(d)
-		} else if lag := -d; lag > time.Duration(maxLag.Load()) {
-			maxLag.Store(int64(lag))
+		} else {
+			maxLag = max(maxLag, -d)
 		}
 		select {
 		case work <- i:
@@ -311,7 +311,7 @@ func (b *bench) latency(ctx context.Context) error {
 	defer mu.Unlock()
 	fmt.Fprintf(b.env.stdout, "sent %d in %v: %.0f/s of %d/s asked (%d missed, %d failed, pacer lag max %v)\n",
 		sent.Load(), elapsed.Round(time.Millisecond), achieved, b.flags.rate, missed.Load(), failed.Load(),
-		time.Duration(maxLag.Load()).Round(time.Microsecond))
+		maxLag.Round(time.Microsecond))
 	fmt.Fprintf(b.env.stdout, "enqueue→dispatch p50 %s  p99 %s  p99.9 %s  max %s  (%d samples after %v warm-up)\n",
 		us(hist.ValueAtQuantile(50)), us(hist.ValueAtQuantile(99)), us(hist.ValueAtQuantile(99.9)), us(hist.Max()),
 		hist.TotalCount(), warmupFor)
@@ -335,7 +335,7 @@ func (b *bench) enqueue(ctx context.Context) error {
 		b.flags.producers, b.flags.duration, b.flags.pairs)
 	var on, off, ratios []float64
 	for pair := range b.flags.pairs {
-		var rates [2]float64
+		var onRate, offRate float64
 		for _, trigger := range []bool{true, false} {
 			if pair%2 == 1 {
 				trigger = !trigger // alternate which goes first
@@ -345,13 +345,13 @@ func (b *bench) enqueue(ctx context.Context) error {
 				return err
 			}
 			if trigger {
-				rates[0] = rate
+				onRate = rate
 			} else {
-				rates[1] = rate
+				offRate = rate
 			}
 			fmt.Fprintf(b.env.stdout, "pair %d  trigger %-3s  %8.0f enqueues/s  (relayer wakeups by NOTIFY: %d)\n", pair+1, onOff(trigger), rate, notified)
 		}
-		on, off, ratios = append(on, rates[0]), append(off, rates[1]), append(ratios, rates[0]/rates[1])
+		on, off, ratios = append(on, onRate), append(off, offRate), append(ratios, onRate/offRate)
 	}
 	fmt.Fprintf(b.env.stdout, "median: trigger on %.0f/s, off %.0f/s; on/off ratio median %.2f (pairs: %s)\n",
 		median(on), median(off), median(ratios), formatRatios(ratios))
