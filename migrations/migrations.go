@@ -33,7 +33,8 @@ const NotifyChannel = "outbox_pending"
 var files embed.FS
 
 // ErrInvalidSchema is returned for schema names that are not plain
-// lower-case identifiers.
+// lower-case identifiers, are SQL keywords, or name a system or shared
+// schema (public, information_schema, pg_*).
 var ErrInvalidSchema = errors.New("invalid schema name")
 
 // Schema names are restricted to plain identifiers so they can be spliced
@@ -42,10 +43,16 @@ var schemaPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
 // ValidateSchema checks a schema name; the empty string means [DefaultSchema].
 func ValidateSchema(schema string) error {
-	if schema == "" || schemaPattern.MatchString(schema) {
+	if schema == "" {
 		return nil
 	}
-	return fmt.Errorf("%w: %q (want lower-case letters, digits and _)", ErrInvalidSchema, schema)
+	if !schemaPattern.MatchString(schema) {
+		return fmt.Errorf("%w: %q (want lower-case letters, digits and _)", ErrInvalidSchema, schema)
+	}
+	if why := reservedSchema(schema); why != "" {
+		return fmt.Errorf("%w: %q: %s; choose another name", ErrInvalidSchema, schema, why)
+	}
+	return nil
 }
 
 // orDefault maps "" to DefaultSchema.

@@ -87,13 +87,57 @@ func TestConcurrentMigratorsEndAtLatest(t *testing.T) {
 
 func TestInvalidSchemaRejected(t *testing.T) {
 	t.Parallel()
-	for _, s := range []string{"Outbox", "out-box", "1x", "a;drop table x", `"q"`} {
+	for _, s := range []string{"Outbox", "out-box", "1x", "a;drop table x", `"q"`,
+		"select", "user", "table", "order", "public", "information_schema", "pg_catalog", "pg_temp", "pg_x"} {
 		if err := migrations.ValidateSchema(s); !errors.Is(err, migrations.ErrInvalidSchema) {
 			t.Errorf("ValidateSchema(%q) = %v", s, err)
 		}
 	}
 	if err := migrations.ValidateSchema(""); err != nil {
 		t.Errorf("empty schema (the default) rejected: %v", err)
+	}
+}
+
+// TestSchemaKeywordsMatchServer checks the keyword list against the server
+// the tests run on: every word that is not unreserved there must be
+// refused (a newer server knowing more keywords fails this test), and a
+// name that is refused only for being a keyword must really be one.
+func TestSchemaKeywordsMatchServer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rows, err := b.pool.Query(b.ctx, `SELECT word, catcode FROM pg_get_keywords()`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	words, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct {
+		Word, Cat string
+	}])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range words {
+		err := migrations.ValidateSchema(w.Word)
+		if w.Cat != "U" && !errors.Is(err, migrations.ErrInvalidSchema) {
+			t.Errorf("keyword %q (category %s) accepted as a schema name", w.Word, w.Cat)
+		}
+		if w.Cat == "U" && err != nil {
+			t.Errorf("unreserved keyword %q refused: %v", w.Word, err)
+		}
+	}
+}
+
+// TestUnreservedKeywordSchemaMigrates: names next to the refused ones work
+// end to end (an unreserved keyword, a name containing a reserved one).
+func TestUnreservedKeywordSchemaMigrates(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, schema := range []string{"action", "select_x"} {
+		if err := migrations.MigrateWith(b.ctx, b.pool, migrations.Options{Schema: schema}); err != nil {
+			t.Fatalf("migrate %q: %v", schema, err)
+		}
+		if st, err := migrations.GetStatus(b.ctx, b.pool, schema); err != nil || st.Current != st.Latest {
+			t.Fatalf("status of %q = %+v, %v", schema, st, err)
+		}
 	}
 }
 

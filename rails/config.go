@@ -75,6 +75,9 @@ type WebhookConfig struct {
 	URL        string `json:"url"`
 	SecretFile string `json:"secret_file,omitempty"`
 	SecretEnv  string `json:"secret_env,omitempty"`
+	// AllowWorldReadableSecret accepts a SecretFile that other users of the
+	// machine can read (see [SecretSource]); refused by default.
+	AllowWorldReadableSecret bool `json:"allow_world_readable_secret,omitempty"`
 	// CAFile is an optional PEM file of extra root CAs.
 	CAFile string `json:"ca_file,omitempty"`
 }
@@ -647,6 +650,8 @@ func checkWebhook(where string, w WebhookConfig) []error {
 		errs = append(errs, atf(where, "webhook needs secret_file or secret_env"))
 	case w.SecretFile != "" && w.SecretEnv != "":
 		errs = append(errs, atf(where, "webhook takes secret_file or secret_env, not both"))
+	case w.AllowWorldReadableSecret && w.SecretFile == "":
+		errs = append(errs, atf(where, "webhook allow_world_readable_secret applies to secret_file only"))
 	case w.SecretEnv != "" && strings.ContainsAny(w.SecretEnv, "=\x00"):
 		errs = append(errs, atf(where, "webhook secret_env %q is not an environment variable name", w.SecretEnv))
 	}
@@ -859,19 +864,9 @@ func (c *Config) Build(opts BuildOptions) (*Built, error) {
 // buildWebhook reads the secret and builds the transport. Errors name the
 // secret's file or variable, never its value.
 func buildWebhook(w WebhookConfig, getenv func(string) string) (*Webhook, error) {
-	var secret []byte
-	if w.SecretFile != "" {
-		var err error
-		if secret, err = LoadSecret(w.SecretFile, ""); err != nil {
-			return nil, err
-		}
-	} else {
-		// LoadSecret's environment rule, through the program's getenv.
-		v := getenv(w.SecretEnv)
-		if v == "" {
-			return nil, fmt.Errorf("webhook secret variable %s is unset or empty", w.SecretEnv)
-		}
-		secret = []byte(v)
+	secret, err := SecretSource{File: w.SecretFile, Env: w.SecretEnv, AllowWorldReadable: w.AllowWorldReadableSecret, Getenv: getenv}.Load()
+	if err != nil {
+		return nil, err
 	}
 	defer clear(secret) // NewWebhook keeps its own copy
 	return NewWebhook(WebhookOptions{URL: w.URL, Secret: secret, CAFile: w.CAFile})

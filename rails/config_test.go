@@ -131,6 +131,25 @@ func mustBuild(t *testing.T, cfg *rails.Config, opts rails.BuildOptions) *rails.
 	return b
 }
 
+// TestConfigRefusesExposedSecretFile: a world-readable secret_file fails
+// Build with ErrSecretExposed unless allow_world_readable_secret is set.
+func TestConfigRefusesExposedSecretFile(t *testing.T) {
+	t.Parallel()
+	path := writeSecret(t)
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := loadCfg(t, "example.json")
+	cfg.Transports["psp"].Webhook.SecretFile = path
+	_, err := cfg.Build(rails.BuildOptions{GoTransports: map[string]rails.Transport{"core": downTransport{}}})
+	if !errors.Is(err, rails.ErrSecretExposed) {
+		t.Fatalf("Build with a 0644 secret file: %v, want ErrSecretExposed", err)
+	}
+	assertNoCfgSecret(t, "exposed secret error", err.Error())
+	cfg.Transports["psp"].Webhook.AllowWorldReadableSecret = true
+	mustBuild(t, cfg, rails.BuildOptions{GoTransports: map[string]rails.Transport{"core": downTransport{}}})
+}
+
 func TestConfigExampleParsesAndBuilds(t *testing.T) {
 	t.Parallel()
 	cfg := loadCfg(t, "example.json")

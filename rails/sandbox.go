@@ -1,10 +1,12 @@
 package rails
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
+	"strings"
 	"sync"
 	"time"
 
@@ -170,6 +172,12 @@ func (s *Sandbox) Send(ctx context.Context, ins Instruction) (Result, error) {
 		<-ctx.Done()
 		return Result{}, ctx.Err()
 	}
+	if err := payable(ins); err != nil {
+		// A real rail refuses a request it could not pay, whoever signed
+		// it; it neither pays nor remembers the key.
+		s.count(func(st *SandboxStats) { st.Rejected++ })
+		return Result{Code: SandboxRejected, Message: "sandbox: cannot pay: " + err.Error()}, nil
+	}
 	if s.opts.RetryableRate > 0 && s.roll(ins, "retryable") < s.opts.RetryableRate {
 		s.count(func(st *SandboxStats) { st.Retryable++ })
 		return Result{Code: SandboxUnavailable, Message: "sandbox: try again later"}, nil
@@ -181,6 +189,30 @@ func (s *Sandbox) Send(ctx context.Context, ins Instruction) (Result, error) {
 		return Result{}, ctx.Err()
 	}
 	return res, nil
+}
+
+// payable checks what any rail checks before moving money: a payment has a
+// positive amount within [MaxAmountMinor], an active ISO 4217 currency and
+// a destination; an instruction without a payment is an event and must
+// carry one (its metadata). Callers outside a relayer (the HTTP server's
+// clients) are not trusted to have validated anything.
+func payable(ins Instruction) error {
+	if p := ins.Payment; p != nil {
+		if err := ValidateAmount(p.AmountMinor); err != nil {
+			return err
+		}
+		if err := ValidateCurrency(p.Currency); err != nil {
+			return err
+		}
+		if strings.TrimSpace(p.Destination) == "" {
+			return invalid(FieldDestination, ReasonRequired, "destination is required")
+		}
+		return nil
+	}
+	if len(bytes.TrimSpace(ins.Metadata)) == 0 {
+		return invalid(FieldAmount, ReasonRequired, "neither a payment nor an event: nothing to pay or deliver")
+	}
+	return nil
 }
 
 func (s *Sandbox) count(f func(*SandboxStats)) {

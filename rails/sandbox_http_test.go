@@ -348,3 +348,54 @@ func TestSandboxHandlerBadAttemptHeader(t *testing.T) {
 		t.Fatalf("stats = %+v: a bad request reached the ledger", st)
 	}
 }
+
+// TestSandboxHandlerRefusesUnpayable: a correctly signed body that no rail
+// could pay (no amount, a negative amount, an unknown currency, no
+// destination, nothing at all) is refused 422 the way a real rail refuses
+// it, and nothing is paid; a good one next to them is paid.
+func TestSandboxHandlerRefusesUnpayable(t *testing.T) {
+	t.Parallel()
+	s, srv, _ := sandboxServer(t, SandboxOptions{})
+	post := func(body string) int {
+		t.Helper()
+		var probe struct {
+			Key string `json:"idempotency_key"`
+		}
+		if err := json.Unmarshal([]byte(body), &probe); err != nil {
+			t.Fatal(err)
+		}
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, bytes.NewReader([]byte(body)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := strconv.FormatInt(time.Now().Unix(), 10)
+		req.Header.Set(HeaderIdempotencyKey, probe.Key)
+		req.Header.Set(HeaderTimestamp, ts)
+		req.Header.Set(HeaderSignature, Sign(testWebhookSecret, ts, []byte(body)))
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, tt := range []struct {
+		name, body string
+		status     int
+	}{
+		{"no amount", `{"instruction_id":"i","participant_id":"p","idempotency_key":"k1","rail":"sandbox","currency":"USD","destination":"acct"}`, http.StatusUnprocessableEntity},
+		{"negative amount", `{"instruction_id":"i","participant_id":"p","idempotency_key":"k2","rail":"sandbox","amount_minor":-5,"currency":"USD","destination":"acct"}`, http.StatusUnprocessableEntity},
+		{"zero amount", `{"instruction_id":"i","participant_id":"p","idempotency_key":"k3","rail":"sandbox","amount_minor":0,"currency":"USD","destination":"acct"}`, http.StatusUnprocessableEntity},
+		{"unknown currency", `{"instruction_id":"i","participant_id":"p","idempotency_key":"k4","rail":"sandbox","amount_minor":5,"currency":"ZZZ","destination":"acct"}`, http.StatusUnprocessableEntity},
+		{"no destination", `{"instruction_id":"i","participant_id":"p","idempotency_key":"k5","rail":"sandbox","amount_minor":5,"currency":"USD"}`, http.StatusUnprocessableEntity},
+		{"nothing to pay", `{"instruction_id":"i","participant_id":"p","idempotency_key":"k6","rail":"sandbox"}`, http.StatusUnprocessableEntity},
+		{"good payment", `{"instruction_id":"i","participant_id":"p","idempotency_key":"k7","rail":"sandbox","amount_minor":5,"currency":"USD","destination":"acct"}`, http.StatusOK},
+	} {
+		if got := post(tt.body); got != tt.status {
+			t.Errorf("%s: status %d, want %d", tt.name, got, tt.status)
+		}
+	}
+	if st := s.Stats(); st.Payments != 1 || st.Rejected != 6 {
+		t.Fatalf("stats = %+v, want 1 payment and 6 refusals", st)
+	}
+}

@@ -699,6 +699,43 @@ func TestLoadSecret(t *testing.T) {
 	}
 }
 
+// TestSecretFileModes: a secret file other users can read, or that its
+// group or others can write, is refused with ErrSecretExposed (without the
+// secret in the message) unless explicitly allowed; owner-only and
+// group-readable files load.
+func TestSecretFileModes(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, tt := range []struct {
+		mode    os.FileMode
+		exposed bool
+	}{
+		{0o600, false}, {0o400, false}, {0o640, false},
+		{0o644, true}, {0o604, true}, {0o660, true}, {0o602, true}, {0o666, true},
+	} {
+		p := filepath.Join(dir, fmt.Sprintf("secret-%04o", tt.mode))
+		if err := os.WriteFile(p, testWebhookSecret, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, tt.mode); err != nil { // WriteFile's mode is subject to the umask
+			t.Fatal(err)
+		}
+		got, err := LoadSecret(p, "")
+		switch {
+		case tt.exposed && !errors.Is(err, ErrSecretExposed):
+			t.Errorf("mode %04o: LoadSecret = %q, %v; want ErrSecretExposed", tt.mode, got, err)
+		case tt.exposed:
+			assertNoSecret(t, "exposed secret error", err.Error())
+		case err != nil || !bytes.Equal(got, testWebhookSecret):
+			t.Errorf("mode %04o: LoadSecret = %q, %v", tt.mode, got, err)
+		}
+		allowed, err := SecretSource{File: p, AllowWorldReadable: true}.Load()
+		if err != nil || !bytes.Equal(allowed, testWebhookSecret) {
+			t.Errorf("mode %04o allowed: Load = %q, %v", tt.mode, allowed, err)
+		}
+	}
+}
+
 // TestWebhookRetryBodyIsIdentical: every attempt of one instruction sends
 // the same bytes (receivers fingerprint the payload per idempotency key
 // and answer a changed payload 422, which would dead-letter a paid

@@ -22,10 +22,13 @@ func runSandbox(ctx context.Context, env *environment, args []string) error {
 	if len(args) == 0 || args[0] != "serve" {
 		return fmt.Errorf("%w: usage: outbox sandbox serve [flags]", errUsage)
 	}
-	fs := newFlagSet(env, "sandbox serve", "sandbox serve [flags]   (POST / webhook protocol, GET /stats, GET /healthz)")
+	fs := newFlagSet(env, "sandbox serve", "sandbox serve [flags]   (POST / webhook protocol, signed; GET /stats and GET /healthz are unauthenticated: this is a test double, its counters are not secret)")
 	addr := fs.String("addr", "127.0.0.1:0", "listen address (port 0: pick one; the address is printed on stdout)")
 	secretFile := fs.String("secret-file", "", "file holding the HMAC secret that requests must be signed with")
 	secretEnv := fs.String("secret-env", "", "environment variable holding the HMAC secret (name, not value)")
+	allowReadable := fs.Bool("allow-world-readable-secret", false, "accept a --secret-file that other users of the machine can read")
+	readTimeout := fs.Duration("read-timeout", 30*time.Second, "longest time to read a request (headers within 10s at most)")
+	idleTimeout := fs.Duration("idle-timeout", 2*time.Minute, "keep-alive connections idle this long are closed")
 	var o rails.SandboxOptions
 	fs.Int64Var(&o.Seed, "seed", 1, "seed of every injected behaviour")
 	fs.DurationVar(&o.LatencyMin, "latency-min", 0, "fastest answer")
@@ -43,7 +46,7 @@ func runSandbox(ctx context.Context, env *environment, args []string) error {
 	var secret []byte
 	switch {
 	case *secretFile != "":
-		secret, err = rails.LoadSecret(*secretFile, "")
+		secret, err = rails.SecretSource{File: *secretFile, AllowWorldReadable: *allowReadable}.Load()
 	case *secretEnv != "":
 		if secret = []byte(env.getenv(*secretEnv)); len(secret) == 0 {
 			err = fmt.Errorf("secret variable %s is unset or empty", *secretEnv)
@@ -54,11 +57,24 @@ func runSandbox(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
+	if *readTimeout <= 0 || *idleTimeout <= 0 {
+		return fmt.Errorf("%w: --read-timeout and --idle-timeout must be positive", errUsage)
+	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: rails.NewSandboxHandler(rails.NewSandbox(o), secret), ReadHeaderTimeout: 10 * time.Second}
+	// Bounded reads and idle connections: a client that opens connections
+	// and sends nothing (or trickles a body) must not pin them forever.
+	// There is no write timeout: injected hangs and paid-then-silent
+	// timeouts last until the client gives up, as a real rail's would.
+	srv := &http.Server{
+		Handler:           rails.NewSandboxHandler(rails.NewSandbox(o), secret),
+		ReadHeaderTimeout: min(10*time.Second, *readTimeout),
+		ReadTimeout:       *readTimeout,
+		IdleTimeout:       *idleTimeout,
+		MaxHeaderBytes:    64 << 10,
+	}
 	fmt.Fprintf(env.stdout, "sandbox rail listening on http://%s\n", ln.Addr())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

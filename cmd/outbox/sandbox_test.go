@@ -1,0 +1,111 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// serveSandbox runs `outbox sandbox serve` in process with args and returns
+// the address it listens on; the server stops when the test ends.
+func serveSandbox(t *testing.T, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out, w := io.Pipe()
+	env := &environment{stdin: strings.NewReader(""), stdout: w, stderr: io.Discard,
+		getenv: func(k string) string { return map[string]string{"SANDBOX_SECRET": "s3cret-s3cret"}[k] }}
+	done := make(chan error, 1)
+	go func() {
+		err := run(ctx, env, append([]string{"sandbox", "serve", "--secret-env", "SANDBOX_SECRET"}, args...))
+		w.CloseWithError(errors.New("server exited"))
+		done <- err
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("sandbox serve: %v", err)
+		}
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("reading the address: %v", err)
+	}
+	go io.Copy(io.Discard, out) // nothing more is printed, but never block the server
+	addr, ok := strings.CutPrefix(strings.TrimSpace(line), "sandbox rail listening on http://")
+	if !ok {
+		t.Fatalf("unexpected first line %q", line)
+	}
+	return addr
+}
+
+// closedByServer reports whether the server closes conn (EOF or reset)
+// before the generous deadline; it never asserts how fast.
+func closedByServer(t *testing.T, conn net.Conn) bool {
+	t.Helper()
+	conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	_, err := io.Copy(io.Discard, conn)
+	var ne net.Error
+	return !(errors.As(err, &ne) && ne.Timeout())
+}
+
+// TestSandboxServerTimeouts: a client that starts a request and never
+// finishes its body, or keeps an idle keep-alive connection, is
+// disconnected.
+func TestSandboxServerTimeouts(t *testing.T) {
+	t.Parallel()
+	addr := serveSandbox(t, "--read-timeout", "200ms", "--idle-timeout", "200ms")
+
+	slow, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	// The body never arrives in full.
+	if _, err := io.WriteString(slow, "POST / HTTP/1.1\r\nHost: sandbox\r\nContent-Length: 100\r\n\r\n{\"idem"); err != nil {
+		t.Fatal(err)
+	}
+	if !closedByServer(t, slow) {
+		t.Error("a request whose body never ends kept its connection")
+	}
+
+	idle, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	if _, err := io.WriteString(idle, "GET /healthz HTTP/1.1\r\nHost: sandbox\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	status, err := bufio.NewReader(idle).ReadString('\n')
+	if err != nil || !strings.Contains(status, "200") {
+		t.Fatalf("healthz: %q, %v", status, err)
+	}
+	if !closedByServer(t, idle) {
+		t.Error("an idle keep-alive connection was kept")
+	}
+}
+
+// TestSandboxServerRefusesExposedSecretFile: a secret file other users can
+// read is a usage error unless --allow-world-readable-secret is given.
+func TestSandboxServerRefusesExposedSecretFile(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(path, []byte("s3cret-s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := invokeCLI(t, nil, "", "sandbox", "serve", "--secret-file", path)
+	requireExit(t, r, 2)
+	if !strings.Contains(r.stderr, "exposed") || strings.Contains(r.stderr, "s3cret") {
+		t.Fatalf("want an 'exposed' usage error without the secret, got %s", r)
+	}
+}
