@@ -37,6 +37,11 @@ const (
 	DefaultStopTimeout    = 30 * time.Second
 )
 
+// claimBackoffCap is the longest wait between failed claims: long enough
+// that a relayer fleet does not hammer a database that is down (or refusing
+// logins), short enough to resume soon after it is back.
+const claimBackoffCap = 5 * time.Second
+
 // StopRecordTimeout is how long Stop keeps trying to record outcomes after
 // the dispatches ended before it leaves them to the reaper.
 const StopRecordTimeout = 10 * time.Second

@@ -18,12 +18,15 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/ledgerline/outbox/attempts"
+	"github.com/ledgerline/outbox/internal/retry"
+	"github.com/ledgerline/outbox/migrations"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
 )
 
 // Stats are a relayer's counters since it started.
 type Stats struct {
+	Claims        int64 // claim statements run, including those that found nothing
 	ClaimBatches  int64 // claims that returned work
 	Claimed       int64
 	Dispatched    int64
@@ -53,11 +56,15 @@ type Relayer struct {
 	outcomes chan pendingOutcome
 
 	listening atomic.Bool
-	rndMu     sync.Mutex
-	rnd       *rand.Rand
+	// listenRecovered is set by listen before it connects.
+	listenRecovered func()
+	// recordFailures belongs to the recording goroutine (flushLoop).
+	recordFailures *retry.Loop
+	rndMu          sync.Mutex
+	rnd            *rand.Rand
 
 	stats struct {
-		claimBatches, claimed, dispatched, retried, dead, released, late, leftInFlight, notifications, polls atomic.Int64
+		claims, claimBatches, claimed, dispatched, retried, dead, released, late, leftInFlight, notifications, polls atomic.Int64
 	}
 
 	// Lifecycle.
@@ -128,6 +135,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relayer, error) {
 		flushDone:  make(chan struct{}),
 		listenDone: make(chan struct{}),
 	}
+	r.recordFailures = &retry.Loop{Log: r.log, What: "record outcomes", Min: 20 * time.Millisecond, Max: 2 * time.Second}
 	r.dispatchCtx, r.hardStop = context.WithCancel(context.Background())
 	r.recordCtx, r.abandonRecords = context.WithCancel(context.Background())
 	return r, nil
@@ -140,7 +148,7 @@ func (r *Relayer) ID() string { return r.cfg.RelayerID }
 func (r *Relayer) Stats() Stats {
 	s := &r.stats
 	return Stats{
-		ClaimBatches: s.claimBatches.Load(), Claimed: s.claimed.Load(), Dispatched: s.dispatched.Load(),
+		Claims: s.claims.Load(), ClaimBatches: s.claimBatches.Load(), Claimed: s.claimed.Load(), Dispatched: s.dispatched.Load(),
 		Retried: s.retried.Load(), Dead: s.dead.Load(), Released: s.released.Load(), Late: s.late.Load(),
 		LeftInFlight: s.leftInFlight.Load(), Notifications: s.notifications.Load(), Polls: s.polls.Load(),
 	}
@@ -148,7 +156,17 @@ func (r *Relayer) Stats() Stats {
 
 // Start starts the relayer's goroutines and returns. The relayer runs until
 // Stop; ctx is only used for start-up work (and its values are kept).
+//
+// Start first checks the database: errors that no retry can fix (the
+// server refuses our credentials, the database does not exist, a missing
+// privilege, a schema that is not migrated or behind this build) are
+// returned at once, and nothing is started. A database that cannot be
+// reached is not such an error: the relayer starts and keeps trying with
+// capped backoff.
 func (r *Relayer) Start(ctx context.Context) error {
+	if err := r.preflight(ctx); err != nil {
+		return err
+	}
 	err := errors.New("engine: relayer already started")
 	r.startOnce.Do(func() {
 		err = nil
@@ -170,6 +188,21 @@ func (r *Relayer) Start(ctx context.Context) error {
 			"poll_only", r.cfg.PollOnly, "max_concurrency", r.cfg.MaxConcurrency, "batch_size", r.cfg.BatchSize)
 	})
 	return err
+}
+
+// preflight refuses to start on permanent database errors (see Start).
+func (r *Relayer) preflight(ctx context.Context) error {
+	st, err := migrations.Ready(ctx, r.pool, r.cfg.Schema)
+	switch {
+	case err != nil && retry.Permanent(err):
+		return fmt.Errorf("engine: relayer cannot start: %w", retry.Explain(err))
+	case err != nil:
+		r.log.Warn("database not reachable at start; the relayer starts anyway and keeps trying", "err", err)
+	case st.Current > st.Latest:
+		r.log.Warn("the schema is newer than this build (a newer version migrated it); upgrade this relayer",
+			"schema", st.Schema, "version", st.Current, "build_version", st.Latest)
+	}
+	return nil
 }
 
 // Stop stops gracefully: no more claims; instructions claimed but not yet
@@ -288,7 +321,8 @@ func (r *Relayer) claimLoop(ctx context.Context) {
 
 	registered := false
 	var lastRefresh time.Time
-	errDelay := 50 * time.Millisecond
+	failures := &retry.Loop{Log: r.log, What: "claim", Min: 50 * time.Millisecond, Max: claimBackoffCap}
+	idleFailures := &retry.Loop{Log: r.log, What: "idle registration", Min: r.cfg.IdleRefresh, Max: r.cfg.IdleRefresh}
 	for !r.isStopping() {
 		n, full, err := r.claimOnce(stopCtx)
 		switch {
@@ -302,14 +336,12 @@ func (r *Relayer) claimLoop(ctx context.Context) {
 			}
 			continue
 		case err != nil:
-			r.log.Warn("claim failed", "err", err)
-			if !r.sleep(stopCtx, errDelay) {
+			if !r.sleep(stopCtx, failures.Failed(err)) {
 				return
 			}
-			errDelay = min(2*errDelay, r.cfg.PollInterval)
 			continue
 		}
-		errDelay = 50 * time.Millisecond
+		failures.Succeeded()
 		if n > 0 && registered {
 			if err := r.unregisterIdle(stopCtx); err == nil {
 				registered = false
@@ -321,9 +353,10 @@ func (r *Relayer) claimLoop(ctx context.Context) {
 		if n == 0 && r.shouldRegisterIdle() {
 			if !registered || time.Since(lastRefresh) >= r.cfg.IdleRefresh {
 				found, err := r.goIdle(stopCtx)
-				if err != nil {
-					r.log.Warn("idle registration failed", "err", err)
-				} else {
+				if err != nil && stopCtx.Err() == nil {
+					idleFailures.Failed(err)
+				} else if err == nil {
+					idleFailures.Succeeded()
 					registered, lastRefresh = true, time.Now()
 				}
 				if found {
@@ -433,6 +466,7 @@ func (r *Relayer) claim(ctx context.Context, limit int) ([]pending.Claimed, erro
 	if len(halfOpen) > 0 {
 		p.Leases = r.leases(halfOpen)
 		p.Limit = 1
+		r.stats.claims.Add(1)
 		probe, err := r.claimer.Claim(ctx, r.pool, p)
 		if err != nil {
 			return nil, err
@@ -442,6 +476,7 @@ func (r *Relayer) claim(ctx context.Context, limit int) ([]pending.Claimed, erro
 	}
 	if len(closed) > 0 && p.Limit > 0 {
 		p.Leases = r.leases(closed)
+		r.stats.claims.Add(1)
 		more, err := r.claimer.Claim(ctx, r.pool, p)
 		if err != nil {
 			return out, joinClaimErr(out, err)
@@ -680,12 +715,12 @@ func (r *Relayer) flushChunk(batch []pendingOutcome, scrubbed bool) {
 	for i, p := range batch {
 		outcomes[i] = p.Outcome
 	}
-	delay := 20 * time.Millisecond
 	for {
 		ctx, cancel := context.WithTimeout(r.recordCtx, 30*time.Second)
 		recorded, err := r.archive.Record(ctx, r.pool, outcomes)
 		cancel()
 		if recorded != nil {
+			r.recordFailures.Succeeded()
 			// Archived; an error here is about withdrawing a requeued copy,
 			// which then is dispatched again under the same key.
 			if err != nil {
@@ -703,12 +738,10 @@ func (r *Relayer) flushChunk(batch []pendingOutcome, scrubbed bool) {
 			r.log.Error("gave up recording outcomes at stop; the reaper will requeue them", "count", len(batch), "err", err)
 			return
 		}
-		r.log.Warn("recording outcomes failed; retrying", "count", len(batch), "err", err)
 		select {
-		case <-time.After(delay):
+		case <-time.After(r.recordFailures.Failed(err)):
 		case <-r.recordCtx.Done():
 		}
-		delay = min(2*delay, 2*time.Second)
 	}
 }
 

@@ -8,8 +8,12 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgxlisten"
 
+	"github.com/ledgerline/outbox/internal/retry"
 	"github.com/ledgerline/outbox/migrations"
 )
+
+// listenBackoffCap is the longest wait between reconnects of the listener.
+const listenBackoffCap = 30 * time.Second
 
 // idleSQL holds the statements of the adaptive NOTIFY protocol.
 type idleSQL struct {
@@ -36,19 +40,34 @@ const allFinishedSQL = `SELECT coalesce(bool_and(pg_xact_status(x::xid8) IS DIST
 // listen runs the LISTEN connection until ctx ends. pgxlisten reconnects
 // with a fresh connection each time; every (re)connect counts as a wake,
 // because notifications sent while disconnected are lost.
+//
+// While the database is unreachable the listener reconnects with capped
+// exponential backoff (pgxlisten's own delay is fixed) and logs once per
+// change of state, not per attempt.
 func (r *Relayer) listen(ctx context.Context) {
 	defer close(r.listenDone)
+	failures := &retry.Loop{Log: r.log, What: "listener (polling meanwhile)", Min: r.cfg.ReconnectDelay, Max: listenBackoffCap}
+	// Connect, LogError and HandleBacklog all run on Listen's goroutine.
+	var wait time.Duration
 	l := &pgxlisten.Listener{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
+			extra := wait - r.cfg.ReconnectDelay // pgxlisten already waited ReconnectDelay
+			if extra > 0 && !r.sleep(ctx, extra) {
+				return nil, ctx.Err()
+			}
 			return pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
 		},
 		LogError: func(ctx context.Context, err error) {
 			r.listening.Store(false)
 			if ctx.Err() == nil {
-				r.log.Warn("listener error; polling until it reconnects", "err", err)
+				wait = failures.Failed(err)
 			}
 		},
 		ReconnectDelay: r.cfg.ReconnectDelay,
+	}
+	r.listenRecovered = func() {
+		failures.Succeeded()
+		wait = 0
 	}
 	// Handlers are registered before Listen starts.
 	l.Handle(migrations.NotifyChannel, notifyHandler{r})
@@ -71,6 +90,7 @@ func (h notifyHandler) HandleNotification(_ context.Context, n *pgconn.Notificat
 // listening is picked up by one claim.
 func (h notifyHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
 	h.r.listening.Store(true)
+	h.r.listenRecovered()
 	h.r.signal()
 	return nil
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerline/outbox/attempts"
+	"github.com/ledgerline/outbox/internal/retry"
 	"github.com/ledgerline/outbox/migrations"
 )
 
@@ -342,8 +343,11 @@ func (r *Reaper) loop(ctx context.Context, done chan struct{}) {
 	defer close(done)
 	ticker := time.NewTicker(r.cfg.Interval)
 	defer ticker.Stop()
+	// Failing passes are logged once per change of state, not once per
+	// interval; the next pass is the retry.
+	failures := &retry.Loop{Log: r.log, What: "reaper pass", Min: r.cfg.Interval, Max: r.cfg.Interval}
 	for {
-		r.pass(ctx)
+		r.pass(ctx, failures)
 		select {
 		case <-ctx.Done():
 			return
@@ -354,11 +358,17 @@ func (r *Reaper) loop(ctx context.Context, done chan struct{}) {
 
 // pass is one background pass. Errors are logged, not returned: the next
 // pass retries, and a reaper that gave up would leave zombies for good.
-func (r *Reaper) pass(ctx context.Context) {
-	if err := r.archive.EnsurePartitions(ctx, r.pool, partitionMonthsAhead); err != nil && ctx.Err() == nil {
-		r.log.Warn("could not ensure attempt partitions", "err", err)
-	}
-	if _, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
-		r.log.Error("reaper pass failed; retrying next interval", "err", err, "next_pass_in", r.cfg.Interval)
+func (r *Reaper) pass(ctx context.Context, failures *retry.Loop) {
+	// Partition upkeep failing (it needs a lock on the archive) must not
+	// stop the reaping: both run, either failing counts.
+	perr := r.archive.EnsurePartitions(ctx, r.pool, partitionMonthsAhead)
+	_, err := r.RunOnce(ctx)
+	err = errors.Join(err, perr)
+	switch {
+	case ctx.Err() != nil:
+	case err != nil:
+		failures.Failed(err)
+	default:
+		failures.Succeeded()
 	}
 }

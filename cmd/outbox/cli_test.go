@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -780,5 +781,33 @@ func TestEnvInstructionFlagKeepsStdinMode(t *testing.T) {
 	}
 	if n := b.count(t, "idempotency_keys"); n != 2 {
 		t.Fatalf("%d instructions enqueued, want 2", n)
+	}
+}
+
+// TestRelayFailsFastOnPermanentErrors: a relayer the database refuses (an
+// unknown role: the same SQLSTATE class as a wrong password) or whose
+// schema is not migrated exits 1 at once with a message saying what to do,
+// instead of logging "relayer started" and retrying forever.
+func TestRelayFailsFastOnPermanentErrors(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	u, err := url.Parse(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword("nobody_here", "wrong-password")
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"refused credentials", []string{"relay", "--database-url", u.String()}, "credentials"},
+		{"schema not migrated", []string{"relay", "--database-url", b.url, "--schema", "never_migrated"}, "outbox migrate"},
+	} {
+		r := invokeCLI(t, nil, "", tt.args...)
+		requireExit(t, r, 1)
+		if !strings.Contains(r.stderr, tt.want) || strings.Contains(r.stderr, "relayer started") || strings.Contains(r.stderr, "wrong-password") {
+			t.Errorf("%s: want a clear error mentioning %q (no start, no password), got %s", tt.name, tt.want, r)
+		}
 	}
 }

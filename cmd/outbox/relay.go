@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -169,9 +170,22 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
+	// Start checks the database first and refuses errors no retry can fix
+	// (credentials, privileges, schema version): nothing else starts then.
+	if err := relayer.Start(ctx); err != nil {
+		return err
+	}
+	stopRelayer := func() error {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rf.stopTimeout)
+		defer cancel()
+		if err := relayer.Stop(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+		return nil
+	}
 	rp, stopReaper, err := rf.startReaper(ctx, pool, db.schema, log)
 	if err != nil {
-		return err
+		return errors.Join(err, stopRelayer())
 	}
 	defer stopReaper()
 	if m != nil {
@@ -180,10 +194,11 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 			m.registerReaper(rp)
 		}
 		if err := m.serve(ctx, rf.metricsAddr, log); err != nil {
-			return err
+			return errors.Join(err, stopRelayer())
 		}
 	}
-	return relayer.Run(ctx)
+	<-ctx.Done()
+	return stopRelayer()
 }
 
 func runReap(ctx context.Context, env *environment, args []string) error {

@@ -1,0 +1,250 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerline/outbox/internal/retry"
+	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/rails"
+)
+
+// poolFor opens a pool on url with one of its parts changed.
+func poolFor(t *testing.T, rawURL string, change func(u *url.URL)) *pgxpool.Pool {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	change(u)
+	pool, err := pgxpool.New(t.Context(), u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// TestStartRefusesWhatRetryingCannotFix: credentials the server refuses, a
+// database that does not exist, a role without privileges, a schema that is
+// not migrated or behind this build: Start returns a clear error at once and
+// nothing runs (no claim is ever made).
+func TestStartRefusesWhatRetryingCannotFix(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	dbURL := testdb.URL(t)
+	admin, err := pgxpool.New(b.ctx, testdb.AdminURL(t)) // the test database's owner may not create roles
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	role := fmt.Sprintf("noaccess_%d", time.Now().UnixNano())
+	if _, err := admin.Exec(b.ctx, "CREATE ROLE "+role+" LOGIN"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	if err := migrations.MigrateWith(b.ctx, b.pool, migrations.Options{Schema: "behind", TargetVersion: 1}); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, tt := range []struct {
+		name   string
+		pool   *pgxpool.Pool
+		schema string
+		want   string
+	}{
+		{"unknown role", poolFor(t, dbURL, func(u *url.URL) { u.User = url.UserPassword("nobody_here", "wrong") }), "", "credentials"},
+		{"no such database", poolFor(t, dbURL, func(u *url.URL) { u.Path = "/no_such_database" }), "", "does not exist"},
+		{"no privilege", poolFor(t, dbURL, func(u *url.URL) { u.User = url.User(role) }), "", "privilege"},
+		{"schema not migrated", b.pool, "never_migrated", "not migrated"},
+		{"schema behind", b.pool, "behind", "version 1"},
+	} {
+		cfg := b.config("r-" + tt.name)
+		cfg.Schema = tt.schema
+		r, err := New(tt.pool, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = r.Start(b.ctx)
+		if err == nil {
+			r.Stop(b.ctx)
+			t.Errorf("%s: Start succeeded", tt.name)
+			continue
+		}
+		if !retry.Permanent(err) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: Start = %v; want a permanent error mentioning %q", tt.name, err, tt.want)
+		}
+		if st := r.Stats(); st.Claims != 0 {
+			t.Errorf("%s: %d claims after a refused start", tt.name, st.Claims)
+		}
+		if err := r.Stop(b.ctx); err == nil {
+			t.Errorf("%s: Stop after a refused Start succeeded; nothing should be running", tt.name)
+		}
+	}
+	var schemaErr *migrations.SchemaError
+	r, _ := New(b.pool, Config{Rails: b.rails, Schema: "behind"})
+	if err := r.Start(b.ctx); !errors.As(err, &schemaErr) || schemaErr.Current != 1 || schemaErr.Latest != migrations.Latest() {
+		t.Errorf("Start on a schema at version 1 = %v, want a *migrations.SchemaError", err)
+	}
+}
+
+// TestStartWhileDatabaseUnreachable: an unreachable database is not a
+// reason to refuse: the relayer starts, keeps trying, and stops cleanly.
+func TestStartWhileDatabaseUnreachable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	pool := poolFor(t, testdb.URL(t), func(u *url.URL) { u.Host = "127.0.0.1:1" })
+	cfg := b.config("unreachable")
+	logs := &recordingHandler{}
+	cfg.Logger = slog.New(logs)
+	r, err := New(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(b.ctx); err != nil {
+		t.Fatalf("Start with the database unreachable: %v", err)
+	}
+	waitFor(t, 10*time.Second, "a failed claim", func() bool { return r.Stats().Claims >= 2 })
+	if err := r.Stop(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// recordingHandler keeps every log record.
+type recordingHandler struct {
+	mu      sync.Mutex
+	records []slog.Record
+}
+
+func (h *recordingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *recordingHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	h.records = append(h.records, r)
+	h.mu.Unlock()
+	return nil
+}
+func (h *recordingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *recordingHandler) WithGroup(string) slog.Handler      { return h }
+
+// count returns how many records at level or above start with prefix.
+func (h *recordingHandler) count(level slog.Level, prefix string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, r := range h.records {
+		if r.Level >= level && strings.HasPrefix(r.Message, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestClaimFailuresLoggedOncePerState: while every claim fails the same
+// way, one warning is logged (not one per attempt), the attempts back off
+// (bounded by the backoff schedule, however fast the machine), and the
+// recovery is logged once.
+func TestClaimFailuresLoggedOncePerState(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	cfg := b.config("failing")
+	cfg.PollOnly = true
+	logs := &recordingHandler{}
+	cfg.Logger = slog.New(logs)
+	r := b.start(t, cfg)
+	waitFor(t, 10*time.Second, "a first claim", func() bool { return r.Stats().Claims >= 1 })
+
+	if _, err := b.pool.Exec(b.ctx, `ALTER TABLE outbox.pending RENAME TO pending_gone`); err != nil {
+		t.Fatal(err)
+	}
+	start, before := time.Now(), r.Stats().Claims
+	waitFor(t, 30*time.Second, "six failed claims", func() bool { return r.Stats().Claims >= before+6 })
+	elapsed, attempts := time.Since(start), r.Stats().Claims-before
+	if _, err := b.pool.Exec(b.ctx, `ALTER TABLE outbox.pending_gone RENAME TO pending`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the recovery line", func() bool { return logs.count(slog.LevelInfo, "claim recovered") == 1 })
+
+	if n := logs.count(slog.LevelWarn, "claim"); n != 1 {
+		t.Errorf("%d warnings about failing claims, want 1 (once per state)", n)
+	}
+	// Attempt k (k >= 1) waits 50ms * 2^(k-1) (capped at 5s) plus a poll
+	// interval at most before the first failure shows: the number of
+	// attempts in elapsed is at most the schedule's plus the one in flight.
+	bound, waited := int64(2), time.Duration(0)
+	for d := 50 * time.Millisecond; waited < elapsed; d = min(2*d, claimBackoffCap) {
+		waited += d
+		bound++
+	}
+	if attempts > bound {
+		t.Errorf("%d claim attempts in %v while failing; the backoff schedule allows %d", attempts, elapsed, bound)
+	}
+}
+
+// TestNotifyStormIsBoundedByDebounce: anyone who can connect can NOTIFY the
+// relayers' channel. A storm of thousands of notifications turns into at
+// most one claim per debounce window (plus polls and idle refreshes), not
+// one claim per notification.
+func TestNotifyStormIsBoundedByDebounce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	cfg := b.config("storm")
+	cfg.PollInterval = time.Second
+	r := b.start(t, cfg)
+	waitFor(t, 10*time.Second, "the listener", func() bool { return r.listening.Load() })
+
+	conn, err := b.pool.Acquire(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	claims0, notes0, start := r.Stats().Claims, r.Stats().Notifications, time.Now()
+	sent := 0
+	for time.Since(start) < 2*time.Second {
+		if _, err := conn.Exec(b.ctx, "NOTIFY outbox_pending"); err != nil {
+			t.Fatal(err)
+		}
+		sent++
+	}
+	// Let the last notifications arrive and their debounced claim run.
+	time.Sleep(2 * cfg.Debounce)
+	window := time.Since(start)
+	st := r.Stats()
+	claims, notes := st.Claims-claims0, st.Notifications-notes0
+
+	debounce := cfg.Debounce
+	if debounce == 0 {
+		debounce = DefaultDebounce
+	}
+	// One claim per debounce window, one per poll (the poll interval is
+	// jittered down to 80%), two per idle refresh (goIdle claims twice),
+	// and one in progress at each end.
+	bound := int64(window/debounce) + int64(window/(cfg.PollInterval*8/10)) + 2*int64(window/DefaultIdleRefresh+1) + 2
+	t.Logf("%d NOTIFYs sent, %d received, %d claims in %v (bound %d)", sent, notes, claims, window.Round(time.Millisecond), bound)
+	if notes < 10*bound {
+		t.Skipf("only %d notifications arrived: not a storm on this machine, nothing shown", notes)
+	}
+	if claims > bound {
+		t.Fatalf("%d claims for %d notifications in %v: more than the debounce bound %d", claims, notes, window, bound)
+	}
+}
