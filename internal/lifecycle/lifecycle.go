@@ -1,0 +1,115 @@
+// Package lifecycle is the one start/stop contract of the outbox's
+// long-running services: the relayer (engine.Relayer), the zombie reaper
+// (reaper.Reaper) and the relay service that runs both (relay.Service).
+//
+// The contract, the same for all of them:
+//
+//   - Start(ctx) starts the background work and returns. ctx is used for
+//     start-up work only (a database check, say); cancelling it later does
+//     not stop anything, Stop does. A Start that fails leaves the service
+//     stopped, and it may be started again.
+//   - Start on a running service returns [ErrAlreadyStarted] and changes
+//     nothing.
+//   - Stop(ctx) stops and returns once everything the service started has
+//     ended. ctx bounds the graceful part (in-flight work finishing); when
+//     it ends first, Stop cuts the rest off and returns ctx's error, but the
+//     service is stopped all the same.
+//   - Stop on a service that is not running (never started, or stopped
+//     already) returns nil at once. Concurrent Stops: one stops, the others
+//     wait for it and return nil (or their own ctx's error if that ends
+//     first).
+//   - Start after Stop starts the service again, with fresh internal state;
+//     counters carry over.
+//   - Start and Stop never run at the same time: a Start issued during a
+//     Stop waits for the Stop to finish (or for its own ctx), and the
+//     other way round.
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sync"
+)
+
+// ErrAlreadyStarted is returned by Start on a running service.
+var ErrAlreadyStarted = errors.New("already started")
+
+// StopFunc stops what a successful start started (see the package
+// contract for ctx).
+type StopFunc func(ctx context.Context) error
+
+// Lifecycle implements the contract for one service. The zero value is a
+// stopped service. It is safe for concurrent use.
+type Lifecycle struct {
+	init sync.Once
+	// token has one slot: holding it is the right to start or stop. A
+	// channel rather than a mutex, so that waiting for it honours a context.
+	token chan struct{}
+	stop  StopFunc // nil while stopped; read and written holding the token
+}
+
+func (l *Lifecycle) acquire(ctx context.Context) error {
+	l.init.Do(func() { l.token = make(chan struct{}, 1) })
+	select {
+	case l.token <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (l *Lifecycle) release() { <-l.token }
+
+// Start runs start unless the service is running. start gets ctx and
+// returns the function that stops what it started.
+func (l *Lifecycle) Start(ctx context.Context, start func(ctx context.Context) (StopFunc, error)) error {
+	if err := l.acquire(ctx); err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	defer l.release()
+	if l.stop != nil {
+		return ErrAlreadyStarted
+	}
+	stop, err := start(ctx)
+	if err != nil {
+		return err
+	}
+	l.stop = stop
+	return nil
+}
+
+// Stop stops the service if it runs (see the package contract).
+func (l *Lifecycle) Stop(ctx context.Context) error {
+	if err := l.acquire(ctx); err != nil {
+		return fmt.Errorf("stop: %w", err)
+	}
+	defer l.release()
+	stop := l.stop
+	if stop == nil {
+		return nil
+	}
+	l.stop = nil
+	return stop(ctx)
+}
+
+// Running reports whether the service is started and not stopped. It waits
+// for a Start or Stop in progress.
+func (l *Lifecycle) Running() bool {
+	_ = l.acquire(context.Background())
+	defer l.release()
+	return l.stop != nil
+}
+
+// ProcessID returns an id for a service of this process: host, pid and a
+// random suffix (two services of one process get different ids). It names
+// relayers and reapers in attempt rows, logs and pg_stat_activity.
+func ProcessID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	return fmt.Sprintf("%s-%d-%06x", host, os.Getpid(), rand.IntN(1<<24))
+}
