@@ -1,129 +1,125 @@
-// Package attempts owns the append-only archive: one row per state change of
-// an instruction. It records outcomes, answers auditors' questions (the trail
-// of an instruction) and verifies the system's invariants by query.
+// Package attempts is the auditors' and operators' view of the outbox: the
+// append-only archive (one row per state change of an instruction), the
+// invariants checked by query, the dead letters with replay and
+// acknowledgement, and a snapshot of the queue.
 //
 // The database rejects UPDATE, DELETE and TRUNCATE on the archive; retention
-// drops whole monthly partitions.
+// drops whole monthly partitions. Relayers write the archive (package
+// engine); this package reads it, and changes only dead letters, through
+// the transitions that record who did it.
 package attempts
 
 import (
 	"context"
-	"fmt"
-	"time"
 
 	"github.com/gofrs/uuid/v5"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/internal/store"
 )
 
-// State is the state an attempt row records.
-type State string
+// State is the state an archive row records.
+type State = store.State
 
-// Attempt states.
+// The states of an archive row.
 const (
 	// Dispatching: claimed by a relayer, about to be sent.
-	Dispatching State = "DISPATCHING"
+	Dispatching = store.Dispatching
 	// Dispatched: the rail accepted it (terminal).
-	Dispatched State = "DISPATCHED"
+	Dispatched = store.Dispatched
 	// Retryable: this attempt failed; the instruction is pending again.
-	Retryable State = "RETRYABLE"
+	Retryable = store.Retryable
 	// Failed: terminal failure; the instruction is a dead letter.
-	Failed State = "FAILED"
+	Failed = store.Failed
 	// ZombieRequeue: the relayer's lease expired; the reaper requeued it.
-	ZombieRequeue State = "ZOMBIE_REQUEUE"
+	ZombieRequeue = store.ZombieRequeue
 	// Replayed: an operator sent a dead letter back to pending.
-	Replayed State = "REPLAYED"
+	Replayed = store.Replayed
 )
 
-// DB is the part of a connection this package uses; *pgxpool.Pool,
-// *pgx.Conn and pgx.Tx satisfy it.
-type DB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
 // Attempt is one archive row.
-type Attempt struct {
-	AttemptID      uuid.UUID  `json:"attempt_id"`
-	OutboxID       uuid.UUID  `json:"outbox_id"`
-	InstructionID  string     `json:"instruction_id"`
-	ParticipantID  string     `json:"participant_id"`
-	SequenceID     int64      `json:"sequence_id"`
-	IdempotencyKey string     `json:"idempotency_key"`
-	RailType       string     `json:"rail"`
-	TenantID       *string    `json:"tenant_id,omitempty"`
-	CorrelationID  *string    `json:"correlation_id,omitempty"`
-	AttemptNo      int        `json:"attempt_no"`
-	State          State      `json:"state"`
-	RelayerID      *string    `json:"relayer_id,omitempty"`
-	ClaimAttemptID *uuid.UUID `json:"claim_attempt_id,omitempty"`
-	ClaimedAt      time.Time  `json:"claimed_at"`
-	CompletedAt    *time.Time `json:"completed_at,omitempty"`
-	NextAttemptAt  *time.Time `json:"next_attempt_at,omitempty"`
-	RailReference  *string    `json:"rail_reference,omitempty"`
-	RailCode       *string    `json:"rail_code,omitempty"`
-	ErrorCode      *string    `json:"error_code,omitempty"`
-	ErrorMessage   *string    `json:"error_message,omitempty"`
-	LatencyMS      *int       `json:"latency_ms,omitempty"`
-	Late           bool       `json:"late"`
-	CreatedAt      time.Time  `json:"created_at"`
-}
+type Attempt = store.Attempt
+
+// DeadLetter is an instruction that failed terminally.
+type DeadLetter = store.DeadLetter
+
+// Snapshot is the operational state of the queue at one instant, read from
+// the small hot tables only (cheap enough to scrape every few seconds).
+type Snapshot = store.Snapshot
+
+// Report is the result of [Archive.Verify]; Violation one broken invariant.
+type (
+	Report    = store.Report
+	Violation = store.Violation
+)
+
+// VerifyOptions tune [Archive.Verify].
+type VerifyOptions = store.VerifyOptions
+
+// DB is what the reads and operator actions run on; *pgxpool.Pool,
+// *pgx.Conn and pgx.Tx satisfy it.
+type DB = store.Querier
+
+// TxBeginner starts transactions; *pgxpool.Pool and *pgx.Conn satisfy it.
+type TxBeginner = store.TxBeginner
 
 // Archive reads the archive of one schema.
 type Archive struct {
-	schema string
+	store *store.Store
 }
 
 // New returns an Archive for schema ("" means the default).
 func New(schema string) (*Archive, error) {
-	if err := migrations.ValidateSchema(schema); err != nil {
+	s, err := store.New(schema)
+	if err != nil {
 		return nil, err
 	}
-	return &Archive{schema: schema}, nil
-}
-
-const attemptColumns = `attempt_id, outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-	tenant_id, correlation_id, attempt_no, state, relayer_id, claim_attempt_id, claimed_at, completed_at,
-	next_attempt_at, rail_reference, rail_code, error_code, error_message, latency_ms, late, created_at`
-
-func scanAttempt(row pgx.CollectableRow) (Attempt, error) {
-	var a Attempt
-	err := row.Scan(&a.AttemptID, &a.OutboxID, &a.InstructionID, &a.ParticipantID, &a.SequenceID, &a.IdempotencyKey,
-		&a.RailType, &a.TenantID, &a.CorrelationID, &a.AttemptNo, &a.State, &a.RelayerID, &a.ClaimAttemptID,
-		&a.ClaimedAt, &a.CompletedAt, &a.NextAttemptAt, &a.RailReference, &a.RailCode, &a.ErrorCode,
-		&a.ErrorMessage, &a.LatencyMS, &a.Late, &a.CreatedAt)
-	return a, err
+	return &Archive{store: s}, nil
 }
 
 // Trail returns every attempt row of an instruction, oldest first.
 func (a *Archive) Trail(ctx context.Context, db DB, outboxID uuid.UUID) ([]Attempt, error) {
-	return a.query(ctx, db, "outbox_id = $1", outboxID)
+	return a.store.Trail(ctx, db, outboxID)
 }
 
 // TrailByInstruction returns every attempt row of a producer's instruction
 // id (all outbox ids it was enqueued under), oldest first.
 func (a *Archive) TrailByInstruction(ctx context.Context, db DB, instructionID string) ([]Attempt, error) {
-	return a.query(ctx, db, "instruction_id = $1", instructionID)
+	return a.store.TrailByInstruction(ctx, db, instructionID)
 }
 
-func (a *Archive) query(ctx context.Context, db DB, where string, arg any) ([]Attempt, error) {
-	rows, err := db.Query(ctx, migrations.Qualify(a.schema,
-		"SELECT "+attemptColumns+" FROM {schema}.attempts WHERE "+where+" ORDER BY created_at, attempt_id"), arg)
-	if err != nil {
-		return nil, fmt.Errorf("attempts: query trail: %w", err)
-	}
-	return pgx.CollectRows(rows, scanAttempt)
+// DeadLetters lists dead letters, oldest failure first; acknowledged ones
+// only when all is true.
+func (a *Archive) DeadLetters(ctx context.Context, db DB, all bool, limit int) ([]DeadLetter, error) {
+	return a.store.DeadLetters(ctx, db, all, limit)
 }
 
-// EnsurePartitions creates the archive's monthly partitions for the current
-// month and monthsAhead months after it. Idempotent.
-func (a *Archive) EnsurePartitions(ctx context.Context, db DB, monthsAhead int) error {
-	_, err := db.Exec(ctx, migrations.Qualify(a.schema, "SELECT {schema}.ensure_attempt_partitions($1)"), monthsAhead)
-	if err != nil {
-		return fmt.Errorf("attempts: ensure partitions: %w", err)
-	}
-	return nil
+// Replay sends a dead letter back to pending with the same outbox and
+// sequence id and a fresh retry budget, and archives a REPLAYED row naming
+// the operator. With ordering on it becomes its participant's next
+// instruction again. It reports whether the dead letter existed.
+func (a *Archive) Replay(ctx context.Context, db DB, outboxID uuid.UUID, operator string) (bool, error) {
+	return a.store.Replay(ctx, db, outboxID, operator)
+}
+
+// Acknowledge marks a dead letter as handled by an operator (it stays in
+// the table as the instruction's final place). It reports whether an
+// unacknowledged dead letter existed.
+func (a *Archive) Acknowledge(ctx context.Context, db DB, outboxID uuid.UUID, operator string) (bool, error) {
+	return a.store.Acknowledge(ctx, db, outboxID, operator)
+}
+
+// Snapshot reads the queue's operational state.
+func (a *Archive) Snapshot(ctx context.Context, db DB) (Snapshot, error) {
+	return a.store.Snapshot(ctx, db)
+}
+
+// Verify checks the invariants 1 to 5 (docs/architecture.md) by query, in
+// one REPEATABLE READ snapshot, so a running system is checked at one
+// instant: every committed enqueue in exactly one place, gap-free
+// sequences, one identity per key, ordering (with opts.Ordered), and
+// complete attempt trails. Invariant 6 (atomic transitions) is what keeps
+// 1-5 true across crashes; crash tests check it by calling Verify after a
+// crash.
+func (a *Archive) Verify(ctx context.Context, db TxBeginner, opts VerifyOptions) (Report, error) {
+	return a.store.Verify(ctx, db, opts)
 }

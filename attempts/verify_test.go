@@ -403,14 +403,14 @@ var corruptions = []corruption{
 		name: "sequence allocated without a key", invariant: 2, check: "gap-free sequences",
 		build: func(t *testing.T, b *verifyBundle) {
 			b.enqueue(t, "p1", "k1")
-			b.exec(t, "SELECT outbox.bump_sequence('p1')")
+			b.exec(t, "SELECT * FROM outbox.bump_sequences('{p1}', '{1}')")
 			b.enqueue(t, "p1", "k3") // sequence 3: 1, 3 committed, 2 missing
 		},
 	},
 	{
 		name: "sequence allocated for a participant without keys", invariant: 2, check: "gap-free sequences",
 		build: func(t *testing.T, b *verifyBundle) {
-			b.exec(t, "SELECT outbox.bump_sequence('p-nobody')")
+			b.exec(t, "SELECT * FROM outbox.bump_sequences('{p-nobody}', '{1}')")
 		},
 	},
 	{

@@ -10,12 +10,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"os"
 	"time"
 
-	"github.com/ledgerline/outbox/attempts"
-	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/internal/lifecycle"
+	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/rails"
 )
 
@@ -119,7 +117,7 @@ type Config struct {
 // Recorded is an outcome as committed, for observers (demo, benchmarks,
 // metrics).
 type Recorded struct {
-	attempts.Outcome
+	store.Outcome
 	// EnqueuedAt is the instruction's first enqueue (database clock);
 	// RecordedAt is when the outcome committed (relayer clock).
 	EnqueuedAt, RecordedAt time.Time
@@ -128,16 +126,43 @@ type Recorded struct {
 	Late bool
 }
 
+// Result is what a recorded outcome meant for its instruction, as the
+// relayer's counters, logs and metrics count it.
+type Result string
+
+// The results of a recorded outcome.
+const (
+	ResultDispatched Result = "dispatched" // the rail accepted it
+	ResultRetried    Result = "retried"    // back to pending, after a backoff
+	ResultDead       Result = "dead"       // a dead letter
+	ResultReleased   Result = "released"   // handed back unsent (stopping relayer)
+	ResultLate       Result = "late"       // its lease had been reaped: archived only
+)
+
+// Result classifies the outcome.
+func (r Recorded) Result() Result {
+	switch {
+	case r.Late:
+		return ResultLate
+	case r.State == store.Dispatched:
+		return ResultDispatched
+	case r.State == store.Failed:
+		return ResultDead
+	case r.ErrorCode == string(rails.CodeReleased):
+		return ResultReleased
+	}
+	return ResultRetried
+}
+
 func (c *Config) setDefaults() error {
 	if c.Rails == nil || len(c.Rails.Types()) == 0 {
 		return errors.New("engine: Config.Rails must configure at least one rail")
 	}
-	if err := migrations.ValidateSchema(c.Schema); err != nil {
+	if err := store.ValidateSchema(c.Schema); err != nil {
 		return err
 	}
 	if c.RelayerID == "" {
-		host, _ := os.Hostname()
-		c.RelayerID = fmt.Sprintf("%s-%d-%04x", host, os.Getpid(), rand.IntN(1<<16))
+		c.RelayerID = lifecycle.ProcessID()
 	}
 	def := func(v *int, d int) {
 		if *v <= 0 {

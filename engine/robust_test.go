@@ -10,9 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/ledgerline/outbox/attempts"
+	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/internal/testdb"
-	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
 )
 
@@ -45,9 +44,6 @@ func (b *testBundle) newRelayer(t *testing.T, cfg Config) *Relayer {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if !r.started.Load() {
-			return
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		_ = r.Stop(ctx)
@@ -85,7 +81,7 @@ func TestUnstorableOutcomeDoesNotWedge(t *testing.T) {
 	b.enqueue(t, total, total)
 	poisoned := map[string]bool{"p003-0": true, "p011-0": true}
 	r := b.newRelayer(t, b.config("poison"))
-	r.testHooks.outcome = func(o *attempts.Outcome) {
+	r.testHooks.outcome = func(o *store.Outcome) {
 		if poisoned[o.InstructionID] {
 			o.RailReference = "ref\x00with-nul"
 		}
@@ -224,7 +220,7 @@ func TestOutcomeAfterStopGaveUpDoesNotPanic(t *testing.T) {
 	}
 	close(release)
 	done := make(chan struct{})
-	go func() { r.dispatches.Wait(); close(done) }()
+	go func() { r.current.Load().dispatches.Wait(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
@@ -317,10 +313,10 @@ func TestUndecodablePayloadIsDeadLettered(t *testing.T) {
 // ahead cannot stretch a call past the lease.
 func TestCallDeadlineUsesOwnClock(t *testing.T) {
 	t.Parallel()
-	r := &Relayer{cfg: Config{LeaseGrace: 10 * time.Second}}
+	r := &run{Relayer: &Relayer{cfg: Config{LeaseGrace: 10 * time.Second}}}
 	claimStart := time.Now()
 	dbNow := claimStart.Add(time.Hour) // the database's clock is an hour ahead
-	c := pending.Claimed{ClaimedAt: dbNow, LeaseUntil: dbNow.Add(40 * time.Second)}
+	c := store.Claimed{ClaimedAt: dbNow, LeaseUntil: dbNow.Add(40 * time.Second)}
 	if got, want := r.callDeadline(claimStart, c), claimStart.Add(35*time.Second); !got.Equal(want) {
 		t.Errorf("call deadline %v after the claim started, want %v", got.Sub(claimStart), want.Sub(claimStart))
 	}

@@ -9,33 +9,12 @@ import (
 	"github.com/jackc/pgxlisten"
 
 	"github.com/ledgerline/outbox/internal/retry"
+	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/migrations"
 )
 
 // listenBackoffCap is the longest wait between reconnects of the listener.
 const listenBackoffCap = 30 * time.Second
-
-// idleSQL holds the statements of the adaptive NOTIFY protocol.
-type idleSQL struct {
-	register, unregister string
-}
-
-func newIdleSQL(schema string) idleSQL {
-	return idleSQL{
-		register: migrations.Qualify(schema, `INSERT INTO {schema}.relayer_idle (relayer_id, idle_since)
-			VALUES ($1, clock_timestamp())
-			ON CONFLICT (relayer_id) DO UPDATE SET idle_since = clock_timestamp()`),
-		unregister: migrations.Qualify(schema, `DELETE FROM {schema}.relayer_idle WHERE relayer_id = $1`),
-	}
-}
-
-// inProgressSQL lists the transactions running right now (those with a
-// transaction id, i.e. writers).
-const inProgressSQL = `SELECT coalesce(array_agg(x::text), '{}') FROM pg_snapshot_xip(pg_current_snapshot()) AS x`
-
-// allFinishedSQL reports whether every listed transaction has ended.
-const allFinishedSQL = `SELECT coalesce(bool_and(pg_xact_status(x::xid8) IS DISTINCT FROM 'in progress'), true)
-	FROM unnest($1::text[]) AS x`
 
 // listen runs the LISTEN connection until ctx ends. pgxlisten reconnects
 // with a fresh connection each time; every (re)connect counts as a wake,
@@ -44,7 +23,7 @@ const allFinishedSQL = `SELECT coalesce(bool_and(pg_xact_status(x::xid8) IS DIST
 // While the database is unreachable the listener reconnects with capped
 // exponential backoff (pgxlisten's own delay is fixed) and logs once per
 // change of state, not per attempt.
-func (r *Relayer) listen(ctx context.Context) {
+func (r *run) listen(ctx context.Context) {
 	defer close(r.listenDone)
 	failures := &retry.Loop{Log: r.log, What: "listener (polling meanwhile)", Min: r.cfg.ReconnectDelay, Max: listenBackoffCap}
 	// Connect, LogError and HandleBacklog all run on Listen's goroutine.
@@ -75,7 +54,7 @@ func (r *Relayer) listen(ctx context.Context) {
 	r.listening.Store(false)
 }
 
-type notifyHandler struct{ r *Relayer }
+type notifyHandler struct{ r *run }
 
 // HandleNotification wakes the claim loop; the claim loop debounces.
 func (h notifyHandler) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
@@ -105,17 +84,17 @@ func (h notifyHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
 //     again. Producers that start later see the registration and notify.
 //
 // found reports that one of these claims returned work.
-func (r *Relayer) goIdle(ctx context.Context) (found bool, err error) {
+func (r *run) goIdle(ctx context.Context) (found bool, err error) {
 	if h := r.testHooks.beforeRegister; h != nil {
 		h()
 	}
-	if _, err := r.pool.Exec(ctx, r.idle.register, r.cfg.RelayerID); err != nil {
+	if err := r.store.RegisterIdle(ctx, r.pool, r.cfg.RelayerID); err != nil {
 		return false, err
 	}
 	// The snapshot must be taken after the registration committed, so it
 	// is a separate statement (and implicit transaction).
-	var running []string
-	if err := r.pool.QueryRow(ctx, inProgressSQL).Scan(&running); err != nil {
+	running, err := store.RunningWriters(ctx, r.pool)
+	if err != nil {
 		return false, err
 	}
 	if n, _, err := r.claimOnce(ctx); err != nil || n > 0 {
@@ -137,12 +116,12 @@ func (r *Relayer) goIdle(ctx context.Context) (found bool, err error) {
 // awaitFinished polls until the listed transactions have all ended. It
 // gives up (false) after one poll interval or when woken, since the poll
 // and the wake both lead to a claim anyway.
-func (r *Relayer) awaitFinished(ctx context.Context, xids []string) bool {
+func (r *run) awaitFinished(ctx context.Context, xids []string) bool {
 	deadline := time.Now().Add(r.cfg.PollInterval)
 	delay := time.Millisecond
 	for time.Now().Before(deadline) {
-		var done bool
-		if err := r.pool.QueryRow(ctx, allFinishedSQL, xids).Scan(&done); err != nil {
+		done, err := store.AllFinished(ctx, r.pool, xids)
+		if err != nil {
 			return false
 		}
 		if done {
@@ -164,7 +143,6 @@ func (r *Relayer) awaitFinished(ctx context.Context, xids []string) bool {
 	return false
 }
 
-func (r *Relayer) unregisterIdle(ctx context.Context) error {
-	_, err := r.pool.Exec(ctx, r.idle.unregister, r.cfg.RelayerID)
-	return err
+func (r *run) unregisterIdle(ctx context.Context) error {
+	return r.store.UnregisterIdle(ctx, r.pool, r.cfg.RelayerID)
 }

@@ -2,8 +2,8 @@
 // files and [Migrate], which applies them with tern under an advisory lock so
 // that any number of processes can migrate at once.
 //
-// Every table lives in one schema, "outbox" by default. Other packages render
-// their SQL for a schema with [Qualify].
+// Every table lives in one schema, "outbox" by default; the statements that
+// use the tables are rendered for it by the internal store package.
 package migrations
 
 import (
@@ -11,20 +11,19 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io/fs"
-	"regexp"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/tern/v2/migrate"
+
+	"github.com/ledgerline/outbox/internal/store"
 )
 
 // DefaultSchema is the schema used when none is configured.
-const DefaultSchema = "outbox"
+const DefaultSchema = store.DefaultSchema
 
 // NotifyChannel is the channel the pending insert trigger notifies.
 const NotifyChannel = "outbox_pending"
@@ -35,25 +34,10 @@ var files embed.FS
 // ErrInvalidSchema is returned for schema names that are not plain
 // lower-case identifiers, are SQL keywords, or name a system or shared
 // schema (public, information_schema, pg_*).
-var ErrInvalidSchema = errors.New("invalid schema name")
-
-// Schema names are restricted to plain identifiers so they can be spliced
-// into SQL text without quoting (SQL parameters cannot name a schema).
-var schemaPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+var ErrInvalidSchema = store.ErrInvalidSchema
 
 // ValidateSchema checks a schema name; the empty string means [DefaultSchema].
-func ValidateSchema(schema string) error {
-	if schema == "" {
-		return nil
-	}
-	if !schemaPattern.MatchString(schema) {
-		return fmt.Errorf("%w: %q (want lower-case letters, digits and _)", ErrInvalidSchema, schema)
-	}
-	if why := reservedSchema(schema); why != "" {
-		return fmt.Errorf("%w: %q: %s; choose another name", ErrInvalidSchema, schema, why)
-	}
-	return nil
-}
+func ValidateSchema(schema string) error { return store.ValidateSchema(schema) }
 
 // orDefault maps "" to DefaultSchema.
 func orDefault(schema string) string {
@@ -61,13 +45,6 @@ func orDefault(schema string) string {
 		return DefaultSchema
 	}
 	return schema
-}
-
-// Qualify renders a query written with the {schema} placeholder for a
-// schema ("" means the default). The schema must have passed
-// [ValidateSchema]; callers validate once at construction.
-func Qualify(schema, query string) string {
-	return strings.ReplaceAll(query, "{schema}", orDefault(schema))
 }
 
 // Options tune [MigrateWith].
@@ -204,7 +181,7 @@ func SetNotify(ctx context.Context, db DB, schema string, enabled bool) error {
 	if enabled {
 		verb = "ENABLE"
 	}
-	_, err := db.Exec(ctx, Qualify(schema, "ALTER TABLE {schema}.pending "+verb+" TRIGGER pending_notify"))
+	_, err := db.Exec(ctx, "ALTER TABLE "+orDefault(schema)+".pending "+verb+" TRIGGER pending_notify")
 	return err
 }
 

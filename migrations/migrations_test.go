@@ -3,7 +3,6 @@ package migrations_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -342,7 +341,19 @@ func TestNotifyTrigger(t *testing.T) {
 	}
 }
 
-func ExampleQualify() {
-	fmt.Println(migrations.Qualify("payments", "SELECT count(*) FROM {schema}.pending"))
-	// Output: SELECT count(*) FROM payments.pending
+// TestNoSingleSequenceAllocator: nothing in the schema hands out a
+// sequence id without an instruction behind it (bump_sequence went in
+// migration 4; bump_sequences is only called by the enqueue statement,
+// for the instructions it inserts).
+func TestNoSingleSequenceAllocator(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var single, batch bool
+	if err := b.pool.QueryRow(b.ctx, `SELECT to_regprocedure('outbox.bump_sequence(text)') IS NOT NULL,
+		to_regprocedure('outbox.bump_sequences(text[], int[])') IS NOT NULL`).Scan(&single, &batch); err != nil {
+		t.Fatal(err)
+	}
+	if single || !batch {
+		t.Fatalf("bump_sequence present %v (want false), bump_sequences present %v (want true)", single, batch)
+	}
 }

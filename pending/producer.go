@@ -1,6 +1,6 @@
-// Package pending owns the hot queue: producers enqueue instructions in
-// their own transaction (with permanent idempotency and gap-free
-// per-participant sequences), and relayers claim due instructions from it.
+// Package pending is the producer: services enqueue instructions in their
+// own transaction, with permanent idempotency and gap-free per-participant
+// sequences. It links pgx, uuid and the validators, nothing heavier.
 package pending
 
 import (
@@ -11,10 +11,8 @@ import (
 	"fmt"
 
 	"github.com/gofrs/uuid/v5"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/rails"
 )
 
@@ -22,13 +20,7 @@ import (
 // is the intended argument (the instruction commits or rolls back with the
 // caller's business rows); *pgxpool.Pool and *pgx.Conn also satisfy it, in
 // which case each call is its own transaction.
-type DBTX interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
-}
+type DBTX = store.Batcher
 
 // Config configures a [Producer].
 type Config struct {
@@ -45,12 +37,13 @@ type Config struct {
 type Producer struct {
 	rails      rails.Catalog
 	maxPayload int
-	sql        producerSQL
+	store      *store.Store
 }
 
 // NewProducer validates cfg and returns a Producer.
 func NewProducer(cfg Config) (*Producer, error) {
-	if err := migrations.ValidateSchema(cfg.Schema); err != nil {
+	st, err := store.New(cfg.Schema)
+	if err != nil {
 		return nil, err
 	}
 	if cfg.Rails == nil {
@@ -59,7 +52,7 @@ func NewProducer(cfg Config) (*Producer, error) {
 	if cfg.MaxPayloadBytes <= 0 {
 		cfg.MaxPayloadBytes = rails.DefaultMaxPayloadBytes
 	}
-	return &Producer{rails: cfg.Rails, maxPayload: cfg.MaxPayloadBytes, sql: newProducerSQL(cfg.Schema)}, nil
+	return &Producer{rails: cfg.Rails, maxPayload: cfg.MaxPayloadBytes, store: st}, nil
 }
 
 var defaultProducer, _ = NewProducer(Config{})
@@ -169,136 +162,43 @@ func (p *Producer) prepare(in Instruction) (prepared, error) {
 	return prepared{in: in, outboxID: id, payload: payload, hash: payloadHash(in, payload)}, nil
 }
 
-// write sends the three statements of an enqueue as one pipelined batch:
-// claim the keys, allocate sequences and insert the instructions whose key
-// is new, then read back what every key maps to.
+// write enqueues prepared instructions (see [store.Store.Enqueue]) and
+// turns what their keys map to into receipts: the instruction's own outbox
+// id is a fresh enqueue, another outbox id with the same payload hash a
+// duplicate, with another hash a mismatch.
 func (p *Producer) write(ctx context.Context, db DBTX, preps []prepared) ([]Receipt, error) {
-	n := len(preps)
-	var (
-		ords                                                        = make([]int32, n)
-		ids                                                         = make([]uuid.UUID, n)
-		instrIDs, participants, keys, railTypes, tenants, correlats = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		payloads                                                    = make([]string, n)
-		hashes                                                      = make([][]byte, n)
-	)
+	rows := make([]store.NewInstruction, len(preps))
 	for i, pr := range preps {
-		ords[i], ids[i], hashes[i], payloads[i] = int32(i), pr.outboxID, pr.hash, string(pr.payload)
-		instrIDs[i], participants[i], keys[i] = pr.in.InstructionID, pr.in.ParticipantID, pr.in.IdempotencyKey
-		railTypes[i], tenants[i], correlats[i] = pr.in.RailType, pr.in.TenantID, pr.in.CorrelationID
-	}
-
-	b := &pgx.Batch{}
-	b.Queue(p.sql.insertKeys, tenants, instrIDs, keys, ids, participants, hashes)
-	b.Queue(p.sql.insertPending, ids, ords, instrIDs, participants, keys, railTypes, tenants, correlats, payloads)
-	b.Queue(p.sql.lookupKeys, tenants, instrIDs, keys, ords)
-	br := db.SendBatch(ctx, b)
-	defer br.Close()
-
-	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("enqueue: insert idempotency keys: %w", err)
-	}
-	if _, err := br.Exec(); err != nil {
-		return nil, fmt.Errorf("enqueue: insert pending: %w", err)
-	}
-	rows, err := br.Query()
-	if err != nil {
-		return nil, fmt.Errorf("enqueue: read receipts: %w", err)
-	}
-	receipts := make([]Receipt, n)
-	seen := make([]bool, n)
-	var (
-		ord      int32
-		outboxID uuid.UUID
-		seq      *int64
-		hash     []byte
-	)
-	_, err = pgx.ForEachRow(rows, []any{&ord, &outboxID, &seq, &hash}, func() error {
-		i := int(ord)
-		pr := preps[i]
-		switch {
-		case outboxID == pr.outboxID && seq != nil:
-			receipts[i] = Receipt{OutboxID: outboxID, SequenceID: *seq}
-		case outboxID == pr.outboxID:
-			return fmt.Errorf("enqueue: instruction %d got no sequence id", i)
-		case !bytes.Equal(hash, pr.hash):
-			return &BatchError{Index: i, Err: &MismatchError{InstructionID: pr.in.InstructionID, IdempotencyKey: pr.in.IdempotencyKey, OutboxID: outboxID}}
-		case seq == nil:
-			// Only visible inside its own transaction; cannot happen for a
-			// committed key, and a same-batch twin resolves above.
-			return fmt.Errorf("enqueue: instruction %d: key %q has no sequence id", i, pr.in.IdempotencyKey)
-		default:
-			receipts[i] = Receipt{OutboxID: outboxID, SequenceID: *seq, Duplicate: true}
+		rows[i] = store.NewInstruction{
+			OutboxID: pr.outboxID, InstructionID: pr.in.InstructionID, ParticipantID: pr.in.ParticipantID,
+			IdempotencyKey: pr.in.IdempotencyKey, RailType: pr.in.RailType, TenantID: pr.in.TenantID,
+			CorrelationID: pr.in.CorrelationID, Payload: pr.payload, PayloadHash: pr.hash,
 		}
-		seen[i] = true
-		return nil
-	})
+	}
+	keys, err := p.store.Enqueue(ctx, db, rows)
 	if err != nil {
 		return nil, err
 	}
-	for i, ok := range seen {
-		if !ok {
-			return nil, fmt.Errorf("enqueue: instruction %d: idempotency key not found after insert", i)
+	receipts := make([]Receipt, len(preps))
+	for i, k := range keys {
+		pr := preps[i]
+		switch {
+		case k.OutboxID == pr.outboxID && k.SequenceID != nil:
+			receipts[i] = Receipt{OutboxID: k.OutboxID, SequenceID: *k.SequenceID}
+		case k.OutboxID == pr.outboxID:
+			return nil, fmt.Errorf("enqueue: instruction %d got no sequence id", i)
+		case !bytes.Equal(k.PayloadHash, pr.hash):
+			return nil, &BatchError{Index: i, Err: &MismatchError{InstructionID: pr.in.InstructionID, IdempotencyKey: pr.in.IdempotencyKey, OutboxID: k.OutboxID}}
+		case k.SequenceID == nil:
+			// Only visible inside its own transaction; cannot happen for a
+			// committed key, and a same-batch twin resolves above.
+			return nil, fmt.Errorf("enqueue: instruction %d: key %q has no sequence id", i, pr.in.IdempotencyKey)
+		default:
+			receipts[i] = Receipt{OutboxID: k.OutboxID, SequenceID: *k.SequenceID, Duplicate: true}
 		}
 	}
-	return receipts, br.Close()
+	return receipts, nil
 }
-
-// producerSQL holds the producer's statements rendered for one schema.
-type producerSQL struct {
-	insertKeys, insertPending, lookupKeys string
-}
-
-func newProducerSQL(schema string) producerSQL {
-	return producerSQL{
-		insertKeys:    migrations.Qualify(schema, insertKeysSQL),
-		insertPending: migrations.Qualify(schema, insertPendingSQL),
-		lookupKeys:    migrations.Qualify(schema, lookupKeysSQL),
-	}
-}
-
-// insertKeysSQL claims each idempotency key for a new outbox id. A key that
-// exists (committed, or inserted by a concurrent transaction that then
-// commits) is left alone; the statement waits for a concurrent inserter to
-// finish, so racing duplicates resolve to exactly one row.
-const insertKeysSQL = `
-INSERT INTO {schema}.idempotency_keys (tenant_id, instruction_id, idempotency_key, outbox_id, participant_id, payload_hash)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::bytea[])
-ON CONFLICT DO NOTHING`
-
-// insertPendingSQL allocates sequence ids and inserts pending rows only for
-// instructions whose key row above carries their own, still unsequenced,
-// outbox id: duplicates use no sequence id. Ids are handed out per
-// participant in input order.
-const insertPendingSQL = `
-WITH input AS (
-  SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[])
-    AS u(outbox_id, ord, instruction_id, participant_id, idempotency_key, rail_type, tenant_id, correlation_id, payload)
-), fresh AS (
-  SELECT i.* FROM input i
-  JOIN {schema}.idempotency_keys k ON k.outbox_id = i.outbox_id AND k.sequence_id IS NULL
-), counts AS (
-  SELECT participant_id, count(*)::int AS n FROM fresh GROUP BY participant_id
-), firsts AS (
-  SELECT b.participant_id, b.first_sequence_id
-  FROM {schema}.bump_sequences((SELECT array_agg(participant_id) FROM counts), (SELECT array_agg(n) FROM counts)) b
-), numbered AS (
-  SELECT f.*, fi.first_sequence_id + row_number() OVER (PARTITION BY f.participant_id ORDER BY f.ord) - 1 AS sequence_id
-  FROM fresh f JOIN firsts fi USING (participant_id)
-), inserted AS (
-  INSERT INTO {schema}.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
-                                rail_type, tenant_id, correlation_id, payload)
-  SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
-         rail_type, nullif(tenant_id, ''), nullif(correlation_id, ''), payload::jsonb
-  FROM numbered
-)
-UPDATE {schema}.idempotency_keys k SET sequence_id = n.sequence_id
-FROM numbered n WHERE k.outbox_id = n.outbox_id`
-
-// lookupKeysSQL reads what every key of the batch maps to now.
-const lookupKeysSQL = `
-SELECT i.ord, k.outbox_id, k.sequence_id, k.payload_hash
-FROM unnest($1::text[], $2::text[], $3::text[], $4::int[]) AS i(tenant_id, instruction_id, idempotency_key, ord)
-JOIN {schema}.idempotency_keys k USING (tenant_id, instruction_id, idempotency_key)`
 
 // Validate checks an instruction exactly as Enqueue would, without touching
 // the database.

@@ -16,18 +16,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"os"
 	"sync"
 	"time"
 
-	"github.com/gofrs/uuid/v5"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/ledgerline/outbox/attempts"
+	"github.com/ledgerline/outbox/internal/lifecycle"
 	"github.com/ledgerline/outbox/internal/retry"
-	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/internal/store"
 )
 
 // Defaults and limits of [Config].
@@ -68,7 +64,7 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() error {
-	if err := migrations.ValidateSchema(c.Schema); err != nil {
+	if err := store.ValidateSchema(c.Schema); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	switch {
@@ -84,11 +80,7 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("%w: batch size %d is negative", ErrInvalidConfig, c.BatchSize)
 	}
 	if c.ReaperID == "" {
-		host, err := os.Hostname()
-		if err != nil || host == "" {
-			host = "unknown"
-		}
-		c.ReaperID = fmt.Sprintf("%s-%d-%08x", host, os.Getpid(), rand.Uint32())
+		c.ReaperID = lifecycle.ProcessID()
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -99,20 +91,7 @@ func (c *Config) setDefaults() error {
 // Requeued is one instruction a pass put back into pending. LeaseUntil and
 // RequeuedAt (both database clock) let callers measure how long a zombie
 // waited after its lease ran out.
-type Requeued struct {
-	OutboxID      uuid.UUID
-	InstructionID string
-	ParticipantID string
-	SequenceID    int64
-	// AttemptNo is the abandoned attempt's number; the next claim gets the
-	// same number again, because a zombie does not use up the retry budget.
-	AttemptNo int
-	// RelayerID is the dead relayer that held the lease.
-	RelayerID  string
-	ClaimedAt  time.Time
-	LeaseUntil time.Time
-	RequeuedAt time.Time
-}
+type Requeued = store.Requeued
 
 // Stats are a reaper's counters since it was created.
 type Stats struct {
@@ -130,19 +109,15 @@ type Stats struct {
 // with [New]; call [Reaper.RunOnce] for one pass, or run it in the
 // background with [Reaper.Start] and [Reaper.Stop] (or [Reaper.Run]).
 type Reaper struct {
-	cfg     Config
-	pool    *pgxpool.Pool
-	archive *attempts.Archive
-	log     *slog.Logger
-	sql     string
+	cfg   Config
+	pool  *pgxpool.Pool
+	store *store.Store
+	log   *slog.Logger
 
 	statsMu sync.Mutex
 	stats   Stats
 
-	// mu guards the background loop's lifecycle.
-	mu     sync.Mutex
-	cancel context.CancelFunc // stops the running loop; nil when not running
-	done   chan struct{}      // closed when the running loop returned
+	lc lifecycle.Lifecycle
 }
 
 // New validates cfg and returns a reaper that is not yet running.
@@ -153,16 +128,15 @@ func New(pool *pgxpool.Pool, cfg Config) (*Reaper, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	archive, err := attempts.New(cfg.Schema)
+	st, err := store.New(cfg.Schema)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	return &Reaper{
-		cfg:     cfg,
-		pool:    pool,
-		archive: archive,
-		log:     cfg.Logger.With("reaper", cfg.ReaperID),
-		sql:     migrations.Qualify(cfg.Schema, reapSQL),
+		cfg:   cfg,
+		pool:  pool,
+		store: st,
+		log:   cfg.Logger.With("reaper", cfg.ReaperID),
 	}, nil
 }
 
@@ -175,52 +149,6 @@ func (r *Reaper) Stats() Stats {
 	defer r.statsMu.Unlock()
 	return r.stats
 }
-
-// reapSQL is one batch in one statement, so one implicit transaction: lock
-// up to $1 expired in-flight rows (skipping rows another reaper, or a
-// relayer recording a late outcome, holds), delete them, put each back into
-// pending with its identity, payload, first-enqueue time and attempt count
-// (attempt_no - 1: the abandoned attempt does not use up the retry budget,
-// and the next claim gets the same attempt number) marked with the
-// abandoned attempt's id (so only that attempt's late outcome may withdraw
-// this copy), and append one
-// ZOMBIE_REQUEUE attempt that closes the dead relayer's DISPATCHING attempt.
-//
-// Only inflight is read (through inflight_lease_idx); attempts is only
-// inserted into, so the cost does not grow with the archive. A row requeued
-// once is no longer in flight, which makes the pass idempotent.
-const reapSQL = `
-WITH expired AS (
-  SELECT outbox_id FROM {schema}.inflight
-  WHERE lease_until < now()
-  ORDER BY lease_until
-  LIMIT $1
-  FOR UPDATE SKIP LOCKED
-), reaped AS (
-  DELETE FROM {schema}.inflight f USING expired e
-  WHERE f.outbox_id = e.outbox_id
-  RETURNING f.*
-), requeued AS (
-  INSERT INTO {schema}.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-                                tenant_id, correlation_id, payload, attempt_count, next_attempt_at, created_at,
-                                zombie_attempt_id)
-  SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-         tenant_id, correlation_id, payload, attempt_no - 1, now(), created_at, attempt_id
-  FROM reaped
-), zombie AS (
-  INSERT INTO {schema}.attempts (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-                                 tenant_id, correlation_id, attempt_no, state, relayer_id, claim_attempt_id,
-                                 claimed_at, completed_at, next_attempt_at, error_code, error_message)
-  SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-         tenant_id, correlation_id, attempt_no, 'ZOMBIE_REQUEUE', relayer_id, attempt_id,
-         claimed_at, now(), now(), 'ZOMBIE_REQUEUE',
-         format('lease of relayer %s expired at %s (claimed at %s); requeued by reaper %s',
-                relayer_id, lease_until, claimed_at, $2::text)
-  FROM reaped
-)
-SELECT outbox_id, instruction_id, participant_id, sequence_id, attempt_no, relayer_id, claimed_at, lease_until, now()
-FROM reaped
-ORDER BY lease_until, outbox_id`
 
 // RunOnce makes one pass: it requeues expired in-flight instructions in
 // batches of Config.BatchSize, one transaction each, until a batch comes
@@ -259,18 +187,9 @@ func (r *Reaper) countPass(requeued int, err error) {
 	r.stats.LastPass = time.Now()
 }
 
-// reapBatch runs reapSQL once.
+// reapBatch requeues one batch (one statement, see [store.Store.Reap]).
 func (r *Reaper) reapBatch(ctx context.Context) ([]Requeued, error) {
-	rows, err := r.pool.Query(ctx, r.sql, r.cfg.BatchSize, r.cfg.ReaperID)
-	if err != nil {
-		return nil, fmt.Errorf("reaper: requeue expired leases: %w", err)
-	}
-	batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Requeued, error) {
-		var q Requeued
-		err := row.Scan(&q.OutboxID, &q.InstructionID, &q.ParticipantID, &q.SequenceID, &q.AttemptNo,
-			&q.RelayerID, &q.ClaimedAt, &q.LeaseUntil, &q.RequeuedAt)
-		return q, err
-	})
+	batch, err := r.store.Reap(ctx, r.pool, r.cfg.BatchSize, r.cfg.ReaperID)
 	if err != nil {
 		return nil, fmt.Errorf("reaper: requeue expired leases: %w", err)
 	}
@@ -282,49 +201,44 @@ func (r *Reaper) reapBatch(ctx context.Context) ([]Requeued, error) {
 	return batch, nil
 }
 
-// Start starts the background loop and returns: a pass right away, then one
-// every Config.Interval, each also making sure the archive's monthly
-// partitions exist. The loop runs until Stop or until ctx is cancelled; a
-// pass cut off by either rolls back as a whole, which is safe because the
-// next pass does the same work. Start after Stop starts a new loop.
+// Start starts the background loop and returns: a pass right away, then
+// one every Config.Interval, each also making sure the archive's monthly
+// partitions exist. The loop runs until Stop (ctx is for start-up only, as
+// for every long-running outbox service: Start on a running reaper is an
+// error, Stop on a stopped one a no-op, and a stopped reaper can be started
+// again). A pass cut off by Stop rolls back as a whole, which is safe
+// because the next pass does the same work.
 func (r *Reaper) Start(ctx context.Context) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cancel != nil {
-		return errors.New("reaper: already started")
+	err := r.lc.Start(ctx, func(ctx context.Context) (lifecycle.StopFunc, error) {
+		runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		done := make(chan struct{})
+		go r.loop(runCtx, done)
+		r.log.Info("reaper started", "interval", r.cfg.Interval, "batch_size", r.cfg.BatchSize)
+		return func(ctx context.Context) error {
+			cancel()
+			select {
+			case <-done:
+			case <-ctx.Done():
+				// The pass in progress was cancelled and rolls back; the
+				// loop ends on its own soon.
+				return fmt.Errorf("reaper: stop: %w", ctx.Err())
+			}
+			st := r.Stats()
+			r.log.Info("reaper stopped", "passes", st.Passes, "requeued", st.Requeued, "errors", st.Errors)
+			return nil
+		}, nil
+	})
+	if err != nil {
+		return fmt.Errorf("reaper: %w", err)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	r.cancel, r.done = cancel, make(chan struct{})
-	go r.loop(runCtx, r.done)
-	r.log.Info("reaper started", "interval", r.cfg.Interval, "batch_size", r.cfg.BatchSize)
 	return nil
 }
 
 // Stop stops the background loop, cancelling a pass in progress, and waits
-// for it to return or for ctx to be done (then it returns ctx's error and a
-// later Stop may wait again).
-func (r *Reaper) Stop(ctx context.Context) error {
-	r.mu.Lock()
-	cancel, done := r.cancel, r.done
-	r.mu.Unlock()
-	if cancel == nil {
-		return errors.New("reaper: not started")
-	}
-	cancel()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return fmt.Errorf("reaper: stop: %w", ctx.Err())
-	}
-	r.mu.Lock()
-	if r.done == done {
-		r.cancel, r.done = nil, nil
-	}
-	r.mu.Unlock()
-	st := r.Stats()
-	r.log.Info("reaper stopped", "passes", st.Passes, "requeued", st.Requeued, "errors", st.Errors)
-	return nil
-}
+// for it to return or for ctx to be done (then it returns ctx's error; the
+// reaper is stopped either way). Stop on a reaper that is not running
+// returns nil.
+func (r *Reaper) Stop(ctx context.Context) error { return r.lc.Stop(ctx) }
 
 // Run starts the reaper, waits until ctx is cancelled, then stops it.
 func (r *Reaper) Run(ctx context.Context) error {
@@ -332,7 +246,6 @@ func (r *Reaper) Run(ctx context.Context) error {
 		return err
 	}
 	<-ctx.Done()
-	// The loop already saw ctx end; Stop only waits for it to return.
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	return r.Stop(stopCtx)
@@ -361,7 +274,7 @@ func (r *Reaper) loop(ctx context.Context, done chan struct{}) {
 func (r *Reaper) pass(ctx context.Context, failures *retry.Loop) {
 	// Partition upkeep failing (it needs a lock on the archive) must not
 	// stop the reaping: both run, either failing counts.
-	perr := r.archive.EnsurePartitions(ctx, r.pool, partitionMonthsAhead)
+	perr := r.store.EnsurePartitions(ctx, r.pool, partitionMonthsAhead)
 	_, err := r.RunOnce(ctx)
 	err = errors.Join(err, perr)
 	switch {
@@ -372,3 +285,6 @@ func (r *Reaper) pass(ctx context.Context, failures *retry.Loop) {
 		failures.Succeeded()
 	}
 }
+
+// Interval returns the time between two background passes.
+func (r *Reaper) Interval() time.Duration { return r.cfg.Interval }

@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerline/outbox/attempts"
+	"github.com/ledgerline/outbox/internal/lifecycle"
+	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/migrations"
 	"github.com/ledgerline/outbox/pending"
@@ -36,7 +38,7 @@ type testBundle struct {
 	pool     *pgxpool.Pool
 	schema   string
 	producer *pending.Producer
-	claimer  *pending.Claimer
+	st       *store.Store
 	archive  *attempts.Archive
 }
 
@@ -52,7 +54,7 @@ func setupSchema(t *testing.T, pool *pgxpool.Pool, schema string) *testBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	claimer, err := pending.NewClaimer(schema)
+	st, err := store.New(schema)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,11 +62,11 @@ func setupSchema(t *testing.T, pool *pgxpool.Pool, schema string) *testBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &testBundle{ctx: t.Context(), pool: pool, schema: schema, producer: producer, claimer: claimer, archive: archive}
+	return &testBundle{ctx: t.Context(), pool: pool, schema: schema, producer: producer, st: st, archive: archive}
 }
 
 // q renders a test query for the bundle's schema.
-func (b *testBundle) q(sql string) string { return migrations.Qualify(b.schema, sql) }
+func (b *testBundle) q(sql string) string { return b.st.Qualify(sql) }
 
 func payment(participant, key string) pending.Instruction {
 	return pending.Instruction{
@@ -84,9 +86,9 @@ func (b *testBundle) enqueue(t *testing.T, participant, key string) pending.Rece
 }
 
 // claim claims up to limit sandbox instructions for relayer with lease.
-func (b *testBundle) claim(t *testing.T, relayer string, limit int, ordered bool, lease time.Duration) []pending.Claimed {
+func (b *testBundle) claim(t *testing.T, relayer string, limit int, ordered bool, lease time.Duration) []store.Claimed {
 	t.Helper()
-	claimed, err := b.claimer.Claim(b.ctx, b.pool, pending.ClaimParams{
+	claimed, err := b.st.Claim(b.ctx, b.pool, store.ClaimParams{
 		RelayerID: relayer, Limit: limit, Ordered: ordered, Leases: map[string]time.Duration{"sandbox": lease},
 	})
 	if err != nil {
@@ -97,7 +99,7 @@ func (b *testBundle) claim(t *testing.T, relayer string, limit int, ordered bool
 
 // waitExpired waits (bounded) until the database clock is past the lease
 // of every claimed instruction.
-func (b *testBundle) waitExpired(t *testing.T, claimed []pending.Claimed) {
+func (b *testBundle) waitExpired(t *testing.T, claimed []store.Claimed) {
 	t.Helper()
 	ids := make([]uuid.UUID, len(claimed))
 	for i, c := range claimed {
@@ -205,7 +207,7 @@ func (b *testBundle) pendingRow(t *testing.T, id uuid.UUID) (pendingRow, bool) {
 	return p, true
 }
 
-func outboxIDs(claimed []pending.Claimed) []uuid.UUID {
+func outboxIDs(claimed []store.Claimed) []uuid.UUID {
 	ids := make([]uuid.UUID, len(claimed))
 	for i, c := range claimed {
 		ids[i] = c.OutboxID
@@ -470,13 +472,13 @@ func TestRequeuedIsClaimedAgainInOrder(t *testing.T) {
 }
 
 // record records a non-late outcome of c through the real archive.
-func record(t *testing.T, b *testBundle, c pending.Claimed, relayer string, state attempts.State) {
+func record(t *testing.T, b *testBundle, c store.Claimed, relayer string, state attempts.State) {
 	t.Helper()
 	id, err := uuid.NewV7()
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec, err := b.archive.Record(b.ctx, b.pool, []attempts.Outcome{{
+	rec, err := b.st.Record(b.ctx, b.pool, []store.Outcome{{
 		AttemptID: id, ClaimAttemptID: c.AttemptID, OutboxID: c.OutboxID, AttemptNo: c.AttemptNo,
 		InstructionID: c.InstructionID, ParticipantID: c.ParticipantID, SequenceID: c.SequenceID,
 		IdempotencyKey: c.IdempotencyKey, RailType: c.RailType, RelayerID: relayer, ClaimedAt: c.ClaimedAt,
@@ -537,7 +539,7 @@ func TestReapPlanDoesNotReadArchive(t *testing.T) {
 	b.waitExpired(t, dead)
 
 	r := b.newReaper(t, Config{})
-	nodes, plan := testdb.Explain(t, b.pool, r.sql, r.cfg.BatchSize, r.cfg.ReaperID)
+	nodes, plan := testdb.Explain(t, b.pool, b.st.ReapSQL(), r.cfg.BatchSize, r.cfg.ReaperID)
 	var archiveInserts, inflightReads int
 	for _, n := range nodes {
 		switch {
@@ -598,8 +600,8 @@ func TestStartRequeuesInBackground(t *testing.T) {
 			_ = r.Stop(context.Background())
 		}
 	})
-	if err := r.Start(b.ctx); err == nil {
-		t.Error("a second Start succeeded")
+	if err := r.Start(b.ctx); !errors.Is(err, lifecycle.ErrAlreadyStarted) {
+		t.Errorf("a second Start: %v, want ErrAlreadyStarted", err)
 	}
 	waitFor(t, "the first pass", func() (bool, error) { return r.Stats().Passes >= 1, nil })
 	waitFor(t, "the partition to be re-created", func() (bool, error) {
@@ -624,8 +626,8 @@ func TestStartRequeuesInBackground(t *testing.T) {
 	if st := r.Stats(); st.Passes < 2 || st.Requeued != 1 {
 		t.Errorf("stats %+v; want at least 2 passes and 1 requeued", st)
 	}
-	if err := r.Stop(b.ctx); err == nil {
-		t.Error("Stop of a stopped reaper succeeded")
+	if err := r.Stop(b.ctx); err != nil {
+		t.Errorf("Stop of a stopped reaper: %v, want nil (a no-op)", err)
 	}
 	b.verify(t, true)
 

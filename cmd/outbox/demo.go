@@ -17,6 +17,7 @@ import (
 	"github.com/ledgerline/outbox/migrations"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
+	"github.com/ledgerline/outbox/relay"
 )
 
 // demoFlags configure `outbox demo`.
@@ -76,30 +77,31 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
-	d := &demo{env: env, pool: pool, schema: db.schema, sandbox: sandbox,
+	archive, err := attempts.New(db.schema)
+	if err != nil {
+		return err
+	}
+	d := &demo{env: env, pool: pool, schema: db.schema, archive: archive, sandbox: sandbox,
 		latency: hdrhistogram.New(1, int64(10*time.Minute/time.Microsecond), 3),
 		window:  hdrhistogram.New(1, int64(10*time.Minute/time.Microsecond), 3)}
 
 	runCtx, stopRun := context.WithCancel(ctx)
 	defer stopRun()
-	_, stopReaper, err := rf.startReaper(runCtx, pool, db.schema, log)
-	if err != nil {
-		return err
-	}
-	defer stopReaper()
-	var relayers []*engine.Relayer
+	// One relay service per relayer; the first also runs the reaper.
+	var services []*relay.Service
 	for i := range df.relayers {
-		cfg := rf.engineConfig(db.schema, set, log)
-		cfg.RelayerID = fmt.Sprintf("demo-relayer-%d", i+1)
-		cfg.OnRecorded = d.observe
-		r, err := engine.New(pool, cfg)
+		cfg := rf.serviceConfig(db.schema, set, log)
+		cfg.Relayer.RelayerID = fmt.Sprintf("demo-relayer-%d", i+1)
+		cfg.Relayer.OnRecorded = d.observe
+		cfg.NoReaper = cfg.NoReaper || i > 0
+		svc, err := relay.New(pool, cfg)
 		if err != nil {
 			return err
 		}
-		if err := r.Start(runCtx); err != nil {
+		if err := svc.Start(runCtx); err != nil {
 			return err
 		}
-		relayers = append(relayers, r)
+		services = append(services, svc)
 	}
 
 	produceCtx := runCtx
@@ -139,8 +141,8 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	}
 	stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for _, r := range relayers {
-		_ = r.Stop(stopCtx)
+	for _, svc := range services {
+		_ = svc.Stop(stopCtx)
 	}
 	d.summary(context.Background(), time.Since(start))
 	return d.final(context.Background(), !rf.ordered)
@@ -151,6 +153,7 @@ type demo struct {
 	env     *environment
 	pool    *pgxpool.Pool
 	schema  string
+	archive *attempts.Archive
 	sandbox *rails.Sandbox
 
 	enqueued, dispatched, retried, dead atomic.Int64
@@ -164,16 +167,15 @@ func (d *demo) observe(recs []engine.Recorded) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, r := range recs {
-		switch {
-		case r.Late:
-		case r.State == attempts.Dispatched:
+		switch r.Result() {
+		case engine.ResultDispatched:
 			d.dispatched.Add(1)
 			us := r.RecordedAt.Sub(r.EnqueuedAt).Microseconds()
 			_ = d.latency.RecordValue(max(us, 1))
 			_ = d.window.RecordValue(max(us, 1))
-		case r.State == attempts.Failed:
+		case engine.ResultDead:
 			d.dead.Add(1)
-		case r.ErrorCode != string(rails.CodeReleased):
+		case engine.ResultRetried:
 			d.retried.Add(1)
 		}
 	}
@@ -235,9 +237,7 @@ func (d *demo) header() {
 // summary prints one line: counters, queue depth, and the enqueue→dispatch
 // latency percentiles of the last interval.
 func (d *demo) summary(ctx context.Context, elapsed time.Duration) {
-	var pendingN, inflightN int64
-	_ = d.pool.QueryRow(ctx, migrations.Qualify(d.schema,
-		`SELECT (SELECT count(*) FROM {schema}.pending), (SELECT count(*) FROM {schema}.inflight)`)).Scan(&pendingN, &inflightN)
+	snap, _ := d.archive.Snapshot(ctx, d.pool)
 	enq := d.enqueued.Load()
 	d.mu.Lock()
 	p50, p99 := d.window.ValueAtQuantile(50), d.window.ValueAtQuantile(99)
@@ -245,16 +245,14 @@ func (d *demo) summary(ctx context.Context, elapsed time.Duration) {
 	d.mu.Unlock()
 	fmt.Fprintf(d.env.stdout, "%6s %7d %9d %10d %8d %6d %8d %8d %9s %9s\n",
 		elapsed.Round(time.Second), enq-d.lastEnqueued, enq, d.dispatched.Load(), d.retried.Load(), d.dead.Load(),
-		pendingN, inflightN, us(p50), us(p99))
+		snap.Pending, snap.InFlight, us(p50), us(p99))
 	d.lastEnqueued = enq
 }
 
 // due counts what is still due or in flight.
 func (d *demo) due(ctx context.Context) int64 {
-	var n int64
-	_ = d.pool.QueryRow(ctx, migrations.Qualify(d.schema, `SELECT (SELECT count(*) FROM {schema}.pending WHERE next_attempt_at <= now())
-		+ (SELECT count(*) FROM {schema}.inflight)`)).Scan(&n)
-	return n
+	snap, _ := d.archive.Snapshot(ctx, d.pool)
+	return snap.Due + snap.InFlight
 }
 
 func (d *demo) final(ctx context.Context, unordered bool) error {
@@ -266,8 +264,7 @@ func (d *demo) final(ctx context.Context, unordered bool) error {
 	st := d.sandbox.Stats()
 	fmt.Fprintf(w, "sandbox rail: %d calls, %d payments, %d idempotent replays, %d rejected, effective duplicates %d\n",
 		st.Calls, st.Payments, st.Replays, st.Rejected, st.EffectiveDuplicates)
-	archive, _ := attempts.New(d.schema)
-	rep, err := archive.Verify(ctx, d.pool, attempts.VerifyOptions{Ordered: !unordered})
+	rep, err := d.archive.Verify(ctx, d.pool, attempts.VerifyOptions{Ordered: !unordered})
 	if err != nil {
 		return err
 	}

@@ -7,14 +7,17 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/rails"
 	"github.com/ledgerline/outbox/reaper"
+	"github.com/ledgerline/outbox/relay"
 )
 
 // relayFlags are the knobs of `outbox relay` (and of the demo's relayers).
@@ -65,8 +68,8 @@ func (f *relayFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.railTimeout, "rail-timeout", 0, "hard timeout of every rail without its own (default 30s)")
 	fs.IntVar(&f.railMaxConcurrency, "rail-max-concurrency", 0, "concurrency cap of every rail without its own (default 32)")
 	fs.BoolVar(&f.reaper, "reaper", true, "also run the zombie reaper in the background")
-	fs.DurationVar(&f.reaperInterval, "reaper-interval", 60*time.Second, "reaper pass interval (>= 1s)")
-	fs.IntVar(&f.reaperBatch, "reaper-batch", 500, "instructions the reaper requeues per transaction")
+	fs.DurationVar(&f.reaperInterval, "reaper-interval", reaper.DefaultInterval, "reaper pass interval (>= 1s)")
+	fs.IntVar(&f.reaperBatch, "reaper-batch", reaper.DefaultBatchSize, "instructions the reaper requeues per transaction")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9464); empty: off")
 }
 
@@ -103,24 +106,13 @@ func (f *relayFlags) engineConfig(schema string, set *rails.Set, log *slog.Logge
 	}
 }
 
-// startReaper starts the background reaper when enabled (nil when not);
-// the returned stop function is safe to call either way.
-func (f *relayFlags) startReaper(ctx context.Context, pool *pgxpool.Pool, schema string, log *slog.Logger) (*reaper.Reaper, func(), error) {
-	if !f.reaper {
-		return nil, func() {}, nil
+// serviceConfig is the relay service's configuration from the flags.
+func (f *relayFlags) serviceConfig(schema string, set *rails.Set, log *slog.Logger) relay.Config {
+	return relay.Config{
+		Relayer:  f.engineConfig(schema, set, log),
+		Reaper:   reaper.Config{Interval: f.reaperInterval, BatchSize: f.reaperBatch},
+		NoReaper: !f.reaper,
 	}
-	rp, err := reaper.New(pool, reaper.Config{Schema: schema, Interval: f.reaperInterval, BatchSize: f.reaperBatch, Logger: log})
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if err := rp.Start(ctx); err != nil {
-		return nil, nil, err
-	}
-	return rp, func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = rp.Stop(sctx)
-	}, nil
 }
 
 func runRelay(ctx context.Context, env *environment, args []string) error {
@@ -156,56 +148,56 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 	}
 	defer cleanup()
 
-	cfg := rf.engineConfig(db.schema, built.Set, log)
-	var m *metrics
+	cfg := rf.serviceConfig(db.schema, built.Set, log)
+	var registry *prometheus.Registry
 	if rf.metricsAddr != "" {
-		archive, err := attempts.New(db.schema)
-		if err != nil {
-			return fmt.Errorf("%w: %v", errUsage, err)
-		}
-		m = newMetrics(pool, archive, built.Set)
-		cfg.OnRecorded = m.observe
+		registry = prometheus.NewRegistry()
+		cfg.Metrics = registry
 	}
-	relayer, err := engine.New(pool, cfg)
+	svc, err := relay.New(pool, cfg)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	// Start checks the database first and refuses errors no retry can fix
-	// (credentials, privileges, schema version): nothing else starts then.
-	if err := relayer.Start(ctx); err != nil {
-		return err
-	}
-	stopRelayer := func() error {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rf.stopTimeout)
-		defer cancel()
-		if err := relayer.Stop(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+	if registry != nil {
+		if err := serveMetrics(ctx, rf.metricsAddr, registry, log); err != nil {
 			return err
 		}
-		return nil
 	}
-	rp, stopReaper, err := rf.startReaper(ctx, pool, db.schema, log)
+	// Start checks the database first and refuses errors no retry can fix
+	// (credentials, privileges, schema version): nothing runs then.
+	return svc.Run(ctx)
+}
+
+// serveMetrics serves /metrics (and /healthz) until ctx ends.
+func serveMetrics(ctx context.Context, addr string, registry *prometheus.Registry, log *slog.Logger) error {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return errors.Join(err, stopRelayer())
+		return err
 	}
-	defer stopReaper()
-	if m != nil {
-		m.registerRelayer(relayer)
-		if rp != nil {
-			m.registerReaper(rp)
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	log.Info("serving metrics", "addr", ln.Addr().String())
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server", "err", err)
 		}
-		if err := m.serve(ctx, rf.metricsAddr, log); err != nil {
-			return errors.Join(err, stopRelayer())
-		}
-	}
-	<-ctx.Done()
-	return stopRelayer()
+	}()
+	return nil
 }
 
 func runReap(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "reap", "reap [flags]   (one pass; prints each requeued instruction as a JSON line)")
 	var db dbFlags
 	db.register(fs)
-	batch := fs.Int("batch", 500, "instructions requeued per transaction")
+	batch := fs.Int("batch", reaper.DefaultBatchSize, "instructions requeued per transaction")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	if _, err := parseFlags(fs, env, args); err != nil {
 		return err

@@ -1,4 +1,4 @@
-package main
+package relay_test
 
 import (
 	"context"
@@ -9,17 +9,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
+	"github.com/ledgerline/outbox/relay"
 )
 
+func TestMain(m *testing.M) { testdb.Main(m) }
+
 // TestMetricsReflectTheQueue drains a few instructions (one rejected by the
-// rail) through an in-process relayer and checks the scrape: outcome
+// rail) through an in-process service with its own registry and checks the
+// scrape: outcome
 // counters, error codes, latency samples, queue gauges and breaker state.
 func TestMetricsReflectTheQueue(t *testing.T) {
 	t.Parallel()
@@ -30,13 +34,15 @@ func TestMetricsReflectTheQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	archive, _ := attempts.New("")
-	m := newMetrics(pool, archive, set)
-	r, err := engine.New(pool, engine.Config{Rails: set, OnRecorded: m.observe, PollInterval: 100 * time.Millisecond})
+	reg := prometheus.NewRegistry()
+	svc, err := relay.New(pool, relay.Config{
+		Relayer: engine.Config{Rails: set, PollInterval: 100 * time.Millisecond},
+		Metrics: reg,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.registerRelayer(r)
+	r := svc.Relayer()
 	producer, _ := pending.NewProducer(pending.Config{})
 	for i := range 5 {
 		in := pending.Instruction{InstructionID: fmt.Sprint("m", i), ParticipantID: fmt.Sprint("p", i), IdempotencyKey: fmt.Sprint("k", i),
@@ -47,13 +53,13 @@ func TestMetricsReflectTheQueue(t *testing.T) {
 	}
 	// The rail rejects k0 terminally: reject its key before the relayer runs.
 	sbx.Pay(rails.Instruction{IdempotencyKey: "k0"}, true)
-	if err := r.Start(ctx); err != nil {
+	if err := svc.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = r.Stop(sctx)
+		_ = svc.Stop(sctx)
 	}()
 	deadline := time.Now().Add(30 * time.Second)
 	for r.Stats().Dispatched+r.Stats().Dead < 5 {
@@ -63,7 +69,7 @@ func TestMetricsReflectTheQueue(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 
-	srv := httptest.NewServer(promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	defer srv.Close()
 	resp, err := srv.Client().Get(srv.URL)
 	if err != nil {
@@ -81,6 +87,7 @@ func TestMetricsReflectTheQueue(t *testing.T) {
 		`outbox_inflight 0`,
 		`outbox_snapshot_up 1`,
 		`outbox_rail_breaker_state{rail="sandbox"} 0`,
+		`outbox_reaper_requeues_total 0`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("scrape lacks %q", want)

@@ -1,10 +1,10 @@
-package attempts_test
+package store_test
 
 import (
 	"testing"
 	"time"
 
-	"github.com/ledgerline/outbox/attempts"
+	"github.com/ledgerline/outbox/internal/store"
 )
 
 // TestDeadLetterReplayAndAcknowledge: a dead letter replayed by an operator
@@ -18,33 +18,33 @@ func TestDeadLetterReplayAndAcknowledge(t *testing.T) {
 	second := b.enqueue(t, "p2", "k2")
 	for range 2 {
 		c := b.claimOne(t, "r1", longLease)
-		b.record(t, recordOutcome(t, c, "r1", attempts.Failed))
+		b.record(t, recordOutcome(t, c, "r1", store.Failed))
 	}
-	snap, err := b.archive.Snapshot(b.ctx, b.pool)
+	snap, err := b.st.Snapshot(b.ctx, b.pool)
 	if err != nil || snap.DeadLetters != 2 || snap.Pending != 0 {
 		t.Fatalf("snapshot %+v, %v: want 2 dead letters", snap, err)
 	}
-	dls, err := b.archive.DeadLetters(b.ctx, b.pool, false, 10)
+	dls, err := b.st.DeadLetters(b.ctx, b.pool, false, 10)
 	if err != nil || len(dls) != 2 || dls[0].ErrorCode != "RAIL_REJECTED" || dls[0].AttemptCount != 1 {
 		t.Fatalf("dead letters %+v, %v", dls, err)
 	}
 
-	if ok, err := b.archive.Replay(b.ctx, b.pool, first, "alice"); err != nil || !ok {
+	if ok, err := b.st.Replay(b.ctx, b.pool, first, "alice"); err != nil || !ok {
 		t.Fatalf("replay: %v, %v", ok, err)
 	}
-	if ok, err := b.archive.Replay(b.ctx, b.pool, first, "alice"); err != nil || ok {
+	if ok, err := b.st.Replay(b.ctx, b.pool, first, "alice"); err != nil || ok {
 		t.Fatalf("second replay of the same dead letter: %v, %v; want nothing to replay", ok, err)
 	}
-	if ok, err := b.archive.Acknowledge(b.ctx, b.pool, second, "bob"); err != nil || !ok {
+	if ok, err := b.st.Acknowledge(b.ctx, b.pool, second, "bob"); err != nil || !ok {
 		t.Fatalf("acknowledge: %v, %v", ok, err)
 	}
-	if ok, _ := b.archive.Acknowledge(b.ctx, b.pool, second, "bob"); ok {
+	if ok, _ := b.st.Acknowledge(b.ctx, b.pool, second, "bob"); ok {
 		t.Fatal("acknowledged twice")
 	}
-	if open, _ := b.archive.DeadLetters(b.ctx, b.pool, false, 10); len(open) != 0 {
+	if open, _ := b.st.DeadLetters(b.ctx, b.pool, false, 10); len(open) != 0 {
 		t.Fatalf("open dead letters %+v, want none", open)
 	}
-	if all, _ := b.archive.DeadLetters(b.ctx, b.pool, true, 10); len(all) != 1 || all[0].AcknowledgedBy == nil || *all[0].AcknowledgedBy != "bob" {
+	if all, _ := b.st.DeadLetters(b.ctx, b.pool, true, 10); len(all) != 1 || all[0].AcknowledgedBy == nil || *all[0].AcknowledgedBy != "bob" {
 		t.Fatalf("all dead letters %+v, want the acknowledged one", all)
 	}
 	b.verifyOK(t)
@@ -55,13 +55,13 @@ func TestDeadLetterReplayAndAcknowledge(t *testing.T) {
 	if c.OutboxID != first || c.AttemptNo != 1 {
 		t.Fatalf("claimed %s attempt %d, want the replayed %s as attempt 1", c.OutboxID, c.AttemptNo, first)
 	}
-	b.record(t, recordOutcome(t, c, "r2", attempts.Dispatched))
+	b.record(t, recordOutcome(t, c, "r2", store.Dispatched))
 	got, _ := b.trail(t, first)
 	wantTrail(t, got, "DISPATCHING#1", "FAILED#1", "REPLAYED#0", "DISPATCHING#1", "DISPATCHED#1")
 	if r := b.verifyOK(t); r.Dispatched != 1 || r.DeadLetters != 1 {
 		t.Fatalf("report %+v", r)
 	}
-	snap, err = b.archive.Snapshot(b.ctx, b.pool)
+	snap, err = b.st.Snapshot(b.ctx, b.pool)
 	if err != nil || snap.DeadLetters != 0 || snap.Pending != 0 || snap.InFlight != 0 {
 		t.Fatalf("snapshot %+v, %v", snap, err)
 	}
@@ -77,7 +77,7 @@ func TestSnapshotStuckAndOldest(t *testing.T) {
 	c := b.claimOne(t, "dead", shortLease)
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		snap, err := b.archive.Snapshot(b.ctx, b.pool)
+		snap, err := b.st.Snapshot(b.ctx, b.pool)
 		if err != nil {
 			t.Fatal(err)
 		}

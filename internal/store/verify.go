@@ -1,15 +1,13 @@
-package attempts
+package store
 
 import (
 	"context"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/ledgerline/outbox/migrations"
 )
 
-// Report is the result of [Archive.Verify].
+// Report is the result of [Store.Verify].
 type Report struct {
 	Instructions int64 // committed enqueues (idempotency keys)
 	Pending      int64
@@ -28,7 +26,7 @@ type Report struct {
 // OK reports whether no invariant was violated.
 func (r Report) OK() bool { return len(r.Violations) == 0 }
 
-// Violation is one broken invariant, numbered as in DESIGN.md.
+// Violation is one broken invariant, numbered as in docs/architecture.md.
 type Violation struct {
 	Invariant int
 	Check     string
@@ -39,18 +37,13 @@ func (v Violation) String() string {
 	return fmt.Sprintf("invariant %d (%s): %s", v.Invariant, v.Check, v.Detail)
 }
 
-// VerifyOptions tune [Archive.Verify].
+// VerifyOptions tune [Store.Verify].
 type VerifyOptions struct {
 	// Ordered checks invariant 4 (set when every relayer ran with
 	// per-participant ordering on).
 	Ordered bool
 	// Examples caps the violations reported per check (default 10).
 	Examples int
-}
-
-// TxBeginner starts transactions; *pgxpool.Pool and *pgx.Conn satisfy it.
-type TxBeginner interface {
-	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 }
 
 // check is one invariant query; every row it returns is a violation,
@@ -165,7 +158,7 @@ var checks = []check{
 		WHERE NOT EXISTS (SELECT 1 FROM {schema}.attempts a WHERE a.attempt_id = f.attempt_id AND a.state = 'DISPATCHING')`, false},
 }
 
-const countsSQL = `
+const verifyCountsSQL = `
 SELECT (SELECT count(*) FROM {schema}.idempotency_keys),
        (SELECT count(*) FROM {schema}.pending),
        (SELECT count(*) FROM {schema}.inflight),
@@ -175,38 +168,38 @@ SELECT (SELECT count(*) FROM {schema}.idempotency_keys),
                               GROUP BY outbox_id HAVING count(*) > 1) x),
        (SELECT count(*) FROM {schema}.attempts)`
 
-// Verify checks DESIGN.md invariants 1 to 5 by query, in one REPEATABLE READ
+// Verify checks the invariants 1 to 5 by query, in one REPEATABLE READ
 // snapshot (so a running system is checked at one instant): every committed
 // enqueue in exactly one place, gap-free sequences, one identity per key,
 // ordering (with opts.Ordered), and complete attempt trails. Invariant 6
 // (atomic transitions) is what keeps 1-5 true across crashes; crash tests
 // check it by calling Verify after a crash.
-func (a *Archive) Verify(ctx context.Context, db TxBeginner, opts VerifyOptions) (Report, error) {
+func (s *Store) Verify(ctx context.Context, db TxBeginner, opts VerifyOptions) (Report, error) {
 	if opts.Examples <= 0 {
 		opts.Examples = 10
 	}
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return Report{}, fmt.Errorf("attempts: verify: %w", err)
+		return Report{}, fmt.Errorf("verify: %w", err)
 	}
 	defer tx.Rollback(ctx)
 
 	var r Report
-	if err := tx.QueryRow(ctx, migrations.Qualify(a.schema, countsSQL)).Scan(
+	if err := tx.QueryRow(ctx, s.sql.verifyCounts).Scan(
 		&r.Instructions, &r.Pending, &r.InFlight, &r.DeadLetters, &r.Dispatched, &r.DispatchedTwice, &r.Attempts); err != nil {
-		return Report{}, fmt.Errorf("attempts: verify counts: %w", err)
+		return Report{}, fmt.Errorf("verify counts: %w", err)
 	}
-	for _, c := range checks {
+	for i, c := range checks {
 		if c.ordered && !opts.Ordered {
 			continue
 		}
-		rows, err := tx.Query(ctx, migrations.Qualify(a.schema, c.sql)+fmt.Sprintf(" LIMIT %d", opts.Examples))
+		rows, err := tx.Query(ctx, s.sql.verifyChecks[i]+fmt.Sprintf(" LIMIT %d", opts.Examples))
 		if err != nil {
-			return Report{}, fmt.Errorf("attempts: verify %q: %w", c.name, err)
+			return Report{}, fmt.Errorf("verify %q: %w", c.name, err)
 		}
 		details, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		if err != nil {
-			return Report{}, fmt.Errorf("attempts: verify %q: %w", c.name, err)
+			return Report{}, fmt.Errorf("verify %q: %w", c.name, err)
 		}
 		for _, d := range details {
 			r.Violations = append(r.Violations, Violation{Invariant: c.invariant, Check: c.name, Detail: d})

@@ -1,4 +1,4 @@
-package attempts
+package store
 
 import (
 	"context"
@@ -7,12 +7,23 @@ import (
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jackc/pgx/v5"
-
-	"github.com/ledgerline/outbox/migrations"
 )
 
-// Outcome is how one claimed attempt ended, as the relayer recorded it.
-// The identity fields repeat what the claim returned, so an outcome can be
+// State is the state an archive row records.
+type State string
+
+// The states of an archive row.
+const (
+	Dispatching   State = "DISPATCHING"    // claimed by a relayer, about to be sent
+	Dispatched    State = "DISPATCHED"     // the rail accepted it (terminal)
+	Retryable     State = "RETRYABLE"      // this attempt failed; pending again
+	Failed        State = "FAILED"         // terminal failure; a dead letter
+	ZombieRequeue State = "ZOMBIE_REQUEUE" // the relayer's lease expired; the reaper requeued it
+	Replayed      State = "REPLAYED"       // an operator sent a dead letter back to pending
+)
+
+// Outcome is how one claimed attempt ended, as the relayer records it. The
+// identity fields repeat what the claim returned, so an outcome can be
 // archived even when the in-flight row is no longer this relayer's.
 type Outcome struct {
 	AttemptID      uuid.UUID // the new outcome row's id
@@ -38,9 +49,8 @@ type Outcome struct {
 	LatencyMS     int
 	// RetryDelay is how long a Retryable instruction waits in pending.
 	RetryDelay time.Duration
-	// CountAttempt is false when the rail was never called (open breaker,
-	// released by a stopping relayer): the attempt does not use up the
-	// instruction's retry budget.
+	// CountAttempt is false when the attempt does not use up the retry
+	// budget (see budget.go).
 	CountAttempt bool
 }
 
@@ -60,29 +70,24 @@ type Recorded struct {
 	NextAttemptAt *time.Time
 }
 
-// Execer runs one query; *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
-type Execer interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
-
 // Record applies a batch of outcomes in one statement (one transaction):
 // it appends each outcome attempt, removes the in-flight row only where it
 // still belongs to that attempt (fencing), puts retries back into pending
-// with the same outbox and sequence id (attempt_count + 1 unless the attempt
-// did not count, next_attempt_at = now() + RetryDelay), and moves terminal
-// failures to the dead letters. An outcome whose in-flight row is gone or
-// owned by a newer attempt is late: it is archived with late = true, and if
-// it is DISPATCHED or FAILED and the reaper's requeued copy is still
-// pending, that copy is withdrawn (a FAILED one becomes a dead letter) by a
-// second statement. If that second statement fails the outcomes are still
-// archived and the copy is simply dispatched again under the same
-// idempotency key; the error is returned with the results.
+// with the same outbox and sequence id (attempt count: see budget.go,
+// next_attempt_at = now() + RetryDelay), and moves terminal failures to
+// the dead letters. An outcome whose in-flight row is gone or owned by a
+// newer attempt is late: it is archived with late = true, and if it is
+// DISPATCHED or FAILED and the reaper's requeued copy is still pending,
+// that copy is withdrawn (a FAILED one becomes a dead letter) by
+// [Store.withdraw], a second statement. If that second statement fails the
+// outcomes are still archived and the copy is simply dispatched again under
+// the same idempotency key; the error is returned with the results.
 //
 // Record is idempotent per outcome (keyed by Outcome.AttemptID): a caller
 // that lost the reply of a commit may send the same outcomes again, and an
 // outcome already archived is reported as it was recorded the first time
 // instead of being archived twice.
-func (a *Archive) Record(ctx context.Context, db Execer, outcomes []Outcome) ([]Recorded, error) {
+func (s *Store) Record(ctx context.Context, db Querier, outcomes []Outcome) ([]Recorded, error) {
 	if len(outcomes) == 0 {
 		return nil, nil
 	}
@@ -101,7 +106,7 @@ func (a *Archive) Record(ctx context.Context, db Execer, outcomes []Outcome) ([]
 		switch o.State {
 		case Dispatched, Retryable, Failed:
 		default:
-			return nil, fmt.Errorf("attempts: record: outcome %d has state %q", i, o.State)
+			return nil, fmt.Errorf("record: outcome %d has state %q", i, o.State)
 		}
 		ids[i], claimIDs[i], outboxIDs[i] = o.AttemptID, o.ClaimAttemptID, o.OutboxID
 		states[i], instrs[i], parts[i], keys[i], railTypes[i] = string(o.State), o.InstructionID, o.ParticipantID, o.IdempotencyKey, o.RailType
@@ -111,11 +116,11 @@ func (a *Archive) Record(ctx context.Context, db Execer, outcomes []Outcome) ([]
 		seqs[i], delays[i] = o.SequenceID, o.RetryDelay.Milliseconds()
 		claimedAt[i], counts[i] = o.ClaimedAt, o.CountAttempt
 	}
-	rows, err := db.Query(ctx, migrations.Qualify(a.schema, recordSQL),
+	rows, err := db.Query(ctx, s.sql.record,
 		ids, claimIDs, outboxIDs, states, attemptNos, instrs, parts, seqs, keys, railTypes, tenants, corrs,
 		relayers, claimedAt, refs, codes, errCodes, messages, latencies, delays, counts)
 	if err != nil {
-		return nil, fmt.Errorf("attempts: record: %w", err)
+		return nil, fmt.Errorf("record: %w", err)
 	}
 	recorded, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (Recorded, error) {
 		var r Recorded
@@ -123,7 +128,7 @@ func (a *Archive) Record(ctx context.Context, db Execer, outcomes []Outcome) ([]
 		return r, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("attempts: record: %w", err)
+		return nil, fmt.Errorf("record: %w", err)
 	}
 	byClaim := make(map[uuid.UUID]Outcome, len(outcomes))
 	for _, o := range outcomes {
@@ -138,11 +143,11 @@ func (a *Archive) Record(ctx context.Context, db Execer, outcomes []Outcome) ([]
 	if len(lateTerminal) == 0 {
 		return recorded, nil
 	}
-	withdrew, err := a.withdraw(ctx, db, lateTerminal)
+	withdrew, err := s.withdraw(ctx, db, lateTerminal)
 	if err != nil {
 		// The outcome rows are archived; the copy stays pending and is
 		// dispatched again under the same idempotency key.
-		return recorded, fmt.Errorf("attempts: record: withdraw requeued copies: %w", err)
+		return recorded, fmt.Errorf("record: withdraw requeued copies: %w", err)
 	}
 	for i := range recorded {
 		recorded[i].Withdrew = withdrew[recorded[i].ClaimAttemptID]
@@ -150,37 +155,14 @@ func (a *Archive) Record(ctx context.Context, db Execer, outcomes []Outcome) ([]
 	return recorded, nil
 }
 
-// withdraw runs withdrawSQL for late terminal outcomes and returns the
-// claim attempt ids whose requeued copy it withdrew.
-func (a *Archive) withdraw(ctx context.Context, db Execer, late []Outcome) (map[uuid.UUID]bool, error) {
-	n := len(late)
-	ids, attemptIDs, claimIDs := make([]uuid.UUID, n), make([]uuid.UUID, n), make([]uuid.UUID, n)
-	states, codes, messages := make([]string, n), make([]string, n), make([]string, n)
-	attemptNos := make([]int32, n)
-	for i, o := range late {
-		ids[i], attemptIDs[i], claimIDs[i], states[i], codes[i], messages[i], attemptNos[i] =
-			o.OutboxID, o.AttemptID, o.ClaimAttemptID, string(o.State), o.ErrorCode, o.ErrorMessage, int32(o.AttemptNo)
-	}
-	rows, err := db.Query(ctx, migrations.Qualify(a.schema, withdrawSQL), ids, attemptIDs, states, codes, messages, attemptNos, claimIDs)
-	if err != nil {
-		return nil, err
-	}
-	withdrawn, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-	if err != nil {
-		return nil, err
-	}
-	m := make(map[uuid.UUID]bool, len(withdrawn))
-	for _, id := range withdrawn {
-		m[id] = true
-	}
-	return m, nil
-}
+// RecordSQL is the outcome statement, for plan tests.
+func (s *Store) RecordSQL() string { return s.sql.record }
 
 // recordSQL: o is every outcome with prior_late set when its row is already
 // archived (a repeat after a lost commit reply; the correlated probe is one
 // primary-key lookup per outcome, pruned to recent partitions, never a scan
 // of the archive); fresh are the rest, and only they touch the queue.
-const recordSQL = `
+var recordSQL = `
 WITH input AS (
   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::int[], $6::text[], $7::text[], $8::bigint[],
                        $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::timestamptz[], $15::text[],
@@ -200,34 +182,26 @@ WITH input AS (
   WHERE f.outbox_id = o.outbox_id AND f.attempt_id = o.claim_attempt_id
   RETURNING f.*
 ), requeued AS (
-  INSERT INTO {schema}.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-                                tenant_id, correlation_id, payload, attempt_count, next_attempt_at, created_at)
-  SELECT f.outbox_id, f.instruction_id, f.participant_id, f.sequence_id, f.idempotency_key, f.rail_type,
-         f.tenant_id, f.correlation_id, f.payload,
-         CASE WHEN o.count_attempt THEN f.attempt_no ELSE f.attempt_no - 1 END,
-         now() + o.retry_delay_ms * interval '1 millisecond', f.created_at
+  INSERT INTO {schema}.pending (` + pendingColumns + `)
+  SELECT ` + from("f", identityColumns) + `, f.payload,
+         ` + countAfter("f.attempt_no", "o.count_attempt") + `,
+         now() + o.retry_delay_ms * interval '1 millisecond', f.created_at, NULL
   FROM fenced f JOIN fresh o ON o.claim_attempt_id = f.attempt_id
   WHERE o.state = 'RETRYABLE'
   RETURNING outbox_id, next_attempt_at
 ), dead AS (
-  INSERT INTO {schema}.dead_letters (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-                                     tenant_id, correlation_id, payload, attempt_count, error_code, error_message,
-                                     attempt_id, created_at)
-  SELECT f.outbox_id, f.instruction_id, f.participant_id, f.sequence_id, f.idempotency_key, f.rail_type,
-         f.tenant_id, f.correlation_id, f.payload, f.attempt_no, o.error_code, nullif(o.error_message, ''),
-         o.attempt_id, f.created_at
+  INSERT INTO {schema}.dead_letters (` + deadLetterColumns + `)
+  SELECT ` + from("f", identityColumns) + `, f.payload,
+         f.attempt_no, o.error_code, nullif(o.error_message, ''), o.attempt_id, f.created_at
   FROM fenced f JOIN fresh o ON o.claim_attempt_id = f.attempt_id
   WHERE o.state = 'FAILED'
 ), archived AS (
-  INSERT INTO {schema}.attempts (attempt_id, outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
-                                 rail_type, tenant_id, correlation_id, attempt_no, state, relayer_id, claim_attempt_id,
-                                 claimed_at, completed_at, next_attempt_at, rail_reference, rail_code, error_code,
-                                 error_message, latency_ms, late)
+  INSERT INTO {schema}.attempts (` + archiveColumns + `)
   SELECT o.attempt_id, o.outbox_id, o.instruction_id, o.participant_id, o.sequence_id, o.idempotency_key,
-         o.rail_type, nullif(o.tenant_id, ''), nullif(o.correlation_id, ''), o.attempt_no, o.state, o.relayer_id,
-         o.claim_attempt_id, o.claimed_at, now(), r.next_attempt_at, nullif(o.rail_reference, ''),
-         nullif(o.rail_code, ''), nullif(o.error_code, ''), nullif(o.error_message, ''), o.latency_ms,
-         f.attempt_id IS NULL
+         o.rail_type, nullif(o.tenant_id, ''), nullif(o.correlation_id, ''),
+         NULL, o.attempt_no, o.state, o.relayer_id, o.claim_attempt_id,
+         o.claimed_at, now(), r.next_attempt_at, nullif(o.rail_reference, ''), nullif(o.rail_code, ''),
+         nullif(o.error_code, ''), nullif(o.error_message, ''), o.latency_ms, f.attempt_id IS NULL
   FROM fresh o
   LEFT JOIN fenced f ON f.attempt_id = o.claim_attempt_id
   LEFT JOIN requeued r ON r.outbox_id = f.outbox_id
@@ -236,30 +210,3 @@ SELECT o.outbox_id, o.claim_attempt_id, coalesce(o.prior_late, f.attempt_id IS N
 FROM o
 LEFT JOIN fenced f ON f.attempt_id = o.claim_attempt_id
 LEFT JOIN requeued r ON r.outbox_id = f.outbox_id`
-
-// withdrawSQL removes the requeued copies of instructions whose late
-// outcome was terminal, if nobody claimed them yet; a FAILED one becomes a
-// dead letter. It is a separate statement so that it sees the reaper's
-// commit even when recordSQL had to wait for the reaper's lock on the
-// in-flight row (recordSQL's snapshot predates that commit). It is fenced:
-// only a pending row the reaper requeued from this very claim qualifies,
-// never a later retry of the copy or an operator's replay.
-const withdrawSQL = `
-WITH o AS (
-  SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int[], $7::uuid[])
-    AS o(outbox_id, attempt_id, state, error_code, error_message, attempt_no, claim_attempt_id)
-), withdrawn AS (
-  DELETE FROM {schema}.pending p USING o
-  WHERE p.outbox_id = o.outbox_id AND p.zombie_attempt_id = o.claim_attempt_id
-  RETURNING p.*, o.claim_attempt_id
-), late_dead AS (
-  INSERT INTO {schema}.dead_letters (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-                                     tenant_id, correlation_id, payload, attempt_count, error_code, error_message,
-                                     attempt_id, created_at)
-  SELECT w.outbox_id, w.instruction_id, w.participant_id, w.sequence_id, w.idempotency_key, w.rail_type,
-         w.tenant_id, w.correlation_id, w.payload, greatest(w.attempt_count, o.attempt_no), o.error_code,
-         nullif(o.error_message, ''), o.attempt_id, w.created_at
-  FROM withdrawn w JOIN o USING (outbox_id)
-  WHERE o.state = 'FAILED'
-)
-SELECT claim_attempt_id FROM withdrawn`

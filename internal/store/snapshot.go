@@ -1,11 +1,9 @@
-package attempts
+package store
 
 import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/ledgerline/outbox/migrations"
 )
 
 // Snapshot is the operational state of the queue at one instant. Every
@@ -22,6 +20,18 @@ type Snapshot struct {
 	IdleRelayers      int64         `json:"idle_relayers"`     // fresh registrations in relayer_idle
 }
 
+// Snapshot reads the queue's operational state.
+func (s *Store) Snapshot(ctx context.Context, db Querier) (Snapshot, error) {
+	var sn Snapshot
+	err := db.QueryRow(ctx, s.sql.snapshot).Scan(
+		&sn.Pending, &sn.Due, &sn.OldestPendingSecs, &sn.InFlight, &sn.Stuck, &sn.DeadLetters, &sn.IdleRelayers)
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot: %w", err)
+	}
+	sn.OldestPendingAge = time.Duration(sn.OldestPendingSecs * float64(time.Second))
+	return sn, nil
+}
+
 const snapshotSQL = `
 SELECT (SELECT count(*) FROM {schema}.pending),
        (SELECT count(*) FROM {schema}.pending WHERE next_attempt_at <= now()),
@@ -30,15 +40,3 @@ SELECT (SELECT count(*) FROM {schema}.pending),
        (SELECT count(*) FROM {schema}.inflight WHERE lease_until < now()),
        (SELECT count(*) FROM {schema}.dead_letters WHERE acknowledged_at IS NULL),
        (SELECT count(*) FROM {schema}.relayer_idle WHERE idle_since > clock_timestamp() - interval '10 seconds')`
-
-// Snapshot reads the queue's operational state.
-func (a *Archive) Snapshot(ctx context.Context, db DB) (Snapshot, error) {
-	var s Snapshot
-	err := db.QueryRow(ctx, migrations.Qualify(a.schema, snapshotSQL)).Scan(
-		&s.Pending, &s.Due, &s.OldestPendingSecs, &s.InFlight, &s.Stuck, &s.DeadLetters, &s.IdleRelayers)
-	if err != nil {
-		return Snapshot{}, fmt.Errorf("attempts: snapshot: %w", err)
-	}
-	s.OldestPendingAge = time.Duration(s.OldestPendingSecs * float64(time.Second))
-	return s, nil
-}

@@ -1,6 +1,37 @@
-package migrations
+package store
 
-import "strings"
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// DefaultSchema is the schema used when none is configured.
+const DefaultSchema = "outbox"
+
+// ErrInvalidSchema is returned for schema names that are not plain
+// lower-case identifiers, are SQL keywords, or name a system or shared
+// schema (public, information_schema, pg_*).
+var ErrInvalidSchema = errors.New("invalid schema name")
+
+// Schema names are restricted to plain identifiers so they can be spliced
+// into SQL text without quoting (SQL parameters cannot name a schema).
+var schemaPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// ValidateSchema checks a schema name; the empty string means [DefaultSchema].
+func ValidateSchema(schema string) error {
+	if schema == "" {
+		return nil
+	}
+	if !schemaPattern.MatchString(schema) {
+		return fmt.Errorf("%w: %q (want lower-case letters, digits and _)", ErrInvalidSchema, schema)
+	}
+	if why := reservedSchema(schema); why != "" {
+		return fmt.Errorf("%w: %q: %s; choose another name", ErrInvalidSchema, schema, why)
+	}
+	return nil
+}
 
 // sqlKeywords are PostgreSQL's keywords that are not "unreserved"
 // (pg_get_keywords() catcode R, T or C, PostgreSQL 15). The schema name is

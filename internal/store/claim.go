@@ -1,8 +1,7 @@
-package pending
+package store
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -10,14 +9,7 @@ import (
 	"github.com/gofrs/uuid/v5"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/ledgerline/outbox/migrations"
 )
-
-// Querier runs one query; *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-}
 
 // ClaimParams describe one claim.
 type ClaimParams struct {
@@ -38,7 +30,7 @@ type ClaimParams struct {
 type Claimed struct {
 	OutboxID       uuid.UUID
 	AttemptID      uuid.UUID // the DISPATCHING attempt
-	AttemptNo      int       // attempt_count + 1
+	AttemptNo      int
 	InstructionID  string
 	ParticipantID  string
 	SequenceID     int64
@@ -46,15 +38,10 @@ type Claimed struct {
 	RailType       string
 	TenantID       string
 	CorrelationID  string
-	Payload        Payload
+	Payload        []byte // the JSON the producer stored
 	ClaimedAt      time.Time
 	LeaseUntil     time.Time
 	EnqueuedAt     time.Time // first enqueue, kept across retries
-	// PayloadErr is set when the stored payload cannot be decoded (it was
-	// altered outside the producer). The instruction is claimed all the
-	// same, so the relayer can dead-letter it instead of stranding the
-	// whole claim batch in flight.
-	PayloadErr error
 }
 
 // ErrOrderingConflict is returned when the database refused a second
@@ -62,28 +49,13 @@ type Claimed struct {
 // Nothing was claimed; claiming again is safe.
 var ErrOrderingConflict = errors.New("claim: participant already has an instruction in flight")
 
-// Claimer claims due instructions in one schema.
-type Claimer struct {
-	ordered, unordered string
-}
-
-// NewClaimer returns a Claimer for schema ("" means the default).
-func NewClaimer(schema string) (*Claimer, error) {
-	if err := migrations.ValidateSchema(schema); err != nil {
-		return nil, err
-	}
-	return &Claimer{
-		ordered:   migrations.Qualify(schema, orderedHeadsCTE+claimSQL("heads_due")),
-		unordered: migrations.Qualify(schema, "WITH "+claimSQL("due")),
-	}, nil
-}
-
 // Claim moves up to p.Limit due instructions from pending to in flight in
 // one statement (one implicit transaction): it deletes them from pending,
-// appends one DISPATCHING attempt each (attempt_no = attempt_count + 1) and
-// inserts one in-flight row each with its lease. Rows locked by a concurrent
-// claim are skipped, so relayers never claim the same instruction.
-func (c *Claimer) Claim(ctx context.Context, db Querier, p ClaimParams) ([]Claimed, error) {
+// appends one DISPATCHING attempt each (attempt number: see budget.go) and
+// inserts one in-flight row each with its lease. Rows locked by a
+// concurrent claim are skipped, so relayers never claim the same
+// instruction.
+func (s *Store) Claim(ctx context.Context, db Querier, p ClaimParams) ([]Claimed, error) {
 	if p.Limit <= 0 || len(p.Leases) == 0 {
 		return nil, nil
 	}
@@ -93,9 +65,9 @@ func (c *Claimer) Claim(ctx context.Context, db Querier, p ClaimParams) ([]Claim
 		railTypes = append(railTypes, t)
 		leaseMS = append(leaseMS, d.Milliseconds())
 	}
-	query := c.unordered
+	query := s.sql.claimUnordered
 	if p.Ordered {
-		query = c.ordered
+		query = s.sql.claimOrdered
 	}
 	rows, err := db.Query(ctx, query, p.RelayerID, p.Limit, railTypes, leaseMS, p.Ordered)
 	if err != nil {
@@ -103,31 +75,25 @@ func (c *Claimer) Claim(ctx context.Context, db Querier, p ClaimParams) ([]Claim
 	}
 	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Claimed, error) {
 		var (
-			c       Claimed
-			payload []byte
-			tenant  *string
-			corr    *string
+			c            Claimed
+			tenant, corr *string
 		)
 		err := row.Scan(&c.OutboxID, &c.AttemptID, &c.AttemptNo, &c.InstructionID, &c.ParticipantID, &c.SequenceID,
-			&c.IdempotencyKey, &c.RailType, &tenant, &corr, &payload, &c.ClaimedAt, &c.LeaseUntil, &c.EnqueuedAt)
-		if err != nil {
-			return c, err
-		}
-		if tenant != nil {
-			c.TenantID = *tenant
-		}
-		if corr != nil {
-			c.CorrelationID = *corr
-		}
-		if err := json.Unmarshal(payload, &c.Payload); err != nil {
-			c.Payload, c.PayloadErr = Payload{}, fmt.Errorf("outbox %s: decode payload: %w", c.OutboxID, err)
-		}
-		return c, nil
+			&c.IdempotencyKey, &c.RailType, &tenant, &corr, &c.Payload, &c.ClaimedAt, &c.LeaseUntil, &c.EnqueuedAt)
+		c.TenantID, c.CorrelationID = deref(tenant), deref(corr)
+		return c, err
 	})
 	if err != nil {
 		return nil, claimError(err)
 	}
 	return claimed, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 func claimError(err error) error {
@@ -182,21 +148,18 @@ locked AS (` + source + `
   SELECT * FROM unnest($3::text[], $4::bigint[]) AS l(rail_type, lease_ms)
 ), claimed AS (
   DELETE FROM {schema}.pending p USING locked WHERE p.outbox_id = locked.outbox_id
-  RETURNING p.*
+  RETURNING p.*, ` + claimAttemptNo + ` AS attempt_no
 ), dispatching AS (
-  INSERT INTO {schema}.attempts (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-                                 tenant_id, correlation_id, payload, attempt_no, state, relayer_id, claimed_at)
-  SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-         tenant_id, correlation_id, payload, attempt_count + 1, 'DISPATCHING', $1, now()
+  INSERT INTO {schema}.attempts (` + archiveColumns + `)
+  SELECT {schema}.uuidv7(), ` + identityColumns + `,
+         payload, attempt_no, 'DISPATCHING', $1, NULL,
+         now(), NULL, NULL, NULL, NULL, NULL, NULL, NULL, false
   FROM claimed
   RETURNING attempt_id, outbox_id, attempt_no, claimed_at
 ), leased AS (
-  INSERT INTO {schema}.inflight (outbox_id, attempt_id, attempt_no, relayer_id, ordered, claimed_at, lease_until,
-                                 instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-                                 tenant_id, correlation_id, payload, created_at)
-  SELECT c.outbox_id, d.attempt_id, d.attempt_no, $1, $5, d.claimed_at, d.claimed_at + l.lease_ms * interval '1 millisecond',
-         c.instruction_id, c.participant_id, c.sequence_id, c.idempotency_key, c.rail_type,
-         c.tenant_id, c.correlation_id, c.payload, c.created_at
+  INSERT INTO {schema}.inflight (` + inflightColumns + `)
+  SELECT ` + from("c", identityColumns) + `,
+         c.payload, c.created_at, d.attempt_id, d.attempt_no, $1, $5, d.claimed_at, d.claimed_at + l.lease_ms * interval '1 millisecond'
   FROM claimed c JOIN dispatching d USING (outbox_id) JOIN leases l USING (rail_type)
   RETURNING outbox_id, lease_until
 )

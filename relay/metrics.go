@@ -1,16 +1,11 @@
-package main
+package relay
 
 import (
 	"context"
-	"errors"
-	"log/slog"
-	"net"
-	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/engine"
@@ -18,19 +13,35 @@ import (
 	"github.com/ledgerline/outbox/reaper"
 )
 
-// metrics exposes a relayer (and its reaper) to Prometheus. Counters come
-// from the relayer's own counts, queue gauges from a snapshot of the hot
-// tables taken at scrape time, latencies from the relayer's outcome hook.
-type metrics struct {
-	registry *prometheus.Registry
+// Metrics are the service's Prometheus collectors. Counters come from the
+// relayer's and reaper's own counts; queue gauges from a snapshot of the
+// hot tables taken at scrape time (never the archive); latencies and error
+// codes from the relayer's outcome hook. The metric names:
+//
+//	outbox_pending_depth, outbox_due_depth, outbox_oldest_pending_age_seconds,
+//	outbox_inflight, outbox_stuck_dispatching_count, outbox_dlq_depth,
+//	outbox_snapshot_up                         queue gauges (scrape time)
+//	outbox_attempts_total{state}               outcomes recorded by this relayer
+//	outbox_attempt_errors_total{rail,error_code}
+//	outbox_dispatch_latency_seconds            enqueue -> DISPATCHED
+//	outbox_rail_call_seconds{rail}             rail call duration
+//	outbox_rail_breaker_state{rail}            0 closed, 1 half-open, 2 open
+//	outbox_claim_batches_total, outbox_claimed_total, outbox_notify_wakeups_total,
+//	outbox_poll_wakeups_total, outbox_late_outcomes_total
+//	outbox_reaper_requeues_total               (with a reaper)
+type Metrics struct {
 	latency  prometheus.Histogram
 	railTime *prometheus.HistogramVec
 	errors   *prometheus.CounterVec
+	all      []prometheus.Collector
 }
 
-func newMetrics(pool *pgxpool.Pool, archive *attempts.Archive, set *rails.Set) *metrics {
-	m := &metrics{
-		registry: prometheus.NewRegistry(),
+func newMetrics(pool *pgxpool.Pool, r *engine.Relayer, rp *reaper.Reaper, cfg engine.Config) (*Metrics, error) {
+	archive, err := attempts.New(cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	m := &Metrics{
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "outbox_dispatch_latency_seconds", Help: "Enqueue to DISPATCHED, per instruction.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 16),
@@ -43,33 +54,11 @@ func newMetrics(pool *pgxpool.Pool, archive *attempts.Archive, set *rails.Set) *
 			Name: "outbox_attempt_errors_total", Help: "Failed attempts by rail and error code of the taxonomy.",
 		}, []string{"rail", "error_code"}),
 	}
-	m.registry.MustRegister(m.latency, m.railTime, m.errors,
+	m.all = []prometheus.Collector{m.latency, m.railTime, m.errors,
 		snapshotCollector{pool: pool, archive: archive},
-		breakerCollector{set: set})
-	return m
-}
-
-// observe is the relayer's OnRecorded hook.
-func (m *metrics) observe(recs []engine.Recorded) {
-	for _, r := range recs {
-		if r.LatencyMS > 0 {
-			m.railTime.WithLabelValues(r.RailType).Observe(float64(r.LatencyMS) / 1000)
-		}
-		if r.Late {
-			continue
-		}
-		if r.State == attempts.Dispatched {
-			m.latency.Observe(r.RecordedAt.Sub(r.EnqueuedAt).Seconds())
-		} else if r.ErrorCode != "" {
-			m.errors.WithLabelValues(r.RailType, r.ErrorCode).Inc()
-		}
-	}
-}
-
-// registerRelayer exports the relayer's counters.
-func (m *metrics) registerRelayer(r *engine.Relayer) {
+		breakerCollector{set: cfg.Rails}}
 	counter := func(name, help string, f func(engine.Stats) int64) {
-		m.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+		m.all = append(m.all, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
 			func() float64 { return float64(f(r.Stats())) }))
 	}
 	counter("outbox_claim_batches_total", "Claims that returned work.", func(s engine.Stats) int64 { return s.ClaimBatches })
@@ -78,44 +67,38 @@ func (m *metrics) registerRelayer(r *engine.Relayer) {
 	counter("outbox_poll_wakeups_total", "Wakeups by the fallback poll.", func(s engine.Stats) int64 { return s.Polls })
 	counter("outbox_late_outcomes_total", "Outcomes recorded after the lease was reaped.", func(s engine.Stats) int64 { return s.Late })
 	states := prometheus.NewDesc("outbox_attempts_total", "Attempt outcomes recorded by this relayer, by state.", []string{"state"}, nil)
-	m.registry.MustRegister(funcCollector{desc: states, collect: func(ch chan<- prometheus.Metric) {
+	m.all = append(m.all, funcCollector{desc: states, collect: func(ch chan<- prometheus.Metric) {
 		s := r.Stats()
 		for state, v := range map[string]int64{"DISPATCHED": s.Dispatched, "RETRYABLE": s.Retried, "FAILED": s.Dead, "RELEASED": s.Released} {
 			ch <- prometheus.MustNewConstMetric(states, prometheus.CounterValue, float64(v), state)
 		}
 	}})
-}
-
-// registerReaper exports the reaper's requeue count.
-func (m *metrics) registerReaper(rp *reaper.Reaper) {
-	m.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "outbox_reaper_requeues_total", Help: "Zombie instructions requeued by this process's reaper.",
-	}, func() float64 { return float64(rp.Stats().Requeued) }))
-}
-
-// serve serves /metrics until ctx ends.
-func (m *metrics) serve(ctx context.Context, addr string, log *slog.Logger) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
+	if rp != nil {
+		m.all = append(m.all, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "outbox_reaper_requeues_total", Help: "Zombie instructions requeued by this process's reaper.",
+		}, func() float64 { return float64(rp.Stats().Requeued) }))
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	log.Info("serving metrics", "addr", ln.Addr().String())
-	go func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
-	}()
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics server", "err", err)
+	return m, nil
+}
+
+func (m *Metrics) collectors() []prometheus.Collector { return m.all }
+
+// observe is the relayer's OnRecorded hook.
+func (m *Metrics) observe(recs []engine.Recorded) {
+	for _, r := range recs {
+		if r.LatencyMS > 0 {
+			m.railTime.WithLabelValues(r.RailType).Observe(float64(r.LatencyMS) / 1000)
 		}
-	}()
-	return nil
+		switch r.Result() {
+		case engine.ResultDispatched:
+			m.latency.Observe(r.RecordedAt.Sub(r.EnqueuedAt).Seconds())
+		case engine.ResultLate:
+		default:
+			if r.ErrorCode != "" {
+				m.errors.WithLabelValues(r.RailType, r.ErrorCode).Inc()
+			}
+		}
+	}
 }
 
 // snapshotCollector reads the queue gauges at scrape time.

@@ -1,6 +1,4 @@
-package attempts_test
-
-// TestMain for this package is in verify_test.go.
+package store_test
 
 import (
 	"context"
@@ -14,9 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/ledgerline/outbox/attempts"
+	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/internal/testdb"
-	"github.com/ledgerline/outbox/migrations"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/reaper"
 )
@@ -27,8 +24,7 @@ type recordBundle struct {
 	ctx      context.Context
 	pool     *pgxpool.Pool
 	producer *pending.Producer
-	claimer  *pending.Claimer
-	archive  *attempts.Archive
+	st       *store.Store
 	reaper   *reaper.Reaper
 }
 
@@ -39,11 +35,7 @@ func setupRecord(t *testing.T) *recordBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	claimer, err := pending.NewClaimer("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	archive, err := attempts.New("")
+	st, err := store.New("")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +43,7 @@ func setupRecord(t *testing.T) *recordBundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &recordBundle{ctx: t.Context(), pool: pool, producer: producer, claimer: claimer, archive: archive, reaper: rp}
+	return &recordBundle{ctx: t.Context(), pool: pool, producer: producer, st: st, reaper: rp}
 }
 
 // Leases: one that runs out almost at once (the relayer is presumed dead)
@@ -74,9 +66,9 @@ func (b *recordBundle) enqueue(t *testing.T, participant, key string) uuid.UUID 
 }
 
 // claimOne claims one due instruction (the oldest) for relayer, ordered.
-func (b *recordBundle) claimOne(t *testing.T, relayer string, lease time.Duration) pending.Claimed {
+func (b *recordBundle) claimOne(t *testing.T, relayer string, lease time.Duration) store.Claimed {
 	t.Helper()
-	claimed, err := b.claimer.Claim(b.ctx, b.pool, pending.ClaimParams{
+	claimed, err := b.st.Claim(b.ctx, b.pool, store.ClaimParams{
 		RelayerID: relayer, Limit: 1, Ordered: true, Leases: map[string]time.Duration{"sandbox": lease},
 	})
 	if err != nil {
@@ -90,7 +82,7 @@ func (b *recordBundle) claimOne(t *testing.T, relayer string, lease time.Duratio
 
 // reap waits (bounded) for c's lease to run out and requeues it with the
 // real reaper.
-func (b *recordBundle) reap(t *testing.T, c pending.Claimed) {
+func (b *recordBundle) reap(t *testing.T, c store.Claimed) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -116,32 +108,32 @@ func (b *recordBundle) reap(t *testing.T, c pending.Claimed) {
 }
 
 // recordOutcome builds the outcome of claim c as relayer would report it.
-func recordOutcome(t *testing.T, c pending.Claimed, relayer string, state attempts.State) attempts.Outcome {
+func recordOutcome(t *testing.T, c store.Claimed, relayer string, state store.State) store.Outcome {
 	t.Helper()
 	id, err := uuid.NewV7()
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := attempts.Outcome{
+	o := store.Outcome{
 		AttemptID: id, ClaimAttemptID: c.AttemptID, OutboxID: c.OutboxID, AttemptNo: c.AttemptNo,
 		InstructionID: c.InstructionID, ParticipantID: c.ParticipantID, SequenceID: c.SequenceID,
 		IdempotencyKey: c.IdempotencyKey, RailType: c.RailType, TenantID: c.TenantID, CorrelationID: c.CorrelationID,
 		RelayerID: relayer, ClaimedAt: c.ClaimedAt, State: state, LatencyMS: 12, CountAttempt: true,
 	}
 	switch state {
-	case attempts.Dispatched:
+	case store.Dispatched:
 		o.RailReference, o.RailCode = "ref-"+c.IdempotencyKey, "ACCEPTED"
-	case attempts.Retryable:
+	case store.Retryable:
 		o.RailCode, o.ErrorCode, o.ErrorMessage = "BUSY", "RAIL_UNAVAILABLE", "try later"
-	case attempts.Failed:
+	case store.Failed:
 		o.RailCode, o.ErrorCode, o.ErrorMessage = "R03", "RAIL_REJECTED", "no such account"
 	}
 	return o
 }
 
-func (b *recordBundle) record(t *testing.T, outcomes ...attempts.Outcome) []attempts.Recorded {
+func (b *recordBundle) record(t *testing.T, outcomes ...store.Outcome) []store.Recorded {
 	t.Helper()
-	rec, err := b.archive.Record(b.ctx, b.pool, outcomes)
+	rec, err := b.st.Record(b.ctx, b.pool, outcomes)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,9 +164,9 @@ func (b *recordBundle) where(t *testing.T, id uuid.UUID) whereabouts {
 }
 
 // trail returns the instruction's attempts as "STATE#no" (with "+late").
-func (b *recordBundle) trail(t *testing.T, id uuid.UUID) ([]string, []attempts.Attempt) {
+func (b *recordBundle) trail(t *testing.T, id uuid.UUID) ([]string, []store.Attempt) {
 	t.Helper()
-	rows, err := b.archive.Trail(b.ctx, b.pool, id)
+	rows, err := b.st.Trail(b.ctx, b.pool, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,9 +180,9 @@ func (b *recordBundle) trail(t *testing.T, id uuid.UUID) ([]string, []attempts.A
 	return out, rows
 }
 
-func (b *recordBundle) verifyOK(t *testing.T) attempts.Report {
+func (b *recordBundle) verifyOK(t *testing.T) store.Report {
 	t.Helper()
-	r, err := b.archive.Verify(b.ctx, b.pool, attempts.VerifyOptions{Ordered: true})
+	r, err := b.st.Verify(b.ctx, b.pool, store.VerifyOptions{Ordered: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +204,7 @@ func TestRecordDispatched(t *testing.T) {
 	b := setupRecord(t)
 	id := b.enqueue(t, "p1", "k1")
 	c := b.claimOne(t, "r1", longLease)
-	o := recordOutcome(t, c, "r1", attempts.Dispatched)
+	o := recordOutcome(t, c, "r1", store.Dispatched)
 
 	rec := b.record(t, o)
 	if rec[0].OutboxID != id || rec[0].Late || rec[0].Withdrew || rec[0].NextAttemptAt != nil {
@@ -247,9 +239,9 @@ func TestRecordRetryable(t *testing.T) {
 	if c1.OutboxID != counted || c2.OutboxID != notCounted {
 		t.Fatalf("claimed %s then %s, want %s then %s", c1.OutboxID, c2.OutboxID, counted, notCounted)
 	}
-	o1 := recordOutcome(t, c1, "r1", attempts.Retryable)
+	o1 := recordOutcome(t, c1, "r1", store.Retryable)
 	o1.RetryDelay = time.Hour
-	o2 := recordOutcome(t, c2, "r1", attempts.Retryable)
+	o2 := recordOutcome(t, c2, "r1", store.Retryable)
 	o2.RetryDelay, o2.CountAttempt, o2.ErrorCode = time.Hour, false, "CIRCUIT_OPEN"
 
 	rec := b.record(t, o1, o2)
@@ -287,7 +279,7 @@ func TestRecordRetryable(t *testing.T) {
 			t.Errorf("%s: pending next_attempt_at %s (recorded %s), sequence %d", want.id, nextAt, *r.NextAttemptAt, seq)
 		}
 		_, rows := b.trail(t, want.id)
-		if len(rows) != 2 || rows[1].State != attempts.Retryable || rows[1].NextAttemptAt == nil || !rows[1].NextAttemptAt.Equal(nextAt) {
+		if len(rows) != 2 || rows[1].State != store.Retryable || rows[1].NextAttemptAt == nil || !rows[1].NextAttemptAt.Equal(nextAt) {
 			t.Errorf("%s: trail %+v, want DISPATCHING then RETRYABLE due at %s", want.id, rows, nextAt)
 		}
 	}
@@ -304,7 +296,7 @@ func TestRecordFailed(t *testing.T) {
 	b := setupRecord(t)
 	id := b.enqueue(t, "p1", "k1")
 	c := b.claimOne(t, "r1", longLease)
-	o := recordOutcome(t, c, "r1", attempts.Failed)
+	o := recordOutcome(t, c, "r1", store.Failed)
 
 	rec := b.record(t, o)
 	if rec[0].Late || rec[0].Withdrew || rec[0].NextAttemptAt != nil {
@@ -351,7 +343,7 @@ func TestRecordLateDispatchedWithdrawsCopy(t *testing.T) {
 	c := b.claimOne(t, "slow", shortLease)
 	b.reap(t, c)
 
-	rec := b.record(t, recordOutcome(t, c, "slow", attempts.Dispatched))
+	rec := b.record(t, recordOutcome(t, c, "slow", store.Dispatched))
 	if !rec[0].Late || !rec[0].Withdrew {
 		t.Errorf("recorded %+v, want late and withdrawn", rec[0])
 	}
@@ -374,7 +366,7 @@ func TestRecordLateFailedDeadLettersCopy(t *testing.T) {
 	c := b.claimOne(t, "slow", shortLease)
 	b.reap(t, c)
 
-	o := recordOutcome(t, c, "slow", attempts.Failed)
+	o := recordOutcome(t, c, "slow", store.Failed)
 	rec := b.record(t, o)
 	if !rec[0].Late || !rec[0].Withdrew {
 		t.Errorf("recorded %+v, want late and withdrawn", rec[0])
@@ -415,7 +407,7 @@ func TestRecordLateRetryableLeavesCopy(t *testing.T) {
 	c := b.claimOne(t, "slow", shortLease)
 	b.reap(t, c)
 
-	o := recordOutcome(t, c, "slow", attempts.Retryable)
+	o := recordOutcome(t, c, "slow", store.Retryable)
 	o.RetryDelay = time.Hour
 	rec := b.record(t, o)
 	if !rec[0].Late || rec[0].Withdrew || rec[0].NextAttemptAt != nil {
@@ -452,13 +444,13 @@ func TestRecordLateWhileCopyInFlight(t *testing.T) {
 		t.Fatalf("claimed %s, want %s", slow.OutboxID, id)
 	}
 	b.reap(t, slow)
-	claims, err := b.claimer.Claim(b.ctx, b.pool, pending.ClaimParams{
+	claims, err := b.st.Claim(b.ctx, b.pool, store.ClaimParams{
 		RelayerID: "fast", Limit: 10, Ordered: true, Leases: map[string]time.Duration{"sandbox": longLease},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var again, second pending.Claimed
+	var again, second store.Claimed
 	for _, c := range claims {
 		switch c.OutboxID {
 		case id:
@@ -474,8 +466,8 @@ func TestRecordLateWhileCopyInFlight(t *testing.T) {
 		t.Errorf("copy claimed as attempt %d, want %d (a zombie does not count)", again.AttemptNo, slow.AttemptNo)
 	}
 
-	rec := b.record(t, recordOutcome(t, slow, "slow", attempts.Dispatched), recordOutcome(t, second, "fast", attempts.Dispatched))
-	byID := map[uuid.UUID]attempts.Recorded{}
+	rec := b.record(t, recordOutcome(t, slow, "slow", store.Dispatched), recordOutcome(t, second, "fast", store.Dispatched))
+	byID := map[uuid.UUID]store.Recorded{}
 	for _, r := range rec {
 		byID[r.OutboxID] = r
 	}
@@ -496,7 +488,7 @@ func TestRecordLateWhileCopyInFlight(t *testing.T) {
 	}
 
 	// The new claim finishes too: dispatched twice, each claim closed once.
-	if rec := b.record(t, recordOutcome(t, again, "fast", attempts.Dispatched)); rec[0].Late {
+	if rec := b.record(t, recordOutcome(t, again, "fast", store.Dispatched)); rec[0].Late {
 		t.Errorf("the current claim's outcome was recorded late: %+v", rec[0])
 	}
 	got, _ = b.trail(t, id)
@@ -534,7 +526,7 @@ func TestRecordFencingAfterManualRetake(t *testing.T) {
 	}
 	second := b.claimOne(t, "r2", longLease)
 
-	rec := b.record(t, recordOutcome(t, first, "r1", attempts.Failed))
+	rec := b.record(t, recordOutcome(t, first, "r1", store.Failed))
 	if !rec[0].Late || rec[0].Withdrew {
 		t.Errorf("stale outcome recorded %+v, want late, nothing withdrawn", rec[0])
 	}
@@ -551,9 +543,9 @@ func TestRecordRejectsBadState(t *testing.T) {
 	b := setupRecord(t)
 	id := b.enqueue(t, "p1", "k1")
 	c := b.claimOne(t, "r1", longLease)
-	_, err := b.archive.Record(b.ctx, b.pool, []attempts.Outcome{
-		recordOutcome(t, c, "r1", attempts.Dispatched),
-		recordOutcome(t, c, "r1", attempts.ZombieRequeue),
+	_, err := b.st.Record(b.ctx, b.pool, []store.Outcome{
+		recordOutcome(t, c, "r1", store.Dispatched),
+		recordOutcome(t, c, "r1", store.ZombieRequeue),
 	})
 	if err == nil {
 		t.Fatal("recording a ZOMBIE_REQUEUE outcome succeeded")
@@ -561,7 +553,7 @@ func TestRecordRejectsBadState(t *testing.T) {
 	if w := b.where(t, id); w.inflight == nil || *w.inflight != c.AttemptID {
 		t.Errorf("a rejected batch changed the queue: %+v", w)
 	}
-	if rec, err := b.archive.Record(b.ctx, b.pool, nil); err != nil || rec != nil {
+	if rec, err := b.st.Record(b.ctx, b.pool, nil); err != nil || rec != nil {
 		t.Errorf("empty batch: %v, %v", rec, err)
 	}
 }
@@ -598,10 +590,10 @@ func TestRecordLateWhileReaperHoldsTheRow(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	done := make(chan []attempts.Recorded, 1)
+	done := make(chan []store.Recorded, 1)
 	errc := make(chan error, 1)
 	go func() {
-		rec, err := b.archive.Record(b.ctx, b.pool, []attempts.Outcome{recordOutcome(t, c, "slow", attempts.Dispatched)})
+		rec, err := b.st.Record(b.ctx, b.pool, []store.Outcome{recordOutcome(t, c, "slow", store.Dispatched)})
 		errc <- err
 		done <- rec
 	}()
@@ -649,7 +641,7 @@ func TestRecordRepeatAfterLostReply(t *testing.T) {
 	idOK := b.enqueue(t, "p1", "k1")
 	idRetry := b.enqueue(t, "p2", "k2")
 	idLate := b.enqueue(t, "p3", "k3")
-	claims, err := b.claimer.Claim(b.ctx, b.pool, pending.ClaimParams{
+	claims, err := b.st.Claim(b.ctx, b.pool, store.ClaimParams{
 		RelayerID: "r1", Limit: 2, Ordered: true, Leases: map[string]time.Duration{"sandbox": longLease},
 	})
 	if err != nil || len(claims) != 2 {
@@ -661,20 +653,20 @@ func TestRecordRepeatAfterLostReply(t *testing.T) {
 	}
 	b.reap(t, slow)
 
-	var outcomes []attempts.Outcome
+	var outcomes []store.Outcome
 	for _, c := range claims {
-		state := attempts.Dispatched
+		state := store.Dispatched
 		if c.OutboxID == idRetry {
-			state = attempts.Retryable
+			state = store.Retryable
 		}
 		outcomes = append(outcomes, recordOutcome(t, c, "r1", state))
 	}
-	outcomes = append(outcomes, recordOutcome(t, slow, "slow", attempts.Dispatched))
+	outcomes = append(outcomes, recordOutcome(t, slow, "slow", store.Dispatched))
 	first := b.record(t, outcomes...)
 	again := b.record(t, outcomes...)
 
-	byClaim := func(rs []attempts.Recorded) map[uuid.UUID]attempts.Recorded {
-		m := map[uuid.UUID]attempts.Recorded{}
+	byClaim := func(rs []store.Recorded) map[uuid.UUID]store.Recorded {
+		m := map[uuid.UUID]store.Recorded{}
 		for _, r := range rs {
 			m[r.ClaimAttemptID] = r
 		}
@@ -716,15 +708,15 @@ func TestRecordLateWithdrawIsFenced(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name  string
-		state attempts.State // of the late outcome
-		after func(t *testing.T, b *recordBundle, copyClaim pending.Claimed)
+		state store.State // of the late outcome
+		after func(t *testing.T, b *recordBundle, copyClaim store.Claimed)
 	}{
-		{"copy retried", attempts.Dispatched, func(t *testing.T, b *recordBundle, c pending.Claimed) {
-			b.record(t, recordOutcome(t, c, "fast", attempts.Retryable))
+		{"copy retried", store.Dispatched, func(t *testing.T, b *recordBundle, c store.Claimed) {
+			b.record(t, recordOutcome(t, c, "fast", store.Retryable))
 		}},
-		{"copy dead-lettered and replayed", attempts.Failed, func(t *testing.T, b *recordBundle, c pending.Claimed) {
-			b.record(t, recordOutcome(t, c, "fast", attempts.Failed))
-			if ok, err := b.archive.Replay(b.ctx, b.pool, c.OutboxID, "operator"); err != nil || !ok {
+		{"copy dead-lettered and replayed", store.Failed, func(t *testing.T, b *recordBundle, c store.Claimed) {
+			b.record(t, recordOutcome(t, c, "fast", store.Failed))
+			if ok, err := b.st.Replay(b.ctx, b.pool, c.OutboxID, "operator"); err != nil || !ok {
 				t.Fatalf("replay: %v %v", ok, err)
 			}
 		}},
@@ -773,7 +765,7 @@ func TestRecordPlanProbesArchiveByKey(t *testing.T) {
 	}
 	b.enqueue(t, "p1", "k1")
 	c := b.claimOne(t, "r1", longLease)
-	o := recordOutcome(t, c, "r1", attempts.Dispatched)
+	o := recordOutcome(t, c, "r1", store.Dispatched)
 	args := []any{
 		[]uuid.UUID{o.AttemptID}, []uuid.UUID{o.ClaimAttemptID}, []uuid.UUID{o.OutboxID}, []string{string(o.State)},
 		[]int32{int32(o.AttemptNo)}, []string{o.InstructionID}, []string{o.ParticipantID}, []int64{o.SequenceID},
@@ -781,7 +773,7 @@ func TestRecordPlanProbesArchiveByKey(t *testing.T) {
 		[]time.Time{o.ClaimedAt}, []string{o.RailReference}, []string{o.RailCode}, []string{""}, []string{""},
 		[]int32{12}, []int64{0}, []bool{true},
 	}
-	nodes, plan := testdb.Explain(t, b.pool, migrations.Qualify("", attempts.RecordSQL), args...)
+	nodes, plan := testdb.Explain(t, b.pool, b.st.RecordSQL(), args...)
 	// Partitions that hold rows; the planner rightly scans an empty one.
 	rows, err := b.pool.Query(b.ctx, `SELECT DISTINCT c.relname FROM outbox.attempts a JOIN pg_class c ON c.oid = a.tableoid`)
 	if err != nil {

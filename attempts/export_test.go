@@ -1,4 +1,0 @@
-package attempts
-
-// RecordSQL exposes the outcome statement to plan tests.
-var RecordSQL = recordSQL

@@ -1,0 +1,217 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/ledgerline/outbox/internal/retry"
+	"github.com/ledgerline/outbox/internal/store"
+)
+
+// claimLoop claims while there is work and slots, and otherwise waits for a
+// notification, a local wake (an outcome freed a participant) or the poll.
+func (r *run) claimLoop(ctx context.Context) {
+	defer close(r.loopDone)
+	stopCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-r.stopping:
+			cancel()
+		case <-stopCtx.Done():
+		}
+	}()
+
+	registered := false
+	var lastRefresh time.Time
+	failures := &retry.Loop{Log: r.log, What: "claim", Min: 50 * time.Millisecond, Max: claimBackoffCap}
+	idleFailures := &retry.Loop{Log: r.log, What: "idle registration", Min: r.cfg.IdleRefresh, Max: r.cfg.IdleRefresh}
+	for !r.isStopping() {
+		n, full, err := r.claimOnce(stopCtx)
+		switch {
+		case err != nil && stopCtx.Err() != nil:
+			return
+		case errors.Is(err, store.ErrOrderingConflict):
+			// A concurrent claim won a participant; try again shortly (not
+			// at once: two relayers retrying in lockstep would spin).
+			if !r.sleep(stopCtx, r.cfg.Debounce) {
+				return
+			}
+			continue
+		case err != nil:
+			if !r.sleep(stopCtx, failures.Failed(err)) {
+				return
+			}
+			continue
+		}
+		failures.Succeeded()
+		if n > 0 && registered {
+			if err := r.unregisterIdle(stopCtx); err == nil {
+				registered = false
+			}
+		}
+		if full {
+			continue // drain mode: there is probably more
+		}
+		if n == 0 && r.shouldRegisterIdle() {
+			if !registered || time.Since(lastRefresh) >= r.cfg.IdleRefresh {
+				found, err := r.goIdle(stopCtx)
+				if err != nil && stopCtx.Err() == nil {
+					idleFailures.Failed(err)
+				} else if err == nil {
+					idleFailures.Succeeded()
+					registered, lastRefresh = true, time.Now()
+				}
+				if found {
+					if err := r.unregisterIdle(stopCtx); err == nil {
+						registered = false
+					}
+					continue
+				}
+			}
+		}
+		if !r.waitForWork(stopCtx, registered) {
+			return
+		}
+	}
+}
+
+// shouldRegisterIdle: only a relayer that listens and has nothing in
+// flight registers; one with dispatches in progress is woken by its own
+// outcomes anyway, and registering would make producers pay for NOTIFY.
+func (r *run) shouldRegisterIdle() bool {
+	return r.listening.Load() && r.inFlight.Load() == 0
+}
+
+// waitForWork blocks until a notification (debounced), a local wake, the
+// poll timer (or the idle refresh while registered), or stop. It reports
+// false on stop.
+func (r *run) waitForWork(ctx context.Context, registered bool) bool {
+	wait := r.pollDelay()
+	if registered && r.cfg.IdleRefresh < wait {
+		wait = r.cfg.IdleRefresh
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-r.wake:
+		// Coalesce a burst into one claim.
+		return r.sleep(ctx, r.cfg.Debounce)
+	case <-t.C:
+		r.stats.polls.Add(1)
+		return true
+	}
+}
+
+func (r *run) pollDelay() time.Duration {
+	r.rndMu.Lock()
+	j := 0.8 + 0.4*r.rnd.Float64()
+	r.rndMu.Unlock()
+	return time.Duration(float64(r.cfg.PollInterval) * j)
+}
+
+func (r *run) sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// claimOnce takes as many free dispatch slots as it can (waiting for at
+// least one), claims up to that many instructions and starts their
+// dispatches. full reports that every slot asked for was filled.
+func (r *run) claimOnce(ctx context.Context) (n int, full bool, err error) {
+	if err := r.slots.Acquire(ctx, 1); err != nil {
+		return 0, false, err
+	}
+	want := 1
+	for want < r.cfg.BatchSize && r.slots.TryAcquire(1) {
+		want++
+	}
+	// The claim itself must not be cancelled by Stop: a claim that commits
+	// while its caller gives up would leave instructions in flight that
+	// nobody dispatches (until the reaper). It is short, so it gets its own
+	// timeout instead.
+	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	// Taken before the claim, so it is no later than the database's claim
+	// time: leases measured from it by this process's clock end no later
+	// than the database's, however the two clocks disagree.
+	claimStart := time.Now()
+	claimed, err := r.claim(claimCtx, want)
+	cancel()
+	r.slots.Release(int64(want - len(claimed)))
+	if err != nil || len(claimed) == 0 {
+		return 0, false, err
+	}
+	r.stats.claimBatches.Add(1)
+	r.stats.claimed.Add(int64(len(claimed)))
+	r.log.Info("claimed", "count", len(claimed), "asked", want)
+	r.inFlight.Add(int64(len(claimed)))
+	r.dispatches.Add(len(claimed))
+	for _, c := range claimed {
+		go r.dispatch(c, r.callDeadline(claimStart, c))
+	}
+	return len(claimed), len(claimed) == want, nil
+}
+
+// claim claims up to limit instructions of rails whose breaker admits
+// calls; a half-open rail gets a claim of one, its probe.
+func (r *run) claim(ctx context.Context, limit int) ([]store.Claimed, error) {
+	closed, halfOpen := r.cfg.Rails.Claimable()
+	p := store.ClaimParams{RelayerID: r.cfg.RelayerID, Limit: limit, Ordered: !r.cfg.Unordered}
+	var out []store.Claimed
+	if len(halfOpen) > 0 {
+		p.Leases = r.leases(halfOpen)
+		p.Limit = 1
+		r.stats.claims.Add(1)
+		probe, err := r.store.Claim(ctx, r.pool, p)
+		if err != nil {
+			return nil, err
+		}
+		out = probe
+		p.Limit = limit - len(probe)
+	}
+	if len(closed) > 0 && p.Limit > 0 {
+		p.Leases = r.leases(closed)
+		r.stats.claims.Add(1)
+		more, err := r.store.Claim(ctx, r.pool, p)
+		if err != nil {
+			return out, joinClaimErr(out, err)
+		}
+		out = append(out, more...)
+	}
+	return out, nil
+}
+
+// joinClaimErr keeps a successful probe claim when the second claim fails:
+// the probe is ours and must be dispatched.
+func joinClaimErr(claimed []store.Claimed, err error) error {
+	if len(claimed) > 0 {
+		return nil
+	}
+	return err
+}
+
+func (r *run) leases(types []string) map[string]time.Duration {
+	m := make(map[string]time.Duration, len(types))
+	for _, t := range types {
+		m[t] = r.cfg.Rails.Timeout(t) + r.cfg.LeaseGrace
+	}
+	return m
+}
+
+// callDeadline is the latest moment, by this process's clock, at which a
+// rail call for c may end: the lease measured from claimStart, less half the
+// grace period, which is left for recording the outcome before the
+// database's lease ends and the reaper may hand the instruction to another
+// relayer.
+func (r *run) callDeadline(claimStart time.Time, c store.Claimed) time.Time {
+	return claimStart.Add(c.LeaseUntil.Sub(c.ClaimedAt) - r.cfg.LeaseGrace/2)
+}

@@ -1,0 +1,93 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/pending"
+	"github.com/ledgerline/outbox/rails"
+)
+
+// dispatch sends one claimed instruction and queues its outcome.
+func (r *run) dispatch(c store.Claimed, callDeadline time.Time) {
+	defer r.dispatches.Done()
+	defer r.inFlight.Add(-1)
+	defer r.slots.Release(1)
+
+	var d rails.Decision
+	var latency time.Duration
+	ins, payloadErr := railInstruction(c)
+	switch {
+	case payloadErr != nil:
+		// The stored payload was altered outside the producer: nothing any
+		// rail could be sent, and retrying cannot help.
+		d = rails.Decision{Outcome: rails.Failed, ErrorCode: rails.CodeValidationFailed, Field: rails.FieldPayload,
+			Message: "stored payload cannot be decoded: " + payloadErr.Error()}
+	case r.isStopping():
+		d = rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeReleased, Message: "released: relayer stopping"}
+	default:
+		start := time.Now()
+		d = r.execute(c, ins, callDeadline)
+		latency = time.Since(start)
+		if r.dispatchCtx.Err() != nil && d.RailCalled && d.Outcome == rails.Retryable {
+			// Cut off at the hard deadline without an answer: no outcome is
+			// recorded, the lease stands and the reaper will requeue it.
+			r.stats.leftInFlight.Add(1)
+			r.log.Warn("dispatch cut off at stop deadline; left in flight for the reaper",
+				"outbox_id", c.OutboxID, "instruction_id", c.InstructionID, "participant", c.ParticipantID,
+				"attempt_no", c.AttemptNo, "lease_until", c.LeaseUntil)
+			return
+		}
+	}
+	po := pendingOutcome{Outcome: r.outcome(c, d, latency), enqueuedAt: c.EnqueuedAt}
+	if h := r.testHooks.outcome; h != nil {
+		h(&po.Outcome)
+	}
+	if r.rec.submit(po) {
+		return
+	}
+	// Stop stopped recording before this dispatch returned (it ignored the
+	// hard deadline): the lease stands and the reaper requeues it.
+	r.stats.leftInFlight.Add(1)
+	r.log.Warn("outcome arrived after recording stopped; left in flight for the reaper",
+		"outbox_id", c.OutboxID, "instruction_id", c.InstructionID, "participant", c.ParticipantID,
+		"attempt_no", c.AttemptNo, "state", po.State)
+}
+
+// execute calls the rail, turning a panic in a rail (a transport registered
+// by the embedding program) into a retryable transport error: whether the
+// request left is unknown, so the retry carries the same idempotency key.
+// A panic must not take the relayer, and every other instruction it holds,
+// down with it.
+func (r *run) execute(c store.Claimed, ins rails.Instruction, callDeadline time.Time) (d rails.Decision) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.log.Error("rail panicked", "rail", c.RailType, "outbox_id", c.OutboxID, "panic", p, "stack", string(debug.Stack()))
+			d = rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeRailTransport, RailCalled: true,
+				Message: fmt.Sprintf("rail %s panicked: %v", c.RailType, p)}
+		}
+	}()
+	return r.cfg.Rails.ExecuteBefore(r.dispatchCtx, ins, callDeadline)
+}
+
+// railInstruction is the rail's view of a claimed instruction, its
+// payload decoded.
+func railInstruction(c store.Claimed) (rails.Instruction, error) {
+	ins := rails.Instruction{
+		OutboxID: c.OutboxID, InstructionID: c.InstructionID, ParticipantID: c.ParticipantID,
+		SequenceID: c.SequenceID, IdempotencyKey: c.IdempotencyKey, RailType: c.RailType,
+		TenantID: c.TenantID, CorrelationID: c.CorrelationID, AttemptNo: c.AttemptNo,
+	}
+	var p pending.Payload
+	if err := json.Unmarshal(c.Payload, &p); err != nil {
+		return ins, fmt.Errorf("outbox %s: decode payload: %w", c.OutboxID, err)
+	}
+	ins.Metadata = p.Metadata
+	if p.AmountMinor != 0 || p.Currency != "" || p.Destination != "" {
+		ins.Payment = &rails.Payment{AmountMinor: p.AmountMinor, Currency: p.Currency, Destination: p.Destination}
+	}
+	return ins, nil
+}

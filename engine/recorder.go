@@ -1,0 +1,270 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ledgerline/outbox/internal/retry"
+	"github.com/ledgerline/outbox/internal/store"
+)
+
+// pendingOutcome is an outcome waiting to be recorded.
+type pendingOutcome struct {
+	store.Outcome
+	enqueuedAt time.Time
+}
+
+// recorder records the outcomes of one run in batches, on one goroutine:
+// a batch is written when it is FlushSize long or FlushInterval old.
+// Recording never gives up while the relayer runs; Stop gives it
+// StopRecordTimeout to flush, then abandons what is left (in flight, for
+// the reaper).
+type recorder struct {
+	r        *run
+	outcomes chan pendingOutcome
+	// quit is closed by finish: the loop records what is queued and
+	// returns. outcomes itself is never closed, so a dispatch that returns
+	// late cannot panic on a send.
+	quit chan struct{}
+	done chan struct{}
+	// ctx is cancelled when finish gives up on recording (the database is
+	// unreachable): the loop stops retrying, and what it could not record
+	// stays in flight for the reaper.
+	ctx      context.Context
+	abandon  context.CancelFunc
+	failures *retry.Loop // the loop goroutine's own
+}
+
+func newRecorder(r *run) *recorder {
+	rc := &recorder{
+		r:        r,
+		outcomes: make(chan pendingOutcome, 2*r.cfg.MaxConcurrency),
+		quit:     make(chan struct{}),
+		done:     make(chan struct{}),
+		failures: &retry.Loop{Log: r.log, What: "record outcomes", Min: 20 * time.Millisecond, Max: 2 * time.Second},
+	}
+	rc.ctx, rc.abandon = context.WithCancel(context.Background())
+	return rc
+}
+
+// submit queues an outcome for recording; false means recording has
+// stopped (the dispatch returned after Stop's deadline).
+func (rc *recorder) submit(po pendingOutcome) bool {
+	select {
+	case <-rc.quit:
+		return false
+	default:
+	}
+	select {
+	case rc.outcomes <- po:
+		return true
+	case <-rc.quit:
+		return false
+	}
+}
+
+// finish flushes what is queued, giving up after StopRecordTimeout.
+func (rc *recorder) finish() {
+	close(rc.quit)
+	select {
+	case <-rc.done:
+	case <-time.After(StopRecordTimeout):
+		rc.r.log.Error("could not record outcomes while stopping; they stay in flight and the reaper requeues them after their leases",
+			"waited", StopRecordTimeout)
+		rc.abandon()
+		<-rc.done
+	}
+	rc.abandon()
+}
+
+// loop records outcomes in batches until finish closes quit; then it
+// records what is still queued and returns.
+func (rc *recorder) loop() {
+	defer close(rc.done)
+	var batch []pendingOutcome
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		select {
+		case o := <-rc.outcomes:
+			if len(batch) == 0 {
+				timer.Reset(rc.r.cfg.FlushInterval)
+			}
+			batch = append(batch, o)
+			if len(batch) >= rc.r.cfg.FlushSize {
+				timer.Stop()
+				rc.flush(batch)
+				batch = nil
+			}
+		case <-timer.C:
+			rc.flush(batch)
+			batch = nil
+		case <-rc.quit:
+			for drained := false; !drained; {
+				select {
+				case o := <-rc.outcomes:
+					batch = append(batch, o)
+				default:
+					drained = true
+				}
+			}
+			rc.flush(batch)
+			return
+		}
+	}
+}
+
+// flush records outcomes in chunks of at most FlushSize.
+func (rc *recorder) flush(batch []pendingOutcome) {
+	for len(batch) > 0 {
+		n := min(len(batch), rc.r.cfg.FlushSize)
+		rc.flushChunk(batch[:n], false)
+		batch = batch[n:]
+	}
+}
+
+// flushChunk writes one batch in one transaction, retrying until it
+// succeeds: an outcome is never dropped while the relayer runs. Only when
+// Stop abandons recording does it give up; the unrecorded instructions then
+// stay in flight and the reaper requeues them after their leases.
+//
+// A batch the database refuses for its content (a data or constraint
+// error: retrying the same statement cannot succeed) is split until the
+// offending outcome is alone, so one bad outcome cannot block the others.
+// That one is recorded once more with the rail's text removed; if even that
+// fails it is left in flight.
+func (rc *recorder) flushChunk(batch []pendingOutcome, scrubbed bool) {
+	r := rc.r
+	if len(batch) == 0 {
+		return
+	}
+	outcomes := make([]store.Outcome, len(batch))
+	for i, p := range batch {
+		outcomes[i] = p.Outcome
+	}
+	for {
+		ctx, cancel := context.WithTimeout(rc.ctx, 30*time.Second)
+		recorded, err := r.store.Record(ctx, r.pool, outcomes)
+		cancel()
+		if recorded != nil {
+			rc.failures.Succeeded()
+			// Archived; an error here is about withdrawing a requeued copy,
+			// which then is dispatched again under the same key.
+			if err != nil {
+				r.log.Warn("outcomes recorded, but a late completion could not withdraw its requeued copy", "err", err)
+			}
+			rc.afterFlush(batch, recorded)
+			return
+		}
+		if code, ok := contentError(err); ok {
+			rc.unrecordable(batch, scrubbed, code, err)
+			return
+		}
+		if rc.ctx.Err() != nil {
+			r.stats.leftInFlight.Add(int64(len(batch)))
+			r.log.Error("gave up recording outcomes at stop; the reaper will requeue them", "count", len(batch), "err", err)
+			return
+		}
+		select {
+		case <-time.After(rc.failures.Failed(err)):
+		case <-rc.ctx.Done():
+		}
+	}
+}
+
+// unrecordable handles a batch the database refused for its content.
+func (rc *recorder) unrecordable(batch []pendingOutcome, scrubbed bool, code string, err error) {
+	r := rc.r
+	if len(batch) > 1 {
+		half := len(batch) / 2
+		rc.flushChunk(batch[:half], scrubbed)
+		rc.flushChunk(batch[half:], scrubbed)
+		return
+	}
+	o := batch[0]
+	if !scrubbed {
+		r.log.Error("outcome refused by the database; recording it without the rail's text", "outbox_id", o.OutboxID,
+			"attempt_no", o.AttemptNo, "sqlstate", code, "err", err)
+		o.RailReference, o.RailCode = "", ""
+		o.ErrorMessage = fmt.Sprintf("the rail's reference, code and message could not be stored (SQLSTATE %s) and were removed", code)
+		rc.flushChunk([]pendingOutcome{o}, true)
+		return
+	}
+	r.stats.leftInFlight.Add(1)
+	r.log.Error("outcome cannot be recorded; left in flight for the reaper", "outbox_id", o.OutboxID,
+		"instruction_id", o.InstructionID, "attempt_no", o.AttemptNo, "state", o.State, "sqlstate", code, "err", err)
+}
+
+// contentError reports whether err is the database refusing the data
+// itself (SQLSTATE class 22, data exception, or 23, integrity constraint
+// violation), which no retry of the same statement can fix.
+func contentError(err error) (string, bool) {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23")) {
+		return pgErr.Code, true
+	}
+	return "", false
+}
+
+func (rc *recorder) afterFlush(batch []pendingOutcome, recorded []store.Recorded) {
+	r := rc.r
+	// Keyed by claim, not outbox id: one batch may hold a reaped attempt
+	// and the newer attempt of the same instruction.
+	late := make(map[uuid.UUID]store.Recorded)
+	for _, rec := range recorded {
+		if rec.Late {
+			late[rec.ClaimAttemptID] = rec
+		}
+	}
+	var observed []Recorded
+	if r.cfg.OnRecorded != nil {
+		observed = make([]Recorded, 0, len(batch))
+	}
+	now := time.Now()
+	for _, p := range batch {
+		o := p.Outcome
+		rec, isLate := late[o.ClaimAttemptID]
+		obs := Recorded{Outcome: o, EnqueuedAt: p.enqueuedAt, RecordedAt: now, Late: isLate}
+		if observed != nil {
+			observed = append(observed, obs)
+		}
+		res := obs.Result()
+		r.stats.count(res)
+		switch res {
+		case ResultLate:
+			r.log.Warn("late outcome: lease was reaped", "outbox_id", o.OutboxID, "instruction_id", o.InstructionID,
+				"participant", o.ParticipantID, "attempt_no", o.AttemptNo, "state", o.State, "withdrew_requeued_copy", rec.Withdrew)
+		case ResultDead:
+			r.logFailure(o, "dead letter")
+		case ResultRetried:
+			r.logFailure(o, "will retry")
+		}
+	}
+	if observed != nil {
+		r.cfg.OnRecorded(observed)
+	}
+	// Recorded outcomes free participants (ordering) and slots: claim again.
+	r.signal()
+}
+
+func (r *run) logFailure(o store.Outcome, what string) {
+	args := []any{"outbox_id", o.OutboxID, "instruction_id", o.InstructionID, "participant", o.ParticipantID,
+		"sequence_id", o.SequenceID, "attempt_no", o.AttemptNo, "rail", o.RailType, "error_code", o.ErrorCode,
+		"rail_code", o.RailCode, "error", o.ErrorMessage}
+	if o.State == store.Retryable {
+		args = append(args, "retry_in", o.RetryDelay)
+	}
+	if o.TenantID != "" {
+		args = append(args, "tenant_id", o.TenantID)
+	}
+	if o.CorrelationID != "" {
+		args = append(args, "correlation_id", o.CorrelationID)
+	}
+	r.log.Warn("attempt failed: "+what, args...)
+}

@@ -1,0 +1,70 @@
+package engine
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+
+	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/rails"
+)
+
+// The retry policy: what an attempt's decision means for the instruction.
+// Which attempts count against the budget, how long a retry waits
+// (Backoff, or the rail's Retry-After when longer) and when the budget is
+// spent. How the budget is kept in the tables is the store's (budget.go).
+
+// countsAgainstBudget: an attempt that never reached the rail for reasons of
+// ours (open breaker, released, rail not loaded) does not use up retries.
+func countsAgainstBudget(code rails.ErrorCode) bool {
+	switch code {
+	case rails.CodeCircuitOpen, rails.CodeReleased, rails.CodeRailNotConfigured:
+		return false
+	}
+	return true
+}
+
+// outcome turns a decision into what is recorded: backoff for retries,
+// MAX_ATTEMPTS_EXCEEDED on the last allowed attempt.
+func (r *Relayer) outcome(c store.Claimed, d rails.Decision, latency time.Duration) store.Outcome {
+	id, _ := uuid.NewV7()
+	o := store.Outcome{
+		AttemptID: id, ClaimAttemptID: c.AttemptID, OutboxID: c.OutboxID, AttemptNo: c.AttemptNo,
+		InstructionID: c.InstructionID, ParticipantID: c.ParticipantID, SequenceID: c.SequenceID,
+		IdempotencyKey: c.IdempotencyKey, RailType: c.RailType, TenantID: c.TenantID,
+		CorrelationID: c.CorrelationID, RelayerID: r.cfg.RelayerID, ClaimedAt: c.ClaimedAt,
+		RailReference: storable(d.Reference, maxRailTextLength), RailCode: storable(d.RailCode, maxRailTextLength),
+		ErrorCode:    string(d.ErrorCode),
+		ErrorMessage: sanitize(d.Message, r.cfg.MaxErrorLength), LatencyMS: int(latency.Milliseconds()),
+		CountAttempt: countsAgainstBudget(d.ErrorCode),
+	}
+	if d.Field != "" {
+		o.ErrorMessage = sanitize(fmt.Sprintf("field %s: %s", d.Field, d.Message), r.cfg.MaxErrorLength)
+	}
+	switch d.Outcome {
+	case rails.Dispatched:
+		o.State, o.ErrorMessage = store.Dispatched, ""
+	case rails.Failed:
+		o.State = store.Failed
+	default:
+		o.State = store.Retryable
+		switch {
+		case o.CountAttempt && store.LastAttempt(c.AttemptNo, r.cfg.MaxAttempts):
+			o.State, o.ErrorCode = store.Failed, string(rails.CodeMaxAttemptsExceeded)
+			o.ErrorMessage = sanitize(fmt.Sprintf("attempt %d of %d failed with %s: %s", c.AttemptNo, r.cfg.MaxAttempts, d.ErrorCode, d.Message), r.cfg.MaxErrorLength)
+		case o.CountAttempt:
+			r.rndMu.Lock()
+			o.RetryDelay = r.backoff.Delay(c.AttemptNo, r.rnd)
+			r.rndMu.Unlock()
+		case d.ErrorCode == rails.CodeReleased:
+			o.RetryDelay = 0
+		default:
+			o.RetryDelay = time.Second
+		}
+		if d.RetryAfter > o.RetryDelay {
+			o.RetryDelay = d.RetryAfter
+		}
+	}
+	return o
+}

@@ -1,0 +1,44 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
+)
+
+// DeadLetter is an instruction that failed terminally.
+type DeadLetter struct {
+	OutboxID       uuid.UUID  `json:"outbox_id"`
+	InstructionID  string     `json:"instruction_id"`
+	ParticipantID  string     `json:"participant_id"`
+	SequenceID     int64      `json:"sequence_id"`
+	RailType       string     `json:"rail"`
+	TenantID       *string    `json:"tenant_id,omitempty"`
+	CorrelationID  *string    `json:"correlation_id,omitempty"`
+	AttemptCount   int        `json:"attempt_count"`
+	ErrorCode      string     `json:"error_code"`
+	ErrorMessage   *string    `json:"error_message,omitempty"`
+	EnqueuedAt     time.Time  `json:"enqueued_at"`
+	FailedAt       time.Time  `json:"failed_at"`
+	AcknowledgedAt *time.Time `json:"acknowledged_at,omitempty"`
+	AcknowledgedBy *string    `json:"acknowledged_by,omitempty"`
+}
+
+// DeadLetters lists dead letters, oldest failure first; acknowledged ones
+// only when all is true.
+func (s *Store) DeadLetters(ctx context.Context, db Querier, all bool, limit int) ([]DeadLetter, error) {
+	rows, err := db.Query(ctx, s.sql.deadLetters, all, limit)
+	if err != nil {
+		return nil, fmt.Errorf("dead letters: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[DeadLetter])
+}
+
+const deadLettersSQL = `
+SELECT outbox_id, instruction_id, participant_id, sequence_id, rail_type, tenant_id, correlation_id,
+       attempt_count, error_code, error_message, created_at, failed_at, acknowledged_at, acknowledged_by
+FROM {schema}.dead_letters WHERE $1 OR acknowledged_at IS NULL
+ORDER BY failed_at, outbox_id LIMIT $2`

@@ -1,0 +1,141 @@
+package store
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
+)
+
+// NewInstruction is an instruction the producer validated and encoded, to
+// be enqueued under a fresh outbox id.
+type NewInstruction struct {
+	OutboxID       uuid.UUID
+	InstructionID  string
+	ParticipantID  string
+	IdempotencyKey string
+	RailType       string
+	TenantID       string // "" for none
+	CorrelationID  string // "" for none
+	Payload        []byte // JSON
+	PayloadHash    []byte // what the key promises (see the producer)
+}
+
+// KeyRow is what an instruction's idempotency key maps to after an
+// enqueue: its own fresh outbox id, or the one it was first enqueued under.
+type KeyRow struct {
+	OutboxID    uuid.UUID
+	SequenceID  *int64 // nil only for a key another transaction has not committed yet
+	PayloadHash []byte
+}
+
+// Enqueue writes instructions in db (the caller's transaction) in one
+// round trip of three pipelined statements: claim each idempotency key for
+// its fresh outbox id (a key that exists is left alone; a concurrent
+// inserter of the same key is waited for, so racing duplicates resolve to
+// one row); allocate sequence ids and insert pending rows only for the
+// instructions whose key is theirs (duplicates use no sequence id); read
+// back what every key maps to. It returns one KeyRow per instruction, in
+// input order; telling fresh from duplicate and mismatch is the caller's
+// business.
+//
+// The participants' sequence rows stay locked until the caller's
+// transaction ends: that keeps committed sequences gap-free.
+func (s *Store) Enqueue(ctx context.Context, db Batcher, ins []NewInstruction) ([]KeyRow, error) {
+	n := len(ins)
+	var (
+		ords                                                        = make([]int32, n)
+		ids                                                         = make([]uuid.UUID, n)
+		instrIDs, participants, keys, railTypes, tenants, correlats = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		payloads                                                    = make([]string, n)
+		hashes                                                      = make([][]byte, n)
+	)
+	for i, in := range ins {
+		ords[i], ids[i], hashes[i], payloads[i] = int32(i), in.OutboxID, in.PayloadHash, string(in.Payload)
+		instrIDs[i], participants[i], keys[i] = in.InstructionID, in.ParticipantID, in.IdempotencyKey
+		railTypes[i], tenants[i], correlats[i] = in.RailType, in.TenantID, in.CorrelationID
+	}
+
+	b := &pgx.Batch{}
+	b.Queue(s.sql.insertKeys, tenants, instrIDs, keys, ids, participants, hashes)
+	b.Queue(s.sql.insertPending, ids, ords, instrIDs, participants, keys, railTypes, tenants, correlats, payloads)
+	b.Queue(s.sql.lookupKeys, tenants, instrIDs, keys, ords)
+	br := db.SendBatch(ctx, b)
+	defer br.Close()
+
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("enqueue: insert idempotency keys: %w", err)
+	}
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("enqueue: insert pending: %w", err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("enqueue: read receipts: %w", err)
+	}
+	out := make([]KeyRow, n)
+	seen := make([]bool, n)
+	var (
+		ord int32
+		kr  KeyRow
+	)
+	_, err = pgx.ForEachRow(rows, []any{&ord, &kr.OutboxID, &kr.SequenceID, &kr.PayloadHash}, func() error {
+		out[ord], seen[ord] = kr, true
+		kr = KeyRow{}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("enqueue: read receipts: %w", err)
+	}
+	for i, ok := range seen {
+		if !ok {
+			return nil, fmt.Errorf("enqueue: instruction %d: idempotency key not found after insert", i)
+		}
+	}
+	return out, br.Close()
+}
+
+// insertKeysSQL claims each idempotency key for a new outbox id. A key that
+// exists (committed, or inserted by a concurrent transaction that then
+// commits) is left alone; the statement waits for a concurrent inserter to
+// finish, so racing duplicates resolve to exactly one row.
+const insertKeysSQL = `
+INSERT INTO {schema}.idempotency_keys (tenant_id, instruction_id, idempotency_key, outbox_id, participant_id, payload_hash)
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::bytea[])
+ON CONFLICT DO NOTHING`
+
+// insertPendingSQL allocates sequence ids and inserts pending rows only for
+// instructions whose key row above carries their own, still unsequenced,
+// outbox id: duplicates use no sequence id. Ids are handed out per
+// participant in input order.
+const insertPendingSQL = `
+WITH input AS (
+  SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[])
+    AS u(outbox_id, ord, instruction_id, participant_id, idempotency_key, rail_type, tenant_id, correlation_id, payload)
+), fresh AS (
+  SELECT i.* FROM input i
+  JOIN {schema}.idempotency_keys k ON k.outbox_id = i.outbox_id AND k.sequence_id IS NULL
+), counts AS (
+  SELECT participant_id, count(*)::int AS n FROM fresh GROUP BY participant_id
+), firsts AS (
+  SELECT b.participant_id, b.first_sequence_id
+  FROM {schema}.bump_sequences((SELECT array_agg(participant_id) FROM counts), (SELECT array_agg(n) FROM counts)) b
+), numbered AS (
+  SELECT f.*, fi.first_sequence_id + row_number() OVER (PARTITION BY f.participant_id ORDER BY f.ord) - 1 AS sequence_id
+  FROM fresh f JOIN firsts fi USING (participant_id)
+), inserted AS (
+  INSERT INTO {schema}.pending (` + pendingColumns + `)
+  SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+         nullif(tenant_id, ''), nullif(correlation_id, ''),
+         payload::jsonb, 0, now(), now(), NULL
+  FROM numbered
+)
+UPDATE {schema}.idempotency_keys k SET sequence_id = n.sequence_id
+FROM numbered n WHERE k.outbox_id = n.outbox_id`
+
+// lookupKeysSQL reads what every key of the batch maps to now.
+const lookupKeysSQL = `
+SELECT i.ord, k.outbox_id, k.sequence_id, k.payload_hash
+FROM unnest($1::text[], $2::text[], $3::text[], $4::int[]) AS i(tenant_id, instruction_id, idempotency_key, ord)
+JOIN {schema}.idempotency_keys k USING (tenant_id, instruction_id, idempotency_key)`

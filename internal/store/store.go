@@ -1,0 +1,128 @@
+// Package store is the one home of the outbox's SQL. Every state
+// transition of an instruction is one function here, in a file of its
+// own, next to the statement it runs:
+//
+//	enqueue.go      producer: idempotency key, sequence id, pending row
+//	claim.go        relayer: pending -> in flight (+ DISPATCHING attempt)
+//	record.go       relayer: in flight -> dispatched | pending (retry) | dead letter
+//	withdraw.go     relayer: a late terminal outcome withdraws the reaper's requeued copy
+//	reap.go         reaper: expired in flight -> pending (+ ZOMBIE_REQUEUE)
+//	replay.go       operator: dead letter -> pending (+ REPLAYED)
+//	acknowledge.go  operator: dead letter marked handled
+//
+// and the reads beside them (trail.go, deadletters.go, snapshot.go,
+// verify.go), the adaptive NOTIFY registrations (idle.go) and partition
+// upkeep (partitions.go). The column lists of the tables are written once,
+// in columns.go, and the retry-budget arithmetic once, in budget.go.
+//
+// Every transition is one statement (one implicit transaction) or, where
+// it must see another transaction's commit, a fixed pair; none holds a
+// transaction open across anything but the database. The exported packages
+// are the API: pending (producers), engine (relayers), reaper, attempts
+// (auditors and operators). They validate, decide and observe; this package
+// only moves rows.
+//
+// It imports pgx and uuid and nothing of the outbox, so that a producer
+// that enqueues links nothing more.
+package store
+
+import (
+	"context"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Querier runs statements; *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Batcher is a Querier that also pipelines statements and opens
+// (sub)transactions: what an enqueue needs.
+type Batcher interface {
+	Querier
+	Begin(ctx context.Context) (pgx.Tx, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// TxBeginner opens transactions with options (a consistent snapshot for
+// verification); *pgxpool.Pool and *pgx.Conn satisfy it.
+type TxBeginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// Store holds the statements rendered for one schema. It is immutable and
+// safe for concurrent use.
+type Store struct {
+	schema string
+	sql    statements
+}
+
+// New validates schema ("" means [DefaultSchema]) and renders every
+// statement for it.
+func New(schema string) (*Store, error) {
+	if err := ValidateSchema(schema); err != nil {
+		return nil, err
+	}
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	return &Store{schema: schema, sql: renderStatements(schema)}, nil
+}
+
+// Schema returns the schema the statements are rendered for.
+func (s *Store) Schema() string { return s.schema }
+
+// Qualify renders a query written with the {schema} placeholder for this
+// store's schema (tests and tools that need one more query).
+func (s *Store) Qualify(query string) string { return qualify(s.schema, query) }
+
+func qualify(schema, query string) string { return strings.ReplaceAll(query, "{schema}", schema) }
+
+// statements are every statement of the package, rendered once.
+type statements struct {
+	insertKeys, insertPending, lookupKeys string
+	claimOrdered, claimUnordered          string
+	record, withdraw                      string
+	reap                                  string
+	replay, acknowledge                   string
+	trailByOutbox, trailByInstruction     string
+	deadLetters                           string
+	snapshot                              string
+	verifyCounts                          string
+	verifyChecks                          []string
+	registerIdle, unregisterIdle          string
+	ensurePartitions                      string
+}
+
+func renderStatements(schema string) statements {
+	q := func(s string) string { return qualify(schema, s) }
+	st := statements{
+		insertKeys:         q(insertKeysSQL),
+		insertPending:      q(insertPendingSQL),
+		lookupKeys:         q(lookupKeysSQL),
+		claimOrdered:       q(orderedHeadsCTE + claimSQL("heads_due")),
+		claimUnordered:     q("WITH " + claimSQL("due")),
+		record:             q(recordSQL),
+		withdraw:           q(withdrawSQL),
+		reap:               q(reapSQL),
+		replay:             q(replaySQL),
+		acknowledge:        q(acknowledgeSQL),
+		trailByOutbox:      q(trailSQL("outbox_id")),
+		trailByInstruction: q(trailSQL("instruction_id")),
+		deadLetters:        q(deadLettersSQL),
+		snapshot:           q(snapshotSQL),
+		verifyCounts:       q(verifyCountsSQL),
+		registerIdle:       q(registerIdleSQL),
+		unregisterIdle:     q(unregisterIdleSQL),
+		ensurePartitions:   q(ensurePartitionsSQL),
+	}
+	for _, c := range checks {
+		st.verifyChecks = append(st.verifyChecks, q(c.sql))
+	}
+	return st
+}

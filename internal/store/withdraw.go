@@ -1,0 +1,58 @@
+package store
+
+import (
+	"context"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
+)
+
+// withdraw runs withdrawSQL for late terminal outcomes and returns the
+// claim attempt ids whose requeued copy it withdrew. Record calls it.
+func (s *Store) withdraw(ctx context.Context, db Querier, late []Outcome) (map[uuid.UUID]bool, error) {
+	n := len(late)
+	ids, attemptIDs, claimIDs := make([]uuid.UUID, n), make([]uuid.UUID, n), make([]uuid.UUID, n)
+	states, codes, messages := make([]string, n), make([]string, n), make([]string, n)
+	attemptNos := make([]int32, n)
+	for i, o := range late {
+		ids[i], attemptIDs[i], claimIDs[i], states[i], codes[i], messages[i], attemptNos[i] =
+			o.OutboxID, o.AttemptID, o.ClaimAttemptID, string(o.State), o.ErrorCode, o.ErrorMessage, int32(o.AttemptNo)
+	}
+	rows, err := db.Query(ctx, s.sql.withdraw, ids, attemptIDs, states, codes, messages, attemptNos, claimIDs)
+	if err != nil {
+		return nil, err
+	}
+	withdrawn, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[uuid.UUID]bool, len(withdrawn))
+	for _, id := range withdrawn {
+		m[id] = true
+	}
+	return m, nil
+}
+
+// withdrawSQL removes the requeued copies of instructions whose late
+// outcome was terminal, if nobody claimed them yet; a FAILED one becomes a
+// dead letter. It is a separate statement so that it sees the reaper's
+// commit even when recordSQL had to wait for the reaper's lock on the
+// in-flight row (recordSQL's snapshot predates that commit). It is fenced:
+// only a pending row the reaper requeued from this very claim qualifies,
+// never a later retry of the copy or an operator's replay.
+var withdrawSQL = `
+WITH o AS (
+  SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int[], $7::uuid[])
+    AS o(outbox_id, attempt_id, state, error_code, error_message, attempt_no, claim_attempt_id)
+), withdrawn AS (
+  DELETE FROM {schema}.pending p USING o
+  WHERE p.outbox_id = o.outbox_id AND p.zombie_attempt_id = o.claim_attempt_id
+  RETURNING p.*, o.claim_attempt_id
+), late_dead AS (
+  INSERT INTO {schema}.dead_letters (` + deadLetterColumns + `)
+  SELECT ` + from("w", identityColumns) + `, w.payload,
+         greatest(w.attempt_count, o.attempt_no), o.error_code, nullif(o.error_message, ''), o.attempt_id, w.created_at
+  FROM withdrawn w JOIN o USING (outbox_id)
+  WHERE o.state = 'FAILED'
+)
+SELECT claim_attempt_id FROM withdrawn`

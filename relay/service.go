@@ -1,0 +1,183 @@
+// Package relay is the relay service a Go program embeds, the way River
+// users embed a river.Client: a relayer (package engine: claim, dispatch,
+// record), the zombie reaper that heals work of relayers that died
+// (package reaper; it also keeps the archive's monthly partitions ahead),
+// and, optionally, Prometheus collectors registered on the program's own
+// registry. One [Config] with documented defaults, one start/stop contract.
+// `outbox relay` is flags, then this Config, then [Service.Run].
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ledgerline/outbox/engine"
+	"github.com/ledgerline/outbox/internal/lifecycle"
+	"github.com/ledgerline/outbox/reaper"
+)
+
+// Config configures a [Service]. Zero values are the documented defaults
+// of the packages the fields come from.
+type Config struct {
+	// Relayer configures the relayer; Rails is required. Its Schema,
+	// RelayerID and Logger are the reaper's too.
+	Relayer engine.Config
+	// Reaper configures the zombie reaper (default interval
+	// [reaper.DefaultInterval], batch [reaper.DefaultBatchSize]). Its
+	// Schema, ReaperID and Logger are taken from Relayer.
+	Reaper reaper.Config
+	// NoReaper leaves reaping (and partition upkeep) to other processes.
+	// Some process must reap, or instructions of relayers that died stay in
+	// flight forever.
+	NoReaper bool
+	// Metrics, if set, gets the service's collectors (see
+	// [Service.Collectors]) registered by [New].
+	Metrics prometheus.Registerer
+}
+
+// Service runs a relayer and its reaper. Create it with [New]; run it with
+// [Service.Start] and [Service.Stop] or [Service.Run]. Start, Stop and a
+// restart follow the contract of every long-running outbox service: Start
+// on a running service is an error, Stop on a stopped one a no-op, and a
+// stopped service can be started again.
+type Service struct {
+	relayer *engine.Relayer
+	reaper  *reaper.Reaper // nil with NoReaper
+	metrics *Metrics
+	cfg     Config
+	lc      lifecycle.Lifecycle
+}
+
+// New validates cfg, builds the relayer and the reaper (nothing runs yet)
+// and registers the collectors on cfg.Metrics if set.
+func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
+	s := &Service{cfg: cfg}
+	user := cfg.Relayer.OnRecorded
+	cfg.Relayer.OnRecorded = func(recs []engine.Recorded) {
+		s.metrics.observe(recs)
+		if user != nil {
+			user(recs)
+		}
+	}
+	var err error
+	if s.relayer, err = engine.New(pool, cfg.Relayer); err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
+	}
+	if !cfg.NoReaper {
+		rc := cfg.Reaper
+		rc.Schema, rc.ReaperID, rc.Logger = cfg.Relayer.Schema, s.relayer.ID(), cfg.Relayer.Logger
+		if s.reaper, err = reaper.New(pool, rc); err != nil {
+			return nil, fmt.Errorf("relay: %w", err)
+		}
+	}
+	if s.metrics, err = newMetrics(pool, s.relayer, s.reaper, cfg.Relayer); err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
+	}
+	if cfg.Metrics != nil {
+		for _, c := range s.Collectors() {
+			if err := cfg.Metrics.Register(c); err != nil {
+				return nil, fmt.Errorf("relay: register metrics: %w", err)
+			}
+		}
+	}
+	return s, nil
+}
+
+// Relayer returns the service's relayer.
+func (s *Service) Relayer() *engine.Relayer { return s.relayer }
+
+// Reaper returns the service's reaper, nil with Config.NoReaper.
+func (s *Service) Reaper() *reaper.Reaper { return s.reaper }
+
+// Collectors returns the service's Prometheus collectors (see [Metrics]),
+// for a program that registers them itself instead of through
+// Config.Metrics.
+func (s *Service) Collectors() []prometheus.Collector { return s.metrics.collectors() }
+
+// HealBound is the longest a zombie (an instruction whose relayer died)
+// can stay in flight before this configuration's reaper puts it back: the
+// longest lease (a rail's timeout plus the lease grace) plus one reaper
+// interval, defaults applied. Zero with NoReaper (another process's reaper
+// decides) or without rails.
+func (c Config) HealBound() time.Duration {
+	if c.NoReaper || c.Relayer.Rails == nil {
+		return 0
+	}
+	var longest time.Duration
+	for _, t := range c.Relayer.Rails.Types() {
+		longest = max(longest, c.Relayer.Rails.Timeout(t))
+	}
+	grace := c.Relayer.LeaseGrace
+	if grace <= 0 {
+		grace = engine.DefaultLeaseGrace
+	}
+	interval := c.Reaper.Interval
+	if interval <= 0 {
+		interval = reaper.DefaultInterval
+	}
+	return longest + grace + interval
+}
+
+// Start starts the relayer (which first checks the database and refuses
+// errors no retry can fix) and then the reaper. ctx is for start-up only.
+func (s *Service) Start(ctx context.Context) error {
+	err := s.lc.Start(ctx, func(ctx context.Context) (lifecycle.StopFunc, error) {
+		if err := s.relayer.Start(ctx); err != nil {
+			return nil, err
+		}
+		if s.reaper != nil {
+			if err := s.reaper.Start(ctx); err != nil {
+				return nil, errors.Join(err, s.relayer.Stop(context.WithoutCancel(ctx)))
+			}
+		}
+		return s.stop, nil
+	})
+	if err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	return nil
+}
+
+// stop stops the relayer gracefully (ctx is its hard deadline, see
+// [engine.Relayer.Stop]), then the reaper.
+func (s *Service) stop(ctx context.Context) error {
+	err := s.relayer.Stop(ctx)
+	if s.reaper != nil {
+		// The reaper's pass is cut off and rolls back; it needs no grace.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		err = errors.Join(err, s.reaper.Stop(rctx))
+	}
+	return err
+}
+
+// Stop stops the service: the relayer gracefully, with ctx as the hard
+// deadline for dispatches in progress, then the reaper. Stop on a service
+// that is not running returns nil.
+func (s *Service) Stop(ctx context.Context) error { return s.lc.Stop(ctx) }
+
+// Run starts the service, runs until ctx is cancelled, then stops it with
+// the relayer's StopTimeout (default [engine.DefaultStopTimeout]) as the
+// hard deadline. A dispatch cut off at that deadline is not an error (it
+// stays leased for the reaper).
+func (s *Service) Run(ctx context.Context) error {
+	if err := s.Start(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	timeout := s.cfg.Relayer.StopTimeout
+	if timeout <= 0 {
+		timeout = engine.DefaultStopTimeout
+	}
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	if err := s.Stop(stopCtx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}
