@@ -23,7 +23,7 @@ vet:
 fuzz:
 	@for f in $(FUZZ); do \
 		echo "fuzz $$f ($(FUZZTIME))"; \
-		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./rails || exit 1; \
+		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./payment || exit 1; \
 	done
 
 ## bench: Go benchmarks (numbers for the closing notes; never timed unit tests)

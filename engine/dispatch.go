@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/ledgerline/outbox/internal/store"
-	"github.com/ledgerline/outbox/pending"
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/rails"
 )
 
@@ -24,7 +24,7 @@ func (r *run) dispatch(c store.Claimed, callDeadline time.Time) {
 	case payloadErr != nil:
 		// The stored payload was altered outside the producer: nothing any
 		// rail could be sent, and retrying cannot help.
-		d = rails.Decision{Outcome: rails.Failed, ErrorCode: rails.CodeValidationFailed, Field: rails.FieldPayload,
+		d = rails.Decision{Outcome: rails.Failed, ErrorCode: rails.CodeValidationFailed, Field: payment.FieldPayload,
 			Message: "stored payload cannot be decoded: " + payloadErr.Error()}
 	case r.isStopping():
 		d = rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeReleased, Message: "released: relayer stopping"}
@@ -62,7 +62,7 @@ func (r *run) dispatch(c store.Claimed, callDeadline time.Time) {
 // request left is unknown, so the retry carries the same idempotency key.
 // A panic must not take the relayer, and every other instruction it holds,
 // down with it.
-func (r *run) execute(c store.Claimed, ins rails.Instruction, callDeadline time.Time) (d rails.Decision) {
+func (r *run) execute(c store.Claimed, ins payment.Instruction, callDeadline time.Time) (d rails.Decision) {
 	defer func() {
 		if p := recover(); p != nil {
 			r.log.Error("rail panicked", "rail", c.RailType, "outbox_id", c.OutboxID, "panic", p, "stack", string(debug.Stack()))
@@ -75,19 +75,16 @@ func (r *run) execute(c store.Claimed, ins rails.Instruction, callDeadline time.
 
 // railInstruction is the rail's view of a claimed instruction, its
 // payload decoded.
-func railInstruction(c store.Claimed) (rails.Instruction, error) {
-	ins := rails.Instruction{
+func railInstruction(c store.Claimed) (payment.Instruction, error) {
+	ins := payment.Instruction{
 		OutboxID: c.OutboxID, InstructionID: c.InstructionID, ParticipantID: c.ParticipantID,
 		SequenceID: c.SequenceID, IdempotencyKey: c.IdempotencyKey, RailType: c.RailType,
 		TenantID: c.TenantID, CorrelationID: c.CorrelationID, AttemptNo: c.AttemptNo,
 	}
-	var p pending.Payload
+	var p payment.Payload
 	if err := json.Unmarshal(c.Payload, &p); err != nil {
 		return ins, fmt.Errorf("outbox %s: decode payload: %w", c.OutboxID, err)
 	}
-	ins.Metadata = p.Metadata
-	if p.AmountMinor != 0 || p.Currency != "" || p.Destination != "" {
-		ins.Payment = &rails.Payment{AmountMinor: p.AmountMinor, Currency: p.Currency, Destination: p.Destination}
-	}
+	ins.Metadata, ins.Payment = p.Metadata, p.Payment(false)
 	return ins, nil
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
 )
@@ -17,7 +18,7 @@ func ExampleRelayer() {
 	pool := testdb.ForExample()
 
 	sandbox := rails.NewSandbox(rails.SandboxOptions{})
-	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: rails.Generic{}, Transport: sandbox, Timeout: 5 * time.Second})
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: sandbox, Timeout: 5 * time.Second})
 	if err != nil {
 		panic(err)
 	}

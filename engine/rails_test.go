@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
 )
@@ -28,7 +29,7 @@ func TestBreakerOpensBurnsNothingAndRecovers(t *testing.T) {
 	t.Parallel()
 	b := setup(t, rails.SandboxOptions{})
 	var changes sync.Map
-	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: rails.Generic{}, Transport: b.sandbox, Timeout: time.Second,
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: b.sandbox, Timeout: time.Second,
 		Breaker:         rails.BreakerOptions{ConsecutiveFailures: 3, OpenFor: 1500 * time.Millisecond},
 		OnBreakerChange: func(_ string, from, to rails.BreakerState) { changes.Store(from.String()+"->"+to.String(), true) }})
 	if err != nil {
@@ -102,7 +103,7 @@ func TestBreakerOpensBurnsNothingAndRecovers(t *testing.T) {
 func TestTimeoutRetriesWithSameKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t, rails.SandboxOptions{Seed: 9, TimeoutRate: 0.5})
-	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: rails.Generic{}, Transport: b.sandbox,
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: b.sandbox,
 		Timeout: 150 * time.Millisecond, Breaker: rails.BreakerOptions{Disabled: true}})
 	if err != nil {
 		t.Fatal(err)
@@ -177,7 +178,7 @@ func TestWebhookRailEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	set, err := rails.NewSet(rails.Options{Type: "psp", Profile: rails.Generic{}, Transport: hook, Timeout: 5 * time.Second})
+	set, err := rails.NewSet(rails.Options{Type: "psp", Profile: payment.Generic{}, Transport: hook, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

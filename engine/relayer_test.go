@@ -15,6 +15,7 @@ import (
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
 )
@@ -39,7 +40,7 @@ func setup(t *testing.T, sandbox rails.SandboxOptions) *testBundle {
 	}
 	archive, _ := attempts.New("")
 	sbx := rails.NewSandbox(sandbox)
-	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: rails.Generic{}, Transport: sbx,
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: sbx,
 		Timeout: 2 * time.Second, Breaker: rails.BreakerOptions{Disabled: true}})
 	if err != nil {
 		t.Fatal(err)

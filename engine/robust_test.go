@@ -12,14 +12,15 @@ import (
 
 	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/rails"
 )
 
 // funcTransport is a Go transport made of a function, the way an
 // embedding program registers its own.
-type funcTransport func(ctx context.Context, ins rails.Instruction) (rails.Result, error)
+type funcTransport func(ctx context.Context, ins payment.Instruction) (rails.Result, error)
 
-func (f funcTransport) Send(ctx context.Context, ins rails.Instruction) (rails.Result, error) {
+func (f funcTransport) Send(ctx context.Context, ins payment.Instruction) (rails.Result, error) {
 	return f(ctx, ins)
 }
 
@@ -27,7 +28,7 @@ func (f funcTransport) Send(ctx context.Context, ins rails.Instruction) (rails.R
 // over tr (sandbox codes, no breaker).
 func (b *testBundle) useTransport(t *testing.T, tr rails.Transport, timeout time.Duration) {
 	t.Helper()
-	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: rails.Generic{}, Transport: tr, Codes: rails.SandboxCodes,
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: tr, Codes: rails.SandboxCodes,
 		Timeout: timeout, Breaker: rails.BreakerOptions{Disabled: true}})
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +135,7 @@ func TestStopReturnsWhileDatabaseUnreachable(t *testing.T) {
 	t.Parallel()
 	b := setup(t, rails.SandboxOptions{})
 	release := make(chan struct{})
-	b.useTransport(t, funcTransport(func(ctx context.Context, ins rails.Instruction) (rails.Result, error) {
+	b.useTransport(t, funcTransport(func(ctx context.Context, ins payment.Instruction) (rails.Result, error) {
 		select {
 		case <-release:
 			return rails.Result{Code: rails.SandboxAccepted, Reference: "ref-" + ins.IdempotencyKey}, nil
@@ -201,7 +202,7 @@ func TestOutcomeAfterStopGaveUpDoesNotPanic(t *testing.T) {
 	t.Parallel()
 	b := setup(t, rails.SandboxOptions{})
 	release := make(chan struct{})
-	b.useTransport(t, funcTransport(func(_ context.Context, ins rails.Instruction) (rails.Result, error) {
+	b.useTransport(t, funcTransport(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
 		<-release // ignores ctx on purpose
 		return rails.Result{Code: rails.SandboxAccepted, Reference: "ref-" + ins.IdempotencyKey}, nil
 	}), 30*time.Second)
@@ -241,7 +242,7 @@ func TestRailPanicIsRetriedWithSameKey(t *testing.T) {
 	b := setup(t, rails.SandboxOptions{})
 	var mu sync.Mutex
 	calls := map[string]int{}
-	b.useTransport(t, funcTransport(func(_ context.Context, ins rails.Instruction) (rails.Result, error) {
+	b.useTransport(t, funcTransport(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
 		mu.Lock()
 		calls[ins.IdempotencyKey]++
 		n := calls[ins.IdempotencyKey]
@@ -327,7 +328,7 @@ func TestCallDeadlineUsesOwnClock(t *testing.T) {
 // relayer waits, and producers would stop notifying it.
 func TestConfigRejectsStaleIdleRefresh(t *testing.T) {
 	t.Parallel()
-	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: rails.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})})
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ func BenchmarkEnqueueBatch1000(b *testing.B) {
 		ins := make([]pending.Instruction, 1000)
 		for i := range ins {
 			n++
-			ins[i] = payment(fmt.Sprintf("p%d", i), fmt.Sprintf("b%d", n))
+			ins[i] = payout(fmt.Sprintf("p%d", i), fmt.Sprintf("b%d", n))
 		}
 		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 			_, err := producer.EnqueueBatch(ctx, tx, ins)
@@ -65,7 +65,7 @@ func BenchmarkEnqueueParallel16(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
 					i := n.Add(1)
-					if _, err := producer.Enqueue(ctx, pool, payment(fmt.Sprintf("p%d", i%1000), fmt.Sprintf("s%d", i))); err != nil {
+					if _, err := producer.Enqueue(ctx, pool, payout(fmt.Sprintf("p%d", i%1000), fmt.Sprintf("s%d", i))); err != nil {
 						b.Error(err)
 						return
 					}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/gofrs/uuid/v5"
 
-	"github.com/ledgerline/outbox/rails"
+	"github.com/ledgerline/outbox/payment"
 )
 
 // Instruction is what a producer enqueues: who, what, where to, and the keys
@@ -81,18 +81,10 @@ func (e *BatchError) Error() string { return fmt.Sprintf("instruction %d: %v", e
 // Unwrap returns the instruction's error.
 func (e *BatchError) Unwrap() error { return e.Err }
 
-// Payload is the JSON stored with an instruction and decoded by relayers.
-type Payload struct {
-	AmountMinor int64           `json:"amount_minor,omitempty"`
-	Currency    string          `json:"currency,omitempty"`
-	Destination string          `json:"destination,omitempty"`
-	Metadata    json.RawMessage `json:"metadata,omitempty"`
-}
-
 // RailInstruction is the rail's view of an instruction (without the
 // identity the relayer adds at dispatch).
-func (in Instruction) RailInstruction(movesMoney bool) rails.Instruction {
-	ri := rails.Instruction{
+func (in Instruction) RailInstruction(movesMoney bool) payment.Instruction {
+	return payment.Instruction{
 		InstructionID:  in.InstructionID,
 		ParticipantID:  in.ParticipantID,
 		IdempotencyKey: in.IdempotencyKey,
@@ -100,11 +92,13 @@ func (in Instruction) RailInstruction(movesMoney bool) rails.Instruction {
 		TenantID:       in.TenantID,
 		CorrelationID:  in.CorrelationID,
 		Metadata:       in.Metadata,
+		Payment:        in.payload(in.Metadata).Payment(movesMoney),
 	}
-	if movesMoney || in.AmountMinor != 0 || in.Currency != "" || in.Destination != "" {
-		ri.Payment = &rails.Payment{AmountMinor: in.AmountMinor, Currency: in.Currency, Destination: in.Destination}
-	}
-	return ri
+}
+
+// payload is what is stored for the instruction, with meta as its metadata.
+func (in Instruction) payload(meta json.RawMessage) payment.Payload {
+	return payment.Payload{AmountMinor: in.AmountMinor, Currency: in.Currency, Destination: in.Destination, Metadata: meta}
 }
 
 // prepared is a validated instruction with its encoded payload and hash.

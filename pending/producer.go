@@ -13,7 +13,7 @@ import (
 	"github.com/gofrs/uuid/v5"
 
 	"github.com/ledgerline/outbox/internal/store"
-	"github.com/ledgerline/outbox/rails"
+	"github.com/ledgerline/outbox/payment"
 )
 
 // DBTX is the part of a connection the producer uses. The caller's pgx.Tx
@@ -27,15 +27,15 @@ type Config struct {
 	// Schema holding the outbox tables; "" means the default.
 	Schema string
 	// Rails are the rail types producers may use and how each validates;
-	// nil means [rails.DefaultCatalog] (sandbox and event).
-	Rails rails.Catalog
+	// nil means [payment.DefaultCatalog] (sandbox and event).
+	Rails payment.Catalog
 	// MaxPayloadBytes limits the encoded payload; 0 means 64 KiB.
 	MaxPayloadBytes int
 }
 
 // Producer enqueues instructions. It is safe for concurrent use.
 type Producer struct {
-	rails      rails.Catalog
+	rails      payment.Catalog
 	maxPayload int
 	store      *store.Store
 }
@@ -47,10 +47,10 @@ func NewProducer(cfg Config) (*Producer, error) {
 		return nil, err
 	}
 	if cfg.Rails == nil {
-		cfg.Rails = rails.DefaultCatalog()
+		cfg.Rails = payment.DefaultCatalog()
 	}
 	if cfg.MaxPayloadBytes <= 0 {
-		cfg.MaxPayloadBytes = rails.DefaultMaxPayloadBytes
+		cfg.MaxPayloadBytes = payment.DefaultMaxPayloadBytes
 	}
 	return &Producer{rails: cfg.Rails, maxPayload: cfg.MaxPayloadBytes, store: st}, nil
 }
@@ -73,8 +73,8 @@ func EnqueueBatch(ctx context.Context, tx DBTX, ins []Instruction) ([]Receipt, e
 // the participant's next sequence id and inserts it into the pending queue,
 // all in one round trip.
 //
-// An invalid instruction returns a [*rails.ValidationError] (errors.Is
-// rails.ErrValidation) before anything is sent to the database. A key seen
+// An invalid instruction returns a [*payment.ValidationError] (errors.Is
+// payment.ErrValidation) before anything is sent to the database. A key seen
 // before with the same payload returns the original receipt with
 // Duplicate=true (no sequence id is used), even long after the instruction
 // was dispatched; with a different payload it returns a [*MismatchError]
@@ -145,14 +145,14 @@ func (p *Producer) prepare(in Instruction) (prepared, error) {
 	}
 	meta, err := canonicalJSON(in.Metadata)
 	if err != nil {
-		return prepared{}, &rails.ValidationError{Field: rails.FieldMetadata, Reason: rails.ReasonInvalid, Message: "metadata is not valid JSON"}
+		return prepared{}, &payment.ValidationError{Field: payment.FieldMetadata, Reason: payment.ReasonInvalid, Message: "metadata is not valid JSON"}
 	}
-	payload, err := json.Marshal(Payload{AmountMinor: in.AmountMinor, Currency: in.Currency, Destination: in.Destination, Metadata: meta})
+	payload, err := json.Marshal(in.payload(meta))
 	if err != nil {
 		return prepared{}, fmt.Errorf("enqueue: encode payload: %w", err)
 	}
 	if len(payload) > p.maxPayload {
-		return prepared{}, &rails.ValidationError{Field: rails.FieldPayload, Reason: rails.ReasonTooLarge,
+		return prepared{}, &payment.ValidationError{Field: payment.FieldPayload, Reason: payment.ReasonTooLarge,
 			Message: fmt.Sprintf("payload is %d bytes, the limit is %d", len(payload), p.maxPayload)}
 	}
 	id, err := uuid.NewV7()

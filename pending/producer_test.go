@@ -17,8 +17,8 @@ import (
 
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
-	"github.com/ledgerline/outbox/rails"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -38,7 +38,7 @@ func setup(t *testing.T) *testBundle {
 	return &testBundle{ctx: t.Context(), pool: testdb.New(t), producer: p}
 }
 
-func payment(participant, key string) pending.Instruction {
+func payout(participant, key string) pending.Instruction {
 	return pending.Instruction{
 		InstructionID:  "ins-" + key,
 		ParticipantID:  participant,
@@ -83,7 +83,7 @@ func TestEnqueueWritesPendingRow(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 
-	in := payment("p1", "k1")
+	in := payout("p1", "k1")
 	in.TenantID, in.CorrelationID = "tenant-a", "corr-1"
 	r, err := b.producer.Enqueue(b.ctx, b.pool, in)
 	if err != nil {
@@ -96,7 +96,7 @@ func TestEnqueueWritesPendingRow(t *testing.T) {
 		instruction, participant, key, rail, tenant, corr string
 		seq                                               int64
 		attempts                                          int
-		payload                                           pending.Payload
+		payload                                           payment.Payload
 	}
 	err = b.pool.QueryRow(b.ctx, `SELECT instruction_id, participant_id, idempotency_key, rail_type, tenant_id,
 		correlation_id, sequence_id, attempt_count, payload FROM outbox.pending WHERE outbox_id = $1`, r.OutboxID).
@@ -123,12 +123,12 @@ func TestEnqueueDuplicateReturnsOriginalReceipt(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 
-	first, err := b.producer.Enqueue(b.ctx, b.pool, payment("p1", "k1"))
+	first, err := b.producer.Enqueue(b.ctx, b.pool, payout("p1", "k1"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Same key, same payload, metadata formatted differently: a duplicate.
-	again := payment("p1", "k1")
+	again := payout("p1", "k1")
 	again.Metadata = json.RawMessage(`{"lines":[1,2],"invoice":"INV-1"}`)
 	again.CorrelationID = "a-new-trace" // not part of what the key promised
 	dup, err := b.producer.Enqueue(b.ctx, b.pool, again)
@@ -139,7 +139,7 @@ func TestEnqueueDuplicateReturnsOriginalReceipt(t *testing.T) {
 		t.Fatalf("duplicate receipt = %+v, want original %+v with Duplicate", dup, first)
 	}
 	// The duplicate burned no sequence number.
-	next, err := b.producer.Enqueue(b.ctx, b.pool, payment("p1", "k2"))
+	next, err := b.producer.Enqueue(b.ctx, b.pool, payout("p1", "k2"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +155,7 @@ func TestEnqueueDuplicateAfterPendingRowIsGone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 
-	first, err := b.producer.Enqueue(b.ctx, b.pool, payment("p1", "k1"))
+	first, err := b.producer.Enqueue(b.ctx, b.pool, payout("p1", "k1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func TestEnqueueDuplicateAfterPendingRowIsGone(t *testing.T) {
 	if _, err := b.pool.Exec(b.ctx, `DELETE FROM outbox.pending WHERE outbox_id = $1`, first.OutboxID); err != nil {
 		t.Fatal(err)
 	}
-	dup, err := b.producer.Enqueue(b.ctx, b.pool, payment("p1", "k1"))
+	dup, err := b.producer.Enqueue(b.ctx, b.pool, payout("p1", "k1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestEnqueueMismatchWritesNothingAndKeepsTxUsable(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 
-	first, err := b.producer.Enqueue(b.ctx, b.pool, payment("p1", "k1"))
+	first, err := b.producer.Enqueue(b.ctx, b.pool, payout("p1", "k1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func TestEnqueueMismatchWritesNothingAndKeepsTxUsable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(b.ctx)
-	changed := payment("p1", "k1")
+	changed := payout("p1", "k1")
 	changed.AmountMinor = 99999
 	_, err = b.producer.Enqueue(b.ctx, tx, changed)
 	var mismatch *pending.MismatchError
@@ -198,12 +198,12 @@ func TestEnqueueMismatchWritesNothingAndKeepsTxUsable(t *testing.T) {
 		t.Fatalf("err = %v, want ErrIdempotencyMismatch naming %s", err, first.OutboxID)
 	}
 	// Also a different participant under the same key is a mismatch.
-	moved := payment("p2", "k1")
+	moved := payout("p2", "k1")
 	if _, err := b.producer.Enqueue(b.ctx, tx, moved); !errors.Is(err, pending.ErrIdempotencyMismatch) {
 		t.Fatalf("err = %v, want ErrIdempotencyMismatch", err)
 	}
 	// The caller's transaction is still usable.
-	if _, err := b.producer.Enqueue(b.ctx, tx, payment("p1", "k2")); err != nil {
+	if _, err := b.producer.Enqueue(b.ctx, tx, payout("p1", "k2")); err != nil {
 		t.Fatalf("transaction unusable after mismatch: %v", err)
 	}
 	if err := tx.Commit(b.ctx); err != nil {
@@ -232,7 +232,7 @@ func TestEnqueueRacingDuplicatesResolveToOneRow(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			receipts[i], errs[i] = b.producer.Enqueue(b.ctx, b.pool, payment("p1", "the-key"))
+			receipts[i], errs[i] = b.producer.Enqueue(b.ctx, b.pool, payout("p1", "the-key"))
 		}()
 	}
 	close(start)
@@ -261,7 +261,7 @@ func TestEnqueueTenantScopesKeys(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 
-	a, b2 := payment("p1", "k1"), payment("p1", "k1")
+	a, b2 := payout("p1", "k1"), payout("p1", "k1")
 	a.TenantID, b2.TenantID = "tenant-a", "tenant-b"
 	ra, err := b.producer.Enqueue(b.ctx, b.pool, a)
 	if err != nil {
@@ -271,7 +271,7 @@ func TestEnqueueTenantScopesKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rn, err := b.producer.Enqueue(b.ctx, b.pool, payment("p1", "k1")) // no tenant: its own scope
+	rn, err := b.producer.Enqueue(b.ctx, b.pool, payout("p1", "k1")) // no tenant: its own scope
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,29 +299,29 @@ func TestEnqueueValidationWritesNothing(t *testing.T) {
 		field    string
 		reason   string
 	}{
-		{"empty instruction id", nil, func(in *pending.Instruction) { in.InstructionID = "" }, rails.FieldInstructionID, rails.ReasonRequired},
-		{"empty participant", nil, func(in *pending.Instruction) { in.ParticipantID = "" }, rails.FieldParticipantID, rails.ReasonRequired},
-		{"empty key", nil, func(in *pending.Instruction) { in.IdempotencyKey = "" }, rails.FieldIdempotencyKey, rails.ReasonRequired},
-		{"blank key", nil, func(in *pending.Instruction) { in.IdempotencyKey = "   " }, rails.FieldIdempotencyKey, rails.ReasonRequired},
-		{"empty rail", nil, func(in *pending.Instruction) { in.RailType = "" }, rails.FieldRail, rails.ReasonRequired},
-		{"unknown rail", nil, func(in *pending.Instruction) { in.RailType = "carrier-pigeon" }, rails.FieldRail, rails.ReasonUnknownRail},
-		{"zero amount", nil, func(in *pending.Instruction) { in.AmountMinor = 0 }, rails.FieldAmount, rails.ReasonNotPositive},
-		{"negative amount", nil, func(in *pending.Instruction) { in.AmountMinor = -5 }, rails.FieldAmount, rails.ReasonNotPositive},
-		{"amount overflow", nil, func(in *pending.Instruction) { in.AmountMinor = rails.MaxAmountMinor + 1 }, rails.FieldAmount, rails.ReasonOverflow},
-		{"unknown currency", nil, func(in *pending.Instruction) { in.Currency = "ABC" }, rails.FieldCurrency, rails.ReasonUnknownCurrency},
-		{"withdrawn currency", nil, func(in *pending.Instruction) { in.Currency = "DEM" }, rails.FieldCurrency, rails.ReasonUnknownCurrency},
-		{"missing currency", nil, func(in *pending.Instruction) { in.Currency = "" }, rails.FieldCurrency, rails.ReasonRequired},
-		{"missing destination", nil, func(in *pending.Instruction) { in.Destination = "" }, rails.FieldDestination, rails.ReasonRequired},
-		{"metadata not an object", nil, func(in *pending.Instruction) { in.Metadata = json.RawMessage(`[1,2]`) }, rails.FieldMetadata, rails.ReasonInvalid},
-		{"metadata broken", nil, func(in *pending.Instruction) { in.Metadata = json.RawMessage(`{"a":`) }, rails.FieldMetadata, rails.ReasonInvalid},
-		{"control characters", nil, func(in *pending.Instruction) { in.InstructionID = "ins\n1" }, rails.FieldInstructionID, rails.ReasonInvalid},
+		{"empty instruction id", nil, func(in *pending.Instruction) { in.InstructionID = "" }, payment.FieldInstructionID, payment.ReasonRequired},
+		{"empty participant", nil, func(in *pending.Instruction) { in.ParticipantID = "" }, payment.FieldParticipantID, payment.ReasonRequired},
+		{"empty key", nil, func(in *pending.Instruction) { in.IdempotencyKey = "" }, payment.FieldIdempotencyKey, payment.ReasonRequired},
+		{"blank key", nil, func(in *pending.Instruction) { in.IdempotencyKey = "   " }, payment.FieldIdempotencyKey, payment.ReasonRequired},
+		{"empty rail", nil, func(in *pending.Instruction) { in.RailType = "" }, payment.FieldRail, payment.ReasonRequired},
+		{"unknown rail", nil, func(in *pending.Instruction) { in.RailType = "carrier-pigeon" }, payment.FieldRail, payment.ReasonUnknownRail},
+		{"zero amount", nil, func(in *pending.Instruction) { in.AmountMinor = 0 }, payment.FieldAmount, payment.ReasonNotPositive},
+		{"negative amount", nil, func(in *pending.Instruction) { in.AmountMinor = -5 }, payment.FieldAmount, payment.ReasonNotPositive},
+		{"amount overflow", nil, func(in *pending.Instruction) { in.AmountMinor = payment.MaxAmountMinor + 1 }, payment.FieldAmount, payment.ReasonOverflow},
+		{"unknown currency", nil, func(in *pending.Instruction) { in.Currency = "ABC" }, payment.FieldCurrency, payment.ReasonUnknownCurrency},
+		{"withdrawn currency", nil, func(in *pending.Instruction) { in.Currency = "DEM" }, payment.FieldCurrency, payment.ReasonUnknownCurrency},
+		{"missing currency", nil, func(in *pending.Instruction) { in.Currency = "" }, payment.FieldCurrency, payment.ReasonRequired},
+		{"missing destination", nil, func(in *pending.Instruction) { in.Destination = "" }, payment.FieldDestination, payment.ReasonRequired},
+		{"metadata not an object", nil, func(in *pending.Instruction) { in.Metadata = json.RawMessage(`[1,2]`) }, payment.FieldMetadata, payment.ReasonInvalid},
+		{"metadata broken", nil, func(in *pending.Instruction) { in.Metadata = json.RawMessage(`{"a":`) }, payment.FieldMetadata, payment.ReasonInvalid},
+		{"control characters", nil, func(in *pending.Instruction) { in.InstructionID = "ins\n1" }, payment.FieldInstructionID, payment.ReasonInvalid},
 		{"oversized payload", small, func(in *pending.Instruction) {
 			in.Metadata = json.RawMessage(`{"note":"` + strings.Repeat("x", 300) + `"}`)
-		}, rails.FieldPayload, rails.ReasonTooLarge},
-		{"event rail with money", nil, func(in *pending.Instruction) { in.RailType = "event" }, rails.FieldAmount, rails.ReasonNotAllowed},
+		}, payment.FieldPayload, payment.ReasonTooLarge},
+		{"event rail with money", nil, func(in *pending.Instruction) { in.RailType = "event" }, payment.FieldAmount, payment.ReasonNotAllowed},
 		{"event rail without body", nil, func(in *pending.Instruction) {
 			*in = pending.Instruction{InstructionID: "e1", ParticipantID: "p1", IdempotencyKey: "e1", RailType: "event"}
-		}, rails.FieldMetadata, rails.ReasonRequired},
+		}, payment.FieldMetadata, payment.ReasonRequired},
 	}
 
 	tx, err := b.pool.Begin(b.ctx)
@@ -330,15 +330,15 @@ func TestEnqueueValidationWritesNothing(t *testing.T) {
 	}
 	defer tx.Rollback(b.ctx)
 	for i, tc := range cases {
-		in := payment("p1", fmt.Sprintf("k%d", i))
+		in := payout("p1", fmt.Sprintf("k%d", i))
 		tc.mutate(&in)
 		producer := b.producer
 		if tc.producer != nil {
 			producer = tc.producer
 		}
 		_, err := producer.Enqueue(b.ctx, tx, in)
-		var verr *rails.ValidationError
-		if !errors.Is(err, rails.ErrValidation) || !errors.As(err, &verr) {
+		var verr *payment.ValidationError
+		if !errors.Is(err, payment.ErrValidation) || !errors.As(err, &verr) {
 			t.Errorf("%s: err = %v, want a validation error", tc.name, err)
 			continue
 		}
@@ -347,7 +347,7 @@ func TestEnqueueValidationWritesNothing(t *testing.T) {
 		}
 	}
 	// Still usable, and nothing was written by the rejections.
-	if _, err := b.producer.Enqueue(b.ctx, tx, payment("p1", "good")); err != nil {
+	if _, err := b.producer.Enqueue(b.ctx, tx, payout("p1", "good")); err != nil {
 		t.Fatalf("transaction unusable after validation errors: %v", err)
 	}
 	if err := tx.Commit(b.ctx); err != nil {
@@ -376,9 +376,9 @@ func TestEnqueueBatch(t *testing.T) {
 
 	var ins []pending.Instruction
 	for i := range 300 {
-		ins = append(ins, payment(fmt.Sprintf("p%d", i%7), fmt.Sprintf("k%d", i)))
+		ins = append(ins, payout(fmt.Sprintf("p%d", i%7), fmt.Sprintf("k%d", i)))
 	}
-	ins = append(ins, payment("p5", "k5")) // a same-batch duplicate of ins[5]
+	ins = append(ins, payout("p5", "k5")) // a same-batch duplicate of ins[5]
 	tx, err := b.pool.Begin(b.ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -412,13 +412,13 @@ func TestEnqueueBatchMismatchWritesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 
-	if _, err := b.producer.Enqueue(b.ctx, b.pool, payment("p1", "taken")); err != nil {
+	if _, err := b.producer.Enqueue(b.ctx, b.pool, payout("p1", "taken")); err != nil {
 		t.Fatal(err)
 	}
 	before := b.counts(t)
-	bad := payment("p1", "taken")
+	bad := payout("p1", "taken")
 	bad.Destination = "somewhere-else"
-	batch := []pending.Instruction{payment("p1", "a"), payment("p2", "b"), bad, payment("p3", "c")}
+	batch := []pending.Instruction{payout("p1", "a"), payout("p2", "b"), bad, payout("p3", "c")}
 
 	tx, err := b.pool.Begin(b.ctx)
 	if err != nil {
@@ -431,10 +431,10 @@ func TestEnqueueBatchMismatchWritesNothing(t *testing.T) {
 		t.Fatalf("err = %v, want a mismatch at index 2", err)
 	}
 	// Validation errors are reported by index too, before any write.
-	invalid := payment("p9", "z")
+	invalid := payout("p9", "z")
 	invalid.Currency = "XXX"
-	_, err = b.producer.EnqueueBatch(b.ctx, tx, []pending.Instruction{payment("p1", "y"), invalid})
-	if !errors.As(err, &be) || be.Index != 1 || !errors.Is(err, rails.ErrValidation) {
+	_, err = b.producer.EnqueueBatch(b.ctx, tx, []pending.Instruction{payout("p1", "y"), invalid})
+	if !errors.As(err, &be) || be.Index != 1 || !errors.Is(err, payment.ErrValidation) {
 		t.Fatalf("err = %v, want a validation error at index 1", err)
 	}
 	if _, err := b.producer.EnqueueBatch(b.ctx, tx, batch[:2]); err != nil {
@@ -474,7 +474,7 @@ func TestConcurrentProducersGapFree(t *testing.T) {
 				n := 1 + rng.IntN(3)
 				var batch []pending.Instruction
 				for j := 0; j < n; j++ {
-					batch = append(batch, payment(fmt.Sprintf("p%d", rng.IntN(participants)), fmt.Sprintf("w%d-%d-%d", w, i, j)))
+					batch = append(batch, payout(fmt.Sprintf("p%d", rng.IntN(participants)), fmt.Sprintf("w%d-%d-%d", w, i, j)))
 				}
 				i += n
 				rollback := rng.IntN(5) == 0

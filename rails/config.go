@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/ledgerline/outbox/payment"
 )
 
 // Transport kinds of a [TransportConfig].
@@ -83,7 +85,7 @@ type WebhookConfig struct {
 }
 
 // RailConfig configures one rail: the rail type instructions carry, its
-// validator profile (see [ProfileByName]) with limits and options, the name
+// validator profile (see [payment.ProfileByName]) with limits and options, the name
 // of its transport, and its dispatch limits. Zero limits mean the defaults
 // ([DefaultMaxConcurrency], [DefaultTimeout], the breaker defaults of
 // [BreakerOptions]). Codes are merged over the transport's own code table;
@@ -128,7 +130,7 @@ type Built struct {
 	// Set is what the relayer dispatches through.
 	Set *Set
 	// Catalog holds the rails' validation profiles, for producers.
-	Catalog Catalog
+	Catalog payment.Catalog
 	// Sandboxes are the sandbox transports by transport name (never nil),
 	// so demos and tests can read their Stats.
 	Sandboxes map[string]*Sandbox
@@ -136,7 +138,7 @@ type Built struct {
 
 // DefaultConfig is the configuration `outbox relay` uses without a file:
 // one sandbox transport named "sandbox" that injects no failures, serving
-// the rail types of [DefaultCatalog]: "sandbox" (generic profile) and
+// the rail types of [payment.DefaultCatalog]: "sandbox" (generic profile) and
 // "event" (event profile).
 func DefaultConfig() *Config {
 	return &Config{
@@ -439,9 +441,14 @@ type configError struct {
 }
 
 func (e *configError) Error() string {
-	// Errors of this package's constructors start with "rails: "; inside a
-	// located configuration error that prefix is noise.
-	return e.where + ": " + strings.TrimPrefix(e.err.Error(), "rails: ")
+	// Errors of this package's and payment's constructors start with the
+	// package name; inside a located configuration error that prefix is
+	// noise.
+	msg := e.err.Error()
+	for _, prefix := range []string{"rails: ", "payment: "} {
+		msg = strings.TrimPrefix(msg, prefix)
+	}
+	return e.where + ": " + msg
 }
 
 func (e *configError) Unwrap() error { return e.err }
@@ -487,7 +494,7 @@ type transportPlan struct {
 type railPlan struct {
 	where   string
 	cfg     RailConfig
-	profile Profile
+	profile payment.Profile
 	timeout time.Duration
 	breaker BreakerOptions
 }
@@ -505,7 +512,7 @@ func (c *Config) Validate() error {
 // Catalog returns the validation profiles of the configured rails: what a
 // producer needs to validate exactly like the relayer, without the
 // secrets or Go transports that [Config.Build] needs.
-func (c *Config) Catalog() (Catalog, error) {
+func (c *Config) Catalog() (payment.Catalog, error) {
 	p, err := c.check()
 	if err != nil {
 		return nil, err
@@ -513,8 +520,8 @@ func (c *Config) Catalog() (Catalog, error) {
 	return p.catalog(), nil
 }
 
-func (p *plan) catalog() Catalog {
-	cat := make(Catalog, len(p.rails))
+func (p *plan) catalog() payment.Catalog {
+	cat := make(payment.Catalog, len(p.rails))
 	for _, r := range p.rails {
 		cat[r.cfg.Type] = r.profile
 	}
@@ -557,7 +564,7 @@ func checkTransport(name string, t TransportConfig) (transportPlan, []error) {
 	where := transportWhere(name)
 	tp := transportPlan{name: name, where: where, kind: t.Kind}
 	var errs []error
-	if name == "" || strings.TrimSpace(name) != name || strings.IndexFunc(name, isControl) >= 0 {
+	if name == "" || strings.TrimSpace(name) != name || strings.IndexFunc(name, payment.ControlRune) >= 0 {
 		errs = append(errs, atf(where, "a transport name must be non-empty, without surrounding spaces or control characters"))
 	}
 	sections := func(want string) {
@@ -664,8 +671,8 @@ func checkRailType(t string) error {
 	if t == "" {
 		return errors.New("type is required")
 	}
-	if err := checkText(FieldRail, t, 200); err != nil {
-		var verr *ValidationError
+	if err := payment.ValidateText(payment.FieldRail, t, 200); err != nil {
+		var verr *payment.ValidationError
 		if errors.As(err, &verr) {
 			return fmt.Errorf("type: %s", verr.Message)
 		}
@@ -686,8 +693,8 @@ func checkRail(where string, rc RailConfig, transports map[string]TransportConfi
 	if rc.Profile == "" {
 		errs = append(errs, atf(where, "profile is required (ach, sepa, wire, generic or event)"))
 	} else {
-		limits := Limits{Currencies: slices.Clone(rc.Currencies), MinAmountMinor: rc.MinAmountMinor, MaxAmountMinor: rc.MaxAmountMinor}
-		prof, err := ProfileByName(rc.Profile, limits, ProfileOptions{DestinationPattern: rc.DestinationPattern, RequireBIC: rc.RequireBIC})
+		limits := payment.Limits{Currencies: slices.Clone(rc.Currencies), MinAmountMinor: rc.MinAmountMinor, MaxAmountMinor: rc.MaxAmountMinor}
+		prof, err := payment.ProfileByName(rc.Profile, limits, payment.ProfileOptions{DestinationPattern: rc.DestinationPattern, RequireBIC: rc.RequireBIC})
 		if err != nil {
 			errs = append(errs, at(where, err))
 		}
@@ -733,7 +740,7 @@ func checkRail(where string, rc RailConfig, transports map[string]TransportConfi
 var railAnswerErrors = []ErrorCode{CodeRailRejected, CodeRailUnavailable, CodeRailTimeout, CodeRailTransport, CodeRateLimited}
 
 func checkCodeRule(code string, rule CodeRule) error {
-	if code == "" || strings.IndexFunc(code, isControl) >= 0 {
+	if code == "" || strings.IndexFunc(code, payment.ControlRune) >= 0 {
 		return errors.New("a rail code must be non-empty and printable")
 	}
 	switch rule.Outcome {

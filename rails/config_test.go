@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/gofrs/uuid/v5"
+
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/rails"
 )
 
@@ -27,21 +29,21 @@ import (
 const cfgSecret = "whsec-config-test-5e1f0c2b9a8d7e6f4c3b"
 
 // cfgPayment is a valid payment instruction for a rail.
-func cfgPayment(rail, key, currency, dest string) rails.Instruction {
-	return rails.Instruction{
+func cfgPayment(rail, key, currency, dest string) payment.Instruction {
+	return payment.Instruction{
 		OutboxID:       uuid.NewV5(uuid.NamespaceOID, rail+"/"+key),
 		InstructionID:  "ins-" + key,
 		ParticipantID:  "acme",
 		IdempotencyKey: key,
 		RailType:       rail,
 		AttemptNo:      1,
-		Payment:        &rails.Payment{AmountMinor: 1000, Currency: currency, Destination: dest},
+		Payment:        &payment.Payment{AmountMinor: 1000, Currency: currency, Destination: dest},
 	}
 }
 
 // cfgEvent is a valid event instruction for a rail.
-func cfgEvent(rail, key string) rails.Instruction {
-	return rails.Instruction{
+func cfgEvent(rail, key string) payment.Instruction {
+	return payment.Instruction{
 		OutboxID:       uuid.NewV5(uuid.NamespaceOID, rail+"/"+key),
 		InstructionID:  "ins-" + key,
 		ParticipantID:  "acme",
@@ -59,7 +61,7 @@ type codeTransport struct {
 	calls int
 }
 
-func (c *codeTransport) Send(_ context.Context, ins rails.Instruction) (rails.Result, error) {
+func (c *codeTransport) Send(_ context.Context, ins payment.Instruction) (rails.Result, error) {
 	c.mu.Lock()
 	c.calls++
 	c.mu.Unlock()
@@ -90,7 +92,7 @@ func newCoded() *codedTransport {
 // downTransport never reaches its rail.
 type downTransport struct{}
 
-func (downTransport) Send(context.Context, rails.Instruction) (rails.Result, error) {
+func (downTransport) Send(context.Context, payment.Instruction) (rails.Result, error) {
 	return rails.Result{}, fmt.Errorf("core: %w", rails.ErrUnavailable)
 }
 func (downTransport) Codes() rails.CodeTable {
@@ -178,9 +180,9 @@ func TestConfigExampleParsesAndBuilds(t *testing.T) {
 	}
 
 	// The profiles carry the configured limits and options.
-	want := rails.Catalog{
-		"ach":  rails.ACH{Limits: rails.Limits{Currencies: []string{"USD"}, MaxAmountMinor: 2500000000}},
-		"sepa": rails.SEPA{RequireBIC: true},
+	want := payment.Catalog{
+		"ach":  payment.ACH{Limits: payment.Limits{Currencies: []string{"USD"}, MaxAmountMinor: 2500000000}},
+		"sepa": payment.SEPA{RequireBIC: true},
 	}
 	for typ, p := range want {
 		if !reflect.DeepEqual(built.Catalog[typ], p) {
@@ -188,19 +190,19 @@ func TestConfigExampleParsesAndBuilds(t *testing.T) {
 		}
 	}
 	for _, c := range []struct {
-		ins   rails.Instruction
+		ins   payment.Instruction
 		field string // empty: valid
 	}{
 		{cfgPayment("ach", "a1", "USD", "021000021:123456789"), ""},
-		{func() rails.Instruction {
+		{func() payment.Instruction {
 			ins := cfgPayment("ach", "a2", "USD", "021000021:123456789")
 			ins.Payment.AmountMinor = 2500000001
 			return ins
-		}(), rails.FieldAmount},
-		{cfgPayment("sepa", "s1", "EUR", "DE89370400440532013000"), rails.FieldDestination}, // BIC required
+		}(), payment.FieldAmount},
+		{cfgPayment("sepa", "s1", "EUR", "DE89370400440532013000"), payment.FieldDestination}, // BIC required
 		{cfgPayment("sepa", "s2", "EUR", "DE89370400440532013000:DEUTDEFF"), ""},
 		{cfgPayment("internal", "i1", "USD", "AB123456"), ""},
-		{cfgPayment("internal", "i2", "USD", "AB12345"), rails.FieldDestination},
+		{cfgPayment("internal", "i2", "USD", "AB12345"), payment.FieldDestination},
 		{cfgEvent("event", "e1"), ""},
 	} {
 		err := built.Catalog.Validate(c.ins)
@@ -208,7 +210,7 @@ func TestConfigExampleParsesAndBuilds(t *testing.T) {
 			t.Errorf("%s %s: %v", c.ins.RailType, c.ins.IdempotencyKey, err)
 		}
 		if c.field != "" {
-			var verr *rails.ValidationError
+			var verr *payment.ValidationError
 			if !errors.As(err, &verr) || verr.Field != c.field {
 				t.Errorf("%s %s: got %v, want an invalid %s", c.ins.RailType, c.ins.IdempotencyKey, err, c.field)
 			}
@@ -282,8 +284,8 @@ func TestConfigDefault(t *testing.T) {
 		t.Fatalf("testdata/config/default.json is not DefaultConfig(): %+v", got)
 	}
 	built := mustBuild(t, rails.DefaultConfig(), rails.BuildOptions{})
-	if !reflect.DeepEqual(built.Catalog, rails.DefaultCatalog()) {
-		t.Fatalf("default catalog %#v, want DefaultCatalog() %#v", built.Catalog, rails.DefaultCatalog())
+	if !reflect.DeepEqual(built.Catalog, payment.DefaultCatalog()) {
+		t.Fatalf("default catalog %#v, want DefaultCatalog() %#v", built.Catalog, payment.DefaultCatalog())
 	}
 	if got := slices.Sorted(maps.Keys(built.Catalog)); !slices.Equal(got, []string{"event", "sandbox"}) {
 		t.Fatalf("default rail types %v", got)
@@ -297,7 +299,7 @@ func TestConfigDefault(t *testing.T) {
 		t.Fatalf("sandboxes %v", built.Sandboxes)
 	}
 	ctx := context.Background()
-	for _, ins := range []rails.Instruction{cfgPayment("sandbox", "k1", "USD", "acct-1"), cfgEvent("event", "k2")} {
+	for _, ins := range []payment.Instruction{cfgPayment("sandbox", "k1", "USD", "acct-1"), cfgEvent("event", "k2")} {
 		if d := built.Set.Execute(ctx, ins); d.Outcome != rails.Dispatched {
 			t.Fatalf("%s: %+v", ins.RailType, d)
 		}

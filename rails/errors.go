@@ -1,9 +1,6 @@
 package rails
 
-import (
-	"errors"
-	"fmt"
-)
+import "errors"
 
 // ErrorCode is a stable code of the error taxonomy. It is stored in attempt
 // rows and used as a metric label, so values never change once released.
@@ -47,48 +44,6 @@ const (
 	// timeout). Does not use up the retry budget.
 	CodeReleased ErrorCode = "RELEASED"
 )
-
-// ErrValidation matches every [*ValidationError] with errors.Is.
-var ErrValidation = errors.New("validation failed")
-
-// Validation reasons carried in [ValidationError.Reason]. They are stable and
-// machine-readable; Message is for people.
-const (
-	ReasonRequired           = "required"
-	ReasonInvalid            = "invalid"
-	ReasonNotPositive        = "not_positive"
-	ReasonOverflow           = "overflow"
-	ReasonExcessPrecision    = "excess_precision"
-	ReasonUnknownCurrency    = "unknown_currency"
-	ReasonCurrencyNotAllowed = "currency_not_allowed"
-	ReasonOutOfLimits        = "out_of_limits"
-	ReasonChecksum           = "checksum"
-	ReasonNotSEPA            = "not_sepa"
-	ReasonTooLarge           = "too_large"
-	ReasonUnknownRail        = "unknown_rail"
-	ReasonNotAllowed         = "not_allowed"
-)
-
-// ValidationError says which field of an instruction is wrong and why. It is
-// returned before anything is written or sent.
-type ValidationError struct {
-	Field   string // the field as named in the JSON input, e.g. "amount_minor"
-	Reason  string // one of the Reason* constants
-	Message string // human-readable detail; never contains secrets
-}
-
-// Error implements error.
-func (e *ValidationError) Error() string {
-	return fmt.Sprintf("invalid %s: %s", e.Field, e.Message)
-}
-
-// Is makes errors.Is(err, ErrValidation) true for every ValidationError.
-func (e *ValidationError) Is(target error) bool { return target == ErrValidation }
-
-// invalid builds a ValidationError.
-func invalid(field, reason, format string, args ...any) *ValidationError {
-	return &ValidationError{Field: field, Reason: reason, Message: fmt.Sprintf(format, args...)}
-}
 
 // ErrUnavailable is returned (wrapped) by transports when the rail could not
 // be reached before the request was sent; it classifies as RAIL_UNAVAILABLE.

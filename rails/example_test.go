@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/rails"
 )
 
@@ -17,9 +18,9 @@ func ExampleParseAmount() {
 		{"12.345", "USD"}, // a fraction of a cent
 		{"1e3", "USD"},
 	} {
-		minor, err := rails.ParseAmount(in.amount, in.currency)
+		minor, err := payment.ParseAmount(in.amount, in.currency)
 		if err != nil {
-			var verr *rails.ValidationError
+			var verr *payment.ValidationError
 			errors.As(err, &verr)
 			fmt.Println(in.amount, in.currency, "->", verr.Reason)
 			continue
@@ -36,18 +37,18 @@ func ExampleParseAmount() {
 }
 
 func ExampleCatalog_Validate() {
-	catalog := rails.Catalog{"ach": rails.ACH{}}
-	ins := rails.Instruction{
+	catalog := payment.Catalog{"ach": payment.ACH{}}
+	ins := payment.Instruction{
 		InstructionID:  "inv-2024-0001",
 		ParticipantID:  "acme",
 		IdempotencyKey: "inv-2024-0001/1",
 		RailType:       "ach",
-		Payment:        &rails.Payment{AmountMinor: 125_00, Currency: "USD", Destination: "021000021:123456789"},
+		Payment:        &payment.Payment{AmountMinor: 125_00, Currency: "USD", Destination: "021000021:123456789"},
 	}
 	fmt.Println(catalog.Validate(ins))
 
 	ins.Payment.Destination = "021000022:123456789" // one digit off
-	var verr *rails.ValidationError
+	var verr *payment.ValidationError
 	if errors.As(catalog.Validate(ins), &verr) {
 		fmt.Println(verr.Field, verr.Reason)
 	}

@@ -7,6 +7,8 @@ import (
 	"net"
 	"syscall"
 	"time"
+
+	"github.com/ledgerline/outbox/payment"
 )
 
 // Outcome is how a dispatch attempt ended.
@@ -43,11 +45,11 @@ type Rail interface {
 	Type() string
 	// Validate checks an instruction for this rail; a failure is terminal
 	// and the rail is never called.
-	Validate(Instruction) error
+	Validate(payment.Instruction) error
 	// Dispatch sends the instruction, carrying its idempotency key. A
 	// non-nil error means no explicit answer was obtained (timeout, refused
 	// connection, broken exchange); otherwise Result.Code is the answer.
-	Dispatch(ctx context.Context, ins Instruction) (Result, error)
+	Dispatch(ctx context.Context, ins payment.Instruction) (Result, error)
 }
 
 // CodeRule is what one rail code means.
@@ -80,7 +82,7 @@ type Decision struct {
 // Decide classifies a dispatch answer. Errors are classified by type, never
 // by text: a context deadline is RAIL_TIMEOUT, [ErrUnavailable] or a refused
 // connection is RAIL_UNAVAILABLE, [ErrCircuitOpen] is CIRCUIT_OPEN, a
-// [*ValidationError] is terminal VALIDATION_FAILED, and anything else is an
+// [*payment.ValidationError] is terminal VALIDATION_FAILED, and anything else is an
 // ambiguous RAIL_TRANSPORT_ERROR (retryable: the rail may have acted, and the
 // retry carries the same idempotency key). An answer code missing from the
 // table is retryable UNKNOWN_RAIL_CODE.
@@ -89,7 +91,7 @@ func (t CodeTable) Decide(res Result, err error) Decision {
 	if err != nil {
 		d.Outcome = Retryable
 		d.Message = err.Error()
-		var verr *ValidationError
+		var verr *payment.ValidationError
 		switch {
 		case errors.As(err, &verr):
 			d.Outcome, d.ErrorCode, d.Field, d.RailCalled = Failed, CodeValidationFailed, verr.Field, false

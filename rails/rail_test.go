@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/rails"
 )
 
@@ -95,8 +96,8 @@ func TestDecideErrors(t *testing.T) {
 		{"wrapped connection refused", fmt.Errorf("webhook: %w", refused), rails.Retryable, rails.CodeRailUnavailable, false, ""},
 		{"dns", &net.DNSError{Err: "no such host", Name: "rail.invalid", IsNotFound: true}, rails.Retryable, rails.CodeRailUnavailable, false, ""},
 		{"circuit open", fmt.Errorf("rail %q: %w", "ach", rails.ErrCircuitOpen), rails.Retryable, rails.CodeCircuitOpen, false, ""},
-		{"validation", &rails.ValidationError{Field: rails.FieldCurrency, Reason: rails.ReasonUnknownCurrency, Message: "DEM"}, rails.Failed, rails.CodeValidationFailed, false, rails.FieldCurrency},
-		{"wrapped validation", fmt.Errorf("ach: %w", rails.ValidateABA("021000022")), rails.Failed, rails.CodeValidationFailed, false, rails.FieldDestination},
+		{"validation", &payment.ValidationError{Field: payment.FieldCurrency, Reason: payment.ReasonUnknownCurrency, Message: "DEM"}, rails.Failed, rails.CodeValidationFailed, false, payment.FieldCurrency},
+		{"wrapped validation", fmt.Errorf("ach: %w", payment.ValidateABA("021000022")), rails.Failed, rails.CodeValidationFailed, false, payment.FieldDestination},
 		{"other", errors.New("unexpected EOF"), rails.Retryable, rails.CodeRailTransport, true, ""},
 		{"reset", &net.OpError{Op: "read", Net: "tcp", Err: errors.New("connection reset by peer")}, rails.Retryable, rails.CodeRailTransport, true, ""},
 	} {

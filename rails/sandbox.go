@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/gofrs/uuid/v5"
+
+	"github.com/ledgerline/outbox/payment"
 )
 
 // Sandbox answer codes.
@@ -70,7 +72,7 @@ type SandboxStats struct {
 
 type sandboxPayment struct {
 	outboxID  string
-	payment   Payment
+	payment   payment.Payment
 	reference string
 }
 
@@ -127,7 +129,7 @@ func (s *Sandbox) Paid(tenantID, key string) bool {
 }
 
 // roll returns a deterministic number in [0,1) for a call and a purpose.
-func (s *Sandbox) roll(ins Instruction, purpose string) float64 {
+func (s *Sandbox) roll(ins payment.Instruction, purpose string) float64 {
 	h := fnv.New64a()
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], uint64(s.opts.Seed))
@@ -138,7 +140,7 @@ func (s *Sandbox) roll(ins Instruction, purpose string) float64 {
 	return float64(h.Sum64()>>11) / float64(1<<53)
 }
 
-func (s *Sandbox) latency(ins Instruction) time.Duration {
+func (s *Sandbox) latency(ins payment.Instruction) time.Duration {
 	if s.opts.SlowRate > 0 && s.roll(ins, "slow") < s.opts.SlowRate {
 		return s.opts.SlowLatency
 	}
@@ -150,7 +152,7 @@ func (s *Sandbox) latency(ins Instruction) time.Duration {
 }
 
 // Send implements [Transport].
-func (s *Sandbox) Send(ctx context.Context, ins Instruction) (Result, error) {
+func (s *Sandbox) Send(ctx context.Context, ins payment.Instruction) (Result, error) {
 	s.mu.Lock()
 	s.stats.Calls++
 	down := s.down
@@ -192,25 +194,25 @@ func (s *Sandbox) Send(ctx context.Context, ins Instruction) (Result, error) {
 }
 
 // payable checks what any rail checks before moving money: a payment has a
-// positive amount within [MaxAmountMinor], an active ISO 4217 currency and
+// positive amount within [payment.MaxAmountMinor], an active ISO 4217 currency and
 // a destination; an instruction without a payment is an event and must
 // carry one (its metadata). Callers outside a relayer (the HTTP server's
 // clients) are not trusted to have validated anything.
-func payable(ins Instruction) error {
+func payable(ins payment.Instruction) error {
 	if p := ins.Payment; p != nil {
-		if err := ValidateAmount(p.AmountMinor); err != nil {
+		if err := payment.ValidateAmount(p.AmountMinor); err != nil {
 			return err
 		}
-		if err := ValidateCurrency(p.Currency); err != nil {
+		if err := payment.ValidateCurrency(p.Currency); err != nil {
 			return err
 		}
 		if strings.TrimSpace(p.Destination) == "" {
-			return invalid(FieldDestination, ReasonRequired, "destination is required")
+			return payment.Invalid(payment.FieldDestination, payment.ReasonRequired, "destination is required")
 		}
 		return nil
 	}
 	if len(bytes.TrimSpace(ins.Metadata)) == 0 {
-		return invalid(FieldAmount, ReasonRequired, "neither a payment nor an event: nothing to pay or deliver")
+		return payment.Invalid(payment.FieldAmount, payment.ReasonRequired, "neither a payment nor an event: nothing to pay or deliver")
 	}
 	return nil
 }
@@ -225,9 +227,9 @@ func (s *Sandbox) count(f func(*SandboxStats)) {
 // key, answers DUPLICATE for a paid key, and keeps a terminal rejection
 // (reject=true on first sight) for the key's lifetime. Exported so the HTTP
 // sandbox server shares the same ledger logic.
-func (s *Sandbox) Pay(ins Instruction, reject bool) Result {
+func (s *Sandbox) Pay(ins payment.Instruction, reject bool) Result {
 	key := ins.TenantID + "\x00" + ins.IdempotencyKey
-	var p Payment
+	var p payment.Payment
 	if ins.Payment != nil {
 		p = *ins.Payment
 	}

@@ -9,11 +9,13 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/ledgerline/outbox/payment"
 )
 
 // sandboxMaxRequestBytes bounds a request body: an instruction's payload is
 // at most DefaultMaxPayloadBytes, plus the envelope fields.
-const sandboxMaxRequestBytes = DefaultMaxPayloadBytes + 16<<10
+const sandboxMaxRequestBytes = payment.DefaultMaxPayloadBytes + 16<<10
 
 // SandboxStatsResponse is the JSON form of [SandboxStats] served by GET
 // /stats. It converts both ways with a plain conversion
@@ -160,7 +162,7 @@ func parseAttemptHeader(h http.Header) (int, error) {
 		return 0, fmt.Errorf("more than one %s header", HeaderAttempt)
 	}
 	v := vs[0]
-	if v == "" || len(v) > 9 || !allDigits(v) {
+	if v == "" || len(v) > 9 || !isDigits(v) {
 		return 0, fmt.Errorf("malformed %s header", HeaderAttempt)
 	}
 	n, _ := strconv.Atoi(v)

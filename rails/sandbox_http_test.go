@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/ledgerline/outbox/payment"
 )
 
 // sandboxServer serves a fresh sandbox over plain loopback HTTP (allowed
@@ -51,7 +53,7 @@ func TestSandboxHandlerPaysOnce(t *testing.T) {
 func TestSandboxHandlerEventInstruction(t *testing.T) {
 	t.Parallel()
 	s, _, w := sandboxServer(t, SandboxOptions{})
-	ins := Instruction{InstructionID: "evt", ParticipantID: "p", IdempotencyKey: "key-event", RailType: "event",
+	ins := payment.Instruction{InstructionID: "evt", ParticipantID: "p", IdempotencyKey: "key-event", RailType: "event",
 		Metadata: json.RawMessage(`{"kind":"usage"}`)}
 	res, err := w.Send(t.Context(), ins)
 	if d := w.Codes().Decide(res, err); d.Outcome != Dispatched {

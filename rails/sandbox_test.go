@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/gofrs/uuid/v5"
+
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/rails"
 )
 
@@ -95,14 +97,14 @@ func TestSandboxEffectiveDuplicates(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name string
-		edit func(*rails.Instruction)
+		edit func(*payment.Instruction)
 	}{
 		// The producer re-enqueued the same outbox row under a new key:
 		// a real rail would pay it twice.
-		{"same outbox id, new key", func(i *rails.Instruction) { i.IdempotencyKey = "k2" }},
+		{"same outbox id, new key", func(i *payment.Instruction) { i.IdempotencyKey = "k2" }},
 		// A key was reused for a different payment.
-		{"same key, new amount", func(i *rails.Instruction) { i.Payment.AmountMinor++ }},
-		{"same key, new outbox id", func(i *rails.Instruction) { i.OutboxID = uuid.NewV5(uuid.NamespaceOID, "other") }},
+		{"same key, new amount", func(i *payment.Instruction) { i.Payment.AmountMinor++ }},
+		{"same key, new outbox id", func(i *payment.Instruction) { i.OutboxID = uuid.NewV5(uuid.NamespaceOID, "other") }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

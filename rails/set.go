@@ -10,6 +10,8 @@ import (
 
 	"github.com/sony/gobreaker/v2"
 	"golang.org/x/sync/semaphore"
+
+	"github.com/ledgerline/outbox/payment"
 )
 
 // Default per-rail limits.
@@ -22,7 +24,7 @@ const (
 // explicit answer. One transport (sandbox, webhook, a Go implementation of
 // the embedding program) can serve many rail types.
 type Transport interface {
-	Send(ctx context.Context, ins Instruction) (Result, error)
+	Send(ctx context.Context, ins payment.Instruction) (Result, error)
 }
 
 // CodeProvider is implemented by transports that come with their own code
@@ -53,7 +55,7 @@ type BreakerOptions struct {
 // code table and limits.
 type Options struct {
 	Type      string
-	Profile   Profile
+	Profile   payment.Profile
 	Transport Transport
 	// Codes overrides the transport's own code table.
 	Codes CodeTable
@@ -92,9 +94,9 @@ type configured struct {
 	probes atomic.Int64
 }
 
-func (c *configured) Type() string                   { return c.opts.Type }
-func (c *configured) Validate(ins Instruction) error { return c.opts.Profile.Validate(ins) }
-func (c *configured) Dispatch(ctx context.Context, ins Instruction) (Result, error) {
+func (c *configured) Type() string                           { return c.opts.Type }
+func (c *configured) Validate(ins payment.Instruction) error { return c.opts.Profile.Validate(ins) }
+func (c *configured) Dispatch(ctx context.Context, ins payment.Instruction) (Result, error) {
 	return c.opts.Transport.Send(ctx, ins)
 }
 
@@ -185,8 +187,8 @@ func (s *Set) Types() []string { return slices.Clone(s.types) }
 
 // Catalog returns the validation profiles of the configured rails, for
 // producers that share the relay configuration.
-func (s *Set) Catalog() Catalog {
-	c := make(Catalog, len(s.rails))
+func (s *Set) Catalog() payment.Catalog {
+	c := make(payment.Catalog, len(s.rails))
 	for t, r := range s.rails {
 		c[t] = r.opts.Profile
 	}
@@ -239,7 +241,7 @@ func (s *Set) Claimable() (closed []string, halfOpen []string) {
 // concurrency cap, and dispatches it through the breaker with the rail's
 // hard timeout. It always returns a Decision; if ctx ends while waiting for
 // a slot, the decision is a retryable RELEASED that never reached the rail.
-func (s *Set) Execute(ctx context.Context, ins Instruction) Decision {
+func (s *Set) Execute(ctx context.Context, ins payment.Instruction) Decision {
 	return s.ExecuteBefore(ctx, ins, time.Time{})
 }
 
@@ -248,7 +250,7 @@ func (s *Set) Execute(ctx context.Context, ins Instruction) Decision {
 // remains, the rail is not called and the decision is a retryable RELEASED
 // (the call could outlive the lease, and the reaper would hand the
 // instruction to someone else mid-call). A zero leaseUntil means no limit.
-func (s *Set) ExecuteBefore(ctx context.Context, ins Instruction, leaseUntil time.Time) Decision {
+func (s *Set) ExecuteBefore(ctx context.Context, ins payment.Instruction, leaseUntil time.Time) Decision {
 	r, ok := s.rails[ins.RailType]
 	if !ok {
 		return Decision{Outcome: Retryable, ErrorCode: CodeRailNotConfigured,

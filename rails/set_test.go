@@ -9,13 +9,16 @@ import (
 	"time"
 
 	"github.com/gofrs/uuid/v5"
+
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/rails"
 )
 
 // sandboxIns returns a valid payment instruction for rail with its own
 // outbox id and idempotency key.
-func sandboxIns(rail, key string) rails.Instruction {
-	ins := pay(rail, 1000, "USD", "acct-"+key)
+func sandboxIns(rail, key string) payment.Instruction {
+	ins := payment.Instruction{InstructionID: "ins-1", ParticipantID: "acme", IdempotencyKey: "key-1", RailType: rail,
+		Payment: &payment.Payment{AmountMinor: 1000, Currency: "USD", Destination: "acct-" + key}}
 	ins.IdempotencyKey = key
 	ins.OutboxID = uuid.NewV5(uuid.NamespaceOID, key)
 	ins.AttemptNo = 1
@@ -47,11 +50,11 @@ func TestNewSetErrors(t *testing.T) {
 	t.Parallel()
 	sbx := rails.NewSandbox(rails.SandboxOptions{})
 	for name, opts := range map[string][]rails.Options{
-		"no type":      {{Profile: rails.Generic{}, Transport: sbx}},
+		"no type":      {{Profile: payment.Generic{}, Transport: sbx}},
 		"no profile":   {{Type: "a", Transport: sbx}},
-		"no transport": {{Type: "a", Profile: rails.Generic{}}},
-		"duplicate":    {{Type: "a", Profile: rails.Generic{}, Transport: sbx}, {Type: "a", Profile: rails.Generic{}, Transport: sbx}},
-		"no codes":     {{Type: "a", Profile: rails.Generic{}, Transport: &gate{}}},
+		"no transport": {{Type: "a", Profile: payment.Generic{}}},
+		"duplicate":    {{Type: "a", Profile: payment.Generic{}, Transport: sbx}, {Type: "a", Profile: payment.Generic{}, Transport: sbx}},
+		"no codes":     {{Type: "a", Profile: payment.Generic{}, Transport: &gate{}}},
 	} {
 		if _, err := rails.NewSet(opts...); err == nil {
 			t.Errorf("%s: expected an error", name)
@@ -62,12 +65,12 @@ func TestNewSetErrors(t *testing.T) {
 func TestSetValidationNeverCallsTransport(t *testing.T) {
 	t.Parallel()
 	sbx := rails.NewSandbox(rails.SandboxOptions{})
-	s := newSet(t, rails.Options{Type: "ach", Profile: rails.ACH{}, Transport: sbx})
+	s := newSet(t, rails.Options{Type: "ach", Profile: payment.ACH{}, Transport: sbx})
 	ins := sandboxIns("ach", "k1")
 	ins.Payment.Destination = "021000022:123456789" // checksum failure
 	for range 10 {                                  // more than the breaker's default threshold
 		d := s.Execute(context.Background(), ins)
-		if d.Outcome != rails.Failed || d.ErrorCode != rails.CodeValidationFailed || d.Field != rails.FieldDestination || d.RailCalled {
+		if d.Outcome != rails.Failed || d.ErrorCode != rails.CodeValidationFailed || d.Field != payment.FieldDestination || d.RailCalled {
 			t.Fatalf("got %+v", d)
 		}
 	}
@@ -86,7 +89,7 @@ func TestSetValidationNeverCallsTransport(t *testing.T) {
 
 func TestSetUnknownRail(t *testing.T) {
 	t.Parallel()
-	s := newSet(t, rails.Options{Type: "sandbox", Profile: rails.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})})
+	s := newSet(t, rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})})
 	d := s.Execute(context.Background(), sandboxIns("ach", "k1"))
 	if d.Outcome != rails.Retryable || d.ErrorCode != rails.CodeRailNotConfigured {
 		t.Fatalf("got %+v", d)
@@ -103,7 +106,7 @@ type gate struct {
 	calls             int
 }
 
-func (g *gate) Send(ctx context.Context, _ rails.Instruction) (rails.Result, error) {
+func (g *gate) Send(ctx context.Context, _ payment.Instruction) (rails.Result, error) {
 	g.mu.Lock()
 	g.calls++
 	g.inFlight++
@@ -132,7 +135,7 @@ func TestSetMaxConcurrency(t *testing.T) {
 	t.Parallel()
 	const limit, calls = 3, 12
 	g := &gate{release: make(chan struct{})}
-	s := newSet(t, rails.Options{Type: "r", Profile: rails.Generic{}, Transport: g, Codes: rails.SandboxCodes, MaxConcurrency: limit})
+	s := newSet(t, rails.Options{Type: "r", Profile: payment.Generic{}, Transport: g, Codes: rails.SandboxCodes, MaxConcurrency: limit})
 
 	decisions := make(chan rails.Decision, calls)
 	for i := range calls {
@@ -160,7 +163,7 @@ func TestSetSlotWaitCancelled(t *testing.T) {
 	t.Parallel()
 	g := &gate{release: make(chan struct{})}
 	defer close(g.release)
-	s := newSet(t, rails.Options{Type: "r", Profile: rails.Generic{}, Transport: g, Codes: rails.SandboxCodes, MaxConcurrency: 1})
+	s := newSet(t, rails.Options{Type: "r", Profile: payment.Generic{}, Transport: g, Codes: rails.SandboxCodes, MaxConcurrency: 1})
 	go s.Execute(context.Background(), sandboxIns("r", "holder"))
 	waitFor(t, "the only slot to be taken", func() bool { in, _, _ := g.snapshot(); return in == 1 })
 
@@ -178,7 +181,7 @@ func TestSetSlotWaitCancelled(t *testing.T) {
 func TestSetTimeout(t *testing.T) {
 	t.Parallel()
 	sbx := rails.NewSandbox(rails.SandboxOptions{HangRate: 1})
-	s := newSet(t, rails.Options{Type: "r", Profile: rails.Generic{}, Transport: sbx, Timeout: 50 * time.Millisecond})
+	s := newSet(t, rails.Options{Type: "r", Profile: payment.Generic{}, Transport: sbx, Timeout: 50 * time.Millisecond})
 	if s.Timeout("r") != 50*time.Millisecond {
 		t.Fatalf("Timeout = %v", s.Timeout("r"))
 	}
@@ -196,7 +199,7 @@ func TestSetTimeout(t *testing.T) {
 func TestSetTimeoutThenRetry(t *testing.T) {
 	t.Parallel()
 	sbx := rails.NewSandbox(rails.SandboxOptions{TimeoutRate: 1})
-	s := newSet(t, rails.Options{Type: "r", Profile: rails.Generic{}, Transport: sbx, Timeout: 50 * time.Millisecond})
+	s := newSet(t, rails.Options{Type: "r", Profile: payment.Generic{}, Transport: sbx, Timeout: 50 * time.Millisecond})
 	ins := sandboxIns("r", "k1")
 	if d := s.Execute(context.Background(), ins); d.ErrorCode != rails.CodeRailTimeout {
 		t.Fatalf("first attempt: %+v", d)
@@ -221,7 +224,7 @@ func TestSetBreaker(t *testing.T) {
 	)
 	s := newSet(t,
 		rails.Options{
-			Type: "flaky", Profile: rails.Generic{}, Transport: sbx,
+			Type: "flaky", Profile: payment.Generic{}, Transport: sbx,
 			// Long enough that the checks right after tripping finish while
 			// it is still open, even under the race detector.
 			Breaker: rails.BreakerOptions{ConsecutiveFailures: failures, OpenFor: 200 * time.Millisecond},
@@ -231,7 +234,7 @@ func TestSetBreaker(t *testing.T) {
 				mu.Unlock()
 			},
 		},
-		rails.Options{Type: "steady", Profile: rails.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})},
+		rails.Options{Type: "steady", Profile: payment.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})},
 	)
 	sbx.SetDown(rails.ErrUnavailable)
 	for i := range failures {
@@ -281,7 +284,7 @@ func TestSetBreaker(t *testing.T) {
 func TestSetBreakerIgnoresRejections(t *testing.T) {
 	t.Parallel()
 	sbx := rails.NewSandbox(rails.SandboxOptions{TerminalRate: 1})
-	s := newSet(t, rails.Options{Type: "r", Profile: rails.Generic{}, Transport: sbx,
+	s := newSet(t, rails.Options{Type: "r", Profile: payment.Generic{}, Transport: sbx,
 		Breaker: rails.BreakerOptions{ConsecutiveFailures: 1}})
 	for i := range 5 {
 		if d := s.Execute(context.Background(), sandboxIns("r", fmt.Sprint(i))); d.ErrorCode != rails.CodeRailRejected {
@@ -294,9 +297,9 @@ func TestSetBreakerIgnoresRejections(t *testing.T) {
 }
 
 // transportFunc adapts a function to rails.Transport.
-type transportFunc func(ctx context.Context, ins rails.Instruction) (rails.Result, error)
+type transportFunc func(ctx context.Context, ins payment.Instruction) (rails.Result, error)
 
-func (f transportFunc) Send(ctx context.Context, ins rails.Instruction) (rails.Result, error) {
+func (f transportFunc) Send(ctx context.Context, ins payment.Instruction) (rails.Result, error) {
 	return f(ctx, ins)
 }
 
@@ -327,7 +330,7 @@ func TestSetBreakerCounts(t *testing.T) {
 	}{
 		{
 			name: "unknown rail code",
-			send: func(context.Context, rails.Instruction) (rails.Result, error) {
+			send: func(context.Context, payment.Instruction) (rails.Result, error) {
 				return rails.Result{Code: "HTTP_404"}, nil
 			},
 			code:  rails.CodeUnknownRailCode,
@@ -335,7 +338,7 @@ func TestSetBreakerCounts(t *testing.T) {
 		},
 		{
 			name: "unavailable",
-			send: func(context.Context, rails.Instruction) (rails.Result, error) {
+			send: func(context.Context, payment.Instruction) (rails.Result, error) {
 				return rails.Result{}, rails.ErrUnavailable
 			},
 			code:  rails.CodeRailUnavailable,
@@ -343,14 +346,14 @@ func TestSetBreakerCounts(t *testing.T) {
 		},
 		{
 			name: "cancelled by the caller",
-			send: func(ctx context.Context, _ rails.Instruction) (rails.Result, error) {
+			send: func(ctx context.Context, _ payment.Instruction) (rails.Result, error) {
 				return rails.Result{}, cancelCaller(ctx)
 			},
 			code: rails.CodeRailTransport,
 		},
 		{
 			name: "cancelled by the caller, error wrapped by the transport",
-			send: func(ctx context.Context, _ rails.Instruction) (rails.Result, error) {
+			send: func(ctx context.Context, _ payment.Instruction) (rails.Result, error) {
 				return rails.Result{}, fmt.Errorf("webhook: Post %q: %w", "https://rail.example", cancelCaller(ctx))
 			},
 			code: rails.CodeRailTransport,
@@ -358,7 +361,7 @@ func TestSetBreakerCounts(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			s := newSet(t, rails.Options{Type: "r", Profile: rails.Generic{}, Transport: tc.send, Codes: rails.SandboxCodes,
+			s := newSet(t, rails.Options{Type: "r", Profile: payment.Generic{}, Transport: tc.send, Codes: rails.SandboxCodes,
 				Breaker: rails.BreakerOptions{ConsecutiveFailures: failures, OpenFor: time.Hour}})
 			for i := range failures {
 				ctx, cancel := context.WithCancel(context.Background())
@@ -390,7 +393,7 @@ func halfOpenSet(t *testing.T, probes uint32) (s *rails.Set, calls func() int, r
 		mu sync.Mutex
 		n  int
 	)
-	send := func(ctx context.Context, _ rails.Instruction) (rails.Result, error) {
+	send := func(ctx context.Context, _ payment.Instruction) (rails.Result, error) {
 		mu.Lock()
 		n++
 		first := n == 1
@@ -405,7 +408,7 @@ func halfOpenSet(t *testing.T, probes uint32) (s *rails.Set, calls func() int, r
 			return rails.Result{}, ctx.Err()
 		}
 	}
-	s = newSet(t, rails.Options{Type: "r", Profile: rails.Generic{}, Transport: transportFunc(send), Codes: rails.SandboxCodes,
+	s = newSet(t, rails.Options{Type: "r", Profile: payment.Generic{}, Transport: transportFunc(send), Codes: rails.SandboxCodes,
 		Breaker: rails.BreakerOptions{ConsecutiveFailures: 1, OpenFor: 20 * time.Millisecond, HalfOpenProbes: probes}})
 	if d := s.Execute(context.Background(), sandboxIns("r", "trip")); d.ErrorCode != rails.CodeRailUnavailable {
 		t.Fatalf("tripping call: %+v", d)

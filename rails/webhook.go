@@ -26,6 +26,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/gofrs/uuid/v5"
+
+	"github.com/ledgerline/outbox/payment"
 )
 
 // Headers of the webhook protocol (see [Webhook]).
@@ -345,10 +347,10 @@ type webhookAnswer struct {
 
 // Send implements [Transport]: it signs and POSTs the instruction and turns
 // the HTTP answer into a Result (see the protocol in [Webhook]).
-func (w *Webhook) Send(ctx context.Context, ins Instruction) (Result, error) {
+func (w *Webhook) Send(ctx context.Context, ins payment.Instruction) (Result, error) {
 	if ins.IdempotencyKey == "" {
 		// Without a key a retry could pay twice; never send such a request.
-		return Result{}, invalid(FieldIdempotencyKey, ReasonRequired, "the webhook rail needs an idempotency key")
+		return Result{}, payment.Invalid(payment.FieldIdempotencyKey, payment.ReasonRequired, "the webhook rail needs an idempotency key")
 	}
 	// The body must not depend on anything that changes between attempts
 	// (see HeaderAttempt): NewWebhookRequest leaves AttemptNo out.
@@ -356,7 +358,7 @@ func (w *Webhook) Send(ctx context.Context, ins Instruction) (Result, error) {
 	if err != nil {
 		// Only the raw metadata can fail to encode, and it would fail on
 		// every retry: terminal, and the rail is never called.
-		return Result{}, invalid(FieldMetadata, ReasonInvalid, "metadata is not valid JSON")
+		return Result{}, payment.Invalid(payment.FieldMetadata, payment.ReasonInvalid, "metadata is not valid JSON")
 	}
 	// wrote records whether any byte of the request went out on any
 	// connection during this Send, including a retry net/http makes by
@@ -446,6 +448,10 @@ func (w *Webhook) transportError(ctx context.Context, err error, wrote bool) err
 	return fmt.Errorf("webhook: %w", err)
 }
 
+// isDigits reports whether s is made of ASCII digits only (true for "":
+// callers check emptiness themselves).
+func isDigits(s string) bool { return strings.Trim(s, "0123456789") == "" }
+
 // parseRetryAfter reads a Retry-After value, delta-seconds or HTTP-date.
 // Garbage, negative values and past dates mean "no preference" (zero);
 // anything beyond an hour is capped.
@@ -454,7 +460,7 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 	if v == "" {
 		return 0
 	}
-	if allDigits(v) {
+	if isDigits(v) {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n > int64(webhookMaxRetryAfter/time.Second) {
 			return webhookMaxRetryAfter // only digits, so the error is overflow
@@ -481,7 +487,7 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 func sanitizeRailText(s string) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	s = strings.Map(func(r rune) rune {
-		if isControl(r) {
+		if payment.ControlRune(r) {
 			return ' '
 		}
 		return r
@@ -506,14 +512,14 @@ type WebhookRequest struct {
 	Rail           string          `json:"rail"`
 	TenantID       string          `json:"tenant_id,omitempty"`
 	CorrelationID  string          `json:"correlation_id,omitempty"`
-	AmountMinor    *int64          `json:"amount_minor,omitempty"` // a pointer: present whenever Payment is
+	AmountMinor    *int64          `json:"amount_minor,omitempty"` // a pointer: present whenever payment.Payment is
 	Currency       string          `json:"currency,omitempty"`
 	Destination    string          `json:"destination,omitempty"`
 	Metadata       json.RawMessage `json:"metadata,omitempty"`
 }
 
 // NewWebhookRequest builds the request body of an instruction.
-func NewWebhookRequest(ins Instruction) WebhookRequest {
+func NewWebhookRequest(ins payment.Instruction) WebhookRequest {
 	r := WebhookRequest{
 		InstructionID:  ins.InstructionID,
 		ParticipantID:  ins.ParticipantID,
@@ -539,10 +545,10 @@ func NewWebhookRequest(ins Instruction) WebhookRequest {
 // Instruction decodes a request body back into an instruction (the
 // receiving side of the protocol). Any money field present means a Payment.
 // AttemptNo is left zero: the body does not carry it (it is the
-// [HeaderAttempt] header). It fails with a [*ValidationError] when
+// [HeaderAttempt] header). It fails with a [*payment.ValidationError] when
 // the idempotency key is missing or the outbox id is not a UUID.
-func (r WebhookRequest) Instruction() (Instruction, error) {
-	ins := Instruction{
+func (r WebhookRequest) Instruction() (payment.Instruction, error) {
+	ins := payment.Instruction{
 		InstructionID:  r.InstructionID,
 		ParticipantID:  r.ParticipantID,
 		SequenceID:     r.SequenceID,
@@ -552,17 +558,17 @@ func (r WebhookRequest) Instruction() (Instruction, error) {
 		CorrelationID:  r.CorrelationID,
 	}
 	if r.IdempotencyKey == "" {
-		return Instruction{}, invalid(FieldIdempotencyKey, ReasonRequired, "idempotency_key is required")
+		return payment.Instruction{}, payment.Invalid(payment.FieldIdempotencyKey, payment.ReasonRequired, "idempotency_key is required")
 	}
 	if r.OutboxID != "" {
 		id, err := uuid.FromString(r.OutboxID)
 		if err != nil {
-			return Instruction{}, invalid("outbox_id", ReasonInvalid, "outbox_id is not a UUID")
+			return payment.Instruction{}, payment.Invalid("outbox_id", payment.ReasonInvalid, "outbox_id is not a UUID")
 		}
 		ins.OutboxID = id
 	}
 	if r.AmountMinor != nil || r.Currency != "" || r.Destination != "" {
-		ins.Payment = &Payment{Currency: r.Currency, Destination: r.Destination}
+		ins.Payment = &payment.Payment{Currency: r.Currency, Destination: r.Destination}
 		if r.AmountMinor != nil {
 			ins.Payment.AmountMinor = *r.AmountMinor
 		}
@@ -622,7 +628,7 @@ func VerifySignature(secret []byte, header http.Header, body []byte, now time.Ti
 	}
 	// Plain digits only: the signed string is the header text, so lenient
 	// parsing ("+17", " 17") would let one signature cover several texts.
-	if !allDigits(ts) || len(ts) > 12 {
+	if !isDigits(ts) || len(ts) > 12 {
 		return fmt.Errorf("%w: malformed %s header", ErrBadSignature, HeaderTimestamp)
 	}
 	sec, _ := strconv.ParseInt(ts, 10, 64)

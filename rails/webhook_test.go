@@ -29,14 +29,16 @@ import (
 	"time"
 
 	"github.com/gofrs/uuid/v5"
+
+	"github.com/ledgerline/outbox/payment"
 )
 
 // testWebhookSecret is distinctive so a leak is easy to spot in any output.
 var testWebhookSecret = []byte("whsec-TOP-SECRET-9f8e7d6c5b4a39281706")
 
-func testInstruction(t *testing.T, key string) Instruction {
+func testInstruction(t *testing.T, key string) payment.Instruction {
 	t.Helper()
-	return Instruction{
+	return payment.Instruction{
 		OutboxID:       uuid.Must(uuid.NewV4()),
 		InstructionID:  "ins-" + key,
 		ParticipantID:  "acct-42",
@@ -46,7 +48,7 @@ func testInstruction(t *testing.T, key string) Instruction {
 		TenantID:       "tenant-a",
 		CorrelationID:  "corr-1",
 		AttemptNo:      1,
-		Payment:        &Payment{AmountMinor: 1250, Currency: "USD", Destination: "acct-99"},
+		Payment:        &payment.Payment{AmountMinor: 1250, Currency: "USD", Destination: "acct-99"},
 		Metadata:       json.RawMessage(`{"note":"rent"}`),
 	}
 }
@@ -69,7 +71,7 @@ func tlsWebhook(t *testing.T, h http.Handler) (*Webhook, *httptest.Server) {
 func TestWebhookSendsSignedRequest(t *testing.T) {
 	t.Parallel()
 	ins := testInstruction(t, "key-signed")
-	got := make(chan Instruction, 1)
+	got := make(chan payment.Instruction, 1)
 	w, _ := tlsWebhook(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		if err := VerifySignature(testWebhookSecret, r.Header, body, time.Now(), 0); err != nil {
@@ -579,12 +581,12 @@ func TestWebhookRequestRoundTrip(t *testing.T) {
 	t.Parallel()
 	money := testInstruction(t, "key-rt")
 	zero := testInstruction(t, "key-zero")
-	zero.Payment = &Payment{} // present but zero: must survive as present
-	event := Instruction{InstructionID: "evt-1", ParticipantID: "p", IdempotencyKey: "key-evt", RailType: "event",
+	zero.Payment = &payment.Payment{} // present but zero: must survive as present
+	event := payment.Instruction{InstructionID: "evt-1", ParticipantID: "p", IdempotencyKey: "key-evt", RailType: "event",
 		Metadata: json.RawMessage(`{"kind":"usage","units":3}`)}
-	bare := Instruction{InstructionID: "i", ParticipantID: "p", IdempotencyKey: "key-bare", RailType: "event"}
+	bare := payment.Instruction{InstructionID: "i", ParticipantID: "p", IdempotencyKey: "key-bare", RailType: "event"}
 
-	for _, ins := range []Instruction{money, zero, event, bare} {
+	for _, ins := range []payment.Instruction{money, zero, event, bare} {
 		ins.AttemptNo = 0 // not carried by the body (see TestWebhookRetryBodyIsIdentical)
 		b, err := json.Marshal(NewWebhookRequest(ins))
 		if err != nil {
@@ -627,7 +629,7 @@ func TestWebhookRequestRoundTrip(t *testing.T) {
 		"no key":        {InstructionID: "i"},
 		"bad outbox id": {IdempotencyKey: "k", OutboxID: "not-a-uuid"},
 	} {
-		if _, err := req.Instruction(); !errors.Is(err, ErrValidation) {
+		if _, err := req.Instruction(); !errors.Is(err, payment.ErrValidation) {
 			t.Errorf("%s: error = %v, want a validation error", name, err)
 		}
 	}
@@ -640,7 +642,7 @@ func TestWebhookRefusesUnsendableInstructions(t *testing.T) {
 	noKey := testInstruction(t, "")
 	badMeta := testInstruction(t, "key-bad-meta")
 	badMeta.Metadata = json.RawMessage(`{"unterminated"`)
-	for name, ins := range map[string]Instruction{"no key": noKey, "invalid metadata": badMeta} {
+	for name, ins := range map[string]payment.Instruction{"no key": noKey, "invalid metadata": badMeta} {
 		res, err := w.Send(t.Context(), ins)
 		if d := w.Codes().Decide(res, err); d.Outcome != Failed || d.ErrorCode != CodeValidationFailed || d.RailCalled {
 			t.Errorf("%s: decision = %+v, want terminal VALIDATION_FAILED without calling the rail", name, d)

@@ -68,7 +68,7 @@ func setupSchema(t *testing.T, pool *pgxpool.Pool, schema string) *testBundle {
 // q renders a test query for the bundle's schema.
 func (b *testBundle) q(sql string) string { return b.st.Qualify(sql) }
 
-func payment(participant, key string) pending.Instruction {
+func payout(participant, key string) pending.Instruction {
 	return pending.Instruction{
 		InstructionID: "ins-" + key, ParticipantID: participant, IdempotencyKey: key,
 		RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
@@ -78,7 +78,7 @@ func payment(participant, key string) pending.Instruction {
 // enqueue commits one sandbox payment.
 func (b *testBundle) enqueue(t *testing.T, participant, key string) pending.Receipt {
 	t.Helper()
-	r, err := b.producer.Enqueue(b.ctx, b.pool, payment(participant, key))
+	r, err := b.producer.Enqueue(b.ctx, b.pool, payout(participant, key))
 	if err != nil {
 		t.Fatalf("enqueue %s/%s: %v", participant, key, err)
 	}
@@ -359,7 +359,7 @@ func TestConcurrentReapersRequeueEachOnce(t *testing.T) {
 	const n = 500
 	ins := make([]pending.Instruction, n)
 	for i := range ins {
-		ins[i] = payment(fmt.Sprintf("p%03d", i), fmt.Sprintf("k%03d", i))
+		ins[i] = payout(fmt.Sprintf("p%03d", i), fmt.Sprintf("k%03d", i))
 	}
 	if _, err := b.producer.EnqueueBatch(b.ctx, b.pool, ins); err != nil {
 		t.Fatal(err)

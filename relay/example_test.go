@@ -9,6 +9,7 @@ import (
 
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
 	"github.com/ledgerline/outbox/relay"
@@ -20,7 +21,7 @@ func ExampleService() {
 	ctx := context.Background()
 	pool := testdb.ForExample() // the program's own *pgxpool.Pool
 
-	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: rails.Generic{},
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{},
 		Transport: rails.NewSandbox(rails.SandboxOptions{}), Timeout: 5 * time.Second})
 	if err != nil {
 		panic(err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
 	"github.com/ledgerline/outbox/relay"
@@ -30,7 +31,7 @@ func TestMetricsReflectTheQueue(t *testing.T) {
 	ctx := t.Context()
 	pool := testdb.New(t)
 	sbx := rails.NewSandbox(rails.SandboxOptions{})
-	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: rails.Generic{}, Transport: sbx})
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: sbx})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +53,7 @@ func TestMetricsReflectTheQueue(t *testing.T) {
 		}
 	}
 	// The rail rejects k0 terminally: reject its key before the relayer runs.
-	sbx.Pay(rails.Instruction{IdempotencyKey: "k0"}, true)
+	sbx.Pay(payment.Instruction{IdempotencyKey: "k0"}, true)
 	if err := svc.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/internal/lifecycle"
 	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
 	"github.com/ledgerline/outbox/reaper"
@@ -34,7 +35,7 @@ type bundle struct {
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: rails.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})})
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
 )
@@ -126,7 +127,7 @@ func (b *bench) freshSchema(ctx context.Context) (string, func(), error) {
 // relayers starts the benchmark's relayers; observe sees every outcome.
 func (b *bench) relayers(ctx context.Context, schema string, ordered bool, observe func([]engine.Recorded)) ([]*engine.Relayer, func(), error) {
 	sbx := rails.NewSandbox(rails.SandboxOptions{LatencyMin: b.flags.railLatency, LatencyMax: b.flags.railLatency})
-	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: rails.Generic{}, Transport: sbx, MaxConcurrency: b.flags.maxConc})
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: sbx, MaxConcurrency: b.flags.maxConc})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
 	"github.com/ledgerline/outbox/relay"
@@ -72,8 +73,8 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	sandbox := rails.NewSandbox(rails.SandboxOptions{Seed: time.Now().UnixNano(), LatencyMin: df.latencyMin,
 		LatencyMax: df.latencyMax, RetryableRate: df.retryableRate, TerminalRate: df.terminalRate})
 	set, err := rails.NewSet(
-		rails.Options{Type: "sandbox", Profile: rails.Generic{}, Transport: sandbox, Timeout: rf.railTimeout},
-		rails.Options{Type: "event", Profile: rails.Event{}, Transport: sandbox, Timeout: rf.railTimeout})
+		rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: sandbox, Timeout: rf.railTimeout},
+		rails.Options{Type: "event", Profile: payment.Event{}, Transport: sandbox, Timeout: rf.railTimeout})
 	if err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
 )
@@ -66,7 +67,7 @@ func (l inputLine) instruction() (pending.Instruction, error) {
 		TenantID: l.TenantID, CorrelationID: l.CorrelationID, Metadata: l.Metadata,
 	}
 	if l.AmountMinor != "" {
-		amount, err := rails.ParseAmountMinor(l.AmountMinor.String())
+		amount, err := payment.ParseAmountMinor(l.AmountMinor.String())
 		if err != nil {
 			return in, err
 		}
@@ -77,13 +78,13 @@ func (l inputLine) instruction() (pending.Instruction, error) {
 
 // classify turns an enqueue error into an output error object.
 func classify(err error) *lineError {
-	var verr *rails.ValidationError
+	var verr *payment.ValidationError
 	var merr *pending.MismatchError
 	switch {
 	case errors.As(err, &verr):
 		return &lineError{Code: string(rails.CodeValidationFailed), Field: verr.Field, Message: verr.Message}
 	case errors.As(err, &merr):
-		return &lineError{Code: codeMismatch, Field: rails.FieldIdempotencyKey, Message: merr.Error()}
+		return &lineError{Code: codeMismatch, Field: payment.FieldIdempotencyKey, Message: merr.Error()}
 	default:
 		return &lineError{Code: codeDatabaseError, Message: err.Error()}
 	}
@@ -106,7 +107,7 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 	fs.StringVar(&line.CorrelationID, "correlation-id", "", "correlation id (optional)")
 	fs.StringVar(&metadata, "metadata", "", "metadata JSON object (optional)")
 	batch := fs.Int("batch", 0, "stdin mode: enqueue N lines per transaction (0: each line its own transaction)")
-	maxPayload := fs.Int("max-payload-bytes", rails.DefaultMaxPayloadBytes, "largest accepted payload")
+	maxPayload := fs.Int("max-payload-bytes", payment.DefaultMaxPayloadBytes, "largest accepted payload")
 	railsConfig := fs.String("rails-config", "", "rail configuration file (as for relay): the rail types and validation profiles to accept; empty: sandbox and event")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	onCommandLine, err := parseFlags(fs, env, args)
@@ -127,7 +128,7 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
-	var catalog rails.Catalog
+	var catalog payment.Catalog
 	if *railsConfig != "" {
 		cfg, err := rails.LoadConfig(*railsConfig)
 		if err == nil {

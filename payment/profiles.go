@@ -1,4 +1,4 @@
-package rails
+package payment
 
 import (
 	"fmt"
@@ -32,13 +32,13 @@ func (a ACH) Validate(ins Instruction) error {
 	}
 	routing, account, ok := strings.Cut(dest, ":")
 	if !ok {
-		return invalid(FieldDestination, ReasonInvalid, "ACH destination must be <routing>:<account>")
+		return Invalid(FieldDestination, ReasonInvalid, "ACH destination must be <routing>:<account>")
 	}
 	if err := ValidateABA(routing); err != nil {
 		return err
 	}
 	if len(account) < 4 || len(account) > 17 || !allDigits(account) {
-		return invalid(FieldDestination, ReasonInvalid, "ACH account number %q must be 4 to 17 digits", mask(account))
+		return Invalid(FieldDestination, ReasonInvalid, "ACH account number %q must be 4 to 17 digits", mask(account))
 	}
 	return nil
 }
@@ -51,22 +51,22 @@ func (a ACH) Validate(ins Instruction) error {
 // placeholder, so it is rejected too. Errors name [FieldDestination].
 func ValidateABA(routing string) error {
 	if len(routing) != 9 || !allDigits(routing) {
-		return invalid(FieldDestination, ReasonInvalid, "ABA routing number %q must be 9 digits", mask(routing))
+		return Invalid(FieldDestination, ReasonInvalid, "ABA routing number %q must be 9 digits", mask(routing))
 	}
 	if routing == "000000000" {
-		return invalid(FieldDestination, ReasonInvalid, "ABA routing number is a placeholder")
+		return Invalid(FieldDestination, ReasonInvalid, "ABA routing number is a placeholder")
 	}
 	switch p := int(routing[0]-'0')*10 + int(routing[1]-'0'); {
 	case p <= 12, p >= 21 && p <= 32, p >= 61 && p <= 72, p == 80:
 	default:
-		return invalid(FieldDestination, ReasonInvalid, "ABA routing number %q has an unassigned prefix", mask(routing))
+		return Invalid(FieldDestination, ReasonInvalid, "ABA routing number %q has an unassigned prefix", mask(routing))
 	}
 	sum := 0
 	for i := 0; i < 9; i++ {
 		sum += int(routing[i]-'0') * [3]int{3, 7, 1}[i%3]
 	}
 	if sum%10 != 0 {
-		return invalid(FieldDestination, ReasonChecksum, "ABA routing number %q fails the checksum", mask(routing))
+		return Invalid(FieldDestination, ReasonChecksum, "ABA routing number %q fails the checksum", mask(routing))
 	}
 	return nil
 }
@@ -104,7 +104,7 @@ func (s SEPA) Validate(ins Instruction) error {
 	}
 	if !hasBIC {
 		if s.RequireBIC {
-			return invalid(FieldDestination, ReasonInvalid, "SEPA destination must be <IBAN>:<BIC> on this rail")
+			return Invalid(FieldDestination, ReasonInvalid, "SEPA destination must be <IBAN>:<BIC> on this rail")
 		}
 		return nil
 	}
@@ -126,13 +126,13 @@ func validateSEPAIBAN(s string) error {
 		case c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
 			norm = append(norm, c)
 		default:
-			return invalid(FieldDestination, ReasonInvalid, "IBAN may only contain letters, digits and spaces")
+			return Invalid(FieldDestination, ReasonInvalid, "IBAN may only contain letters, digits and spaces")
 		}
 	}
 	// 34 is the longest IBAN ISO 13616 allows; 5 keeps ReplaceChecksum's
 	// length precondition below.
 	if len(norm) < 5 || len(norm) > 34 {
-		return invalid(FieldDestination, ReasonInvalid, "IBAN %q has an impossible length", mask(string(norm)))
+		return Invalid(FieldDestination, ReasonInvalid, "IBAN %q has an impossible length", mask(string(norm)))
 	}
 	v := string(norm)
 	if err := iban.Validate(v); err != nil {
@@ -140,12 +140,12 @@ func validateSEPAIBAN(s string) error {
 		// tell a check-digit failure apart structurally: with corrected
 		// check digits the IBAN would be valid.
 		if fixed, ferr := iban.ReplaceChecksum(v); ferr == nil && fixed != v && iban.Validate(fixed) == nil {
-			return invalid(FieldDestination, ReasonChecksum, "IBAN %q has wrong check digits", mask(v))
+			return Invalid(FieldDestination, ReasonChecksum, "IBAN %q has wrong check digits", mask(v))
 		}
-		return invalid(FieldDestination, ReasonInvalid, "IBAN %q is not valid for its country", mask(v))
+		return Invalid(FieldDestination, ReasonInvalid, "IBAN %q is not valid for its country", mask(v))
 	}
 	if sepa, err := iban.IsSEPA(v); err != nil || !sepa {
-		return invalid(FieldDestination, ReasonNotSEPA, "IBAN country %s is not a SEPA member", v[:2])
+		return Invalid(FieldDestination, ReasonNotSEPA, "IBAN country %s is not a SEPA member", v[:2])
 	}
 	return nil
 }
@@ -170,13 +170,13 @@ func (w Wire) Validate(ins Instruction) error {
 	}
 	code, account, ok := strings.Cut(dest, ":")
 	if !ok {
-		return invalid(FieldDestination, ReasonInvalid, "wire destination must be <BIC>:<account>")
+		return Invalid(FieldDestination, ReasonInvalid, "wire destination must be <BIC>:<account>")
 	}
 	if err := validateBIC(code); err != nil {
 		return err
 	}
 	if len(account) < 1 || len(account) > 34 || !allAlnum(account) {
-		return invalid(FieldDestination, ReasonInvalid, "wire account %q must be 1 to 34 letters or digits", mask(account))
+		return Invalid(FieldDestination, ReasonInvalid, "wire account %q must be 1 to 34 letters or digits", mask(account))
 	}
 	return nil
 }
@@ -185,10 +185,10 @@ func (w Wire) Validate(ins Instruction) error {
 // accepted like it is for IBANs; the bic package itself wants upper case.
 func validateBIC(code string) error {
 	if !allAlnum(code) {
-		return invalid(FieldDestination, ReasonInvalid, "BIC may only contain letters and digits")
+		return Invalid(FieldDestination, ReasonInvalid, "BIC may only contain letters and digits")
 	}
 	if _, err := bic.Parse(strings.ToUpper(code)); err != nil { // ASCII only: checked above
-		return invalid(FieldDestination, ReasonInvalid, "BIC %q is not valid", mask(code))
+		return Invalid(FieldDestination, ReasonInvalid, "BIC %q is not valid", mask(code))
 	}
 	return nil
 }
@@ -207,7 +207,7 @@ func validateMoney(ins Instruction, l Limits, defaultCurrencies ...string) (stri
 		return "", err
 	}
 	dest := ins.Payment.Destination
-	if err := checkText(FieldDestination, dest, maxDestinationBytes); err != nil {
+	if err := ValidateText(FieldDestination, dest, maxDestinationBytes); err != nil {
 		return "", err
 	}
 	return dest, nil
@@ -249,13 +249,13 @@ type ProfileOptions struct {
 // ignored: a misspelled rail configuration must not relax validation.
 func ProfileByName(name string, limits Limits, opts ProfileOptions) (Profile, error) {
 	if opts.DestinationPattern != "" && name != "generic" {
-		return nil, fmt.Errorf("rails: profile %q takes no destination pattern", name)
+		return nil, fmt.Errorf("payment: profile %q takes no destination pattern", name)
 	}
 	if opts.RequireBIC && name != "sepa" {
-		return nil, fmt.Errorf("rails: profile %q takes no require_bic option", name)
+		return nil, fmt.Errorf("payment: profile %q takes no require_bic option", name)
 	}
 	if err := checkLimits(limits); err != nil {
-		return nil, fmt.Errorf("rails: profile %q: %w", name, err)
+		return nil, fmt.Errorf("payment: profile %q: %w", name, err)
 	}
 	switch name {
 	case "ach":
@@ -269,18 +269,18 @@ func ProfileByName(name string, limits Limits, opts ProfileOptions) (Profile, er
 		if opts.DestinationPattern != "" {
 			re, err := regexp.Compile(`^(?:` + opts.DestinationPattern + `)$`)
 			if err != nil {
-				return nil, fmt.Errorf("rails: profile %q: destination pattern: %w", name, err)
+				return nil, fmt.Errorf("payment: profile %q: destination pattern: %w", name, err)
 			}
 			g.DestinationPattern = re
 		}
 		return g, nil
 	case "event":
 		if len(limits.Currencies) > 0 || limits.MinAmountMinor != 0 || limits.MaxAmountMinor != 0 {
-			return nil, fmt.Errorf("rails: profile %q moves no money and takes no limits", name)
+			return nil, fmt.Errorf("payment: profile %q moves no money and takes no limits", name)
 		}
 		return Event{}, nil
 	}
-	return nil, fmt.Errorf("rails: unknown profile %q (want ach, sepa, wire, generic or event)", name)
+	return nil, fmt.Errorf("payment: unknown profile %q (want ach, sepa, wire, generic or event)", name)
 }
 
 // checkLimits rejects limits that could never be met or that name a

@@ -1,4 +1,4 @@
-package rails
+package payment
 
 import (
 	"strings"
@@ -35,13 +35,13 @@ const (
 // [ReasonUnknownCurrency]).
 func ValidateCurrency(code string) error {
 	if code == "" {
-		return invalid(FieldCurrency, ReasonRequired, "currency is required")
+		return Invalid(FieldCurrency, ReasonRequired, "currency is required")
 	}
 	if !currency.IsValid(code) {
-		return invalid(FieldCurrency, ReasonUnknownCurrency, "%q is not an active ISO 4217 currency code", code)
+		return Invalid(FieldCurrency, ReasonUnknownCurrency, "%q is not an active ISO 4217 currency code", code)
 	}
 	if nonSettlementCodes[code] {
-		return invalid(FieldCurrency, ReasonUnknownCurrency, "%q is an ISO 4217 fund or accounting code, not a settlement currency", code)
+		return Invalid(FieldCurrency, ReasonUnknownCurrency, "%q is an ISO 4217 fund or accounting code, not a settlement currency", code)
 	}
 	return nil
 }
@@ -77,10 +77,10 @@ func CurrencyDigits(code string) (int, error) {
 // [MaxAmountMinor].
 func ValidateAmount(amountMinor int64) error {
 	if amountMinor <= 0 {
-		return invalid(FieldAmount, ReasonNotPositive, "amount must be greater than zero, got %d", amountMinor)
+		return Invalid(FieldAmount, ReasonNotPositive, "amount must be greater than zero, got %d", amountMinor)
 	}
 	if amountMinor > MaxAmountMinor {
-		return invalid(FieldAmount, ReasonOverflow, "amount %d exceeds the maximum %d", amountMinor, MaxAmountMinor)
+		return Invalid(FieldAmount, ReasonOverflow, "amount %d exceeds the maximum %d", amountMinor, MaxAmountMinor)
 	}
 	return nil
 }
@@ -96,7 +96,7 @@ func ParseAmountMinor(s string) (int64, error) {
 		return 0, err
 	}
 	if strings.Trim(frac, "0") != "" {
-		return 0, invalid(FieldAmount, ReasonExcessPrecision, "%q has a fraction of a minor unit", s)
+		return 0, Invalid(FieldAmount, ReasonExcessPrecision, "%q has a fraction of a minor unit", s)
 	}
 	return digitsToMinor(s, intPart, "")
 }
@@ -115,7 +115,7 @@ func ParseAmount(s, currencyCode string) (int64, error) {
 	}
 	if len(frac) > digits {
 		if strings.Trim(frac[digits:], "0") != "" {
-			return 0, invalid(FieldAmount, ReasonExcessPrecision,
+			return 0, Invalid(FieldAmount, ReasonExcessPrecision,
 				"%q has more than %d decimal places for %s", s, digits, currencyCode)
 		}
 		frac = frac[:digits]
@@ -128,12 +128,12 @@ func ParseAmount(s, currencyCode string) (int64, error) {
 // digit strings; the sign stays on the integer part.
 func splitDecimal(field, s string) (intPart, frac string, err error) {
 	if s == "" {
-		return "", "", invalid(field, ReasonRequired, "amount is required")
+		return "", "", Invalid(field, ReasonRequired, "amount is required")
 	}
 	body := strings.TrimPrefix(s, "-")
 	intPart, frac, hasDot := strings.Cut(body, ".")
 	if intPart == "" || (hasDot && frac == "") || !allDigits(intPart) || !allDigits(frac) {
-		return "", "", invalid(field, ReasonInvalid, "%q is not a plain decimal number", s)
+		return "", "", Invalid(field, ReasonInvalid, "%q is not a plain decimal number", s)
 	}
 	if len(body) != len(s) {
 		intPart = "-" + intPart
@@ -147,14 +147,14 @@ func digitsToMinor(orig, intPart, frac string) (int64, error) {
 	neg := strings.HasPrefix(intPart, "-")
 	all := strings.TrimLeft(strings.TrimPrefix(intPart, "-")+frac, "0")
 	if len(all) > 16 { // MaxAmountMinor has 16 digits; more cannot fit
-		return 0, invalid(FieldAmount, ReasonOverflow, "%q exceeds the maximum amount", orig)
+		return 0, Invalid(FieldAmount, ReasonOverflow, "%q exceeds the maximum amount", orig)
 	}
 	var v int64
 	for _, c := range all {
 		v = v*10 + int64(c-'0')
 	}
 	if v > MaxAmountMinor {
-		return 0, invalid(FieldAmount, ReasonOverflow, "%q exceeds the maximum amount", orig)
+		return 0, Invalid(FieldAmount, ReasonOverflow, "%q exceeds the maximum amount", orig)
 	}
 	if neg {
 		v = -v

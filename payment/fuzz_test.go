@@ -1,4 +1,4 @@
-package rails_test
+package payment_test
 
 import (
 	"errors"
@@ -8,15 +8,15 @@ import (
 
 	"github.com/jacoelho/banking/bic"
 	"github.com/jacoelho/banking/iban"
-	"github.com/ledgerline/outbox/rails"
+	"github.com/ledgerline/outbox/payment"
 )
 
 // requireValidationError fails unless err is a *ValidationError, matching
 // ErrValidation, with a field among fields and a reason.
 func requireValidationError(t *testing.T, err error, fields ...string) {
 	t.Helper()
-	var verr *rails.ValidationError
-	if !errors.As(err, &verr) || !errors.Is(err, rails.ErrValidation) {
+	var verr *payment.ValidationError
+	if !errors.As(err, &verr) || !errors.Is(err, payment.ErrValidation) {
 		t.Fatalf("error %v (%T) is not a *ValidationError", err, err)
 	}
 	if verr.Reason == "" {
@@ -32,7 +32,7 @@ func requireValidationError(t *testing.T, err error, fields ...string) {
 
 func requireInRange(t *testing.T, v int64) {
 	t.Helper()
-	if v < -rails.MaxAmountMinor || v > rails.MaxAmountMinor {
+	if v < -payment.MaxAmountMinor || v > payment.MaxAmountMinor {
 		t.Fatalf("%d is outside ±MaxAmountMinor", v)
 	}
 }
@@ -62,24 +62,24 @@ func FuzzParseAmount(f *testing.F) {
 		f.Add("12.345", cur)
 	}
 	f.Fuzz(func(t *testing.T, s, cur string) {
-		v, err := rails.ParseAmount(s, cur)
+		v, err := payment.ParseAmount(s, cur)
 		if err != nil {
-			requireValidationError(t, err, rails.FieldAmount, rails.FieldCurrency)
+			requireValidationError(t, err, payment.FieldAmount, payment.FieldCurrency)
 			return
 		}
 		requireInRange(t, v)
-		digits, err := rails.CurrencyDigits(cur)
+		digits, err := payment.CurrencyDigits(cur)
 		if err != nil {
 			t.Fatalf("ParseAmount accepted currency %q that CurrencyDigits rejects: %v", cur, err)
 		}
 		formatted := formatMinor(v, digits)
-		back, err := rails.ParseAmount(formatted, cur)
+		back, err := payment.ParseAmount(formatted, cur)
 		if err != nil || back != v {
 			t.Fatalf("%q %s -> %d -> %q -> %d, %v", s, cur, v, formatted, back, err)
 		}
 		// Without minor units, major and minor amounts are the same language.
 		if digits == 0 {
-			if m, err := rails.ParseAmountMinor(s); err != nil || m != v {
+			if m, err := payment.ParseAmountMinor(s); err != nil || m != v {
 				t.Fatalf("%q %s: ParseAmount %d, ParseAmountMinor %d, %v", s, cur, v, m, err)
 			}
 		}
@@ -91,14 +91,14 @@ func FuzzParseAmountMinor(f *testing.F) {
 		f.Add(tc.in)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		v, err := rails.ParseAmountMinor(s)
+		v, err := payment.ParseAmountMinor(s)
 		if err != nil {
-			requireValidationError(t, err, rails.FieldAmount)
+			requireValidationError(t, err, payment.FieldAmount)
 			return
 		}
 		requireInRange(t, v)
 		formatted := strconv.FormatInt(v, 10)
-		if back, err := rails.ParseAmountMinor(formatted); err != nil || back != v {
+		if back, err := payment.ParseAmountMinor(formatted); err != nil || back != v {
 			t.Fatalf("%q -> %d -> %q -> %d, %v", s, v, formatted, back, err)
 		}
 		// Plain integers must agree with strconv (which also takes '+').
@@ -113,13 +113,13 @@ func FuzzParseAmountMinor(f *testing.F) {
 // fuzzDestination validates a payment to a fuzzed destination: the
 // envelope and money fields are valid, so any error must be a destination
 // error. It returns whether the destination was accepted.
-func fuzzDestination(t *testing.T, p rails.Profile, currency, dest string) bool {
+func fuzzDestination(t *testing.T, p payment.Profile, currency, dest string) bool {
 	t.Helper()
 	err := p.Validate(pay("r", 1000, currency, dest))
 	if err == nil {
 		return true
 	}
-	requireValidationError(t, err, rails.FieldDestination)
+	requireValidationError(t, err, payment.FieldDestination)
 	return false
 }
 
@@ -144,7 +144,7 @@ func FuzzDestinationACH(f *testing.F) {
 	f.Add("021000021")
 	f.Add("")
 	f.Fuzz(func(t *testing.T, dest string) {
-		if !fuzzDestination(t, rails.ACH{}, "USD", dest) {
+		if !fuzzDestination(t, payment.ACH{}, "USD", dest) {
 			return
 		}
 		routing, account, _ := strings.Cut(dest, ":")
@@ -176,7 +176,7 @@ func FuzzDestinationSEPA(f *testing.F) {
 		f.Add(v, false)
 	}
 	f.Fuzz(func(t *testing.T, dest string, requireBIC bool) {
-		if !fuzzDestination(t, rails.SEPA{RequireBIC: requireBIC}, "EUR", dest) {
+		if !fuzzDestination(t, payment.SEPA{RequireBIC: requireBIC}, "EUR", dest) {
 			return
 		}
 		if !isPrintableASCII(dest) {
@@ -205,7 +205,7 @@ func FuzzDestinationWire(f *testing.F) {
 		f.Add(v)
 	}
 	f.Fuzz(func(t *testing.T, dest string) {
-		if !fuzzDestination(t, rails.Wire{}, "JPY", dest) {
+		if !fuzzDestination(t, payment.Wire{}, "JPY", dest) {
 			return
 		}
 		if !isPrintableASCII(dest) {

@@ -1,4 +1,4 @@
-package rails
+package payment
 
 import (
 	"bytes"
@@ -40,7 +40,7 @@ type Limits struct {
 func (l Limits) validatePayment(ins Instruction) error {
 	p := ins.Payment
 	if p == nil {
-		return invalid(FieldAmount, ReasonRequired, "rail %q moves money: amount_minor, currency and destination are required", ins.RailType)
+		return Invalid(FieldAmount, ReasonRequired, "rail %q moves money: amount_minor, currency and destination are required", ins.RailType)
 	}
 	if err := ValidateAmount(p.AmountMinor); err != nil {
 		return err
@@ -49,13 +49,13 @@ func (l Limits) validatePayment(ins Instruction) error {
 		return err
 	}
 	if len(l.Currencies) > 0 && !slices.Contains(l.Currencies, p.Currency) {
-		return invalid(FieldCurrency, ReasonCurrencyNotAllowed, "rail %q does not accept %s", ins.RailType, p.Currency)
+		return Invalid(FieldCurrency, ReasonCurrencyNotAllowed, "rail %q does not accept %s", ins.RailType, p.Currency)
 	}
 	if l.MinAmountMinor > 0 && p.AmountMinor < l.MinAmountMinor {
-		return invalid(FieldAmount, ReasonOutOfLimits, "amount %d is below the rail minimum %d", p.AmountMinor, l.MinAmountMinor)
+		return Invalid(FieldAmount, ReasonOutOfLimits, "amount %d is below the rail minimum %d", p.AmountMinor, l.MinAmountMinor)
 	}
 	if l.MaxAmountMinor > 0 && p.AmountMinor > l.MaxAmountMinor {
-		return invalid(FieldAmount, ReasonOutOfLimits, "amount %d is above the rail maximum %d", p.AmountMinor, l.MaxAmountMinor)
+		return Invalid(FieldAmount, ReasonOutOfLimits, "amount %d is above the rail maximum %d", p.AmountMinor, l.MaxAmountMinor)
 	}
 	return nil
 }
@@ -81,11 +81,11 @@ func (g Generic) Validate(ins Instruction) error {
 		return err
 	}
 	dest := ins.Payment.Destination
-	if err := checkText(FieldDestination, dest, 256); err != nil {
+	if err := ValidateText(FieldDestination, dest, 256); err != nil {
 		return err
 	}
 	if g.DestinationPattern != nil && !fullMatch(g.DestinationPattern, dest) {
-		return invalid(FieldDestination, ReasonInvalid, "destination does not match the rail's pattern")
+		return Invalid(FieldDestination, ReasonInvalid, "destination does not match the rail's pattern")
 	}
 	return nil
 }
@@ -114,10 +114,10 @@ func (Event) Validate(ins Instruction) error {
 		return err
 	}
 	if ins.Payment != nil {
-		return invalid(FieldAmount, ReasonNotAllowed, "rail %q is an event rail and carries no money fields", ins.RailType)
+		return Invalid(FieldAmount, ReasonNotAllowed, "rail %q is an event rail and carries no money fields", ins.RailType)
 	}
 	if len(bytes.TrimSpace(ins.Metadata)) == 0 {
-		return invalid(FieldMetadata, ReasonRequired, "event rail %q needs a JSON object as metadata", ins.RailType)
+		return Invalid(FieldMetadata, ReasonRequired, "event rail %q needs a JSON object as metadata", ins.RailType)
 	}
 	return nil
 }
@@ -138,17 +138,17 @@ func validateEnvelope(ins Instruction) error {
 	} {
 		if f.value == "" {
 			if f.required {
-				return invalid(f.name, ReasonRequired, "%s is required", f.name)
+				return Invalid(f.name, ReasonRequired, "%s is required", f.name)
 			}
 			continue
 		}
-		if err := checkText(f.name, f.value, 200); err != nil {
+		if err := ValidateText(f.name, f.value, 200); err != nil {
 			return err
 		}
 	}
 	if m := bytes.TrimSpace(ins.Metadata); len(m) > 0 {
 		if m[0] != '{' || !json.Valid(m) {
-			return invalid(FieldMetadata, ReasonInvalid, "metadata must be a JSON object")
+			return Invalid(FieldMetadata, ReasonInvalid, "metadata must be a JSON object")
 		}
 	}
 	return nil
@@ -156,21 +156,21 @@ func validateEnvelope(ins Instruction) error {
 
 // checkText rejects empty, oversized, non-UTF-8 or control-character values:
 // identifiers end up in logs, headers and file names.
-func checkText(field, v string, max int) error {
+func ValidateText(field, v string, max int) error {
 	switch {
 	case strings.TrimSpace(v) == "":
-		return invalid(field, ReasonRequired, "%s is required", field)
+		return Invalid(field, ReasonRequired, "%s is required", field)
 	case len(v) > max:
-		return invalid(field, ReasonTooLarge, "%s is longer than %d bytes", field, max)
+		return Invalid(field, ReasonTooLarge, "%s is longer than %d bytes", field, max)
 	case !utf8.ValidString(v):
-		return invalid(field, ReasonInvalid, "%s is not valid UTF-8", field)
-	case strings.IndexFunc(v, isControl) >= 0:
-		return invalid(field, ReasonInvalid, "%s contains control characters", field)
+		return Invalid(field, ReasonInvalid, "%s is not valid UTF-8", field)
+	case strings.IndexFunc(v, ControlRune) >= 0:
+		return Invalid(field, ReasonInvalid, "%s contains control characters", field)
 	}
 	return nil
 }
 
-func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
+func ControlRune(r rune) bool { return r < 0x20 || r == 0x7f }
 
 // Catalog maps rail types (what instructions carry) to their validation
 // profile. Producers use it at enqueue; it knows nothing about transports.
@@ -189,11 +189,11 @@ func DefaultCatalog() Catalog {
 // rail field.
 func (c Catalog) Lookup(railType string) (Profile, error) {
 	if railType == "" {
-		return nil, invalid(FieldRail, ReasonRequired, "rail is required")
+		return nil, Invalid(FieldRail, ReasonRequired, "rail is required")
 	}
 	p, ok := c[railType]
 	if !ok {
-		return nil, invalid(FieldRail, ReasonUnknownRail, "unknown rail type %q", railType)
+		return nil, Invalid(FieldRail, ReasonUnknownRail, "unknown rail type %q", railType)
 	}
 	return p, nil
 }
