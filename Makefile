@@ -3,7 +3,10 @@
 
 GO        ?= go
 FUZZTIME  ?= 5s
-FUZZ      := FuzzParseAmount FuzzParseAmountMinor FuzzDestinationACH FuzzDestinationSEPA FuzzDestinationWire
+# package:target pairs run by `make fuzz` (and so by `make test`).
+FUZZ      := payment:FuzzParseAmount payment:FuzzParseAmountMinor payment:FuzzDestinationACH \
+             payment:FuzzDestinationSEPA payment:FuzzDestinationWire \
+             pending:FuzzValidate cmd/outbox:FuzzEnqueueLine
 BENCHTIME ?= 1x
 
 .PHONY: demo test vet fuzz bench postgres build
@@ -21,9 +24,10 @@ vet:
 	$(GO) vet ./...
 
 fuzz:
-	@for f in $(FUZZ); do \
-		echo "fuzz $$f ($(FUZZTIME))"; \
-		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./payment || exit 1; \
+	@for pf in $(FUZZ); do \
+		pkg=$${pf%%:*}; f=$${pf#*:}; \
+		echo "fuzz ./$$pkg $$f ($(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) ./$$pkg || exit 1; \
 	done
 
 ## bench: Go benchmarks (numbers for the closing notes; never timed unit tests)

@@ -2,11 +2,13 @@ package payment
 
 import (
 	"bytes"
-	"encoding/json"
 	"regexp"
 	"slices"
 	"strings"
+	"unicode"
 	"unicode/utf8"
+
+	"github.com/ledgerline/outbox/internal/strictjson"
 )
 
 // DefaultMaxPayloadBytes is the default limit on an instruction's encoded
@@ -147,15 +149,24 @@ func validateEnvelope(ins Instruction) error {
 		}
 	}
 	if m := bytes.TrimSpace(ins.Metadata); len(m) > 0 {
-		if m[0] != '{' || !json.Valid(m) {
+		if m[0] != '{' {
 			return Invalid(FieldMetadata, ReasonInvalid, "metadata must be a JSON object")
+		}
+		// Strict (no repeated or invalid names, valid UTF-8) and storable:
+		// PostgreSQL refuses a \u0000 only after the statement was sent,
+		// failing the whole batch and the caller's transaction with it.
+		if err := strictjson.CheckStorable(m); err != nil {
+			return Invalid(FieldMetadata, ReasonInvalid, "metadata: %v", err)
 		}
 	}
 	return nil
 }
 
-// checkText rejects empty, oversized, non-UTF-8 or control-character values:
-// identifiers end up in logs, headers and file names.
+// ValidateText checks a text field of an instruction (ids, rail type,
+// destination): present, at most max bytes, valid UTF-8, and free of
+// characters that hide or change what a person reads in logs, headers,
+// file names and the archive ([ControlRune]). Every path into the outbox
+// (Go API, JSON lines, flags) goes through it.
 func ValidateText(field, v string, max int) error {
 	switch {
 	case strings.TrimSpace(v) == "":
@@ -164,13 +175,23 @@ func ValidateText(field, v string, max int) error {
 		return Invalid(field, ReasonTooLarge, "%s is longer than %d bytes", field, max)
 	case !utf8.ValidString(v):
 		return Invalid(field, ReasonInvalid, "%s is not valid UTF-8", field)
-	case strings.IndexFunc(v, ControlRune) >= 0:
-		return Invalid(field, ReasonInvalid, "%s contains control characters", field)
+	}
+	if i := strings.IndexFunc(v, ControlRune); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(v[i:])
+		return Invalid(field, ReasonInvalid, "%s contains the control or format character %U", field, r)
 	}
 	return nil
 }
 
-func ControlRune(r rune) bool { return r < 0x20 || r == 0x7f }
+// ControlRune reports whether r is a character no identifier may hold:
+// C0 and C1 control characters (U+0000-U+001F, U+007F-U+009F, e.g. the
+// NEL U+0085 that some log pipelines treat as a newline), format
+// characters (Cf: bidi overrides such as U+202E that reverse what a person
+// reads, zero-width characters that make two different keys look equal)
+// and the line and paragraph separators U+2028 and U+2029.
+func ControlRune(r rune) bool {
+	return unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)
+}
 
 // Catalog maps rail types (what instructions carry) to their validation
 // profile. Producers use it at enqueue; it knows nothing about transports.

@@ -22,7 +22,8 @@ func TestProducerLinksLittle(t *testing.T) {
 		"github.com/gofrs/uuid/v5",   // outbox ids
 		"github.com/bojanz/currency", // ISO 4217 codes and minor units
 		"github.com/cockroachdb/apd/v3",
-		"github.com/jacoelho/banking", // IBAN and BIC checks
+		"github.com/jacoelho/banking",        // IBAN and BIC checks
+		"github.com/go-json-experiment/json", // strict metadata checks (encoding/json/v2)
 	}
 	forbiddenStd := []string{"net/http", "text/template", "html/template"}
 

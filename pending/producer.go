@@ -206,3 +206,15 @@ func (p *Producer) Validate(in Instruction) error {
 	_, err := p.prepare(in)
 	return err
 }
+
+// Payload validates in exactly as Enqueue would and returns the JSON
+// payload Enqueue would store for it (payment fields and canonical
+// metadata: sorted keys, no insignificant whitespace), without touching
+// the database.
+func (p *Producer) Payload(in Instruction) ([]byte, error) {
+	pr, err := p.prepare(in)
+	if err != nil {
+		return nil, err
+	}
+	return pr.payload, nil
+}

@@ -315,6 +315,24 @@ func TestEnqueueValidationWritesNothing(t *testing.T) {
 		{"metadata not an object", nil, func(in *pending.Instruction) { in.Metadata = json.RawMessage(`[1,2]`) }, payment.FieldMetadata, payment.ReasonInvalid},
 		{"metadata broken", nil, func(in *pending.Instruction) { in.Metadata = json.RawMessage(`{"a":`) }, payment.FieldMetadata, payment.ReasonInvalid},
 		{"control characters", nil, func(in *pending.Instruction) { in.InstructionID = "ins\n1" }, payment.FieldInstructionID, payment.ReasonInvalid},
+		// The hardening classes: each of these reached the database (or
+		// was silently altered) before.
+		{"NUL in metadata", nil, func(in *pending.Instruction) { in.Metadata = json.RawMessage(`{"note":"a\u0000b"}`) }, payment.FieldMetadata, payment.ReasonInvalid},
+		{"NUL in a metadata key", nil, func(in *pending.Instruction) { in.Metadata = json.RawMessage(`{"a\u0000":1}`) }, payment.FieldMetadata, payment.ReasonInvalid},
+		{"invalid UTF-8 in metadata", nil, func(in *pending.Instruction) { in.Metadata = json.RawMessage("{\"note\":\"caf\xe9\"}") }, payment.FieldMetadata, payment.ReasonInvalid},
+		{"lone surrogate in metadata", nil, func(in *pending.Instruction) { in.Metadata = json.RawMessage(`{"note":"\udcff"}`) }, payment.FieldMetadata, payment.ReasonInvalid},
+		{"repeated metadata name", nil, func(in *pending.Instruction) { in.Metadata = json.RawMessage(`{"a":1,"a":2}`) }, payment.FieldMetadata, payment.ReasonInvalid},
+		{"metadata number jsonb inflates", nil, func(in *pending.Instruction) { in.Metadata = json.RawMessage(`{"n":1e131071}`) }, payment.FieldMetadata, payment.ReasonInvalid},
+		{"metadata number jsonb refuses", nil, func(in *pending.Instruction) { in.Metadata = json.RawMessage(`{"n":1e-16384}`) }, payment.FieldMetadata, payment.ReasonInvalid},
+		{"trailing metadata", nil, func(in *pending.Instruction) { in.Metadata = json.RawMessage(`{"a":1} {"b":2}`) }, payment.FieldMetadata, payment.ReasonInvalid},
+		{"invalid UTF-8 key", nil, func(in *pending.Instruction) { in.IdempotencyKey = "key-\xff" }, payment.FieldIdempotencyKey, payment.ReasonInvalid},
+		{"invalid UTF-8 destination", nil, func(in *pending.Instruction) { in.Destination = "acct-\xfe" }, payment.FieldDestination, payment.ReasonInvalid},
+		{"invalid UTF-8 currency", nil, func(in *pending.Instruction) { in.Currency = "US\xff" }, payment.FieldCurrency, payment.ReasonUnknownCurrency},
+		{"C1 NEL in an id", nil, func(in *pending.Instruction) { in.InstructionID = "ins\u00851" }, payment.FieldInstructionID, payment.ReasonInvalid},
+		{"bidi override in a key", nil, func(in *pending.Instruction) { in.IdempotencyKey = "key-\u202efdp" }, payment.FieldIdempotencyKey, payment.ReasonInvalid},
+		{"line separator in a participant", nil, func(in *pending.Instruction) { in.ParticipantID = "p\u20281" }, payment.FieldParticipantID, payment.ReasonInvalid},
+		{"zero-width space in a tenant", nil, func(in *pending.Instruction) { in.TenantID = "t\u200b1" }, payment.FieldTenantID, payment.ReasonInvalid},
+		{"BOM in a correlation id", nil, func(in *pending.Instruction) { in.CorrelationID = "\ufeffc1" }, payment.FieldCorrelationID, payment.ReasonInvalid},
 		{"oversized payload", small, func(in *pending.Instruction) {
 			in.Metadata = json.RawMessage(`{"note":"` + strings.Repeat("x", 300) + `"}`)
 		}, payment.FieldPayload, payment.ReasonTooLarge},

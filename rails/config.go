@@ -8,11 +8,12 @@ import (
 	"io"
 	"maps"
 	"os"
-	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/ledgerline/outbox/internal/strictjson"
 	"github.com/ledgerline/outbox/payment"
 )
 
@@ -168,9 +169,9 @@ func LoadConfig(path string) (*Config, error) {
 }
 
 // ParseConfig decodes a JSON configuration and checks it with
-// [Config.Validate]. Decoding is strict: unknown fields (at any depth),
-// repeated keys, trailing data and values of the wrong JSON type are
-// errors. Every error names where it is, e.g.
+// [Config.Validate]. Decoding is strict: unknown fields (at any depth, and
+// names are case-sensitive), repeated keys, invalid UTF-8, trailing data
+// and values of the wrong JSON type are errors. Every error names where it is, e.g.
 // `rails[2] (type "ach"): breaker: unknown field "open"`; when several
 // things are wrong, all of them are reported (one per line).
 func ParseConfig(r io.Reader) (*Config, error) {
@@ -188,11 +189,8 @@ func ParseConfig(r io.Reader) (*Config, error) {
 		Transports map[string]json.RawMessage `json:"transports"`
 		Rails      []json.RawMessage          `json:"rails"`
 	}
-	if err := decodeStrict(data, &top); err != nil {
+	if err := strictjson.Unmarshal(data, &top); err != nil {
 		return nil, documentError(data, err)
-	}
-	if err := checkDuplicateKeys(data); err != nil {
-		return nil, err
 	}
 
 	c := &Config{}
@@ -231,19 +229,19 @@ func decodeTransport(raw json.RawMessage) (TransportConfig, error) {
 		Sandbox json.RawMessage `json:"sandbox"`
 		Webhook json.RawMessage `json:"webhook"`
 	}
-	if err := decodeStrict(raw, &t); err != nil {
+	if err := strictjson.Unmarshal(raw, &t); err != nil {
 		return TransportConfig{}, jsonError(err)
 	}
 	tc := TransportConfig{Kind: t.Kind}
 	if present(t.Sandbox) {
 		tc.Sandbox = new(SandboxConfig)
-		if err := decodeStrict(t.Sandbox, tc.Sandbox); err != nil {
+		if err := strictjson.Unmarshal(t.Sandbox, tc.Sandbox); err != nil {
 			return tc, fmt.Errorf("sandbox: %w", jsonError(err))
 		}
 	}
 	if present(t.Webhook) {
 		tc.Webhook = new(WebhookConfig)
-		if err := decodeStrict(t.Webhook, tc.Webhook); err != nil {
+		if err := strictjson.Unmarshal(t.Webhook, tc.Webhook); err != nil {
 			return tc, fmt.Errorf("webhook: %w", jsonError(err))
 		}
 	}
@@ -260,29 +258,29 @@ func decodeRail(raw json.RawMessage) (RailConfig, error) {
 		Breaker json.RawMessage `json:"breaker"` // shadows plain.Breaker
 		Codes   json.RawMessage `json:"codes"`   // shadows plain.Codes
 	}
-	if err := decodeStrict(raw, &r); err != nil {
+	if err := strictjson.Unmarshal(raw, &r); err != nil {
 		var typ struct {
 			Type string `json:"type"`
 		}
-		_ = json.Unmarshal(raw, &typ) // best effort, only to label the error
+		_ = json.Unmarshal(raw, &typ) // best effort, only to label the error (raw passed the strict top-level decode)
 		return RailConfig{Type: typ.Type}, jsonError(err)
 	}
 	rc := RailConfig(r.plain)
 	if present(r.Breaker) {
 		rc.Breaker = new(BreakerConfig)
-		if err := decodeStrict(r.Breaker, rc.Breaker); err != nil {
+		if err := strictjson.Unmarshal(r.Breaker, rc.Breaker); err != nil {
 			return rc, fmt.Errorf("breaker: %w", jsonError(err))
 		}
 	}
 	if present(r.Codes) {
 		var codes map[string]json.RawMessage
-		if err := decodeStrict(r.Codes, &codes); err != nil {
+		if err := strictjson.Unmarshal(r.Codes, &codes); err != nil {
 			return rc, fmt.Errorf("codes: %w", jsonError(err))
 		}
 		rc.Codes = make(CodeTable, len(codes))
 		for _, code := range slices.Sorted(maps.Keys(codes)) {
 			var rule CodeRule
-			if err := decodeStrict(codes[code], &rule); err != nil {
+			if err := strictjson.Unmarshal(codes[code], &rule); err != nil {
 				return rc, fmt.Errorf("codes.%s: %w", code, jsonError(err))
 			}
 			rc.Codes[code] = rule
@@ -291,38 +289,51 @@ func decodeRail(raw json.RawMessage) (RailConfig, error) {
 	return rc, nil
 }
 
-// decodeStrict decodes exactly one JSON value into v, refusing unknown
-// fields and trailing data.
-func decodeStrict(data []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errors.New("unexpected data after the JSON document")
-	}
-	return nil
-}
-
 // present reports whether an optional section was given (absent and null
 // mean the same).
 func present(raw json.RawMessage) bool {
 	return len(raw) > 0 && !bytes.Equal(bytes.TrimSpace(raw), []byte("null"))
 }
 
-// documentError describes an error of the top-level decoding, with a line
-// and column for syntax errors.
+// documentError describes an error of the top-level decoding: a syntax
+// error with its line and column, a repeated key with where it is.
 func documentError(data []byte, err error) error {
-	var syn *json.SyntaxError
-	if errors.As(err, &syn) {
-		line, col := lineCol(data, syn.Offset)
-		return fmt.Errorf("invalid JSON at line %d, column %d: %s", line, col, syn.Error())
+	var e *strictjson.Error
+	if !errors.As(err, &e) {
+		return err
 	}
-	if errors.Is(err, io.ErrUnexpectedEOF) {
-		return errors.New("invalid JSON: the document ends early")
+	switch e.Reason {
+	case strictjson.ReasonSyntax, strictjson.ReasonInvalidUTF8:
+		if e.Offset >= 0 {
+			line, col := lineCol(data, e.Offset)
+			return fmt.Errorf("invalid JSON at line %d, column %d: %s", line, col, e.Error())
+		}
+		return fmt.Errorf("invalid JSON: %s", e.Error())
+	case strictjson.ReasonDuplicate:
+		return at(pointerWhere(e.Parent()), fmt.Errorf("key %q appears twice", e.Name))
 	}
 	return fmt.Errorf("top level: %w", jsonError(err))
+}
+
+// pointerWhere renders a JSON pointer the way configuration errors name
+// places: /rails/2/breaker is rails[2].breaker, "" is the top level.
+func pointerWhere(pointer string) string {
+	if pointer == "" {
+		return "top level"
+	}
+	var b strings.Builder
+	for _, tok := range strings.Split(strings.TrimPrefix(pointer, "/"), "/") {
+		tok = strings.NewReplacer("~1", "/", "~0", "~").Replace(tok)
+		if _, err := strconv.Atoi(tok); err == nil {
+			fmt.Fprintf(&b, "[%s]", tok)
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(tok)
+	}
+	return b.String()
 }
 
 func lineCol(data []byte, offset int64) (line, col int) {
@@ -333,105 +344,15 @@ func lineCol(data []byte, offset int64) (line, col int) {
 	return line, max(col, 1)
 }
 
-// jsonError rewords encoding/json's errors for a configuration reader: the
-// location prefix is added by the caller.
+// jsonError rewords a decoding error for a configuration reader: the
+// location prefix is added by the caller (layers are decoded separately, so
+// the member's own name is the one to show).
 func jsonError(err error) error {
-	var typ *json.UnmarshalTypeError
-	if errors.As(err, &typ) {
-		field := typ.Field
-		if i := strings.LastIndexByte(field, '.'); i >= 0 {
-			field = field[i+1:] // layers are decoded separately: the last name is the one
-		}
-		if field == "" {
-			return fmt.Errorf("want %s, got a JSON %s", jsonKind(typ.Type), typ.Value)
-		}
-		return fmt.Errorf("%s: want %s, got a JSON %s", field, jsonKind(typ.Type), typ.Value)
-	}
-	if rest, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		return errors.New("unknown field " + rest)
+	var e *strictjson.Error
+	if errors.As(err, &e) && e.Reason == strictjson.ReasonUnknown {
+		return fmt.Errorf("unknown field %q", e.Name)
 	}
 	return err
-}
-
-func jsonKind(t reflect.Type) string {
-	if t == nil {
-		return "a value"
-	}
-	switch t.Kind() {
-	case reflect.String:
-		return "a string"
-	case reflect.Bool:
-		return "true or false"
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		return "an integer"
-	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		return "a non-negative integer"
-	case reflect.Float32, reflect.Float64:
-		return "a number"
-	case reflect.Slice, reflect.Array:
-		if t == reflect.TypeFor[json.RawMessage]() {
-			return "a JSON value"
-		}
-		return "an array"
-	case reflect.Map, reflect.Struct:
-		return "an object"
-	}
-	return t.String()
-}
-
-// checkDuplicateKeys rejects an object with the same key twice anywhere in
-// the document: encoding/json keeps the last one silently, and two
-// transports or limits of the same name are a mistake to report, not to
-// guess at. data is known to be valid JSON.
-func checkDuplicateKeys(data []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	var walk func(path string) error
-	walk = func(path string) error {
-		tok, err := dec.Token()
-		if err != nil {
-			return err
-		}
-		delim, ok := tok.(json.Delim)
-		if !ok {
-			return nil
-		}
-		switch delim {
-		case '{':
-			seen := make(map[string]bool)
-			for dec.More() {
-				tok, err := dec.Token()
-				if err != nil {
-					return err
-				}
-				key, _ := tok.(string)
-				if seen[key] {
-					where := path
-					if where == "" {
-						where = "top level"
-					}
-					return at(where, fmt.Errorf("key %q appears twice", key))
-				}
-				seen[key] = true
-				sub := key
-				if path != "" {
-					sub = path + "." + key
-				}
-				if err := walk(sub); err != nil {
-					return err
-				}
-			}
-		case '[':
-			for i := 0; dec.More(); i++ {
-				if err := walk(fmt.Sprintf("%s[%d]", path, i)); err != nil {
-					return err
-				}
-			}
-		}
-		_, err = dec.Token() // the closing delimiter
-		return err
-	}
-	return walk("")
 }
 
 // configError is an error at a place in the configuration.

@@ -362,7 +362,7 @@ func TestConfigErrors(t *testing.T) {
 		"bad_webhook_two_secrets.json":   {`transports.psp: webhook takes secret_file or secret_env, not both`},
 		"bad_duplicate_key.json":         {`transports: key "psp" appears twice`},
 		"bad_syntax.json":                {`invalid JSON at line 3`},
-		"bad_trailing.json":              {`unexpected data after the JSON document`},
+		"bad_trailing.json":              {`after top-level value`},
 		"bad_no_rails.json":              {`rails: at least one rail is required`},
 	}
 	// Every bad fixture has a case, so none is silently untested.
@@ -394,6 +394,28 @@ func TestConfigErrors(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestConfigNamesAreCaseSensitive: a key whose case differs from the
+// documented name is an unknown field (encoding/json would have matched it
+// case-insensitively, after or instead of the real one), and a key repeated
+// in another case inside a section is refused too.
+func TestConfigNamesAreCaseSensitive(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ doc, want string }{
+		{`{"Transports": {}, "rails": []}`, `top level: unknown field "Transports"`},
+		{`{"transports": {"s": {"kind": "sandbox", "sandbox": {}}},
+		   "rails": [{"type": "sandbox", "profile": "generic", "transport": "s", "max_concurrency": 1, "MAX_CONCURRENCY": 500}]}`,
+			`rails[0] (type "sandbox"): unknown field "MAX_CONCURRENCY"`},
+		{`{"transports": {"s": {"kind": "sandbox", "sandbox": {"seed": 1, "seed": 2}}}, "rails": []}`,
+			`transports.s.sandbox: key "seed" appears twice`},
+		{"{\"transports\": {\"s\xff\": {}}, \"rails\": []}", `invalid JSON`},
+	} {
+		_, err := rails.ParseConfig(strings.NewReader(tt.doc))
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: got %v, want an error containing %q", tt.doc, err, tt.want)
+		}
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/ledgerline/outbox/internal/strictjson"
 	"github.com/ledgerline/outbox/payment"
 )
 
@@ -118,8 +119,8 @@ func (h *sandboxHandler) pay(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req WebhookRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		sandboxWriteJSON(w, http.StatusBadRequest, sandboxAnswer{Code: sandboxHTTPBadRequest, Message: "malformed JSON body"})
+	if err := strictjson.Unmarshal(body, &req); err != nil {
+		sandboxWriteJSON(w, http.StatusBadRequest, sandboxAnswer{Code: sandboxHTTPBadRequest, Message: "malformed body: " + err.Error()})
 		return
 	}
 	ins, err := req.Instruction()

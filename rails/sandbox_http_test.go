@@ -401,3 +401,37 @@ func TestSandboxHandlerRefusesUnpayable(t *testing.T) {
 		t.Fatalf("stats = %+v, want 1 payment and 6 refusals", st)
 	}
 }
+
+// TestSandboxHandlerRefusesAmbiguousBodies: a signed body naming
+// idempotency_key twice (the header matching either one), or carrying a
+// money field in another letter case, is a bad request and pays nothing;
+// encoding/json would have taken the last one.
+func TestSandboxHandlerRefusesAmbiguousBodies(t *testing.T) {
+	t.Parallel()
+	s, srv, _ := sandboxServer(t, SandboxOptions{})
+	for _, tt := range []struct{ name, key, body string }{
+		{"key twice, header names the first", "k-a", `{"instruction_id":"i","participant_id":"p","idempotency_key":"k-a","idempotency_key":"k-b","rail":"sandbox","amount_minor":5,"currency":"USD","destination":"acct"}`},
+		{"key twice, header names the last", "k-b", `{"instruction_id":"i","participant_id":"p","idempotency_key":"k-a","idempotency_key":"k-b","rail":"sandbox","amount_minor":5,"currency":"USD","destination":"acct"}`},
+		{"amount in another case", "k-c", `{"instruction_id":"i","participant_id":"p","idempotency_key":"k-c","rail":"sandbox","amount_minor":5,"AMOUNT_MINOR":99999999,"currency":"USD","destination":"acct"}`},
+	} {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, bytes.NewReader([]byte(tt.body)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := strconv.FormatInt(time.Now().Unix(), 10)
+		req.Header.Set(HeaderIdempotencyKey, tt.key)
+		req.Header.Set(HeaderTimestamp, ts)
+		req.Header.Set(HeaderSignature, Sign(testWebhookSecret, ts, []byte(tt.body)))
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("%s: status %d, want 400", tt.name, resp.StatusCode)
+		}
+	}
+	if st := s.Stats(); st.Calls != 0 || st.Payments != 0 {
+		t.Fatalf("stats %+v: an ambiguous body reached the ledger", st)
+	}
+}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/gofrs/uuid/v5"
 
+	"github.com/ledgerline/outbox/internal/strictjson"
 	"github.com/ledgerline/outbox/payment"
 )
 
@@ -404,7 +405,8 @@ func (w *Webhook) Send(ctx context.Context, ins payment.Instruction) (Result, er
 	// into an error.
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, webhookMaxResponseBytes))
 	var ans webhookAnswer
-	if json.Unmarshal(raw, &ans) == nil {
+	switch err := strictjson.UnmarshalKnown(raw, &ans); {
+	case err == nil:
 		ok := resp.StatusCode/100 == 2 || resp.StatusCode == http.StatusConflict
 		if ok {
 			res.Reference = sanitizeRailText(ans.Reference)
@@ -412,6 +414,10 @@ func (w *Webhook) Send(ctx context.Context, ins payment.Instruction) (Result, er
 		// A rejection's message is what tells an operator why, so it is
 		// kept for every status; it never decides anything.
 		res.Message = sanitizeRailText(ans.Message)
+	case bytes.HasPrefix(bytes.TrimSpace(raw), []byte("{")):
+		// A JSON answer we refuse to read (a repeated "reference", say):
+		// keep no reference from it, and say why.
+		res.Message = sanitizeRailText("answer body refused: " + err.Error())
 	}
 	return res, nil
 }
@@ -667,7 +673,10 @@ func verifyKeyBinding(header http.Header, body []byte) error {
 	var b struct {
 		IdempotencyKey string `json:"idempotency_key"`
 	}
-	if err := json.Unmarshal(body, &b); err != nil {
+	// Strict like the receivers of this package: a repeated
+	// idempotency_key, or one in another letter case, is refused rather
+	// than resolved one way here and another way by the handler.
+	if err := strictjson.UnmarshalKnown(body, &b); err != nil {
 		return fmt.Errorf("%w: %w (the body is not a JSON object)", ErrBadSignature, errKeyBinding)
 	}
 	if keys[0] != b.IdempotencyKey {

@@ -947,3 +947,27 @@ func TestWebhookRedactsURLPath(t *testing.T) {
 		<-done
 	})
 }
+
+// TestWebhookAnswerDecodedStrictly: a rail's answer that names
+// "reference" twice, or only in another letter case, gives no reference
+// (a 200 is still the answer); unknown members are ignored.
+func TestWebhookAnswerDecodedStrictly(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		body, ref, msg string
+	}{
+		{`{"reference":"r-1","extra":true}`, "r-1", ""},
+		{`{"reference":"r-1","reference":"r-2"}`, "", "appears more than once"},
+		{`{"REFERENCE":"r-1"}`, "", ""},
+	} {
+		w, _ := tlsWebhook(t, http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+			rw.WriteHeader(http.StatusOK)
+			io.WriteString(rw, tt.body)
+		}))
+		res, err := w.Send(t.Context(), testInstruction(t, "key-answer"))
+		d := w.Codes().Decide(res, err)
+		if d.Outcome != Dispatched || d.Reference != tt.ref || !strings.Contains(d.Message, tt.msg) {
+			t.Errorf("answer %s: decision %+v, want dispatched with reference %q and a message containing %q", tt.body, d, tt.ref, tt.msg)
+		}
+	}
+}

@@ -442,12 +442,12 @@ type wantLine struct {
 	field  string
 }
 
-func wantReceipt(seq int64) wantLine        { return wantLine{seq: seq, sameAs: -1} }
-func wantDup(line int, seq int64) wantLine  { return wantLine{seq: seq, dup: true, sameAs: line} }
-func wantError(code, field string) wantLine { return wantLine{code: code, field: field, sameAs: -1} }
-func wantInvalidInput() wantLine            { return wantError("INVALID_INPUT", "") }
-func wantValidation(field string) wantLine  { return wantError("VALIDATION_FAILED", field) }
-func wantMismatch(field string) wantLine    { return wantError("IDEMPOTENCY_MISMATCH", field) }
+func wantReceipt(seq int64) wantLine         { return wantLine{seq: seq, sameAs: -1} }
+func wantDup(line int, seq int64) wantLine   { return wantLine{seq: seq, dup: true, sameAs: line} }
+func wantError(code, field string) wantLine  { return wantLine{code: code, field: field, sameAs: -1} }
+func wantInvalidInput(field string) wantLine { return wantError("INVALID_INPUT", field) }
+func wantValidation(field string) wantLine   { return wantError("VALIDATION_FAILED", field) }
+func wantMismatch(field string) wantLine     { return wantError("IDEMPOTENCY_MISMATCH", field) }
 
 func checkEnqueueOutput(t *testing.T, stdout string, want []wantLine) []enqueueLine {
 	t.Helper()
@@ -505,8 +505,8 @@ func TestEnqueueFromStdin(t *testing.T) {
 	}, "\n")
 	want := []wantLine{
 		0:  wantReceipt(1),
-		1:  wantInvalidInput(),
-		2:  wantInvalidInput(),
+		1:  wantInvalidInput("participant_id"),
+		2:  wantInvalidInput("colour"),
 		3:  wantValidation("currency"),
 		4:  wantValidation("amount_minor"),
 		5:  wantValidation("amount_minor"),
@@ -761,7 +761,7 @@ func TestEnqueueRejectsTrailingData(t *testing.T) {
 		t.Fatalf("want one output line per input line, got %s", r)
 	}
 	requireExit(t, r, 1)
-	checkEnqueueOutput(t, r.stdout, []wantLine{wantInvalidInput(), wantInvalidInput()})
+	checkEnqueueOutput(t, r.stdout, []wantLine{wantInvalidInput(""), wantInvalidInput("")})
 	if n := b.count(t, "idempotency_keys"); n != 0 {
 		t.Errorf("rejected lines wrote %d keys", n)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ledgerline/outbox/internal/strictjson"
 	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
@@ -19,19 +20,28 @@ import (
 // maxLineBytes bounds one JSON input line (the payload limit plus envelope).
 const maxLineBytes = 1 << 20
 
-// inputLine is one instruction as JSON, the format of `outbox enqueue` stdin.
+// inputLine is one instruction as JSON, the format of `outbox enqueue`
+// stdin. It is decoded strictly (see internal/strictjson): a member named
+// twice, a member whose letter case differs from these names, an unknown
+// member, invalid UTF-8 or trailing data fail the line.
 type inputLine struct {
 	InstructionID  string          `json:"instruction_id"`
 	ParticipantID  string          `json:"participant_id"`
 	IdempotencyKey string          `json:"idempotency_key"`
 	Rail           string          `json:"rail"`
-	AmountMinor    json.Number     `json:"amount_minor"`
+	AmountMinor    json.RawMessage `json:"amount_minor"` // a JSON number, or a string holding one
 	Currency       string          `json:"currency"`
 	Destination    string          `json:"destination"`
 	TenantID       string          `json:"tenant_id"`
 	CorrelationID  string          `json:"correlation_id"`
 	Metadata       json.RawMessage `json:"metadata"`
 }
+
+// instructionFlags are the flags that describe one instruction. They are
+// read from the command line only, never from OUTBOX_* variables: an
+// inherited OUTBOX_AMOUNT_MINOR must not supply an amount.
+var instructionFlags = []string{"instruction-id", "participant-id", "idempotency-key", "rail", "amount-minor",
+	"currency", "destination", "tenant-id", "correlation-id", "metadata"}
 
 // Error codes of `outbox enqueue` output lines besides the rails taxonomy.
 const (
@@ -66,25 +76,45 @@ func (l inputLine) instruction() (pending.Instruction, error) {
 		RailType: l.Rail, Currency: l.Currency, Destination: l.Destination,
 		TenantID: l.TenantID, CorrelationID: l.CorrelationID, Metadata: l.Metadata,
 	}
-	if l.AmountMinor != "" {
-		amount, err := payment.ParseAmountMinor(l.AmountMinor.String())
-		if err != nil {
-			return in, err
-		}
-		in.AmountMinor = amount
+	amount, err := amountText(l.AmountMinor)
+	if err != nil || amount == "" {
+		return in, err
 	}
-	return in, nil
+	in.AmountMinor, err = payment.ParseAmountMinor(amount)
+	return in, err
+}
+
+// amountText is the amount as written: a JSON number's text, or the
+// content of a JSON string ("" when absent or null).
+func amountText(raw json.RawMessage) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	switch {
+	case len(raw) == 0 || string(raw) == "null":
+		return "", nil
+	case raw[0] == '"':
+		var s string
+		if err := strictjson.Unmarshal(raw, &s); err != nil {
+			return "", err
+		}
+		return s, nil
+	case raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9':
+		return string(raw), nil
+	}
+	return "", payment.Invalid(payment.FieldAmount, payment.ReasonInvalid, "amount_minor must be a number of minor units")
 }
 
 // classify turns an enqueue error into an output error object.
 func classify(err error) *lineError {
 	var verr *payment.ValidationError
 	var merr *pending.MismatchError
+	var jerr *strictjson.Error
 	switch {
 	case errors.As(err, &verr):
 		return &lineError{Code: string(rails.CodeValidationFailed), Field: verr.Field, Message: verr.Message}
 	case errors.As(err, &merr):
 		return &lineError{Code: codeMismatch, Field: payment.FieldIdempotencyKey, Message: merr.Error()}
+	case errors.As(err, &jerr):
+		return &lineError{Code: codeInvalidInput, Field: jerr.Name, Message: "not a valid instruction: " + jerr.Error()}
 	default:
 		return &lineError{Code: codeDatabaseError, Message: err.Error()}
 	}
@@ -110,15 +140,15 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 	maxPayload := fs.Int("max-payload-bytes", payment.DefaultMaxPayloadBytes, "largest accepted payload")
 	railsConfig := fs.String("rails-config", "", "rail configuration file (as for relay): the rail types and validation profiles to accept; empty: sandbox and event")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
+	commandLineOnly(fs, instructionFlags...)
 	onCommandLine, err := parseFlags(fs, env, args)
 	if err != nil {
 		return err
 	}
-	// Only instruction flags given on the command line select single mode:
-	// OUTBOX_TENANT_ID in the environment must not switch stdin mode off.
+	// Only instruction flags select single mode (and they come from the
+	// command line only).
 	single := false
-	for _, name := range []string{"instruction-id", "participant-id", "idempotency-key", "rail", "amount-minor",
-		"currency", "destination", "tenant-id", "correlation-id", "metadata"} {
+	for _, name := range instructionFlags {
 		single = single || onCommandLine[name]
 	}
 	if fs.NArg() > 0 {
@@ -150,7 +180,9 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 
 	e := &enqueuer{producer: producer, pool: pool, out: json.NewEncoder(env.stdout)}
 	if single {
-		line.AmountMinor = json.Number(amount)
+		if amount != "" {
+			line.AmountMinor, _ = json.Marshal(amount) // a JSON string: amountText reads it back as written
+		}
 		if metadata != "" {
 			line.Metadata = json.RawMessage(metadata)
 		}
@@ -227,24 +259,24 @@ func readLine(br *bufio.Reader, max int) (line []byte, tooLong bool, err error) 
 	}
 }
 
-// decodeLine decodes exactly one instruction object: unknown fields and
-// anything after the object (two objects run together) are errors.
+// decodeLine decodes exactly one instruction object, strictly.
 func decodeLine(raw []byte, line *inputLine) error {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(line); err != nil {
-		return fmt.Errorf("not a valid instruction JSON object: %v", err)
+	return strictjson.Unmarshal(raw, line)
+}
+
+// classifyInput describes a line that could not be read as an
+// instruction.
+func classifyInput(err error) *lineError {
+	if le := classify(err); le.Code != codeDatabaseError {
+		return le
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errors.New("not a valid instruction JSON object: unexpected data after the object")
-	}
-	return nil
+	return &lineError{Code: codeInvalidInput, Message: err.Error()}
 }
 
 // add validates one line; valid instructions wait for the next flush.
 func (e *enqueuer) add(ctx context.Context, line inputLine, parseErr error) {
 	if parseErr != nil {
-		e.results = append(e.results, lineResult{err: &lineError{Code: codeInvalidInput, Message: parseErr.Error()}})
+		e.results = append(e.results, lineResult{err: classifyInput(parseErr)})
 		return
 	}
 	in, err := line.instruction()

@@ -116,13 +116,17 @@ func newFlagSet(env *environment, name, synopsis string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(env.stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: outbox %s\n\nflags (each also settable as the environment variable shown):\n", synopsis)
+		fmt.Fprintf(fs.Output(), "usage: outbox %s\n\nflags (each also settable as the environment variable shown, unless command line only):\n", synopsis)
 		fs.VisitAll(func(f *flag.Flag) {
 			def := ""
 			if f.DefValue != "" {
 				def = fmt.Sprintf(" (default %s)", f.DefValue)
 			}
-			fmt.Fprintf(fs.Output(), "  --%s  [%s]\n      %s%s\n", f.Name, envName(f.Name), f.Usage, def)
+			source, usage := envName(f.Name), f.Usage
+			if isCommandLineOnly(f) {
+				source, usage = "command line only", strings.TrimSuffix(usage, commandLineOnlyNote)
+			}
+			fmt.Fprintf(fs.Output(), "  --%s  [%s]\n      %s%s\n", f.Name, source, usage, def)
 		})
 	}
 	return fs
@@ -132,9 +136,22 @@ func envName(flagName string) string {
 	return "OUTBOX_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
+// commandLineOnlyNote ends the usage of the flags [commandLineOnly] marked.
+const commandLineOnlyNote = " (command line only)"
+
+// commandLineOnly marks flags that are never read from OUTBOX_* variables.
+func commandLineOnly(fs *flag.FlagSet, names ...string) {
+	for _, n := range names {
+		fs.Lookup(n).Usage += commandLineOnlyNote
+	}
+}
+
+func isCommandLineOnly(f *flag.Flag) bool { return strings.HasSuffix(f.Usage, commandLineOnlyNote) }
+
 // parseFlags parses the command line, then applies OUTBOX_* environment
-// variables to the flags the command line did not set (flags win). It
-// returns the names of the flags set on the command line.
+// variables to the flags the command line did not set (flags win), except
+// to the flags marked [commandLineOnly]. It returns the names of the flags
+// set on the command line.
 func parseFlags(fs *flag.FlagSet, env *environment, args []string) (map[string]bool, error) {
 	if err := fs.Parse(flagsFirst(fs, args)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -146,7 +163,7 @@ func parseFlags(fs *flag.FlagSet, env *environment, args []string) (map[string]b
 	fs.Visit(func(f *flag.Flag) { onCommandLine[f.Name] = true })
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
-		if onCommandLine[f.Name] || envErr != nil {
+		if onCommandLine[f.Name] || envErr != nil || isCommandLineOnly(f) {
 			return
 		}
 		if v := env.getenv(envName(f.Name)); v != "" {

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestEnqueueRefusesAmbiguousLines: a line that names a field twice, in
+// the same or another letter case, or a field in another case than the
+// documented one, is refused naming the field, and writes nothing;
+// encoding/json took the last occurrence case-insensitively, so a gateway
+// that checked the first approved a different payment from the one queued.
+// Good lines around it are enqueued.
+func TestEnqueueRefusesAmbiguousLines(t *testing.T) {
+	t.Parallel()
+	attack := `{"instruction_id":"ins-a","participant_id":"p1","idempotency_key":"k-a","rail":"sandbox",` +
+		`"amount_minor":100,"currency":"USD","destination":"acct-1","AMOUNT_MINOR":99999999,"Destination":"attacker-acct"}`
+	twice := `{"instruction_id":"ins-b","instruction_id":"ins-c","participant_id":"p1","idempotency_key":"k-b",` +
+		`"rail":"sandbox","amount_minor":100,"currency":"USD","destination":"acct-1"}`
+	cased := `{"Instruction_ID":"ins-d","participant_id":"p1","idempotency_key":"k-d","rail":"sandbox",` +
+		`"amount_minor":100,"currency":"USD","destination":"acct-1"}`
+	input := strings.Join([]string{inputJSON("p1", "k1", "100"), attack, twice, cased, inputJSON("p1", "k2", "200")}, "\n")
+	for _, args := range [][]string{nil, {"--batch", "10"}} {
+		b := setupCLI(t)
+		r := b.cli(t, input, "enqueue", args...)
+		requireExit(t, r, 1)
+		checkEnqueueOutput(t, r.stdout, []wantLine{
+			wantReceipt(1), wantInvalidInput("AMOUNT_MINOR"), wantInvalidInput("instruction_id"),
+			wantInvalidInput("Instruction_ID"), wantReceipt(2),
+		})
+		if n := b.count(t, "idempotency_keys"); n != 2 {
+			t.Fatalf("%v: %d instructions enqueued, want the 2 good ones", args, n)
+		}
+		var attacker int
+		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.pending
+			WHERE payload->>'destination' = 'attacker-acct' OR (payload->>'amount_minor')::bigint = 99999999`).Scan(&attacker); err != nil {
+			t.Fatal(err)
+		}
+		if attacker != 0 {
+			t.Fatalf("%v: the attacker's amount or destination was queued", args)
+		}
+	}
+}
+
+// TestEnqueueRefusesInvalidUTF8: two keys that differ only in invalid
+// bytes are two different instructions. Replacing the bytes with U+FFFD
+// made the second a "duplicate" of the first, and it was never paid; now
+// both are refused as invalid input, nothing written.
+func TestEnqueueRefusesInvalidUTF8(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	line := func(key string) string {
+		return `{"instruction_id":"ins-` + key + `","participant_id":"p1","idempotency_key":"` + key +
+			`","rail":"sandbox","amount_minor":100,"currency":"USD","destination":"acct-1"}`
+	}
+	metaBad := `{"instruction_id":"ins-m","participant_id":"p1","idempotency_key":"k-m","rail":"sandbox",` +
+		`"amount_minor":100,"currency":"USD","destination":"acct-1","metadata":{"note":"` + "caf\xe9" + `"}}`
+	input := strings.Join([]string{line("key-\xff"), line("key-\xfe"), metaBad, line(`key-\udcff`)}, "\n")
+	r := b.cli(t, input, "enqueue")
+	requireExit(t, r, 1)
+	checkEnqueueOutput(t, r.stdout, []wantLine{
+		wantInvalidInput("instruction_id"), wantInvalidInput("instruction_id"), // the first bad field of the line
+		wantInvalidInput("note"), wantInvalidInput("instruction_id"),
+	})
+	if n := b.count(t, "idempotency_keys"); n != 0 {
+		t.Fatalf("%d instructions enqueued from invalid UTF-8, want none", n)
+	}
+	// The flag path refuses it too, by the same rule.
+	r = b.cli(t, "", "enqueue", "--instruction-id", "ins-f", "--participant-id", "p1", "--idempotency-key", "key-\xff",
+		"--rail", "sandbox", "--amount-minor", "100", "--currency", "USD", "--destination", "acct-1")
+	requireExit(t, r, 1)
+	checkEnqueueOutput(t, r.stdout, []wantLine{wantValidation("idempotency_key")})
+}
+
+// TestEnqueueNULMetadataDoesNotSinkItsBatch: a \u0000 in metadata is
+// refused up front, as a validation error of that line; the good lines of
+// the same --batch are enqueued (PostgreSQL used to refuse the whole batch).
+func TestEnqueueNULMetadataDoesNotSinkItsBatch(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	var lines []string
+	for i, key := range []string{"k1", "k2", "k3", "k4", "k5", "k-nul", "k6", "k7", "k8", "k9"} {
+		if key == "k-nul" {
+			lines = append(lines, inputJSON("p1", key, "100", "metadata", map[string]any{"note": "a\x00b"}))
+			continue
+		}
+		lines = append(lines, inputJSON("p"+string(rune('a'+i)), key, "100"))
+	}
+	r := b.cli(t, strings.Join(lines, "\n"), "enqueue", "--batch", "10")
+	requireExit(t, r, 1)
+	want := make([]wantLine, 10)
+	for i := range want {
+		want[i] = wantReceipt(1)
+	}
+	want[5] = wantValidation("metadata")
+	checkEnqueueOutput(t, r.stdout, want)
+	if n := b.count(t, "idempotency_keys"); n != 9 {
+		t.Fatalf("%d instructions enqueued, want the 9 good ones", n)
+	}
+}
+
+// TestEnqueueIgnoresInstructionEnv: per-instruction fields never come from
+// the environment: an inherited OUTBOX_AMOUNT_MINOR or
+// OUTBOX_DESTINATION supplies nothing, on stdin or with flags.
+func TestEnqueueIgnoresInstructionEnv(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	vars := map[string]string{"OUTBOX_DATABASE_URL": b.url, "OUTBOX_AMOUNT_MINOR": "99999999",
+		"OUTBOX_DESTINATION": "attacker-acct", "OUTBOX_CURRENCY": "EUR"}
+	r := invokeCLI(t, vars, inputJSON("p1", "k1", "", "amount_minor", nil)+"\n", "enqueue")
+	requireExit(t, r, 1)
+	checkEnqueueOutput(t, r.stdout, []wantLine{wantValidation("amount_minor")})
+
+	r = invokeCLI(t, vars, "", "enqueue", "--instruction-id", "ins-2", "--participant-id", "p1",
+		"--idempotency-key", "k2", "--rail", "sandbox", "--currency", "USD")
+	requireExit(t, r, 1)
+	checkEnqueueOutput(t, r.stdout, []wantLine{wantValidation("amount_minor")})
+	if n := b.count(t, "idempotency_keys"); n != 0 {
+		t.Fatalf("%d instructions enqueued with values from the environment", n)
+	}
+
+	help := invokeCLI(t, nil, "", "enqueue", "--help")
+	if !strings.Contains(help.stderr, "--amount-minor  [command line only]") || !strings.Contains(help.stderr, "--database-url  [OUTBOX_DATABASE_URL]") {
+		t.Errorf("help does not say which flags are command line only:\n%s", help.stderr)
+	}
+}
