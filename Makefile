@@ -9,15 +9,16 @@ FUZZ      := payment:FuzzParseAmount payment:FuzzParseAmountMinor payment:FuzzDe
              pending:FuzzValidate cmd/outbox:FuzzEnqueueLine
 BENCHTIME ?= 1x
 
-.PHONY: demo test vet fuzz bench postgres build
+.PHONY: demo test vet fuzz bench postgres pgbouncer build
 
 ## demo: local PostgreSQL, migrations, relayer, sandbox rail, a producer stream, a live summary
 demo: postgres
 	$(GO) run ./cmd/outbox demo $(ARGS)
 
 ## test: go vet, every test with the race detector, then short fuzz runs
-test: postgres vet
-	$(GO) test -race -count=1 -timeout 30m ./...
+## (the PgBouncer tests must run: a missing pgbouncer fails them)
+test: postgres pgbouncer vet
+	OUTBOX_REQUIRE_PGBOUNCER=1 $(GO) test -race -count=1 -timeout 30m ./...
 	$(MAKE) --no-print-directory fuzz
 
 vet:
@@ -47,3 +48,12 @@ postgres:
 	SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql
+
+## pgbouncer: make sure the pgbouncer binary exists (the tests start their
+## own, in front of their throwaway cluster).
+pgbouncer:
+	@if command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; then exit 0; fi; \
+	echo "pgbouncer not found: installing the pgbouncer package"; \
+	SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer

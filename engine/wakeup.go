@@ -34,7 +34,12 @@ func (r *run) listen(ctx context.Context) {
 			if extra > 0 && !r.sleep(ctx, extra) {
 				return nil, ctx.Err()
 			}
-			return pgx.ConnectConfig(ctx, r.pool.Config().ConnConfig.Copy())
+			cfg := r.pool.Config().ConnConfig.Copy()
+			if name := cfg.RuntimeParams["application_name"]; name != "" {
+				// Operators tell the listener from the pool in pg_stat_activity.
+				cfg.RuntimeParams["application_name"] = name + " listen"
+			}
+			return pgx.ConnectConfig(ctx, cfg)
 		},
 		LogError: func(ctx context.Context, err error) {
 			r.listening.Store(false)

@@ -11,8 +11,12 @@ import (
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -53,7 +57,16 @@ type Options struct {
 	Schema string
 	// TargetVersion to reach; 0 means the latest.
 	TargetVersion int32
+	// LockTimeout bounds the wait for the migration lock (another migrator,
+	// or a session that still holds it) and for each lock a migration
+	// statement needs; 0 means DefaultLockTimeout. A migration that cannot
+	// get its lock in time fails with a [*LockTimeoutError] instead of
+	// hanging.
+	LockTimeout time.Duration
 }
+
+// DefaultLockTimeout is Options.LockTimeout's default.
+const DefaultLockTimeout = time.Minute
 
 // Migrate brings the default schema up to the latest version.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
@@ -75,7 +88,21 @@ func MigrateWith(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 	// The lock is session-level; release the connection only after unlock.
 	defer conn.Release()
 
+	timeout := opts.LockTimeout
+	if timeout <= 0 {
+		timeout = DefaultLockTimeout
+	}
+	// Session-level, for the lock wait and every statement after it; reset
+	// before the connection goes back to the caller's pool.
+	if _, err := conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)", strconv.FormatInt(timeout.Milliseconds(), 10)); err != nil {
+		return fmt.Errorf("migrate: set lock_timeout: %w", err)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), "RESET lock_timeout")
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", lockName(schema)); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+			return lockTimeout(ctx, conn.Conn(), schema, timeout, err)
+		}
 		return fmt.Errorf("migrate: take advisory lock: %w", err)
 	}
 	defer func() {
@@ -104,6 +131,58 @@ func MigrateWith(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 }
 
 func lockName(schema string) string { return "outbox-migrate:" + schema }
+
+// LockTimeoutError says that the migration lock of a schema could not be
+// taken in time, and who holds it.
+type LockTimeoutError struct {
+	Schema  string
+	Waited  time.Duration
+	Holders []LockHolder // empty if the holder ended meanwhile
+	err     error
+}
+
+// LockHolder is a session holding a schema's migration lock.
+type LockHolder struct {
+	PID             int
+	ApplicationName string
+	State           string    // pg_stat_activity.state: "idle" for a session that just sits on it
+	Since           time.Time // when the session's state last changed
+	ClientAddr      string
+}
+
+// Error implements error.
+func (e *LockTimeoutError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "migrate %s: the migration lock is still held after %s", e.Schema, e.Waited)
+	for _, h := range e.Holders {
+		fmt.Fprintf(&b, "; held by pid %d (application %q, %s since %s, client %s)", h.PID, h.ApplicationName, h.State,
+			h.Since.Format(time.RFC3339), h.ClientAddr)
+	}
+	b.WriteString(": if no migration is running, that session keeps the lock by mistake (a migration through a transaction pooler leaves it on a pooled server session): end it with SELECT pg_terminate_backend(pid), and migrate with a direct database URL")
+	return b.String()
+}
+
+// Unwrap returns the database's lock timeout error.
+func (e *LockTimeoutError) Unwrap() error { return e.err }
+
+// lockTimeout builds the LockTimeoutError of a failed lock wait, looking up
+// who holds the lock on the same connection.
+func lockTimeout(ctx context.Context, conn *pgx.Conn, schema string, waited time.Duration, cause error) error {
+	e := &LockTimeoutError{Schema: schema, Waited: waited, err: cause}
+	rows, err := conn.Query(ctx, `
+		SELECT a.pid, coalesce(a.application_name, ''), coalesce(a.state, ''), coalesce(a.state_change, a.backend_start),
+		       coalesce(host(a.client_addr), 'local')
+		FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+		WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		  AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtext($1)::bigint`, lockName(schema))
+	if err == nil {
+		e.Holders, err = pgx.CollectRows(rows, pgx.RowToStructByPos[LockHolder])
+	}
+	if err != nil {
+		return errors.Join(e, fmt.Errorf("looking up the lock holder: %w", err))
+	}
+	return e
+}
 
 func newMigrator(ctx context.Context, conn *pgx.Conn, schema string) (*migrate.Migrator, error) {
 	m, err := migrate.NewMigrator(ctx, conn, schema+".schema_version")

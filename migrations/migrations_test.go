@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -355,5 +356,54 @@ func TestNoSingleSequenceAllocator(t *testing.T) {
 	}
 	if single || !batch {
 		t.Fatalf("bump_sequence present %v (want false), bump_sequences present %v (want true)", single, batch)
+	}
+}
+
+// TestMigrateLockTimeoutNamesTheHolder: a session that holds the migration
+// lock (another migrator, or a session a transaction pooler left with it)
+// makes MigrateWith fail after the bound with a typed error naming that
+// session, instead of hanging; once it lets go, migrating works.
+func TestMigrateLockTimeoutNamesTheHolder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg, err := pgx.ParseConfig(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = "stuck-migrator"
+	holder, err := pgx.ConnectConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(context.Background())
+	if _, err := holder.Exec(b.ctx, "SELECT pg_advisory_lock(hashtext('outbox-migrate:outbox'))"); err != nil {
+		t.Fatal(err)
+	}
+
+	err = migrations.MigrateWith(b.ctx, b.pool, migrations.Options{LockTimeout: 200 * time.Millisecond})
+	var lt *migrations.LockTimeoutError
+	if !errors.As(err, &lt) {
+		t.Fatalf("MigrateWith with the lock held: %v, want a *LockTimeoutError", err)
+	}
+	if len(lt.Holders) != 1 || lt.Holders[0].ApplicationName != "stuck-migrator" || lt.Holders[0].PID != int(holder.PgConn().PID()) {
+		t.Fatalf("holders %+v, want the stuck-migrator session (pid %d)", lt.Holders, holder.PgConn().PID())
+	}
+	if !strings.Contains(err.Error(), "pg_terminate_backend") {
+		t.Errorf("the error does not say what to do: %v", err)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+		t.Errorf("the error does not wrap the database's lock timeout: %v", err)
+	}
+
+	if _, err := holder.Exec(b.ctx, "SELECT pg_advisory_unlock(hashtext('outbox-migrate:outbox'))"); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.MigrateWith(b.ctx, b.pool, migrations.Options{LockTimeout: 5 * time.Second}); err != nil {
+		t.Fatalf("after the holder let go: %v", err)
+	}
+	var lockTimeout string
+	if err := b.pool.QueryRow(b.ctx, "SHOW lock_timeout").Scan(&lockTimeout); err != nil || lockTimeout != "0" {
+		t.Errorf("the pool's sessions kept lock_timeout %q (%v)", lockTimeout, err)
 	}
 }

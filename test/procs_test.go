@@ -342,10 +342,12 @@ type fleet struct {
 	t           *testing.T
 	railsConfig string
 	// dbURL returns the database URL for a slot (a proxy for some).
-	dbURL   func(slot int) string
-	current map[int]*proc
-	gen     map[int]int
-	all     []*proc // every process ever started, for the log checks
+	dbURL func(slot int) string
+	// extraArgs are added to every relayer's command line.
+	extraArgs []string
+	current   map[int]*proc
+	gen       map[int]int
+	all       []*proc // every process ever started, for the log checks
 }
 
 func newFleet(t *testing.T, railsConfig string, dbURL func(slot int) string) *fleet {
@@ -374,7 +376,7 @@ func (f *fleet) start(slot int) string {
 	f.t.Helper()
 	id := relayerID(slot, f.gen[slot])
 	f.gen[slot]++
-	p := startProc(f.t, id, "", "relay",
+	args := append([]string{"relay",
 		"--database-url", withAppName(f.t, f.dbURL(slot), id),
 		"--rails-config", f.railsConfig,
 		"--relayer-id", id,
@@ -384,7 +386,8 @@ func (f *fleet) start(slot int) string {
 		"--stop-timeout", "3s",
 		"--log-format", "json",
 		"--log-level", "warn",
-	)
+	}, f.extraArgs...)
+	p := startProc(f.t, id, "", args...)
 	f.current[slot] = p
 	f.all = append(f.all, p)
 	return id

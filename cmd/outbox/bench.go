@@ -17,6 +17,7 @@ import (
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/poolconfig"
 	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
@@ -42,7 +43,7 @@ func runBench(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "bench", "bench [flags] [drain|latency|enqueue ...]   (default: all three)")
 	var db dbFlags
 	var bf benchFlags
-	db.register(fs)
+	db.register(fs, poolconfig.Operator("bench"))
 	fs.IntVar(&bf.instructions, "instructions", 100_000, "drain: instructions to enqueue, then drain")
 	fs.IntVar(&bf.participants, "participants", 1000, "participants the instructions spread over")
 	fs.IntVar(&bf.relayers, "relayers", 2, "relayers (in this process)")

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/poolconfig"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -688,7 +689,7 @@ func TestEnvDatabaseURL(t *testing.T) {
 	var db dbFlags
 	fs := flag.NewFlagSet("guard", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	db.register(fs)
+	db.register(fs, poolconfig.Operator("guard"))
 	env := &environment{getenv: func(k string) string { return vars[k] }}
 	if _, err := parseFlags(fs, env, nil); err != nil || db.url != b.url {
 		t.Fatalf("OUTBOX_DATABASE_URL not applied: url %q, err %v", db.url, err)

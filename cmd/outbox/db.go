@@ -12,19 +12,36 @@ import (
 
 	"github.com/ledgerline/outbox/internal/pglocal"
 	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/poolconfig"
 )
 
-// dbFlags select the database: a URL, or else the embedded local cluster.
+// dbFlags select the database (a URL, or else the embedded local cluster)
+// and the session settings of this command's connections.
 type dbFlags struct {
-	url     string
-	schema  string
-	dataDir string
+	url      string
+	schema   string
+	dataDir  string
+	pooler   string
+	settings poolconfig.Settings // the command's defaults, overridden by flags
 }
 
-func (d *dbFlags) register(fs *flag.FlagSet) {
+// register adds the database flags, with defaults for a command whose
+// process role is described by defaults (see package poolconfig).
+func (d *dbFlags) register(fs *flag.FlagSet, defaults poolconfig.Settings) {
+	d.settings = defaults
 	fs.StringVar(&d.url, "database-url", "", "PostgreSQL URL; empty starts (or reuses) the embedded local cluster in --data-dir")
 	fs.StringVar(&d.schema, "schema", migrations.DefaultSchema, "schema holding the outbox tables")
 	fs.StringVar(&d.dataDir, "data-dir", ".data/pg", "data directory of the embedded local cluster (used when --database-url is empty)")
+	fs.StringVar(&d.pooler, "pooler", string(poolconfig.PoolerNone), "what stands between us and PostgreSQL: none, or transaction (PgBouncer pool_mode=transaction: no LISTEN, no migrations, timeouts from the role)")
+	fs.StringVar(&d.settings.ApplicationName, "application-name", defaults.ApplicationName, "application_name of the connections (pg_stat_activity); a URL's application_name wins")
+	fs.DurationVar(&d.settings.StatementTimeout, "statement-timeout", defaults.StatementTimeout, "statement_timeout of the connections (0: the server's or role's)")
+	fs.DurationVar(&d.settings.LockTimeout, "lock-timeout", defaults.LockTimeout, "lock_timeout of the connections (0: the server's or role's)")
+	fs.DurationVar(&d.settings.IdleInTransactionTimeout, "idle-in-transaction-timeout", defaults.IdleInTransactionTimeout, "idle_in_transaction_session_timeout of the connections (0: the server's or role's)")
+}
+
+// behindTransactionPooler reports whether --pooler is transaction.
+func (d *dbFlags) behindTransactionPooler() bool {
+	return d.pooler == string(poolconfig.PoolerTransaction)
 }
 
 // connect opens a pool. Without a URL it starts the embedded cluster, or
@@ -34,6 +51,12 @@ func (d *dbFlags) connect(ctx context.Context, log *slog.Logger, maxConns int32)
 	if err := migrations.ValidateSchema(d.schema); err != nil {
 		return nil, nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
+	pooler, err := poolconfig.ParsePooler(d.pooler)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: --pooler: %v", errUsage, err)
+	}
+	settings := d.settings
+	settings.Pooler = pooler
 	url := d.url
 	stop := func() {}
 	if url == "" {
@@ -65,6 +88,10 @@ func (d *dbFlags) connect(ctx context.Context, log *slog.Logger, maxConns int32)
 	}
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
+	}
+	if skipped := settings.ApplyPool(cfg); len(skipped) > 0 {
+		log.Warn("behind a transaction pooler these settings cannot be sent at connect; set them on the database role (ALTER ROLE ... SET ...)",
+			"not_applied", skipped)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

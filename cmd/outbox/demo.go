@@ -15,6 +15,7 @@ import (
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/poolconfig"
 	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
@@ -38,7 +39,7 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	var db dbFlags
 	var rf relayFlags
 	var df demoFlags
-	db.register(fs)
+	db.register(fs, poolconfig.Operator("demo"))
 	rf.register(fs)
 	fs.IntVar(&df.rate, "rate", 500, "instructions per second the producer stream enqueues")
 	fs.IntVar(&df.participants, "participants", 100, "participants the stream spreads over")

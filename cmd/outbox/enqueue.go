@@ -14,6 +14,7 @@ import (
 	"github.com/ledgerline/outbox/internal/strictjson"
 	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
+	"github.com/ledgerline/outbox/poolconfig"
 	"github.com/ledgerline/outbox/rails"
 )
 
@@ -123,7 +124,7 @@ func classify(err error) *lineError {
 func runEnqueue(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "enqueue", "enqueue [flags]   (no instruction flags: JSON lines on stdin)")
 	var db dbFlags
-	db.register(fs)
+	db.register(fs, poolconfig.Producer())
 	var line inputLine
 	var amount, metadata string
 	fs.StringVar(&line.InstructionID, "instruction-id", "", "instruction id")

@@ -5,12 +5,13 @@ import (
 	"fmt"
 
 	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/poolconfig"
 )
 
 func runMigrate(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "migrate", "migrate [flags] [up|status|notify-on|notify-off]")
 	var db dbFlags
-	db.register(fs)
+	db.register(fs, poolconfig.Migrator())
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	if _, err := parseFlags(fs, env, args); err != nil {
 		return err
@@ -26,6 +27,9 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
+	if db.behindTransactionPooler() && action != "status" {
+		return fmt.Errorf("%w: migrate %s takes a session-level lock, which a transaction pooler cannot keep (it would stay held by a pooled server session): run it with a direct database URL, not through the pooler", errUsage, action)
+	}
 	pool, cleanup, err := db.connect(ctx, log, 2)
 	if err != nil {
 		return err
@@ -34,7 +38,7 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 
 	switch action {
 	case "up":
-		if err := migrations.MigrateWith(ctx, pool, migrations.Options{Schema: db.schema}); err != nil {
+		if err := migrations.MigrateWith(ctx, pool, migrations.Options{Schema: db.schema, LockTimeout: db.settings.LockTimeout}); err != nil {
 			return err
 		}
 		fallthrough

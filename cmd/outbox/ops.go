@@ -10,13 +10,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerline/outbox/attempts"
+	"github.com/ledgerline/outbox/poolconfig"
 )
 
 // runStats prints the queue's operational state as one JSON object.
 func runStats(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "stats", "stats [flags]   (queue depth, due, oldest due age, in flight, stuck, DLQ depth, idle relayers)")
 	var db dbFlags
-	db.register(fs)
+	db.register(fs, poolconfig.Operator("stats"))
 	if _, err := parseFlags(fs, env, args); err != nil {
 		return err
 	}
@@ -36,7 +37,7 @@ func runStats(ctx context.Context, env *environment, args []string) error {
 func runDLQ(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "dlq", "dlq [flags] list | replay OUTBOX_ID... | ack OUTBOX_ID...")
 	var db dbFlags
-	db.register(fs)
+	db.register(fs, poolconfig.Operator("dlq"))
 	all := fs.Bool("all", false, "list: include acknowledged dead letters")
 	limit := fs.Int("limit", 100, "list: at most this many")
 	operator := fs.String("operator", defaultOperator(), "replay/ack: who is acting (recorded in the archive)")
@@ -105,7 +106,7 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 func runAudit(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "audit", "audit [flags] trail (OUTBOX_ID | --instruction-id ID) | verify")
 	var db dbFlags
-	db.register(fs)
+	db.register(fs, auditSettings())
 	instructionID := fs.String("instruction-id", "", "trail: the producer's instruction id instead of an outbox id")
 	unordered := fs.Bool("unordered", false, "verify: skip the ordering invariant (relayers ran with --ordered=false)")
 	if _, err := parseFlags(fs, env, args); err != nil {
@@ -183,6 +184,14 @@ func openArchive(ctx context.Context, env *environment, db *dbFlags) (*attempts.
 		return nil, nil, nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
 	return archive, pool, cleanup, nil
+}
+
+// auditSettings are the audit command's: an operator's, without a
+// statement timeout (verify reads the whole archive; run it on a replica).
+func auditSettings() poolconfig.Settings {
+	s := poolconfig.Operator("audit")
+	s.StatementTimeout = 0
+	return s
 }
 
 func defaultOperator() string {

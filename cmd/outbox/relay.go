@@ -9,12 +9,15 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ledgerline/outbox/engine"
+	"github.com/ledgerline/outbox/internal/lifecycle"
+	"github.com/ledgerline/outbox/poolconfig"
 	"github.com/ledgerline/outbox/rails"
 	"github.com/ledgerline/outbox/reaper"
 	"github.com/ledgerline/outbox/relay"
@@ -106,6 +109,10 @@ func (f *relayFlags) engineConfig(schema string, set *rails.Set, log *slog.Logge
 	}
 }
 
+// relayerIDPlaceholder stands for the relayer id in the default
+// application name of `outbox relay`, until the id is known.
+const relayerIDPlaceholder = "<relayer-id>"
+
 // serviceConfig is the relay service's configuration from the flags.
 func (f *relayFlags) serviceConfig(schema string, set *rails.Set, log *slog.Logger) relay.Config {
 	return relay.Config{
@@ -119,7 +126,7 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "relay", "relay [flags]")
 	var db dbFlags
 	var rf relayFlags
-	db.register(fs)
+	db.register(fs, poolconfig.Relayer(relayerIDPlaceholder))
 	rf.register(fs)
 	maxConns := fs.Int("max-conns", 0, "database pool size (default: max-concurrency/4 + 8)")
 	logFormat := fs.String("log-format", "json", "log format: json or text")
@@ -141,6 +148,16 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 	conns := int32(*maxConns)
 	if conns <= 0 {
 		conns = int32(rf.maxConcurrency/4 + 8)
+	}
+	// The relayer id names the connections too, so it is settled first.
+	if rf.relayerID == "" {
+		rf.relayerID = lifecycle.ProcessID()
+	}
+	db.settings.ApplicationName = strings.ReplaceAll(db.settings.ApplicationName, relayerIDPlaceholder, rf.relayerID)
+	if db.behindTransactionPooler() && !rf.pollOnly {
+		log.Info("behind a transaction pooler LISTEN cannot work (notifications go to whichever server session the pooler picked): polling only",
+			"poll_interval", rf.pollInterval)
+		rf.pollOnly = true
 	}
 	pool, cleanup, err := db.connect(ctx, log, conns)
 	if err != nil {
@@ -196,7 +213,7 @@ func serveMetrics(ctx context.Context, addr string, registry *prometheus.Registr
 func runReap(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "reap", "reap [flags]   (one pass; prints each requeued instruction as a JSON line)")
 	var db dbFlags
-	db.register(fs)
+	db.register(fs, poolconfig.Operator("reap"))
 	batch := fs.Int("batch", reaper.DefaultBatchSize, "instructions requeued per transaction")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	if _, err := parseFlags(fs, env, args); err != nil {

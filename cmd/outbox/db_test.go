@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestCommandsDoNotHangBehindALock: with someone holding an ACCESS
+// EXCLUSIVE lock on the pending table, `outbox stats` and `outbox reap`
+// fail with PostgreSQL's lock timeout (SQLSTATE 55P03) instead of waiting
+// for as long as the lock is held.
+func TestCommandsDoNotHangBehindALock(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(b.ctx, "LOCK outbox.pending IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"stats"}, {"reap"}} {
+		done := make(chan cliResult, 1)
+		go func() { done <- b.cli(t, "", args[0], append(args[1:], "--lock-timeout", "300ms")...) }()
+		select {
+		case r := <-done:
+			if r.code != 1 || !strings.Contains(r.stderr, "55P03") {
+				t.Errorf("%v behind the lock: want exit 1 with a lock timeout (55P03), got %s", args, r)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("%v is still waiting for the lock after a minute", args)
+		}
+	}
+}
+
+// TestConnectionsAreNamed: operators find every connection in
+// pg_stat_activity: the relayer's pool as "outbox-relay <relayer id>", its
+// LISTEN connection with " listen" appended, a producer as
+// "outbox-producer".
+func TestConnectionsAreNamed(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	ctx, cancel := context.WithCancel(b.ctx)
+	relayDone := make(chan error, 1)
+	stdin, stdinW := io.Pipe()
+	enqueueDone := make(chan error, 1)
+	go func() {
+		env := &environment{stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard, getenv: func(string) string { return "" }}
+		relayDone <- run(ctx, env, []string{"relay", "--database-url", b.url, "--relayer-id", "named-1"})
+	}()
+	go func() {
+		env := &environment{stdin: stdin, stdout: io.Discard, stderr: io.Discard, getenv: func(string) string { return "" }}
+		enqueueDone <- run(ctx, env, []string{"enqueue", "--database-url", b.url})
+	}()
+	if _, err := io.WriteString(stdinW, inputJSON("p1", "k1", "100")+"\n"); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"outbox-relay named-1", "outbox-relay named-1 listen", "outbox-producer"}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var missing []string
+		for _, name := range want {
+			var n int
+			if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`, name).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				missing = append(missing, name)
+			}
+		}
+		if len(missing) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no connection named %q in pg_stat_activity", missing)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stdinW.Close()
+	cancel()
+	for _, c := range []chan error{relayDone, enqueueDone} {
+		if err := <-c; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("command: %v", err)
+		}
+	}
+}

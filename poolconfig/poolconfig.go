@@ -1,0 +1,178 @@
+// Package poolconfig prepares pgx configurations for the outbox's
+// processes: session limits (statement, lock and idle-in-transaction
+// timeouts), a name in pg_stat_activity, and compatibility with a
+// transaction-pooling proxy such as PgBouncer.
+//
+// The defaults per process (see [Relayer], [Producer], [Operator],
+// [Migrator]):
+//
+//	process              application_name            statement  lock  idle in transaction
+//	outbox relay / reap  outbox-relay <relayer id>   30s        5s    60s
+//	producer (enqueue)   outbox-producer             10s        5s    60s
+//	operator commands    outbox-<command>            60s        5s    60s
+//	audit (trail/verify) outbox-audit                none       5s    60s
+//	migrate              outbox-migrate              none       1m    60s   (1m: the migration lock's wait)
+//
+// A lock timeout makes a statement that waits behind someone else's lock
+// (an ACCESS EXCLUSIVE lock taken by hand, a long migration) fail with
+// SQLSTATE 55P03 instead of hanging; the relayer's loops back off and try
+// again, operator commands report it.
+//
+// Behind a transaction-pooling proxy (PgBouncer pool_mode = transaction)
+// consecutive statements of one client may run on different server
+// sessions, so: statements use pgx's exec mode (one round trip, unnamed
+// statement; cached prepared statements would collide), LISTEN cannot work
+// (relayers poll), session advisory locks cannot work (migrations refuse to
+// run; migrate with a direct URL), and PgBouncer refuses the timeouts as
+// startup parameters: set them on the database role instead (ALTER ROLE
+// outbox_relayer SET statement_timeout = '30s', ...). application_name
+// passes through.
+package poolconfig
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Pooler says what stands between the process and PostgreSQL.
+type Pooler string
+
+// Poolers.
+const (
+	// PoolerNone is a direct connection (or a session-mode pooler).
+	PoolerNone Pooler = "none"
+	// PoolerTransaction is a transaction-mode pooler (PgBouncer
+	// pool_mode = transaction): one server session per transaction.
+	PoolerTransaction Pooler = "transaction"
+)
+
+// ParsePooler parses a Pooler ("" is PoolerNone).
+func ParsePooler(s string) (Pooler, error) {
+	switch Pooler(s) {
+	case "", PoolerNone:
+		return PoolerNone, nil
+	case PoolerTransaction:
+		return PoolerTransaction, nil
+	}
+	return "", fmt.Errorf("unknown pooler %q (want none or transaction)", s)
+}
+
+// Settings are the session settings of one process's connections. A zero
+// duration leaves the server's (or the role's) default.
+type Settings struct {
+	ApplicationName          string
+	StatementTimeout         time.Duration
+	LockTimeout              time.Duration
+	IdleInTransactionTimeout time.Duration
+	Pooler                   Pooler
+}
+
+// Relayer returns the defaults of a relayer (and a reaper) named id.
+func Relayer(id string) Settings {
+	return Settings{ApplicationName: "outbox-relay " + id, StatementTimeout: 30 * time.Second,
+		LockTimeout: 5 * time.Second, IdleInTransactionTimeout: time.Minute}
+}
+
+// Producer returns the defaults of a producer.
+func Producer() Settings {
+	return Settings{ApplicationName: "outbox-producer", StatementTimeout: 10 * time.Second,
+		LockTimeout: 5 * time.Second, IdleInTransactionTimeout: time.Minute}
+}
+
+// Operator returns the defaults of an operator or auditor command.
+func Operator(command string) Settings {
+	return Settings{ApplicationName: "outbox-" + command, StatementTimeout: time.Minute,
+		LockTimeout: 5 * time.Second, IdleInTransactionTimeout: time.Minute}
+}
+
+// Migrator returns the defaults of a migration: no statement timeout, and
+// a minute for the migration lock and each lock a migration statement
+// needs (migrations.Options.LockTimeout).
+func Migrator() Settings {
+	return Settings{ApplicationName: "outbox-migrate", LockTimeout: time.Minute, IdleInTransactionTimeout: time.Minute}
+}
+
+// Apply sets s on cfg. It returns the settings it could not apply (the
+// timeouts behind a transaction pooler), for the caller to log once.
+// An application_name already in cfg (from the URL) wins.
+func (s Settings) Apply(cfg *pgx.ConnConfig) (notApplied []string) {
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	if s.ApplicationName != "" && cfg.RuntimeParams["application_name"] == "" {
+		cfg.RuntimeParams["application_name"] = truncateName(s.ApplicationName)
+	}
+	for _, p := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"statement_timeout", s.StatementTimeout},
+		{"lock_timeout", s.LockTimeout},
+		{"idle_in_transaction_session_timeout", s.IdleInTransactionTimeout},
+	} {
+		if p.d <= 0 {
+			continue
+		}
+		if s.Pooler == PoolerTransaction {
+			notApplied = append(notApplied, p.name)
+			continue
+		}
+		cfg.RuntimeParams[p.name] = strconv.FormatInt(p.d.Milliseconds(), 10)
+	}
+	if s.Pooler == PoolerTransaction {
+		// One round trip with an unnamed statement: nothing outlives the
+		// transaction, so nothing can meet another client's session.
+		cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
+		cfg.StatementCacheCapacity, cfg.DescriptionCacheCapacity = 0, 0
+	}
+	return notApplied
+}
+
+// ApplyPool sets s on a pool's connections (see [Settings.Apply]) and, behind
+// a transaction pooler, registers the types the outbox sends on every new
+// connection ([RegisterTypes]).
+func (s Settings) ApplyPool(cfg *pgxpool.Config) (notApplied []string) {
+	notApplied = s.Apply(cfg.ConnConfig)
+	if s.Pooler == PoolerTransaction {
+		prev := cfg.AfterConnect
+		cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+			RegisterTypes(conn.TypeMap())
+			if prev != nil {
+				return prev(ctx, conn)
+			}
+			return nil
+		}
+	}
+	return notApplied
+}
+
+// RegisterTypes registers the Go types the outbox sends as query
+// arguments, so that query modes without a statement description (exec,
+// behind a transaction pooler) know their PostgreSQL types.
+func RegisterTypes(m *pgtype.Map) {
+	m.RegisterDefaultPgType(uuid.UUID{}, "uuid")
+	m.RegisterDefaultPgType([]uuid.UUID{}, "_uuid")
+	m.RegisterDefaultPgType([][]byte{}, "_bytea")
+	m.RegisterDefaultPgType([]time.Time{}, "_timestamptz")
+}
+
+// truncateName keeps an application_name within PostgreSQL's 63 bytes
+// (NAMEDATALEN - 1) on a rune boundary; the server would cut it anyway,
+// possibly mid-character.
+func truncateName(s string) string {
+	if len(s) <= 63 {
+		return s
+	}
+	cut := 63
+	for cut > 0 && s[cut]&0xC0 == 0x80 {
+		cut--
+	}
+	return s[:cut]
+}

@@ -1,0 +1,78 @@
+package poolconfig_test
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerline/outbox/poolconfig"
+)
+
+func TestApply(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgx.ParseConfig("postgres://u@localhost/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if skipped := poolconfig.Relayer("r-1").Apply(cfg); len(skipped) != 0 {
+		t.Fatalf("direct connection skipped %v", skipped)
+	}
+	want := map[string]string{"application_name": "outbox-relay r-1", "statement_timeout": "30000",
+		"lock_timeout": "5000", "idle_in_transaction_session_timeout": "60000"}
+	for k, v := range want {
+		if cfg.RuntimeParams[k] != v {
+			t.Errorf("%s = %q, want %q", k, cfg.RuntimeParams[k], v)
+		}
+	}
+	if cfg.DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
+		t.Errorf("direct connection: exec mode %v changed", cfg.DefaultQueryExecMode)
+	}
+
+	// The URL's application_name wins; behind a transaction pooler the
+	// timeouts are reported, not sent, and statements are not cached.
+	cfg, _ = pgx.ParseConfig("postgres://u@localhost/db?application_name=mine")
+	s := poolconfig.Producer()
+	s.Pooler = poolconfig.PoolerTransaction
+	skipped := s.Apply(cfg)
+	if cfg.RuntimeParams["application_name"] != "mine" || cfg.RuntimeParams["statement_timeout"] != "" {
+		t.Errorf("params %v", cfg.RuntimeParams)
+	}
+	if !slices.Equal(skipped, []string{"statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout"}) {
+		t.Errorf("skipped %v", skipped)
+	}
+	if cfg.DefaultQueryExecMode != pgx.QueryExecModeExec || cfg.StatementCacheCapacity != 0 {
+		t.Errorf("behind a pooler: exec mode %v, statement cache %d", cfg.DefaultQueryExecMode, cfg.StatementCacheCapacity)
+	}
+
+	// Names are cut to PostgreSQL's 63 bytes on a rune boundary.
+	cfg, _ = pgx.ParseConfig("postgres://u@localhost/db")
+	poolconfig.Settings{ApplicationName: strings.Repeat("é", 40)}.Apply(cfg)
+	if n := cfg.RuntimeParams["application_name"]; len(n) > 63 || !strings.HasPrefix(strings.Repeat("é", 40), n) {
+		t.Errorf("application_name %q (%d bytes)", n, len(n))
+	}
+	if _, err := poolconfig.ParsePooler("session"); err == nil {
+		t.Error("unknown pooler accepted")
+	}
+}
+
+// A producer service's pool behind PgBouncer in transaction mode.
+func ExampleSettings_ApplyPool() {
+	cfg, err := pgxpool.ParseConfig("postgres://payments@pgbouncer:6432/payments")
+	if err != nil {
+		panic(err)
+	}
+	s := poolconfig.Producer()
+	s.Pooler = poolconfig.PoolerTransaction
+	s.StatementTimeout = 5 * time.Second
+	notApplied := s.ApplyPool(cfg) // then pgxpool.NewWithConfig(ctx, cfg)
+	fmt.Println(cfg.ConnConfig.RuntimeParams["application_name"], cfg.ConnConfig.DefaultQueryExecMode)
+	fmt.Println("set on the role instead:", notApplied)
+	// Output:
+	// outbox-producer exec
+	// set on the role instead: [statement_timeout lock_timeout idle_in_transaction_session_timeout]
+}
