@@ -15,9 +15,9 @@ import (
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/migrations"
-	"github.com/ledgerline/outbox/poolconfig"
 	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
+	"github.com/ledgerline/outbox/poolconfig"
 	"github.com/ledgerline/outbox/rails"
 	"github.com/ledgerline/outbox/relay"
 )
