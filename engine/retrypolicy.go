@@ -34,7 +34,7 @@ func (r *Relayer) outcome(c store.Claimed, d rails.Decision, latency time.Durati
 		InstructionID: c.InstructionID, ParticipantID: c.ParticipantID, SequenceID: c.SequenceID,
 		IdempotencyKey: c.IdempotencyKey, RailType: c.RailType, TenantID: c.TenantID,
 		CorrelationID: c.CorrelationID, RelayerID: r.cfg.RelayerID, ClaimedAt: c.ClaimedAt,
-		RailReference: storable(d.Reference, maxRailTextLength), RailCode: storable(d.RailCode, maxRailTextLength),
+		RailReference: rails.CleanText(d.Reference, maxRailTextLength), RailCode: rails.CleanText(d.RailCode, maxRailTextLength),
 		ErrorCode:    string(d.ErrorCode),
 		ErrorMessage: sanitize(d.Message, r.cfg.MaxErrorLength), LatencyMS: int(latency.Milliseconds()),
 		CountAttempt: countsAgainstBudget(d.ErrorCode),
@@ -68,3 +68,7 @@ func (r *Relayer) outcome(c store.Claimed, d rails.Decision, latency time.Durati
 	}
 	return o
 }
+
+// sanitize makes an error message storable: secrets stripped, text
+// cleaned, truncated to max bytes.
+func sanitize(msg string, max int) string { return rails.CleanText(rails.RedactSecrets(msg), max) }

@@ -3,11 +3,8 @@ package rails
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,55 +20,19 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
-
-	"github.com/gofrs/uuid/v5"
 
 	"github.com/ledgerline/outbox/internal/strictjson"
 	"github.com/ledgerline/outbox/payment"
 )
 
-// Headers of the webhook protocol (see [Webhook]).
 const (
-	// HeaderIdempotencyKey carries the instruction's idempotency key. The
-	// receiver must treat a second request with the same key as a replay of
-	// the first and answer 409 (or the original 2xx) without acting again.
-	HeaderIdempotencyKey = "Idempotency-Key"
-	// HeaderTimestamp carries the signing time in Unix seconds. It is part of
-	// the signed string so a captured request cannot be replayed later.
-	HeaderTimestamp = "X-Outbox-Timestamp"
-	// HeaderSignature carries "v1=<lowercase hex HMAC-SHA256>" (see [Sign]).
-	HeaderSignature = "X-Outbox-Signature"
-	// HeaderAttempt carries the attempt number (1, 2, ...) of the dispatch,
-	// for the receiver's logs. It is deliberately a header and not part of
-	// the body: every attempt of one instruction must send a byte-identical
-	// body, because receivers that fingerprint the payload per idempotency
-	// key answer a changed payload under a known key with 422, which would
-	// dead-letter an instruction that was in fact paid. It is not signed and
-	// must never decide anything on the receiving side.
-	HeaderAttempt = "X-Outbox-Attempt"
-)
-
-// DefaultSignatureTolerance is how far a request's timestamp may be from the
-// receiver's clock before [VerifySignature] rejects it as a replay.
-const DefaultSignatureTolerance = 5 * time.Minute
-
-// ErrBadSignature is wrapped by every error of [VerifySignature]. The
-// wrapping error says which check failed but never carries the secret or
-// the signature values.
-var ErrBadSignature = errors.New("webhook signature verification failed")
-
-const (
-	// signatureVersion prefixes the hex MAC in HeaderSignature, so the
-	// scheme can change later without ambiguity.
-	signatureVersion = "v1"
 	// webhookMaxResponseBytes bounds what is read from an answer: a rail
 	// (or something impersonating it) must not be able to make the relayer
 	// buffer an unbounded body.
 	webhookMaxResponseBytes = 64 << 10
-	// webhookMaxText bounds Reference and Message, which end up in attempt
-	// rows, logs and metrics exemplars.
-	webhookMaxText = 500
+	// webhookMaxText bounds Reference and Message (bytes), which end up in
+	// attempt rows, logs and metrics exemplars.
+	webhookMaxText = 1000
 	// webhookMaxRetryAfter caps a rail's Retry-After: a misconfigured or
 	// hostile rail must not park instructions for days.
 	webhookMaxRetryAfter = time.Hour
@@ -409,15 +370,15 @@ func (w *Webhook) Send(ctx context.Context, ins payment.Instruction) (Result, er
 	case err == nil:
 		ok := resp.StatusCode/100 == 2 || resp.StatusCode == http.StatusConflict
 		if ok {
-			res.Reference = sanitizeRailText(ans.Reference)
+			res.Reference = CleanText(ans.Reference, webhookMaxText)
 		}
 		// A rejection's message is what tells an operator why, so it is
 		// kept for every status; it never decides anything.
-		res.Message = sanitizeRailText(ans.Message)
+		res.Message = CleanText(ans.Message, webhookMaxText)
 	case bytes.HasPrefix(bytes.TrimSpace(raw), []byte("{")):
 		// A JSON answer we refuse to read (a repeated "reference", say):
 		// keep no reference from it, and say why.
-		res.Message = sanitizeRailText("answer body refused: " + err.Error())
+		res.Message = CleanText("answer body refused: "+err.Error(), webhookMaxText)
 	}
 	return res, nil
 }
@@ -485,278 +446,4 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 		return webhookMaxRetryAfter
 	}
 	return d
-}
-
-// sanitizeRailText makes text from a rail safe to store and log: valid
-// UTF-8, no control characters (log injection), at most webhookMaxText
-// characters.
-func sanitizeRailText(s string) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	s = strings.Map(func(r rune) rune {
-		if payment.ControlRune(r) {
-			return ' '
-		}
-		return r
-	}, s)
-	if utf8.RuneCountInString(s) > webhookMaxText {
-		s = string([]rune(s)[:webhookMaxText])
-	}
-	return s
-}
-
-// WebhookRequest is the JSON body of a webhook request. Optional fields are
-// omitted when empty; the money fields are omitted for event instructions
-// (nil Payment); Metadata is the instruction's raw JSON. It holds nothing
-// that changes between attempts of one instruction (the attempt number is
-// the [HeaderAttempt] header), so every attempt sends the same bytes.
-type WebhookRequest struct {
-	OutboxID       string          `json:"outbox_id,omitempty"`
-	InstructionID  string          `json:"instruction_id"`
-	ParticipantID  string          `json:"participant_id"`
-	SequenceID     int64           `json:"sequence_id,omitempty"`
-	IdempotencyKey string          `json:"idempotency_key"`
-	Rail           string          `json:"rail"`
-	TenantID       string          `json:"tenant_id,omitempty"`
-	CorrelationID  string          `json:"correlation_id,omitempty"`
-	AmountMinor    *int64          `json:"amount_minor,omitempty"` // a pointer: present whenever payment.Payment is
-	Currency       string          `json:"currency,omitempty"`
-	Destination    string          `json:"destination,omitempty"`
-	Metadata       json.RawMessage `json:"metadata,omitempty"`
-}
-
-// NewWebhookRequest builds the request body of an instruction.
-func NewWebhookRequest(ins payment.Instruction) WebhookRequest {
-	r := WebhookRequest{
-		InstructionID:  ins.InstructionID,
-		ParticipantID:  ins.ParticipantID,
-		SequenceID:     ins.SequenceID,
-		IdempotencyKey: ins.IdempotencyKey,
-		Rail:           ins.RailType,
-		TenantID:       ins.TenantID,
-		CorrelationID:  ins.CorrelationID,
-	}
-	if ins.OutboxID != uuid.Nil {
-		r.OutboxID = ins.OutboxID.String()
-	}
-	if p := ins.Payment; p != nil {
-		amount := p.AmountMinor
-		r.AmountMinor, r.Currency, r.Destination = &amount, p.Currency, p.Destination
-	}
-	if len(bytes.TrimSpace(ins.Metadata)) > 0 {
-		r.Metadata = ins.Metadata
-	}
-	return r
-}
-
-// Instruction decodes a request body back into an instruction (the
-// receiving side of the protocol). Any money field present means a Payment.
-// AttemptNo is left zero: the body does not carry it (it is the
-// [HeaderAttempt] header). It fails with a [*payment.ValidationError] when
-// the idempotency key is missing or the outbox id is not a UUID.
-func (r WebhookRequest) Instruction() (payment.Instruction, error) {
-	ins := payment.Instruction{
-		InstructionID:  r.InstructionID,
-		ParticipantID:  r.ParticipantID,
-		SequenceID:     r.SequenceID,
-		IdempotencyKey: r.IdempotencyKey,
-		RailType:       r.Rail,
-		TenantID:       r.TenantID,
-		CorrelationID:  r.CorrelationID,
-	}
-	if r.IdempotencyKey == "" {
-		return payment.Instruction{}, payment.Invalid(payment.FieldIdempotencyKey, payment.ReasonRequired, "idempotency_key is required")
-	}
-	if r.OutboxID != "" {
-		id, err := uuid.FromString(r.OutboxID)
-		if err != nil {
-			return payment.Instruction{}, payment.Invalid("outbox_id", payment.ReasonInvalid, "outbox_id is not a UUID")
-		}
-		ins.OutboxID = id
-	}
-	if r.AmountMinor != nil || r.Currency != "" || r.Destination != "" {
-		ins.Payment = &payment.Payment{Currency: r.Currency, Destination: r.Destination}
-		if r.AmountMinor != nil {
-			ins.Payment.AmountMinor = *r.AmountMinor
-		}
-	}
-	if len(r.Metadata) > 0 {
-		ins.Metadata = bytes.Clone(r.Metadata)
-	}
-	return ins, nil
-}
-
-// Sign returns the X-Outbox-Signature header value for a request:
-// "v1=" followed by the lowercase hex HMAC-SHA256 of timestamp + "." + body
-// under secret. The timestamp is the exact X-Outbox-Timestamp header value.
-func Sign(secret []byte, timestamp string, body []byte) string {
-	return signatureVersion + "=" + hex.EncodeToString(webhookMAC(secret, timestamp, body))
-}
-
-func webhookMAC(secret []byte, timestamp string, body []byte) []byte {
-	m := hmac.New(sha256.New, secret)
-	io.WriteString(m, timestamp)
-	m.Write([]byte{'.'})
-	m.Write(body)
-	return m.Sum(nil)
-}
-
-// errKeyBinding is wrapped, besides [ErrBadSignature], by the errors of
-// [VerifySignature] whose signature is good but whose Idempotency-Key
-// header is not the body's idempotency_key, so the sandbox server can
-// answer those 400 (a bad request) rather than 401.
-var errKeyBinding = errors.New("the Idempotency-Key header does not match the body's idempotency_key")
-
-// VerifySignature checks a request's signature headers against its body:
-// the timestamp must be within tolerance of now (either direction; zero
-// or negative means [DefaultSignatureTolerance]) so captured requests
-// cannot be replayed later, and one of the "v1=" signatures in
-// X-Outbox-Signature (comma-separated, or repeated headers, to allow secret
-// rotation) must match, compared in constant time.
-//
-// The signature covers the timestamp and the body, not the headers, so a
-// valid signature is not enough: the request must also carry exactly one
-// Idempotency-Key header, equal to the idempotency_key of the (JSON) body.
-// Otherwise a captured request replayed with another Idempotency-Key header
-// would verify and get past a receiver that deduplicates on the header.
-//
-// An empty secret verifies nothing. Errors wrap [ErrBadSignature].
-func VerifySignature(secret []byte, header http.Header, body []byte, now time.Time, tolerance time.Duration) error {
-	if len(secret) == 0 {
-		return fmt.Errorf("%w: no secret configured", ErrBadSignature)
-	}
-	ts := header.Get(HeaderTimestamp)
-	if ts == "" {
-		return fmt.Errorf("%w: missing %s header", ErrBadSignature, HeaderTimestamp)
-	}
-	sigs := header.Values(HeaderSignature)
-	if len(sigs) == 0 {
-		return fmt.Errorf("%w: missing %s header", ErrBadSignature, HeaderSignature)
-	}
-	// Plain digits only: the signed string is the header text, so lenient
-	// parsing ("+17", " 17") would let one signature cover several texts.
-	if !isDigits(ts) || len(ts) > 12 {
-		return fmt.Errorf("%w: malformed %s header", ErrBadSignature, HeaderTimestamp)
-	}
-	sec, _ := strconv.ParseInt(ts, 10, 64)
-	if tolerance <= 0 {
-		tolerance = DefaultSignatureTolerance
-	}
-	if d := now.Sub(time.Unix(sec, 0)); d > tolerance || d < -tolerance {
-		return fmt.Errorf("%w: timestamp outside the %s tolerance", ErrBadSignature, tolerance)
-	}
-	want := webhookMAC(secret, ts, body)
-	for _, h := range sigs {
-		for part := range strings.SplitSeq(h, ",") {
-			version, sig, ok := strings.Cut(strings.TrimSpace(part), "=")
-			if !ok || version != signatureVersion {
-				continue
-			}
-			got, err := hex.DecodeString(sig)
-			if err == nil && hmac.Equal(got, want) {
-				return verifyKeyBinding(header, body)
-			}
-		}
-	}
-	return fmt.Errorf("%w: signature mismatch", ErrBadSignature)
-}
-
-// verifyKeyBinding checks, for an authentic body, that the request has
-// exactly one Idempotency-Key header and that it is the body's
-// idempotency_key (compared as decoded by encoding/json, as receivers in
-// this package decode the body). Errors wrap ErrBadSignature and
-// errKeyBinding and never show the keys.
-func verifyKeyBinding(header http.Header, body []byte) error {
-	keys := header.Values(HeaderIdempotencyKey)
-	if len(keys) != 1 {
-		return fmt.Errorf("%w: %w (want exactly one such header, got %d)", ErrBadSignature, errKeyBinding, len(keys))
-	}
-	var b struct {
-		IdempotencyKey string `json:"idempotency_key"`
-	}
-	// Strict like the receivers of this package: a repeated
-	// idempotency_key, or one in another letter case, is refused rather
-	// than resolved one way here and another way by the handler.
-	if err := strictjson.UnmarshalKnown(body, &b); err != nil {
-		return fmt.Errorf("%w: %w (the body is not a JSON object)", ErrBadSignature, errKeyBinding)
-	}
-	if keys[0] != b.IdempotencyKey {
-		return fmt.Errorf("%w: %w", ErrBadSignature, errKeyBinding)
-	}
-	return nil
-}
-
-// ErrSecretExposed is wrapped by the error of [SecretSource.Load] for a
-// secret file that other users of the machine can read, or that anyone but
-// its owner can write: whoever reads the secret can sign payments.
-var ErrSecretExposed = errors.New("webhook secret file is exposed to other users")
-
-// SecretSource says where a webhook secret is read from: a file (trailing
-// newlines trimmed, as editors and `echo` add them) or, when File is empty,
-// the environment variable named Env. The file wins when both are given.
-type SecretSource struct {
-	File string
-	Env  string
-	// AllowWorldReadable accepts a file that users other than its owner and
-	// group can read (or that its group or others can write). Off by
-	// default: such a file is refused with [ErrSecretExposed], naming the
-	// fix (chmod 600, or 640 for a group such as a Kubernetes fsGroup).
-	AllowWorldReadable bool
-	// Getenv reads Env; nil means os.Getenv.
-	Getenv func(string) string
-}
-
-// Load reads the secret. It fails when neither a file nor a variable is
-// given or the secret found is empty; errors name the file or variable,
-// never the secret.
-func (s SecretSource) Load() ([]byte, error) {
-	switch {
-	case s.File != "":
-		if !s.AllowWorldReadable {
-			if err := checkSecretFileMode(s.File); err != nil {
-				return nil, err
-			}
-		}
-		b, err := os.ReadFile(s.File)
-		if err != nil {
-			return nil, fmt.Errorf("rails: reading webhook secret: %w", err)
-		}
-		b = bytes.TrimRight(b, "\r\n")
-		if len(b) == 0 {
-			return nil, fmt.Errorf("rails: webhook secret file %q is empty", s.File)
-		}
-		return b, nil
-	case s.Env != "":
-		getenv := s.Getenv
-		if getenv == nil {
-			getenv = os.Getenv
-		}
-		v := getenv(s.Env)
-		if v == "" {
-			return nil, fmt.Errorf("rails: webhook secret variable %s is unset or empty", s.Env)
-		}
-		return []byte(v), nil
-	}
-	return nil, errors.New("rails: no webhook secret configured: give a secret file or an environment variable")
-}
-
-// checkSecretFileMode refuses a secret file (after symlinks: Kubernetes
-// mounts secrets through them) whose permission bits let others read it or
-// anyone but the owner write it.
-func checkSecretFileMode(path string) error {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return fmt.Errorf("rails: reading webhook secret: %w", err)
-	}
-	if perm := fi.Mode().Perm(); perm&0o026 != 0 {
-		return fmt.Errorf("rails: %w: %q has mode %04o; make it readable by its owner only (chmod 600; 640 for a group) or allow it explicitly",
-			ErrSecretExposed, path, perm)
-	}
-	return nil
-}
-
-// LoadSecret reads a webhook secret from file or, when file is empty, from
-// the environment variable envVar; see [SecretSource.Load] (a file other
-// users can read is refused).
-func LoadSecret(file, envVar string) ([]byte, error) {
-	return SecretSource{File: file, Env: envVar}.Load()
 }

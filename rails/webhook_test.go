@@ -653,17 +653,6 @@ func TestWebhookRefusesUnsendableInstructions(t *testing.T) {
 	}
 }
 
-func TestSanitizeRailText(t *testing.T) {
-	t.Parallel()
-	if got := sanitizeRailText("ok\r\nFAKE LOG LINE\x00\xff"); got != "ok  FAKE LOG LINE \uFFFD" {
-		t.Errorf("sanitize = %q", got)
-	}
-	long := strings.Repeat("é", 600)
-	if got := sanitizeRailText(long); got != strings.Repeat("é", 500) {
-		t.Errorf("truncated to %d runes, want 500", len([]rune(got)))
-	}
-}
-
 func TestLoadSecret(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
