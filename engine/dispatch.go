@@ -22,10 +22,7 @@ func (r *run) dispatch(c store.Claimed, callDeadline time.Time) {
 	ins, payloadErr := railInstruction(c)
 	switch {
 	case payloadErr != nil:
-		// The stored payload was altered outside the producer: nothing any
-		// rail could be sent, and retrying cannot help.
-		d = rails.Decision{Outcome: rails.Failed, ErrorCode: rails.CodeValidationFailed, Field: payment.FieldPayload,
-			Message: "stored payload cannot be decoded: " + payloadErr.Error()}
+		d = payloadFailure(payloadErr)
 	case r.isStopping():
 		d = rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeReleased, Message: "released: relayer stopping"}
 	default:
@@ -71,6 +68,14 @@ func (r *run) execute(c store.Claimed, ins payment.Instruction, callDeadline tim
 		}
 	}()
 	return r.cfg.Rails.ExecuteBefore(r.dispatchCtx, ins, callDeadline)
+}
+
+// payloadFailure is the decision for an instruction whose stored payload
+// cannot be decoded (it was altered outside the producer): nothing any
+// rail could be sent, and retrying cannot help.
+func payloadFailure(err error) rails.Decision {
+	return rails.Decision{Outcome: rails.Failed, ErrorCode: rails.CodeValidationFailed, Field: payment.FieldPayload,
+		Message: "stored payload cannot be decoded: " + err.Error()}
 }
 
 // railInstruction is the rail's view of a claimed instruction, its

@@ -10,8 +10,8 @@
 //	replay.go       operator: dead letter -> pending (+ REPLAYED)
 //	acknowledge.go  operator: dead letter marked handled
 //
-// and the reads beside them (trail.go, deadletters.go, snapshot.go,
-// verify.go), the adaptive NOTIFY registrations (idle.go) and partition
+// and the reads beside them (pending.go, trail.go, deadletters.go,
+// snapshot.go, verify.go), the adaptive NOTIFY registrations (idle.go) and partition
 // upkeep (partitions.go). The column lists of the tables are written once,
 // in columns.go, and the retry-budget arithmetic once, in budget.go.
 //
@@ -92,6 +92,7 @@ type statements struct {
 	replay, acknowledge                   string
 	trailByOutbox, trailByInstruction     string
 	deadLetters                           string
+	listPending                           string
 	snapshot                              string
 	verifyCounts                          string
 	verifyChecks                          []string
@@ -115,6 +116,7 @@ func renderStatements(schema string) statements {
 		trailByOutbox:      q(trailSQL("outbox_id")),
 		trailByInstruction: q(trailSQL("instruction_id")),
 		deadLetters:        q(deadLettersSQL),
+		listPending:        q(listPendingSQL),
 		snapshot:           q(snapshotSQL),
 		verifyCounts:       q(verifyCountsSQL),
 		registerIdle:       q(registerIdleSQL),

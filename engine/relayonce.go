@@ -1,0 +1,64 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/rails"
+)
+
+// Querier runs statements; pgx.Tx, *pgx.Conn and *pgxpool.Pool satisfy it.
+type Querier = store.Querier
+
+// RelayOnce makes one synchronous pass in db: it claims what is due (up to
+// BatchSize, with the relayer's ordering and rails), dispatches each
+// instruction in turn through the relayer's rails, and records the
+// outcomes, all through db, which may be a test's open transaction. It is
+// what a running relayer does continuously, for tests (package outboxtest)
+// and tools; it does not need Start and does not count in Stats.
+func (r *Relayer) RelayOnce(ctx context.Context, db Querier) ([]Recorded, error) {
+	closed, halfOpen := r.cfg.Rails.Claimable()
+	types := append(closed, halfOpen...)
+	if len(types) == 0 {
+		return nil, nil
+	}
+	ru := &run{Relayer: r, dispatchCtx: ctx}
+	claimStart := time.Now()
+	claimed, err := r.store.Claim(ctx, db, store.ClaimParams{RelayerID: r.cfg.RelayerID, Limit: r.cfg.BatchSize,
+		Ordered: !r.cfg.Unordered, Leases: ru.leases(types)})
+	if err != nil {
+		return nil, fmt.Errorf("engine: relay once: %w", err)
+	}
+	outcomes := make([]store.Outcome, 0, len(claimed))
+	for _, c := range claimed {
+		var d rails.Decision
+		var latency time.Duration
+		ins, perr := railInstruction(c)
+		if perr != nil {
+			d = payloadFailure(perr)
+		} else {
+			start := time.Now()
+			d = ru.execute(c, ins, ru.callDeadline(claimStart, c))
+			latency = time.Since(start)
+		}
+		outcomes = append(outcomes, r.outcome(c, d, latency))
+	}
+	recorded, err := r.store.Record(ctx, db, outcomes)
+	if err != nil {
+		return nil, fmt.Errorf("engine: relay once: %w", err)
+	}
+	late := make(map[string]bool)
+	for _, rec := range recorded {
+		if rec.Late {
+			late[rec.ClaimAttemptID.String()] = true
+		}
+	}
+	now := time.Now()
+	out := make([]Recorded, len(outcomes))
+	for i, o := range outcomes {
+		out[i] = Recorded{Outcome: o, EnqueuedAt: claimed[i].EnqueuedAt, RecordedAt: now, Late: late[o.ClaimAttemptID.String()]}
+	}
+	return out, nil
+}

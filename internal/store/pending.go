@@ -1,0 +1,61 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
+)
+
+// PendingRow is a pending instruction as stored.
+type PendingRow struct {
+	OutboxID       uuid.UUID
+	InstructionID  string
+	ParticipantID  string
+	SequenceID     int64
+	IdempotencyKey string
+	RailType       string
+	TenantID       string
+	CorrelationID  string
+	Payload        []byte
+	AttemptCount   int
+	NextAttemptAt  time.Time
+	CreatedAt      time.Time
+}
+
+// PendingFilter selects pending instructions; empty fields match all.
+type PendingFilter struct {
+	InstructionID string
+	ParticipantID string
+	RailType      string
+	Limit         int // 0: 1000
+}
+
+// ListPending returns the pending instructions that match f, by
+// participant and sequence.
+func (s *Store) ListPending(ctx context.Context, db Querier, f PendingFilter) ([]PendingRow, error) {
+	if f.Limit <= 0 {
+		f.Limit = 1000
+	}
+	rows, err := db.Query(ctx, s.sql.listPending, f.InstructionID, f.ParticipantID, f.RailType, f.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("list pending: %w", err)
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (PendingRow, error) {
+		var p PendingRow
+		var tenant, corr *string
+		err := row.Scan(&p.OutboxID, &p.InstructionID, &p.ParticipantID, &p.SequenceID, &p.IdempotencyKey, &p.RailType,
+			&tenant, &corr, &p.Payload, &p.AttemptCount, &p.NextAttemptAt, &p.CreatedAt)
+		p.TenantID, p.CorrelationID = deref(tenant), deref(corr)
+		return p, err
+	})
+}
+
+const listPendingSQL = `
+SELECT ` + identityColumns + `, payload, attempt_count, next_attempt_at, created_at
+FROM {schema}.pending
+WHERE ($1 = '' OR instruction_id = $1) AND ($2 = '' OR participant_id = $2) AND ($3 = '' OR rail_type = $3)
+ORDER BY participant_id, sequence_id
+LIMIT $4`

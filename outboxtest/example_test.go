@@ -1,0 +1,55 @@
+package outboxtest_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/outboxtest"
+	"github.com/ledgerline/outbox/payment"
+	"github.com/ledgerline/outbox/pending"
+	"github.com/ledgerline/outbox/rails"
+)
+
+// A service's test asserts that its code enqueued the payout, inside the
+// test's transaction, and sees what the rail would be sent.
+func Example() {
+	ctx := context.Background()
+	var t testing.TB = exampleT{} // in a real test: the *testing.T
+	pool := testdb.ForExample()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		panic(err)
+	}
+	defer tx.Rollback(ctx) // the test leaves nothing behind
+
+	// The code under test.
+	if _, err := pending.Enqueue(ctx, tx, pending.Instruction{
+		InstructionID: "payout-7", ParticipantID: "merchant-42", IdempotencyKey: "payout-7",
+		RailType: "sandbox", AmountMinor: 1250, Currency: "USD", Destination: "acct-42",
+	}); err != nil {
+		panic(err)
+	}
+
+	got := outboxtest.RequireEnqueued(ctx, t, tx, outboxtest.Want{InstructionID: "payout-7", AmountMinor: 1250, Currency: "USD"})
+	fmt.Println("enqueued:", got.ParticipantID, got.SequenceID, got.Payment.Destination)
+
+	recorded := outboxtest.RelayOnce(ctx, t, tx, outboxtest.Relay{
+		Transport: outboxtest.TransportFunc(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
+			fmt.Println("rail called with key", ins.IdempotencyKey)
+			return rails.Result{Code: "OK", Reference: "psp-1"}, nil
+		}),
+	})
+	fmt.Println("outcome:", recorded[0].Result(), recorded[0].RailReference)
+	// Output:
+	// enqueued: merchant-42 1 acct-42
+	// rail called with key payout-7
+	// outcome: dispatched psp-1
+}
+
+// exampleT stands in for the test's *testing.T in this runnable example.
+type exampleT struct{ testing.TB }
+
+func (exampleT) Helper()                      {}
+func (exampleT) Fatalf(f string, args ...any) { panic(fmt.Sprintf(f, args...)) }

@@ -1,0 +1,208 @@
+// Package outboxtest helps a service's own tests, the way River's
+// rivertest does: assert, inside the test's transaction, that the code
+// under test enqueued an instruction with the expected fields, and run one
+// relay pass against a fake transport to see what the rail would be sent.
+//
+// Every helper takes the database handle the test already has (a pgx.Tx
+// that is rolled back at the end, a *pgx.Conn or a *pgxpool.Pool), so
+// assertions see the test's own uncommitted writes.
+package outboxtest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+
+	"github.com/ledgerline/outbox/engine"
+	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/payment"
+	"github.com/ledgerline/outbox/rails"
+)
+
+// DB is a database handle: pgx.Tx, *pgx.Conn and *pgxpool.Pool satisfy it.
+type DB = store.Querier
+
+// Want describes an expected instruction. Empty and zero fields are not
+// checked; InstructionID or IdempotencyKey narrow the search.
+type Want struct {
+	// Schema holding the outbox tables; "" means the default.
+	Schema         string
+	InstructionID  string
+	ParticipantID  string
+	IdempotencyKey string
+	RailType       string
+	TenantID       string
+	CorrelationID  string
+	AmountMinor    int64
+	Currency       string
+	Destination    string
+}
+
+// Enqueued is a pending instruction as the outbox holds it.
+type Enqueued struct {
+	OutboxID       uuid.UUID
+	SequenceID     int64
+	InstructionID  string
+	ParticipantID  string
+	IdempotencyKey string
+	RailType       string
+	TenantID       string
+	CorrelationID  string
+	// Payment is nil for event instructions.
+	Payment  *payment.Payment
+	Metadata json.RawMessage
+}
+
+// RequireEnqueued fails the test unless exactly one pending instruction in
+// db matches want, and returns it.
+func RequireEnqueued(ctx context.Context, tb testing.TB, db DB, want Want) Enqueued {
+	tb.Helper()
+	got := find(ctx, tb, db, want)
+	if len(got) != 1 {
+		tb.Fatalf("outboxtest: want one pending instruction matching %s, found %d", describe(want), len(got))
+	}
+	return got[0]
+}
+
+// RequireNotEnqueued fails the test if a pending instruction in db matches
+// want.
+func RequireNotEnqueued(ctx context.Context, tb testing.TB, db DB, want Want) {
+	tb.Helper()
+	if got := find(ctx, tb, db, want); len(got) > 0 {
+		tb.Fatalf("outboxtest: want no pending instruction matching %s, found %d (first: %+v)", describe(want), len(got), got[0])
+	}
+}
+
+// find lists the pending instructions matching want.
+func find(ctx context.Context, tb testing.TB, db DB, want Want) []Enqueued {
+	tb.Helper()
+	st, err := store.New(want.Schema)
+	if err != nil {
+		tb.Fatalf("outboxtest: %v", err)
+	}
+	rows, err := st.ListPending(ctx, db, store.PendingFilter{InstructionID: want.InstructionID,
+		ParticipantID: want.ParticipantID, RailType: want.RailType, Limit: 10_000})
+	if err != nil {
+		tb.Fatalf("outboxtest: %v", err)
+	}
+	var out []Enqueued
+	for _, r := range rows {
+		var p payment.Payload
+		if err := json.Unmarshal(r.Payload, &p); err != nil {
+			tb.Fatalf("outboxtest: outbox %s: stored payload: %v", r.OutboxID, err)
+		}
+		e := Enqueued{OutboxID: r.OutboxID, SequenceID: r.SequenceID, InstructionID: r.InstructionID,
+			ParticipantID: r.ParticipantID, IdempotencyKey: r.IdempotencyKey, RailType: r.RailType,
+			TenantID: r.TenantID, CorrelationID: r.CorrelationID, Payment: p.Payment(false), Metadata: p.Metadata}
+		if matches(e, want) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func matches(e Enqueued, w Want) bool {
+	text := func(got, want string) bool { return want == "" || got == want }
+	if !text(e.IdempotencyKey, w.IdempotencyKey) || !text(e.TenantID, w.TenantID) || !text(e.CorrelationID, w.CorrelationID) {
+		return false
+	}
+	if w.AmountMinor == 0 && w.Currency == "" && w.Destination == "" {
+		return true
+	}
+	if e.Payment == nil {
+		return false
+	}
+	return (w.AmountMinor == 0 || e.Payment.AmountMinor == w.AmountMinor) &&
+		text(e.Payment.Currency, w.Currency) && text(e.Payment.Destination, w.Destination)
+}
+
+func describe(w Want) string {
+	var parts []string
+	add := func(name, v string) {
+		if v != "" {
+			parts = append(parts, fmt.Sprintf("%s=%q", name, v))
+		}
+	}
+	add("instruction_id", w.InstructionID)
+	add("participant_id", w.ParticipantID)
+	add("idempotency_key", w.IdempotencyKey)
+	add("rail", w.RailType)
+	add("tenant_id", w.TenantID)
+	add("correlation_id", w.CorrelationID)
+	if w.AmountMinor != 0 {
+		parts = append(parts, fmt.Sprintf("amount_minor=%d", w.AmountMinor))
+	}
+	add("currency", w.Currency)
+	add("destination", w.Destination)
+	if len(parts) == 0 {
+		return "anything"
+	}
+	return "{" + strings.Join(parts, " ") + "}"
+}
+
+// Relay configures [RelayOnce].
+type Relay struct {
+	// Schema holding the outbox tables; "" means the default.
+	Schema string
+	// Transport receives every instruction of the pass (a fake of the
+	// program's rail: a func, a rails.Sandbox, ...).
+	Transport rails.Transport
+	// Codes classifies the transport's answers; nil means the transport's
+	// own table (rails.CodeProvider) or, failing that, "OK" as dispatched.
+	Codes rails.CodeTable
+	// Catalog gives the rail types to claim and how each validates; nil
+	// means payment.DefaultCatalog (sandbox and event).
+	Catalog payment.Catalog
+}
+
+// TransportFunc adapts a function to rails.Transport.
+type TransportFunc func(ctx context.Context, ins payment.Instruction) (rails.Result, error)
+
+// Send implements rails.Transport.
+func (f TransportFunc) Send(ctx context.Context, ins payment.Instruction) (rails.Result, error) {
+	return f(ctx, ins)
+}
+
+// RelayOnce makes one relay pass in db, as a relayer would (ordering on):
+// it claims what is due, sends each instruction to r.Transport and records
+// the outcomes, all inside db (the test's transaction). It returns the
+// recorded outcomes, in claim order. A second call sees what the first
+// left: with ordering on, one pass dispatches at most one instruction per
+// participant.
+func RelayOnce(ctx context.Context, tb testing.TB, db DB, r Relay) []engine.Recorded {
+	tb.Helper()
+	catalog := r.Catalog
+	if catalog == nil {
+		catalog = payment.DefaultCatalog()
+	}
+	codes := r.Codes
+	if cp, ok := r.Transport.(rails.CodeProvider); ok && codes == nil {
+		codes = cp.Codes()
+	}
+	if codes == nil {
+		codes = rails.CodeTable{"OK": {Outcome: rails.Dispatched}}
+	}
+	var opts []rails.Options
+	for railType, profile := range catalog {
+		opts = append(opts, rails.Options{Type: railType, Profile: profile, Transport: r.Transport, Codes: codes,
+			Timeout: 30 * time.Second, Breaker: rails.BreakerOptions{Disabled: true}})
+	}
+	set, err := rails.NewSet(opts...)
+	if err != nil {
+		tb.Fatalf("outboxtest: %v", err)
+	}
+	relayer, err := engine.New(nil, engine.Config{Schema: r.Schema, Rails: set, RelayerID: "outboxtest"})
+	if err != nil {
+		tb.Fatalf("outboxtest: %v", err)
+	}
+	recorded, err := relayer.RelayOnce(ctx, db)
+	if err != nil {
+		tb.Fatalf("outboxtest: %v", err)
+	}
+	return recorded
+}

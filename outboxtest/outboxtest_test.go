@@ -1,0 +1,132 @@
+package outboxtest_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/outboxtest"
+	"github.com/ledgerline/outbox/payment"
+	"github.com/ledgerline/outbox/pending"
+	"github.com/ledgerline/outbox/rails"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// recordingT is a testing.TB that records failures instead of stopping,
+// so the helpers' own failures can be tested.
+type recordingT struct {
+	testing.TB
+	failed []string
+}
+
+func (r *recordingT) Helper() {}
+func (r *recordingT) Fatalf(format string, args ...any) {
+	r.failed = append(r.failed, fmt.Sprintf(format, args...))
+	panic(r)
+}
+
+// fails reports the failure message f raised through t, or "".
+func fails(f func(t testing.TB)) (msg string) {
+	rt := &recordingT{}
+	defer func() {
+		if p := recover(); p != nil {
+			if p != rt {
+				panic(p)
+			}
+			msg = rt.failed[0]
+		}
+	}()
+	f(rt)
+	return ""
+}
+
+func payout(key, participant string, amount int64) pending.Instruction {
+	return pending.Instruction{InstructionID: "payout-" + key, ParticipantID: participant, IdempotencyKey: key,
+		RailType: "sandbox", AmountMinor: amount, Currency: "USD", Destination: "acct-" + key}
+}
+
+func TestRequireEnqueuedInsideTheTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := testdb.New(t)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := pending.Enqueue(ctx, tx, payout("k1", "m1", 1250)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pending.Enqueue(ctx, tx, payout("k2", "m1", 99)); err != nil {
+		t.Fatal(err)
+	}
+
+	got := outboxtest.RequireEnqueued(ctx, t, tx, outboxtest.Want{IdempotencyKey: "k1", AmountMinor: 1250, Currency: "USD"})
+	if got.SequenceID != 1 || got.Payment == nil || got.Payment.Destination != "acct-k1" {
+		t.Fatalf("got %+v", got)
+	}
+	outboxtest.RequireNotEnqueued(ctx, t, tx, outboxtest.Want{IdempotencyKey: "k3"})
+	// Uncommitted: invisible outside the transaction.
+	outboxtest.RequireNotEnqueued(ctx, t, pool, outboxtest.Want{IdempotencyKey: "k1"})
+
+	for _, tt := range []struct {
+		name string
+		f    func(t testing.TB)
+		want string
+	}{
+		{"wrong amount", func(tb testing.TB) {
+			outboxtest.RequireEnqueued(ctx, tb, tx, outboxtest.Want{IdempotencyKey: "k1", AmountMinor: 1251})
+		}, "found 0"},
+		{"two match", func(tb testing.TB) { outboxtest.RequireEnqueued(ctx, tb, tx, outboxtest.Want{ParticipantID: "m1"}) }, "found 2"},
+		{"present", func(tb testing.TB) {
+			outboxtest.RequireNotEnqueued(ctx, tb, tx, outboxtest.Want{IdempotencyKey: "k2"})
+		}, "found 1"},
+	} {
+		if msg := fails(tt.f); !strings.Contains(msg, tt.want) {
+			t.Errorf("%s: failure %q, want one containing %q", tt.name, msg, tt.want)
+		}
+	}
+}
+
+func TestRelayOnceKeepsOrderAndRecords(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := testdb.New(t)
+	var sent []string
+	transport := outboxtest.TransportFunc(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
+		sent = append(sent, ins.IdempotencyKey)
+		if ins.Payment.AmountMinor == 99 {
+			return rails.Result{Code: "DECLINED"}, nil
+		}
+		return rails.Result{Code: "OK", Reference: "ref-" + ins.IdempotencyKey}, nil
+	})
+	codes := rails.CodeTable{"OK": {Outcome: rails.Dispatched}, "DECLINED": {Outcome: rails.Failed, Error: rails.CodeRailRejected}}
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		for _, in := range []pending.Instruction{payout("a1", "m1", 10), payout("a2", "m1", 99), payout("b1", "m2", 30)} {
+			if _, err := pending.Enqueue(ctx, tx, in); err != nil {
+				return err
+			}
+		}
+		first := outboxtest.RelayOnce(ctx, t, tx, outboxtest.Relay{Transport: transport, Codes: codes})
+		if len(first) != 2 || first[0].Result() != "dispatched" || first[1].Result() != "dispatched" {
+			t.Fatalf("first pass %+v: want m1's first and m2's first dispatched", first)
+		}
+		second := outboxtest.RelayOnce(ctx, t, tx, outboxtest.Relay{Transport: transport, Codes: codes})
+		if len(second) != 1 || second[0].IdempotencyKey != "a2" || second[0].Result() != "dead" {
+			t.Fatalf("second pass %+v: want a2 dead-lettered", second)
+		}
+		outboxtest.RequireNotEnqueued(ctx, t, tx, outboxtest.Want{})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(sent, ",") != "a1,b1,a2" && strings.Join(sent, ",") != "b1,a1,a2" {
+		t.Fatalf("sent %v: want a2 after a1 (ordering)", sent)
+	}
+}
