@@ -9,7 +9,7 @@ import (
 	"github.com/ledgerline/outbox/pending"
 )
 
-// Verify checks the invariants of DESIGN.md by query, in one snapshot.
+// Verify checks the invariants (docs/architecture.md) by query, in one snapshot.
 func ExampleArchive_Verify() {
 	ctx := context.Background()
 	pool := testdb.ForExample()

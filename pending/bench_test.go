@@ -39,7 +39,7 @@ func BenchmarkEnqueueBatch1000(b *testing.B) {
 
 // BenchmarkEnqueueParallel16 measures single-instruction enqueue throughput
 // (one transaction each) with 16 concurrent producers, under the three
-// NOTIFY regimes of DESIGN.md: trigger off, trigger on with no idle relayer,
+// NOTIFY regimes (docs/architecture.md): trigger off, trigger on with no idle relayer,
 // trigger on with an idle relayer registered (every commit notifies). Run
 // with OUTBOX_TEST_FSYNC=on (make bench): the NOTIFY cost is a commit cost.
 func BenchmarkEnqueueParallel16(b *testing.B) {
