@@ -30,10 +30,8 @@ func countsAgainstBudget(code rails.ErrorCode) bool {
 func (r *Relayer) outcome(c store.Claimed, d rails.Decision, latency time.Duration) store.Outcome {
 	id, _ := uuid.NewV7()
 	o := store.Outcome{
-		AttemptID: id, ClaimAttemptID: c.AttemptID, OutboxID: c.OutboxID, AttemptNo: c.AttemptNo,
-		InstructionID: c.InstructionID, ParticipantID: c.ParticipantID, SequenceID: c.SequenceID,
-		IdempotencyKey: c.IdempotencyKey, RailType: c.RailType, TenantID: c.TenantID,
-		CorrelationID: c.CorrelationID, RelayerID: r.cfg.RelayerID, ClaimedAt: c.ClaimedAt,
+		Identity: c.Identity, AttemptID: id, ClaimAttemptID: c.AttemptID, AttemptNo: c.AttemptNo,
+		RelayerID: r.cfg.RelayerID, ClaimedAt: c.ClaimedAt,
 		RailReference: rails.CleanText(d.Reference, maxRailTextLength), RailCode: rails.CleanText(d.RailCode, maxRailTextLength),
 		ErrorCode:    string(d.ErrorCode),
 		ErrorMessage: sanitize(d.Message, r.cfg.MaxErrorLength), LatencyMS: int(latency.Milliseconds()),

@@ -33,7 +33,7 @@ func Example() {
 	}
 
 	got := outboxtest.RequireEnqueued(ctx, t, tx, outboxtest.Want{InstructionID: "payout-7", AmountMinor: 1250, Currency: "USD"})
-	fmt.Println("enqueued:", got.ParticipantID, got.SequenceID, got.Payment.Destination)
+	fmt.Println("enqueued:", got.ParticipantID, got.SequenceID, got.Destination)
 
 	recorded := outboxtest.RelayOnce(ctx, t, tx, outboxtest.Relay{
 		Transport: outboxtest.TransportFunc(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {

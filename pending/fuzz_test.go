@@ -1,13 +1,12 @@
 package pending_test
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"reflect"
 	"testing"
 
+	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
 )
@@ -55,27 +54,9 @@ func checkRoundTrip(t *testing.T, in pending.Instruction, stored []byte) {
 	if got.AmountMinor != in.AmountMinor || got.Currency != in.Currency || got.Destination != in.Destination {
 		t.Fatalf("stored %q, want amount %d currency %q destination %q", stored, in.AmountMinor, in.Currency, in.Destination)
 	}
-	if !sameJSON(t, got.Metadata, in.Metadata) {
+	if !testdb.SameJSON(t, got.Metadata, in.Metadata) {
 		t.Fatalf("stored metadata %s differs from the input %s", got.Metadata, in.Metadata)
 	}
-}
-
-// sameJSON compares two JSON documents as values (numbers by their text).
-func sameJSON(t *testing.T, a, b []byte) bool {
-	t.Helper()
-	if len(bytes.TrimSpace(a)) == 0 || len(bytes.TrimSpace(b)) == 0 {
-		return len(bytes.TrimSpace(a)) == len(bytes.TrimSpace(b))
-	}
-	decode := func(raw []byte) any {
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.UseNumber()
-		var v any
-		if err := dec.Decode(&v); err != nil {
-			t.Fatalf("%q: %v", raw, err)
-		}
-		return v
-	}
-	return reflect.DeepEqual(decode(a), decode(b))
 }
 
 // TestStoredPayloadRoundTrips: what the database stores for accepted

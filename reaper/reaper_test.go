@@ -479,9 +479,8 @@ func record(t *testing.T, b *testBundle, c store.Claimed, relayer string, state 
 		t.Fatal(err)
 	}
 	rec, err := b.st.Record(b.ctx, b.pool, []store.Outcome{{
-		AttemptID: id, ClaimAttemptID: c.AttemptID, OutboxID: c.OutboxID, AttemptNo: c.AttemptNo,
-		InstructionID: c.InstructionID, ParticipantID: c.ParticipantID, SequenceID: c.SequenceID,
-		IdempotencyKey: c.IdempotencyKey, RailType: c.RailType, RelayerID: relayer, ClaimedAt: c.ClaimedAt,
+		Identity: c.Identity, AttemptID: id, ClaimAttemptID: c.AttemptID, AttemptNo: c.AttemptNo,
+		RelayerID: relayer, ClaimedAt: c.ClaimedAt,
 		State: state, ErrorCode: "TEST", CountAttempt: true,
 	}})
 	if err != nil {

@@ -1,13 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
-	"reflect"
 	"testing"
 
 	"github.com/ledgerline/outbox/internal/strictjson"
+	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
 )
@@ -62,27 +61,8 @@ func FuzzEnqueueLine(f *testing.F) {
 		if got.Currency != line.Currency || got.Destination != line.Destination || (amount != "" && got.AmountMinor != in.AmountMinor) {
 			t.Fatalf("line %q stored as %q", raw, stored)
 		}
-		if !sameJSON(t, got.Metadata, line.Metadata) {
+		if !testdb.SameJSON(t, got.Metadata, line.Metadata) {
 			t.Fatalf("line metadata %s stored as %s", line.Metadata, got.Metadata)
 		}
 	})
-}
-
-// sameJSON compares two JSON documents as values (numbers by their text);
-// absent and null metadata are the same.
-func sameJSON(t *testing.T, a, b []byte) bool {
-	t.Helper()
-	decode := func(raw []byte) any {
-		if len(bytes.TrimSpace(raw)) == 0 {
-			return nil
-		}
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.UseNumber()
-		var v any
-		if err := dec.Decode(&v); err != nil {
-			t.Fatalf("%q: %v", raw, err)
-		}
-		return v
-	}
-	return reflect.DeepEqual(decode(a), decode(b))
 }

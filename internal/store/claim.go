@@ -28,20 +28,13 @@ type ClaimParams struct {
 
 // Claimed is an instruction a relayer now owns until its lease ends.
 type Claimed struct {
-	OutboxID       uuid.UUID
-	AttemptID      uuid.UUID // the DISPATCHING attempt
-	AttemptNo      int
-	InstructionID  string
-	ParticipantID  string
-	SequenceID     int64
-	IdempotencyKey string
-	RailType       string
-	TenantID       string
-	CorrelationID  string
-	Payload        []byte // the JSON the producer stored
-	ClaimedAt      time.Time
-	LeaseUntil     time.Time
-	EnqueuedAt     time.Time // first enqueue, kept across retries
+	Identity
+	AttemptID  uuid.UUID // the DISPATCHING attempt
+	AttemptNo  int
+	Payload    []byte // the JSON the producer stored
+	ClaimedAt  time.Time
+	LeaseUntil time.Time
+	EnqueuedAt time.Time // first enqueue, kept across retries
 }
 
 // ErrOrderingConflict is returned when the database refused a second

@@ -1,6 +1,23 @@
 package store
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/gofrs/uuid/v5"
+)
+
+// Identity is what identityColumns hold: who an instruction is and what it
+// asks of its rail. Claims, outcomes and pending rows carry it.
+type Identity struct {
+	OutboxID       uuid.UUID
+	InstructionID  string
+	ParticipantID  string
+	SequenceID     int64
+	IdempotencyKey string
+	RailType       string
+	TenantID       string // "" for none
+	CorrelationID  string // "" for none
+}
 
 // The column lists of the tables, written once. Every INSERT names its
 // target columns with one of these lists and supplies its values in the

@@ -5,24 +5,16 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/gofrs/uuid/v5"
 	"github.com/jackc/pgx/v5"
 )
 
 // PendingRow is a pending instruction as stored.
 type PendingRow struct {
-	OutboxID       uuid.UUID
-	InstructionID  string
-	ParticipantID  string
-	SequenceID     int64
-	IdempotencyKey string
-	RailType       string
-	TenantID       string
-	CorrelationID  string
-	Payload        []byte
-	AttemptCount   int
-	NextAttemptAt  time.Time
-	CreatedAt      time.Time
+	Identity
+	Payload       []byte
+	AttemptCount  int
+	NextAttemptAt time.Time
+	CreatedAt     time.Time
 }
 
 // PendingFilter selects pending instructions; empty fields match all.

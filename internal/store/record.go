@@ -26,17 +26,10 @@ const (
 // identity fields repeat what the claim returned, so an outcome can be
 // archived even when the in-flight row is no longer this relayer's.
 type Outcome struct {
+	Identity
 	AttemptID      uuid.UUID // the new outcome row's id
 	ClaimAttemptID uuid.UUID // the DISPATCHING attempt this outcome closes
-	OutboxID       uuid.UUID
 	AttemptNo      int
-	InstructionID  string
-	ParticipantID  string
-	SequenceID     int64
-	IdempotencyKey string
-	RailType       string
-	TenantID       string
-	CorrelationID  string
 	RelayerID      string
 	ClaimedAt      time.Time
 

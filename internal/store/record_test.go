@@ -115,9 +115,7 @@ func recordOutcome(t *testing.T, c store.Claimed, relayer string, state store.St
 		t.Fatal(err)
 	}
 	o := store.Outcome{
-		AttemptID: id, ClaimAttemptID: c.AttemptID, OutboxID: c.OutboxID, AttemptNo: c.AttemptNo,
-		InstructionID: c.InstructionID, ParticipantID: c.ParticipantID, SequenceID: c.SequenceID,
-		IdempotencyKey: c.IdempotencyKey, RailType: c.RailType, TenantID: c.TenantID, CorrelationID: c.CorrelationID,
+		Identity: c.Identity, AttemptID: id, ClaimAttemptID: c.AttemptID, AttemptNo: c.AttemptNo,
 		RelayerID: relayer, ClaimedAt: c.ClaimedAt, State: state, LatencyMS: 12, CountAttempt: true,
 	}
 	switch state {
