@@ -57,7 +57,7 @@ type VerifyOptions = store.VerifyOptions
 
 // DB is what the reads and operator actions run on; *pgxpool.Pool,
 // *pgx.Conn and pgx.Tx satisfy it.
-type DB = store.Querier
+type DB = store.Batcher
 
 // TxBeginner starts transactions; *pgxpool.Pool and *pgx.Conn satisfy it.
 type TxBeginner = store.TxBeginner

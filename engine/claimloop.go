@@ -84,9 +84,15 @@ func (r *run) shouldRegisterIdle() bool {
 	return r.listening.Load() && r.inFlight.Load() == 0
 }
 
-// waitForWork blocks until a notification (debounced), a local wake, the
-// poll timer (or the idle refresh while registered), or stop. It reports
-// false on stop.
+// waitForWork blocks until a notification, slots freed by recorded
+// outcomes, the poll timer (or the idle refresh while registered), or
+// stop. It reports false on stop.
+//
+// Notifications are debounced on the leading edge: the first one claims at
+// once; those arriving within Debounce of the last notified claim collapse
+// into one claim at the end of that window, so a NOTIFY storm costs at most
+// one claim per window. Freed slots claim at once: they come at the pace of
+// this relayer's own outcome batches.
 func (r *run) waitForWork(ctx context.Context, registered bool) bool {
 	wait := r.pollDelay()
 	if registered && r.cfg.IdleRefresh < wait {
@@ -97,9 +103,14 @@ func (r *run) waitForWork(ctx context.Context, registered bool) bool {
 	select {
 	case <-ctx.Done():
 		return false
+	case <-r.freed:
+		return true
 	case <-r.wake:
-		// Coalesce a burst into one claim.
-		return r.sleep(ctx, r.cfg.Debounce)
+		if rest := r.cfg.Debounce - time.Since(r.lastNotified); rest > 0 && !r.sleep(ctx, rest) {
+			return false
+		}
+		r.lastNotified = time.Now()
+		return true
 	case <-t.C:
 		r.stats.polls.Add(1)
 		return true
@@ -124,9 +135,11 @@ func (r *run) sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// claimOnce takes as many free dispatch slots as it can (waiting for at
-// least one), claims up to that many instructions and starts their
-// dispatches. full reports that every slot asked for was filled.
+// claimOnce takes as many free slots as it can (waiting for at least one),
+// claims up to that many instructions and starts their dispatches. A slot
+// is held from the claim until the outcome is recorded (see recorder), so
+// slots come back in outcome batches and claims stay large. full reports
+// that every slot asked for was filled.
 func (r *run) claimOnce(ctx context.Context) (n int, full bool, err error) {
 	if err := r.slots.Acquire(ctx, 1); err != nil {
 		return 0, false, err
@@ -151,13 +164,7 @@ func (r *run) claimOnce(ctx context.Context) (n int, full bool, err error) {
 		return 0, false, err
 	}
 	r.stats.claimBatches.Add(1)
-	r.stats.claimed.Add(int64(len(claimed)))
-	r.log.Info("claimed", "count", len(claimed), "asked", want)
-	r.inFlight.Add(int64(len(claimed)))
-	r.dispatches.Add(len(claimed))
-	for _, c := range claimed {
-		go r.dispatch(c, r.callDeadline(claimStart, c))
-	}
+	r.startDispatches(claimed, claimStart)
 	return len(claimed), len(claimed) == want, nil
 }
 
@@ -165,7 +172,7 @@ func (r *run) claimOnce(ctx context.Context) (n int, full bool, err error) {
 // calls; a half-open rail gets a claim of one, its probe.
 func (r *run) claim(ctx context.Context, limit int) ([]store.Claimed, error) {
 	closed, halfOpen := r.cfg.Rails.Claimable()
-	p := store.ClaimParams{RelayerID: r.cfg.RelayerID, Limit: limit, Ordered: !r.cfg.Unordered}
+	p := store.ClaimParams{RelayerID: r.cfg.RelayerID, Limit: limit}
 	var out []store.Claimed
 	if len(halfOpen) > 0 {
 		p.Leases = r.leases(halfOpen)
@@ -205,6 +212,18 @@ func (r *run) leases(types []string) map[string]time.Duration {
 		m[t] = r.cfg.Rails.Timeout(t) + r.cfg.LeaseGrace
 	}
 	return m
+}
+
+// startDispatches starts the dispatches of claimed instructions (each holds
+// a slot already).
+func (r *run) startDispatches(claimed []store.Claimed, claimStart time.Time) {
+	r.stats.claimed.Add(int64(len(claimed)))
+	r.log.Debug("claimed", "count", len(claimed))
+	r.inFlight.Add(int64(len(claimed)))
+	r.dispatches.Add(len(claimed))
+	for _, c := range claimed {
+		go r.dispatch(c, r.callDeadline(claimStart, c))
+	}
 }
 
 // callDeadline is the latest moment, by this process's clock, at which a

@@ -28,7 +28,6 @@ const (
 	DefaultBackoffCap     = 5 * time.Minute
 	DefaultMaxAttempts    = 10
 	DefaultMaxErrorLength = 2000
-	DefaultFlushInterval  = 5 * time.Millisecond
 	DefaultFlushSize      = 100
 	DefaultIdleRefresh    = 3 * time.Second
 	DefaultReconnectDelay = time.Second
@@ -65,14 +64,11 @@ type Config struct {
 
 	// BatchSize is the most instructions one claim takes.
 	BatchSize int
-	// MaxConcurrency caps dispatches in progress across all rails (each
-	// rail's own cap applies on top).
+	// MaxConcurrency caps the instructions this relayer holds: claimed and
+	// not yet recorded (each rail's own cap limits concurrent calls on
+	// top). A slot goes back when the outcome is recorded, or carries the
+	// participant's next instruction (hand-off).
 	MaxConcurrency int
-	// Unordered turns per-participant ordering off for this relayer. With
-	// ordering on (the default) a participant never has two instructions in
-	// flight and sequence n+1 waits until n is dispatched or dead.
-	Unordered bool
-
 	// PollInterval is the fallback poll (jittered by ±20%); polling is the
 	// source of truth, NOTIFY only shortens the wait.
 	PollInterval time.Duration
@@ -100,10 +96,10 @@ type Config struct {
 	// MaxErrorLength truncates stored error text (after secrets are
 	// stripped).
 	MaxErrorLength int
-	// FlushInterval and FlushSize batch outcome recording: a batch is
-	// written when it is FlushSize long or FlushInterval old.
-	FlushInterval time.Duration
-	FlushSize     int
+	// FlushSize is the most outcomes one write records. Writes are a group
+	// commit: one starts as soon as an outcome arrives if none is in
+	// progress, and takes everything that arrived meanwhile.
+	FlushSize int
 	// StopTimeout is Run's grace period for in-flight dispatches on stop.
 	StopTimeout time.Duration
 
@@ -186,7 +182,6 @@ func (c *Config) setDefaults() error {
 	defDur(&c.LeaseGrace, DefaultLeaseGrace)
 	defDur(&c.BackoffBase, DefaultBackoffBase)
 	defDur(&c.BackoffCap, DefaultBackoffCap)
-	defDur(&c.FlushInterval, DefaultFlushInterval)
 	defDur(&c.StopTimeout, DefaultStopTimeout)
 	if c.IdleRefresh > idleFreshness/2 {
 		return fmt.Errorf("engine: IdleRefresh %v is too long: the trigger ignores registrations older than %v, so refresh at least every %v",

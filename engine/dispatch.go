@@ -11,11 +11,12 @@ import (
 	"github.com/ledgerline/outbox/rails"
 )
 
-// dispatch sends one claimed instruction and queues its outcome.
+// dispatch sends one claimed instruction and queues its outcome. The
+// instruction's slot goes back when the recorder has recorded the outcome;
+// here only when there is nothing to record.
 func (r *run) dispatch(c store.Claimed, callDeadline time.Time) {
 	defer r.dispatches.Done()
 	defer r.inFlight.Add(-1)
-	defer r.slots.Release(1)
 
 	var d rails.Decision
 	var latency time.Duration
@@ -32,6 +33,7 @@ func (r *run) dispatch(c store.Claimed, callDeadline time.Time) {
 		if r.dispatchCtx.Err() != nil && d.RailCalled && d.Outcome == rails.Retryable {
 			// Cut off at the hard deadline without an answer: no outcome is
 			// recorded, the lease stands and the reaper will requeue it.
+			r.slots.Release(1)
 			r.stats.leftInFlight.Add(1)
 			r.log.Warn("dispatch cut off at stop deadline; left in flight for the reaper",
 				"outbox_id", c.OutboxID, "instruction_id", c.InstructionID, "participant", c.ParticipantID,
@@ -48,6 +50,7 @@ func (r *run) dispatch(c store.Claimed, callDeadline time.Time) {
 	}
 	// Stop stopped recording before this dispatch returned (it ignored the
 	// hard deadline): the lease stands and the reaper requeues it.
+	r.slots.Release(1)
 	r.stats.leftInFlight.Add(1)
 	r.log.Warn("outcome arrived after recording stopped; left in flight for the reaper",
 		"outbox_id", c.OutboxID, "instruction_id", c.InstructionID, "participant", c.ParticipantID,

@@ -20,8 +20,8 @@ type pendingOutcome struct {
 	enqueuedAt time.Time
 }
 
-// recorder records the outcomes of one run in batches, on one goroutine:
-// a batch is written when it is FlushSize long or FlushInterval old.
+// recorder records the outcomes of one run in batches, on one goroutine,
+// as a group commit (see loop).
 // Recording never gives up while the relayer runs; Stop gives it
 // StopRecordTimeout to flush, then abandons what is left (in flight, for
 // the reaper).
@@ -83,41 +83,37 @@ func (rc *recorder) finish() {
 	rc.abandon()
 }
 
-// loop records outcomes in batches until finish closes quit; then it
-// records what is still queued and returns.
+// loop records outcomes as a group commit: a write starts as soon as an
+// outcome arrives if none is in progress, and whatever arrives during a
+// write goes into the next one (up to FlushSize). No timer stands on the
+// critical path. When finish closes quit it records what is queued and
+// returns.
 func (rc *recorder) loop() {
 	defer close(rc.done)
-	var batch []pendingOutcome
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
+	batch := make([]pendingOutcome, 0, rc.r.cfg.FlushSize)
 	for {
 		select {
 		case o := <-rc.outcomes:
-			if len(batch) == 0 {
-				timer.Reset(rc.r.cfg.FlushInterval)
-			}
-			batch = append(batch, o)
-			if len(batch) >= rc.r.cfg.FlushSize {
-				timer.Stop()
-				rc.flush(batch)
-				batch = nil
-			}
-		case <-timer.C:
-			rc.flush(batch)
-			batch = nil
+			rc.flush(rc.takeQueued(append(batch[:0], o), rc.r.cfg.FlushSize))
 		case <-rc.quit:
-			for drained := false; !drained; {
-				select {
-				case o := <-rc.outcomes:
-					batch = append(batch, o)
-				default:
-					drained = true
-				}
-			}
-			rc.flush(batch)
+			rc.flush(rc.takeQueued(batch[:0], -1))
 			return
 		}
 	}
+}
+
+// takeQueued appends the outcomes already queued to batch, up to limit in
+// all (no limit when negative), without waiting.
+func (rc *recorder) takeQueued(batch []pendingOutcome, limit int) []pendingOutcome {
+	for limit < 0 || len(batch) < limit {
+		select {
+		case o := <-rc.outcomes:
+			batch = append(batch, o)
+		default:
+			return batch
+		}
+	}
+	return batch
 }
 
 // flush records outcomes in chunks of at most FlushSize.
@@ -132,7 +128,9 @@ func (rc *recorder) flush(batch []pendingOutcome) {
 // flushChunk writes one batch in one transaction, retrying until it
 // succeeds: an outcome is never dropped while the relayer runs. Only when
 // Stop abandons recording does it give up; the unrecorded instructions then
-// stay in flight and the reaper requeues them after their leases.
+// stay in flight and the reaper requeues them after their leases. Either
+// way the batch's slots go back, less those that carry handed-off
+// instructions.
 //
 // A batch the database refuses for its content (a data or constraint
 // error: retrying the same statement cannot succeed) is split until the
@@ -145,12 +143,16 @@ func (rc *recorder) flushChunk(batch []pendingOutcome, scrubbed bool) {
 		return
 	}
 	outcomes := make([]store.Outcome, len(batch))
+	terminal := 0
 	for i, p := range batch {
 		outcomes[i] = p.Outcome
+		if p.State == store.Dispatched || p.State == store.Failed {
+			terminal++
+		}
 	}
 	for {
 		ctx, cancel := context.WithTimeout(rc.ctx, 30*time.Second)
-		recorded, err := r.store.Record(ctx, r.pool, outcomes)
+		recorded, handed, err := rc.record(ctx, outcomes, terminal)
 		cancel()
 		if recorded != nil {
 			rc.failures.Succeeded()
@@ -159,6 +161,7 @@ func (rc *recorder) flushChunk(batch []pendingOutcome, scrubbed bool) {
 			if err != nil {
 				r.log.Warn("outcomes recorded, but a late completion could not withdraw its requeued copy", "err", err)
 			}
+			r.slots.Release(int64(len(batch) - handed))
 			rc.afterFlush(batch, recorded)
 			return
 		}
@@ -167,6 +170,7 @@ func (rc *recorder) flushChunk(batch []pendingOutcome, scrubbed bool) {
 			return
 		}
 		if rc.ctx.Err() != nil {
+			r.slots.Release(int64(len(batch)))
 			r.stats.leftInFlight.Add(int64(len(batch)))
 			r.log.Error("gave up recording outcomes at stop; the reaper will requeue them", "count", len(batch), "err", err)
 			return
@@ -176,6 +180,32 @@ func (rc *recorder) flushChunk(batch []pendingOutcome, scrubbed bool) {
 		case <-rc.ctx.Done():
 		}
 	}
+}
+
+// record writes one batch of outcomes. Unless the relayer is stopping, the
+// slots of its terminal outcomes may carry their participants' next
+// instructions, which the same transaction claims (hand-off, rails with a
+// closed breaker only) and which record starts dispatching at once. It
+// returns how many were handed off.
+func (rc *recorder) record(ctx context.Context, outcomes []store.Outcome, terminal int) ([]store.Recorded, int, error) {
+	r := rc.r
+	// Stop closes stopping under the write lock: a hand-off either
+	// finishes (its dispatches counted) before Stop waits for dispatches,
+	// or does not happen.
+	r.handoffMu.RLock()
+	defer r.handoffMu.RUnlock()
+	h := store.HandoffParams{RelayerID: r.cfg.RelayerID}
+	if !r.isStopping() {
+		closed, _ := r.cfg.Rails.Claimable()
+		h.Limit, h.Leases = terminal, r.leases(closed)
+	}
+	claimStart := time.Now()
+	recorded, handed, err := r.store.Record(ctx, r.pool, outcomes, h)
+	if len(handed) > 0 {
+		r.stats.handoffs.Add(int64(len(handed)))
+		r.startDispatches(handed, claimStart)
+	}
+	return recorded, len(handed), err
 }
 
 // unrecordable handles a batch the database refused for its content.
@@ -196,6 +226,7 @@ func (rc *recorder) unrecordable(batch []pendingOutcome, scrubbed bool, code str
 		rc.flushChunk([]pendingOutcome{o}, true)
 		return
 	}
+	r.slots.Release(1)
 	r.stats.leftInFlight.Add(1)
 	r.log.Error("outcome cannot be recorded; left in flight for the reaper", "outbox_id", o.OutboxID,
 		"instruction_id", o.InstructionID, "attempt_no", o.AttemptNo, "state", o.State, "sqlstate", code, "err", err)
@@ -249,8 +280,11 @@ func (rc *recorder) afterFlush(batch []pendingOutcome, recorded []store.Recorded
 	if observed != nil {
 		r.cfg.OnRecorded(observed)
 	}
-	// Recorded outcomes free participants (ordering) and slots: claim again.
-	r.signal()
+	// Recorded outcomes free slots: claim again.
+	select {
+	case r.freed <- struct{}{}:
+	default:
+	}
 }
 
 func (r *run) logFailure(o store.Outcome, what string) {

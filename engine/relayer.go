@@ -28,6 +28,7 @@ type Stats struct {
 	Claims        int64 // claim statements run, including those that found nothing
 	ClaimBatches  int64 // claims that returned work
 	Claimed       int64
+	Handoffs      int64 // claimed by the outcome transaction of the participant's previous instruction
 	Dispatched    int64
 	Retried       int64 // RETRYABLE outcomes (back to pending)
 	Dead          int64 // FAILED outcomes (dead letters)
@@ -39,7 +40,7 @@ type Stats struct {
 }
 
 type counters struct {
-	claims, claimBatches, claimed, dispatched, retried, dead, released, late, leftInFlight, notifications, polls atomic.Int64
+	claims, claimBatches, claimed, handoffs, dispatched, retried, dead, released, late, leftInFlight, notifications, polls atomic.Int64
 }
 
 // count adds one recorded outcome to the counters.
@@ -117,7 +118,7 @@ func (r *Relayer) ID() string { return r.cfg.RelayerID }
 func (r *Relayer) Stats() Stats {
 	s := &r.stats
 	return Stats{
-		Claims: s.claims.Load(), ClaimBatches: s.claimBatches.Load(), Claimed: s.claimed.Load(), Dispatched: s.dispatched.Load(),
+		Claims: s.claims.Load(), ClaimBatches: s.claimBatches.Load(), Claimed: s.claimed.Load(), Handoffs: s.handoffs.Load(), Dispatched: s.dispatched.Load(),
 		Retried: s.retried.Load(), Dead: s.dead.Load(), Released: s.released.Load(), Late: s.late.Load(),
 		LeftInFlight: s.leftInFlight.Load(), Notifications: s.notifications.Load(), Polls: s.polls.Load(),
 	}
@@ -144,7 +145,7 @@ func (r *Relayer) Start(ctx context.Context) error {
 		ru := r.newRun()
 		ru.start(context.WithoutCancel(ctx))
 		r.current.Store(ru)
-		r.log.Info("relayer started", "ordered", !r.cfg.Unordered, "rails", r.cfg.Rails.Types(),
+		r.log.Info("relayer started", "rails", r.cfg.Rails.Types(),
 			"poll_only", r.cfg.PollOnly, "max_concurrency", r.cfg.MaxConcurrency, "batch_size", r.cfg.BatchSize)
 		return ru.stop, nil
 	})
@@ -205,10 +206,17 @@ func (r *Relayer) Run(ctx context.Context) error {
 type run struct {
 	*Relayer
 
+	// slots bound what is claimed and not yet recorded (MaxConcurrency).
 	slots    *semaphore.Weighted
-	inFlight atomic.Int64 // dispatches in progress
-	wake     chan struct{}
+	inFlight atomic.Int64  // dispatches in progress
+	wake     chan struct{} // notifications (and the listener's connects)
+	freed    chan struct{} // recorded outcomes gave slots back
 	rec      *recorder
+	// lastNotified is when the claim loop last claimed for a notification
+	// (its own).
+	lastNotified time.Time
+	// handoffMu orders hand-offs before Stop's wait for dispatches.
+	handoffMu sync.RWMutex
 
 	listening       atomic.Bool
 	listenRecovered func() // set by listen before it connects
@@ -227,6 +235,7 @@ func (r *Relayer) newRun() *run {
 		Relayer:    r,
 		slots:      semaphore.NewWeighted(int64(r.cfg.MaxConcurrency)),
 		wake:       make(chan struct{}, 1),
+		freed:      make(chan struct{}, 1),
 		stopping:   make(chan struct{}),
 		loopDone:   make(chan struct{}),
 		listenDone: make(chan struct{}),
@@ -252,7 +261,9 @@ func (r *run) start(ctx context.Context) {
 // stop is the run's part of Relayer.Stop.
 func (r *run) stop(ctx context.Context) error {
 	var result error
+	r.handoffMu.Lock()
 	close(r.stopping)
+	r.handoffMu.Unlock()
 	<-r.loopDone
 
 	done := make(chan struct{})

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerline/outbox/attempts"
+	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/migrations"
 	"github.com/ledgerline/outbox/payment"
@@ -79,6 +80,18 @@ func (b *testBundle) start(t *testing.T, cfg Config) *Relayer {
 		_ = r.Stop(ctx)
 	})
 	return r
+}
+
+// unordered switches per-participant ordering off for the bundle's database.
+func (b *testBundle) unordered(t *testing.T) {
+	t.Helper()
+	st, err := store.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SetOrdered(b.ctx, b.pool, false); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func instruction(participant string, i int) pending.Instruction {
@@ -214,9 +227,9 @@ func countStates(t *testing.T, b *testBundle, states ...string) int64 {
 func TestUnorderedDrain(t *testing.T) {
 	t.Parallel()
 	b := setup(t, rails.SandboxOptions{Seed: 7, RetryableRate: 0.05})
+	b.unordered(t)
 	b.enqueue(t, 2000, 3)
 	cfg := b.config("unordered")
-	cfg.Unordered = true
 	b.start(t, cfg)
 	b.waitDrained(t, 5*time.Minute)
 	rep := b.verify(t, false)
@@ -407,9 +420,9 @@ func TestRetriesBackOffThenDeadLetter(t *testing.T) {
 func TestGracefulStopUnderLoad(t *testing.T) {
 	t.Parallel()
 	b := setup(t, rails.SandboxOptions{Seed: 3, LatencyMin: time.Millisecond, LatencyMax: 5 * time.Millisecond, HangRate: 0.02})
+	b.unordered(t)
 	b.enqueue(t, 3000, 300)
 	cfg := b.config("stopper")
-	cfg.Unordered = true
 	r, err := New(b.pool, cfg)
 	if err != nil {
 		t.Fatal(err)

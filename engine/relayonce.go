@@ -9,8 +9,9 @@ import (
 	"github.com/ledgerline/outbox/rails"
 )
 
-// Querier runs statements; pgx.Tx, *pgx.Conn and *pgxpool.Pool satisfy it.
-type Querier = store.Querier
+// Batcher runs and pipelines statements; pgx.Tx, *pgx.Conn and
+// *pgxpool.Pool satisfy it.
+type Batcher = store.Batcher
 
 // RelayOnce makes one synchronous pass in db: it claims what is due (up to
 // BatchSize, with the relayer's ordering and rails), dispatches each
@@ -18,7 +19,7 @@ type Querier = store.Querier
 // outcomes, all through db, which may be a test's open transaction. It is
 // what a running relayer does continuously, for tests (package outboxtest)
 // and tools; it does not need Start and does not count in Stats.
-func (r *Relayer) RelayOnce(ctx context.Context, db Querier) ([]Recorded, error) {
+func (r *Relayer) RelayOnce(ctx context.Context, db Batcher) ([]Recorded, error) {
 	closed, halfOpen := r.cfg.Rails.Claimable()
 	types := append(closed, halfOpen...)
 	if len(types) == 0 {
@@ -27,7 +28,7 @@ func (r *Relayer) RelayOnce(ctx context.Context, db Querier) ([]Recorded, error)
 	ru := &run{Relayer: r, dispatchCtx: ctx}
 	claimStart := time.Now()
 	claimed, err := r.store.Claim(ctx, db, store.ClaimParams{RelayerID: r.cfg.RelayerID, Limit: r.cfg.BatchSize,
-		Ordered: !r.cfg.Unordered, Leases: ru.leases(types)})
+		Leases: ru.leases(types)})
 	if err != nil {
 		return nil, fmt.Errorf("engine: relay once: %w", err)
 	}
@@ -45,7 +46,9 @@ func (r *Relayer) RelayOnce(ctx context.Context, db Querier) ([]Recorded, error)
 		}
 		outcomes = append(outcomes, r.outcome(c, d, latency))
 	}
-	recorded, err := r.store.Record(ctx, db, outcomes)
+	// No hand-off: the pass dispatches what it claimed, and the next pass
+	// finds the successors the outcomes made due.
+	recorded, _, err := r.store.Record(ctx, db, outcomes, store.HandoffParams{RelayerID: r.cfg.RelayerID})
 	if err != nil {
 		return nil, fmt.Errorf("engine: relay once: %w", err)
 	}

@@ -276,3 +276,29 @@ func NotifyEnabled(ctx context.Context, db DB, schema string) (bool, error) {
 		orDefault(schema)+".pending").Scan(&enabled)
 	return enabled, err
 }
+
+// SetOrdered switches per-participant ordering on or off for a schema (see
+// docs/architecture.md): on, a participant's instructions are dispatched
+// one at a time in sequence order; off, any due instruction may be
+// dispatched, concurrently with others of its participant. It refuses
+// while instructions are in flight: stop the relayers first.
+func SetOrdered(ctx context.Context, db store.TxBeginner, schema string, on bool) error {
+	st, err := store.New(schema)
+	if err != nil {
+		return err
+	}
+	return st.SetOrdered(ctx, db, on)
+}
+
+// Ordered reports whether per-participant ordering is on for a schema.
+func Ordered(ctx context.Context, db DB, schema string) (bool, error) {
+	st, err := store.New(schema)
+	if err != nil {
+		return false, err
+	}
+	var on bool
+	if err := db.QueryRow(ctx, st.Qualify("SELECT ordered FROM {schema}.settings")).Scan(&on); err != nil {
+		return false, fmt.Errorf("ordering: %w", err)
+	}
+	return on, nil
+}

@@ -344,18 +344,20 @@ func TestNotifyTrigger(t *testing.T) {
 
 // TestNoSingleSequenceAllocator: nothing in the schema hands out a
 // sequence id without an instruction behind it (bump_sequence went in
-// migration 4; bump_sequences is only called by the enqueue statement,
-// for the instructions it inserts).
+// migration 4; allocate_sequences, which replaced bump_sequences in
+// migration 5, is only called by the enqueue statement, for the
+// instructions it inserts).
 func TestNoSingleSequenceAllocator(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	var single, batch bool
+	var single, old, batch bool
 	if err := b.pool.QueryRow(b.ctx, `SELECT to_regprocedure('outbox.bump_sequence(text)') IS NOT NULL,
-		to_regprocedure('outbox.bump_sequences(text[], int[])') IS NOT NULL`).Scan(&single, &batch); err != nil {
+		to_regprocedure('outbox.bump_sequences(text[], int[])') IS NOT NULL,
+		to_regprocedure('outbox.allocate_sequences(text[], int[])') IS NOT NULL`).Scan(&single, &old, &batch); err != nil {
 		t.Fatal(err)
 	}
-	if single || !batch {
-		t.Fatalf("bump_sequence present %v (want false), bump_sequences present %v (want true)", single, batch)
+	if single || old || !batch {
+		t.Fatalf("bump_sequence present %v (want false), bump_sequences %v (want false), allocate_sequences %v (want true)", single, old, batch)
 	}
 }
 

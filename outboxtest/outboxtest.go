@@ -26,7 +26,7 @@ import (
 )
 
 // DB is a database handle: pgx.Tx, *pgx.Conn and *pgxpool.Pool satisfy it.
-type DB = store.Querier
+type DB = store.Batcher
 
 // Want describes an expected instruction. Empty and zero fields are not
 // checked; InstructionID or IdempotencyKey narrow the search.

@@ -86,10 +86,10 @@ func (b *testBundle) enqueue(t *testing.T, participant, key string) pending.Rece
 }
 
 // claim claims up to limit sandbox instructions for relayer with lease.
-func (b *testBundle) claim(t *testing.T, relayer string, limit int, ordered bool, lease time.Duration) []store.Claimed {
+func (b *testBundle) claim(t *testing.T, relayer string, limit int, lease time.Duration) []store.Claimed {
 	t.Helper()
 	claimed, err := b.st.Claim(b.ctx, b.pool, store.ClaimParams{
-		RelayerID: relayer, Limit: limit, Ordered: ordered, Leases: map[string]time.Duration{"sandbox": lease},
+		RelayerID: relayer, Limit: limit, Leases: map[string]time.Duration{"sandbox": lease},
 	})
 	if err != nil {
 		t.Fatalf("claim for %s: %v", relayer, err)
@@ -221,13 +221,13 @@ func TestRunOnceRequeuesExpiredLeases(t *testing.T) {
 	b := setup(t)
 	b.enqueue(t, "d1", "k1")
 	b.enqueue(t, "d2", "k2")
-	dead := b.claim(t, "dead", 10, true, deadLease)
+	dead := b.claim(t, "dead", 10, deadLease)
 	if len(dead) != 2 {
 		t.Fatalf("dead relayer claimed %d, want 2", len(dead))
 	}
 	b.enqueue(t, "a1", "k3")
 	b.enqueue(t, "d1", "k4") // d1's second instruction waits behind the zombie
-	alive := b.claim(t, "alive", 10, true, aliveLease)
+	alive := b.claim(t, "alive", 10, aliveLease)
 	if len(alive) != 1 || alive[0].InstructionID != "ins-k3" {
 		t.Fatalf("alive relayer claimed %+v, want only ins-k3", alive)
 	}
@@ -325,7 +325,7 @@ func TestRunOnceIsIdempotent(t *testing.T) {
 	b := setup(t)
 	b.enqueue(t, "p1", "k1")
 	b.enqueue(t, "p2", "k2")
-	dead := b.claim(t, "dead", 10, true, deadLease)
+	dead := b.claim(t, "dead", 10, deadLease)
 	b.waitExpired(t, dead)
 
 	// BatchSize 1 makes the first pass loop over batches.
@@ -364,7 +364,7 @@ func TestConcurrentReapersRequeueEachOnce(t *testing.T) {
 	if _, err := b.producer.EnqueueBatch(b.ctx, b.pool, ins); err != nil {
 		t.Fatal(err)
 	}
-	dead := b.claim(t, "dead", n, true, deadLease)
+	dead := b.claim(t, "dead", n, deadLease)
 	if len(dead) != n {
 		t.Fatalf("claimed %d, want %d", len(dead), n)
 	}
@@ -426,14 +426,14 @@ func TestRequeuedIsClaimedAgainInOrder(t *testing.T) {
 	second := b.enqueue(t, "p1", "k2")
 
 	// Attempt 1 fails retryably (so the count to keep is not zero).
-	c1 := b.claim(t, "r1", 10, true, aliveLease)
+	c1 := b.claim(t, "r1", 10, aliveLease)
 	if len(c1) != 1 || c1[0].OutboxID != first.OutboxID || c1[0].AttemptNo != 1 {
 		t.Fatalf("first claim %+v, want k1 attempt 1", c1)
 	}
 	record(t, b, c1[0], "r1", attempts.Retryable)
 
 	// Attempt 2 is claimed by a relayer that dies.
-	c2 := b.claim(t, "dead", 10, true, deadLease)
+	c2 := b.claim(t, "dead", 10, deadLease)
 	if len(c2) != 1 || c2[0].OutboxID != first.OutboxID || c2[0].AttemptNo != 2 {
 		t.Fatalf("second claim %+v, want k1 attempt 2", c2)
 	}
@@ -442,7 +442,7 @@ func TestRequeuedIsClaimedAgainInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	c3 := b.claim(t, "r2", 10, true, aliveLease)
+	c3 := b.claim(t, "r2", 10, aliveLease)
 	if len(c3) != 1 || c3[0].OutboxID != first.OutboxID || c3[0].SequenceID != 1 {
 		t.Fatalf("claim after requeue: %+v; want only k1 (sequence 1), the participant's head", c3)
 	}
@@ -451,7 +451,7 @@ func TestRequeuedIsClaimedAgainInOrder(t *testing.T) {
 	}
 	record(t, b, c3[0], "r2", attempts.Dispatched)
 
-	c4 := b.claim(t, "r2", 10, true, aliveLease)
+	c4 := b.claim(t, "r2", 10, aliveLease)
 	if len(c4) != 1 || c4[0].OutboxID != second.OutboxID || c4[0].AttemptNo != 1 {
 		t.Fatalf("claim after dispatch: %+v; want k2 attempt 1", c4)
 	}
@@ -478,11 +478,11 @@ func record(t *testing.T, b *testBundle, c store.Claimed, relayer string, state 
 	if err != nil {
 		t.Fatal(err)
 	}
-	rec, err := b.st.Record(b.ctx, b.pool, []store.Outcome{{
+	rec, _, err := b.st.Record(b.ctx, b.pool, []store.Outcome{{
 		Identity: c.Identity, AttemptID: id, ClaimAttemptID: c.AttemptID, AttemptNo: c.AttemptNo,
 		RelayerID: relayer, ClaimedAt: c.ClaimedAt,
 		State: state, ErrorCode: "TEST", CountAttempt: true,
-	}})
+	}}, store.HandoffParams{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -534,7 +534,7 @@ func TestReapPlanDoesNotReadArchive(t *testing.T) {
 	for i := range 3 {
 		b.enqueue(t, fmt.Sprintf("p%d", i), fmt.Sprintf("k%d", i))
 	}
-	dead := b.claim(t, "dead", 10, true, deadLease)
+	dead := b.claim(t, "dead", 10, deadLease)
 	b.waitExpired(t, dead)
 
 	r := b.newReaper(t, Config{})
@@ -610,7 +610,7 @@ func TestStartRequeuesInBackground(t *testing.T) {
 	})
 
 	b.enqueue(t, "p1", "k1")
-	dead := b.claim(t, "dead", 1, true, deadLease)
+	dead := b.claim(t, "dead", 1, deadLease)
 	if len(dead) != 1 {
 		t.Fatalf("claimed %d, want 1", len(dead))
 	}
@@ -643,7 +643,7 @@ func TestRunStopsWithContext(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.enqueue(t, "p1", "k1")
-	dead := b.claim(t, "dead", 1, true, deadLease)
+	dead := b.claim(t, "dead", 1, deadLease)
 	b.waitExpired(t, dead)
 
 	r := b.newReaper(t, Config{Interval: time.Hour})
@@ -674,8 +674,8 @@ func TestOtherSchema(t *testing.T) {
 	alt := setupSchema(t, pool, "outbox_alt")
 	def.enqueue(t, "p1", "k1")
 	alt.enqueue(t, "p1", "k1")
-	deadDef := def.claim(t, "dead", 1, true, deadLease)
-	deadAlt := alt.claim(t, "dead", 1, true, deadLease)
+	deadDef := def.claim(t, "dead", 1, deadLease)
+	deadAlt := alt.claim(t, "dead", 1, deadLease)
 	def.waitExpired(t, deadDef)
 	alt.waitExpired(t, deadAlt)
 

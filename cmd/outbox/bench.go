@@ -113,11 +113,14 @@ func (b *bench) settle(ctx context.Context) {
 	_, _ = b.pool.Exec(ctx, "CHECKPOINT")
 }
 
-// freshSchema migrates a new schema for one run and returns a cleanup
-// that drops it.
-func (b *bench) freshSchema(ctx context.Context) (string, func(), error) {
+// freshSchema migrates a new schema for one run, with per-participant
+// ordering on or off, and returns a cleanup that drops it.
+func (b *bench) freshSchema(ctx context.Context, ordered bool) (string, func(), error) {
 	schema := fmt.Sprintf("bench_%x", rand.Uint32())
 	if err := migrations.MigrateWith(ctx, b.pool, migrations.Options{Schema: schema}); err != nil {
+		return "", nil, err
+	}
+	if err := migrations.SetOrdered(ctx, b.pool, schema, ordered); err != nil {
 		return "", nil, err
 	}
 	return schema, func() {
@@ -126,7 +129,7 @@ func (b *bench) freshSchema(ctx context.Context) (string, func(), error) {
 }
 
 // relayers starts the benchmark's relayers; observe sees every outcome.
-func (b *bench) relayers(ctx context.Context, schema string, ordered bool, observe func([]engine.Recorded)) ([]*engine.Relayer, func(), error) {
+func (b *bench) relayers(ctx context.Context, schema string, observe func([]engine.Recorded)) ([]*engine.Relayer, func(), error) {
 	sbx := rails.NewSandbox(rails.SandboxOptions{LatencyMin: b.flags.railLatency, LatencyMax: b.flags.railLatency})
 	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: sbx, MaxConcurrency: b.flags.maxConc})
 	if err != nil {
@@ -142,7 +145,7 @@ func (b *bench) relayers(ctx context.Context, schema string, ordered bool, obser
 	}
 	for i := range b.flags.relayers {
 		r, err := engine.New(b.pool, engine.Config{Schema: schema, RelayerID: fmt.Sprintf("bench-%d", i), Rails: set,
-			Unordered: !ordered, MaxConcurrency: b.flags.maxConc, BatchSize: b.flags.batchSize, OnRecorded: observe})
+			MaxConcurrency: b.flags.maxConc, BatchSize: b.flags.batchSize, OnRecorded: observe})
 		if err != nil {
 			stop()
 			return nil, nil, err
@@ -170,7 +173,7 @@ func (b *bench) drain(ctx context.Context) error {
 	fmt.Fprintf(b.env.stdout, "\n== drain: %d instructions over %d participants\n", b.flags.instructions, b.flags.participants)
 	results := map[bool]float64{}
 	for _, ordered := range []bool{true, false} {
-		schema, drop, err := b.freshSchema(ctx)
+		schema, drop, err := b.freshSchema(ctx, ordered)
 		if err != nil {
 			return err
 		}
@@ -195,7 +198,7 @@ func (b *bench) drain(ctx context.Context) error {
 		var once sync.Once
 		target := int64(b.flags.instructions)
 		t0 := time.Now()
-		_, stop, err := b.relayers(ctx, schema, ordered, func(recs []engine.Recorded) {
+		_, stop, err := b.relayers(ctx, schema, func(recs []engine.Recorded) {
 			for _, r := range recs {
 				if r.State == attempts.Dispatched && done.Add(1) == target {
 					once.Do(func() { close(finished) })
@@ -236,7 +239,7 @@ const latencyProducers = 32
 // the producers fell behind it, if they did.
 func (b *bench) latency(ctx context.Context) error {
 	fmt.Fprintf(b.env.stdout, "\n== latency: steady %d msgs/s for %v (ordered, %d participants)\n", b.flags.rate, b.flags.duration, b.flags.participants)
-	schema, drop, err := b.freshSchema(ctx)
+	schema, drop, err := b.freshSchema(ctx, true)
 	if err != nil {
 		return err
 	}
@@ -246,7 +249,7 @@ func (b *bench) latency(ctx context.Context) error {
 	var mu sync.Mutex
 	const warmupFor = 2 * time.Second
 	warmup := time.Now().Add(warmupFor)
-	_, stop, err := b.relayers(ctx, schema, true, func(recs []engine.Recorded) {
+	_, stop, err := b.relayers(ctx, schema, func(recs []engine.Recorded) {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, r := range recs {
@@ -379,7 +382,7 @@ func formatRatios(xs []float64) string {
 }
 
 func (b *bench) enqueueRun(ctx context.Context, trigger bool) (float64, int64, error) {
-	schema, drop, err := b.freshSchema(ctx)
+	schema, drop, err := b.freshSchema(ctx, true)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -388,7 +391,7 @@ func (b *bench) enqueueRun(ctx context.Context, trigger bool) (float64, int64, e
 		return 0, 0, err
 	}
 	b.settle(ctx)
-	rs, stop, err := b.relayers(ctx, schema, true, nil)
+	rs, stop, err := b.relayers(ctx, schema, nil)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -245,7 +245,11 @@ func (b *cliBundle) count(t *testing.T, table string) int {
 }
 
 func wantStatusLine(schema string, current int32, notify string) string {
-	return fmt.Sprintf("schema %s: version %d of %d, notify trigger %s\n", schema, current, migrations.Latest(), notify)
+	ordering := "n/a"
+	if current >= 5 {
+		ordering = "on"
+	}
+	return fmt.Sprintf("schema %s: version %d of %d, notify trigger %s, ordering %s\n", schema, current, migrations.Latest(), notify, ordering)
 }
 
 func TestMigrateStatusAndUp(t *testing.T) {

@@ -32,6 +32,7 @@ type demoFlags struct {
 	terminalRate  float64
 	latencyMin    time.Duration
 	latencyMax    time.Duration
+	ordered       bool
 }
 
 func runDemo(ctx context.Context, env *environment, args []string) error {
@@ -49,6 +50,7 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	fs.Float64Var(&df.terminalRate, "terminal-rate", 0.01, "sandbox rail: share of payments rejected terminally")
 	fs.DurationVar(&df.latencyMin, "latency-min", 2*time.Millisecond, "sandbox rail: fastest answer")
 	fs.DurationVar(&df.latencyMax, "latency-max", 20*time.Millisecond, "sandbox rail: slowest answer")
+	fs.BoolVar(&df.ordered, "ordered", true, "per-participant ordering (outbox migrate ordering on|off)")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "error", "log level of the relayers (the summary is printed regardless)")
 	if _, err := parseFlags(fs, env, args); err != nil {
@@ -69,6 +71,13 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	defer cleanup()
 	if err := migrations.MigrateWith(ctx, pool, migrations.Options{Schema: db.schema}); err != nil {
 		return err
+	}
+	if on, err := migrations.Ordered(ctx, pool, db.schema); err != nil {
+		return err
+	} else if on != df.ordered {
+		if err := migrations.SetOrdered(ctx, pool, db.schema, df.ordered); err != nil {
+			return err
+		}
 	}
 
 	sandbox := rails.NewSandbox(rails.SandboxOptions{Seed: time.Now().UnixNano(), LatencyMin: df.latencyMin,
@@ -147,7 +156,7 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 		_ = svc.Stop(stopCtx)
 	}
 	d.summary(context.Background(), time.Since(start))
-	return d.final(context.Background(), !rf.ordered)
+	return d.final(context.Background(), !df.ordered)
 }
 
 // demo holds the live counters.

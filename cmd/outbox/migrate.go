@@ -9,7 +9,7 @@ import (
 )
 
 func runMigrate(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet(env, "migrate", "migrate [flags] [up|status|notify-on|notify-off]")
+	fs := newFlagSet(env, "migrate", "migrate [flags] [up|status|notify-on|notify-off|ordering-on|ordering-off]")
 	var db dbFlags
 	db.register(fs, poolconfig.Migrator())
 	logFormat := fs.String("log-format", "text", "log format: text or json")
@@ -47,24 +47,38 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 		if err != nil {
 			return err
 		}
-		notify := "n/a"
+		notify, ordering := "n/a", "n/a"
 		if st.Current > 0 {
 			on, err := migrations.NotifyEnabled(ctx, pool, db.schema)
 			if err != nil {
 				return err
 			}
-			notify = map[bool]string{true: "on", false: "off"}[on]
+			notify = onOff(on)
 		}
-		fmt.Fprintf(env.stdout, "schema %s: version %d of %d, notify trigger %s\n", st.Schema, st.Current, st.Latest, notify)
+		if st.Current >= 5 { // the version that added the setting
+			on, err := migrations.Ordered(ctx, pool, db.schema)
+			if err != nil {
+				return err
+			}
+			ordering = onOff(on)
+		}
+		fmt.Fprintf(env.stdout, "schema %s: version %d of %d, notify trigger %s, ordering %s\n", st.Schema, st.Current, st.Latest, notify, ordering)
+		return nil
+	case "ordering-on", "ordering-off":
+		on := action == "ordering-on"
+		if err := migrations.SetOrdered(ctx, pool, db.schema, on); err != nil {
+			return err
+		}
+		fmt.Fprintf(env.stdout, "schema %s: ordering %s\n", db.schema, onOff(on))
 		return nil
 	case "notify-on", "notify-off":
 		on := action == "notify-on"
 		if err := migrations.SetNotify(ctx, pool, db.schema, on); err != nil {
 			return err
 		}
-		fmt.Fprintf(env.stdout, "schema %s: notify trigger %s\n", db.schema, map[bool]string{true: "on", false: "off"}[on])
+		fmt.Fprintf(env.stdout, "schema %s: notify trigger %s\n", db.schema, onOff(on))
 		return nil
 	default:
-		return fmt.Errorf("%w: unknown migrate action %q (want up, status, notify-on or notify-off)", errUsage, action)
+		return fmt.Errorf("%w: unknown migrate action %q (want up, status, notify-on, notify-off, ordering-on or ordering-off)", errUsage, action)
 	}
 }

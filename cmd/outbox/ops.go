@@ -108,7 +108,7 @@ func runAudit(ctx context.Context, env *environment, args []string) error {
 	var db dbFlags
 	db.register(fs, auditSettings())
 	instructionID := fs.String("instruction-id", "", "trail: the producer's instruction id instead of an outbox id")
-	unordered := fs.Bool("unordered", false, "verify: skip the ordering invariant (relayers ran with --ordered=false)")
+	unordered := fs.Bool("unordered", false, "verify: skip the ordering invariants (ordering was off at some time: outbox migrate ordering off)")
 	if _, err := parseFlags(fs, env, args); err != nil {
 		return err
 	}

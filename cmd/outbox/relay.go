@@ -29,7 +29,6 @@ type relayFlags struct {
 	relayerID          string
 	batchSize          int
 	maxConcurrency     int
-	ordered            bool
 	pollInterval       time.Duration
 	debounce           time.Duration
 	pollOnly           bool
@@ -39,7 +38,6 @@ type relayFlags struct {
 	backoffCap         time.Duration
 	maxAttempts        int
 	maxErrorLength     int
-	flushInterval      time.Duration
 	flushSize          int
 	stopTimeout        time.Duration
 	railTimeout        time.Duration
@@ -55,7 +53,6 @@ func (f *relayFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.relayerID, "relayer-id", "", "relayer id in attempt rows and logs (default host-pid-random)")
 	fs.IntVar(&f.batchSize, "batch-size", engine.DefaultBatchSize, "most instructions per claim")
 	fs.IntVar(&f.maxConcurrency, "max-concurrency", engine.DefaultMaxConcurrency, "dispatches in progress across all rails")
-	fs.BoolVar(&f.ordered, "ordered", true, "per-participant ordering (one instruction in flight per participant, in sequence order)")
 	fs.DurationVar(&f.pollInterval, "poll-interval", engine.DefaultPollInterval, "fallback poll interval (jittered ±20%)")
 	fs.DurationVar(&f.debounce, "debounce", engine.DefaultDebounce, "coalesce notifications for this long")
 	fs.BoolVar(&f.pollOnly, "poll-only", false, "do not LISTEN (e.g. behind a transaction-pooling proxy); poll only")
@@ -65,7 +62,6 @@ func (f *relayFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.backoffCap, "backoff-cap", engine.DefaultBackoffCap, "largest retry delay")
 	fs.IntVar(&f.maxAttempts, "max-attempts", engine.DefaultMaxAttempts, "attempts before an instruction is dead-lettered")
 	fs.IntVar(&f.maxErrorLength, "max-error-length", engine.DefaultMaxErrorLength, "stored error text is truncated to this many bytes")
-	fs.DurationVar(&f.flushInterval, "flush-interval", engine.DefaultFlushInterval, "outcome batches are written at least this often")
 	fs.IntVar(&f.flushSize, "flush-size", engine.DefaultFlushSize, "outcome batch size")
 	fs.DurationVar(&f.stopTimeout, "stop-timeout", engine.DefaultStopTimeout, "on SIGTERM, how long in-flight dispatches may finish")
 	fs.DurationVar(&f.railTimeout, "rail-timeout", 0, "hard timeout of every rail without its own (default 30s)")
@@ -101,10 +97,10 @@ func (f *relayFlags) loadRails(log *slog.Logger) (*rails.Built, error) {
 func (f *relayFlags) engineConfig(schema string, set *rails.Set, log *slog.Logger) engine.Config {
 	return engine.Config{
 		Schema: schema, RelayerID: f.relayerID, Rails: set, BatchSize: f.batchSize,
-		MaxConcurrency: f.maxConcurrency, Unordered: !f.ordered, PollInterval: f.pollInterval,
+		MaxConcurrency: f.maxConcurrency, PollInterval: f.pollInterval,
 		Debounce: f.debounce, PollOnly: f.pollOnly, IdleRefresh: f.idleRefresh, LeaseGrace: f.leaseGrace,
 		BackoffBase: f.backoffBase, BackoffCap: f.backoffCap, MaxAttempts: f.maxAttempts,
-		MaxErrorLength: f.maxErrorLength, FlushInterval: f.flushInterval, FlushSize: f.flushSize,
+		MaxErrorLength: f.maxErrorLength, FlushSize: f.flushSize,
 		StopTimeout: f.stopTimeout, Logger: log,
 	}
 }

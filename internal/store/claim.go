@@ -17,10 +17,6 @@ type ClaimParams struct {
 	RelayerID string
 	// Limit is the most instructions to claim.
 	Limit int
-	// Ordered claims only the lowest pending sequence of a participant
-	// that has nothing in flight, and marks the in-flight row so the
-	// database allows one per participant.
-	Ordered bool
 	// Leases maps each rail type to claim to its lease (the rail's hard
 	// timeout plus a grace period). Other rail types are left alone.
 	Leases map[string]time.Duration
@@ -48,24 +44,37 @@ var ErrOrderingConflict = errors.New("claim: participant already has an instruct
 // inserts one in-flight row each with its lease. Rows locked by a
 // concurrent claim are skipped, so relayers never claim the same
 // instruction.
+//
+// With ordering on (the settings table), only heads are due (see
+// enqueue.go), so this is a scan of the due index whatever the number of
+// participants; each candidate is also checked to have no lower pending
+// sequence, and the in-flight row is marked ordered, which the database
+// allows once per participant.
 func (s *Store) Claim(ctx context.Context, db Querier, p ClaimParams) ([]Claimed, error) {
 	if p.Limit <= 0 || len(p.Leases) == 0 {
 		return nil, nil
 	}
-	railTypes := make([]string, 0, len(p.Leases))
-	leaseMS := make([]int64, 0, len(p.Leases))
-	for t, d := range p.Leases {
-		railTypes = append(railTypes, t)
-		leaseMS = append(leaseMS, d.Milliseconds())
-	}
-	query := s.sql.claimUnordered
-	if p.Ordered {
-		query = s.sql.claimOrdered
-	}
-	rows, err := db.Query(ctx, query, p.RelayerID, p.Limit, railTypes, leaseMS, p.Ordered)
+	railTypes, leaseMS := leaseArrays(p.Leases)
+	rows, err := db.Query(ctx, s.sql.claim, p.RelayerID, p.Limit, railTypes, leaseMS)
 	if err != nil {
 		return nil, claimError(err)
 	}
+	return collectClaimed(rows)
+}
+
+// leaseArrays turns leases by rail type into the statements' two arrays.
+func leaseArrays(leases map[string]time.Duration) ([]string, []int64) {
+	railTypes := make([]string, 0, len(leases))
+	leaseMS := make([]int64, 0, len(leases))
+	for t, d := range leases {
+		railTypes = append(railTypes, t)
+		leaseMS = append(leaseMS, d.Milliseconds())
+	}
+	return railTypes, leaseMS
+}
+
+// collectClaimed reads the rows of claimTailSQL.
+func collectClaimed(rows pgx.Rows) ([]Claimed, error) {
 	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Claimed, error) {
 		var (
 			c            Claimed
@@ -97,47 +106,24 @@ func claimError(err error) error {
 	return fmt.Errorf("claim: %w", err)
 }
 
-// orderedHeadsCTE finds each participant's lowest pending sequence with a
-// recursive skip scan over UNIQUE(participant_id, sequence_id): one index
-// probe per participant, however deep each participant's queue is. Only
-// heads that are due, on a claimable rail and whose participant has nothing
-// in flight are candidates; a head waiting for its retry holds its
-// participant back.
-const orderedHeadsCTE = `
-WITH RECURSIVE heads AS (
-  (SELECT participant_id, sequence_id FROM {schema}.pending ORDER BY participant_id, sequence_id LIMIT 1)
-  UNION ALL
-  SELECT nx.participant_id, nx.sequence_id
-  FROM heads h CROSS JOIN LATERAL (
-    SELECT p.participant_id, p.sequence_id FROM {schema}.pending p
-    WHERE p.participant_id > h.participant_id
-    ORDER BY p.participant_id, p.sequence_id LIMIT 1) nx
-), heads_due AS (
-  SELECT p.outbox_id, p.next_attempt_at, p.created_at
-  FROM heads h JOIN {schema}.pending p USING (participant_id, sequence_id)
+// claimSQL picks due rows in the due index's order, skipping rows other
+// claims hold. $1 relayer id, $2 limit, $3 rail types, $4 their leases (ms).
+var claimSQL = `
+WITH locked AS (
+  SELECT p.outbox_id FROM {schema}.pending p
   WHERE p.next_attempt_at <= now() AND p.rail_type = ANY($3::text[])
-    AND NOT EXISTS (SELECT 1 FROM {schema}.inflight f WHERE f.participant_id = p.participant_id)
-),`
+    AND (NOT ` + orderedSQL + ` OR NOT EXISTS (
+      SELECT 1 FROM {schema}.pending q WHERE q.participant_id = p.participant_id AND q.sequence_id < p.sequence_id))
+  ORDER BY p.next_attempt_at, p.created_at
+  LIMIT $2 FOR UPDATE SKIP LOCKED
+),` + claimTailSQL
 
-// claimSQL is the claim proper, taking candidates from the named relation:
-// "due" (every due row, for unordered claims) or "heads_due".
-func claimSQL(candidates string) string {
-	source := `
-  SELECT p.outbox_id FROM {schema}.pending p
-  WHERE p.next_attempt_at <= now() AND p.rail_type = ANY($3::text[])
-  ORDER BY p.next_attempt_at, p.created_at
-  LIMIT $2 FOR UPDATE SKIP LOCKED`
-	if candidates == "heads_due" {
-		source = `
-  SELECT p.outbox_id FROM {schema}.pending p
-  WHERE p.outbox_id IN (SELECT outbox_id FROM heads_due)
-    AND p.next_attempt_at <= now()
-  ORDER BY p.next_attempt_at, p.created_at
-  LIMIT $2 FOR UPDATE SKIP LOCKED`
-	}
-	return `
-locked AS (` + source + `
-), leases AS (
+// claimTailSQL claims the rows of the relation locked (outbox ids of
+// pending rows this statement holds): it deletes them from pending, appends
+// their DISPATCHING attempts and inserts their in-flight rows with the
+// lease of their rail ($1 relayer id, $3 rail types, $4 leases in ms).
+var claimTailSQL = `
+leases AS (
   SELECT * FROM unnest($3::text[], $4::bigint[]) AS l(rail_type, lease_ms)
 ), claimed AS (
   DELETE FROM {schema}.pending p USING locked WHERE p.outbox_id = locked.outbox_id
@@ -152,7 +138,8 @@ locked AS (` + source + `
 ), leased AS (
   INSERT INTO {schema}.inflight (` + inflightColumns + `)
   SELECT ` + from("c", identityColumns) + `,
-         c.payload, c.created_at, d.attempt_id, d.attempt_no, $1, $5, d.claimed_at, d.claimed_at + l.lease_ms * interval '1 millisecond'
+         c.payload, c.created_at, d.attempt_id, d.attempt_no, $1, ` + orderedSQL + `,
+         d.claimed_at, d.claimed_at + l.lease_ms * interval '1 millisecond'
   FROM claimed c JOIN dispatching d USING (outbox_id) JOIN leases l USING (rail_type)
   RETURNING outbox_id, lease_until
 )
@@ -160,4 +147,3 @@ SELECT c.outbox_id, d.attempt_id, d.attempt_no, c.instruction_id, c.participant_
        c.rail_type, c.tenant_id, c.correlation_id, c.payload, d.claimed_at, l.lease_until, c.created_at
 FROM claimed c JOIN dispatching d USING (outbox_id) JOIN leased l USING (outbox_id)
 ORDER BY c.next_attempt_at, c.created_at`
-}

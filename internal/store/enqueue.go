@@ -96,6 +96,9 @@ func (s *Store) Enqueue(ctx context.Context, db Batcher, ins []NewInstruction) (
 	return out, br.Close()
 }
 
+// orderedSQL is whether per-participant ordering is on.
+const orderedSQL = `(SELECT ordered FROM {schema}.settings)`
+
 // insertKeysSQL claims each idempotency key for a new outbox id. A key that
 // exists (committed, or inserted by a concurrent transaction that then
 // commits) is left alone; the statement waits for a concurrent inserter to
@@ -108,7 +111,11 @@ ON CONFLICT DO NOTHING`
 // insertPendingSQL allocates sequence ids and inserts pending rows only for
 // instructions whose key row above carries their own, still unsequenced,
 // outbox id: duplicates use no sequence id. Ids are handed out per
-// participant in input order.
+// participant in input order. With ordering on, a new row is due at once
+// only if it is its participant's head (nothing was pending or in flight
+// before it: queued_before = 0, read under the participant's row lock);
+// the others wait (next_attempt_at = 'infinity') until the outcome of the
+// row before them hands them on (record.go, handoff.go).
 const insertPendingSQL = `
 WITH input AS (
   SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[])
@@ -119,16 +126,17 @@ WITH input AS (
 ), counts AS (
   SELECT participant_id, count(*)::int AS n FROM fresh GROUP BY participant_id
 ), firsts AS (
-  SELECT b.participant_id, b.first_sequence_id
-  FROM {schema}.bump_sequences((SELECT array_agg(participant_id) FROM counts), (SELECT array_agg(n) FROM counts)) b
+  SELECT b.participant_id, b.first_sequence_id, b.queued_before
+  FROM {schema}.allocate_sequences((SELECT array_agg(participant_id) FROM counts), (SELECT array_agg(n) FROM counts)) b
 ), numbered AS (
-  SELECT f.*, fi.first_sequence_id + row_number() OVER (PARTITION BY f.participant_id ORDER BY f.ord) - 1 AS sequence_id
+  SELECT f.*, fi.first_sequence_id + row_number() OVER (PARTITION BY f.participant_id ORDER BY f.ord) - 1 AS sequence_id,
+         fi.queued_before = 0 AND row_number() OVER (PARTITION BY f.participant_id ORDER BY f.ord) = 1 AS head
   FROM fresh f JOIN firsts fi USING (participant_id)
 ), inserted AS (
   INSERT INTO {schema}.pending (` + pendingColumns + `)
   SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
          nullif(tenant_id, ''), nullif(correlation_id, ''),
-         payload::jsonb, 0, now(), now(), NULL
+         payload::jsonb, 0, CASE WHEN head OR NOT ` + orderedSQL + ` THEN now() ELSE 'infinity' END, now(), NULL
   FROM numbered
 )
 UPDATE {schema}.idempotency_keys k SET sequence_id = n.sequence_id

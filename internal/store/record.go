@@ -63,26 +63,33 @@ type Recorded struct {
 	NextAttemptAt *time.Time
 }
 
-// Record applies a batch of outcomes in one statement (one transaction):
-// it appends each outcome attempt, removes the in-flight row only where it
-// still belongs to that attempt (fencing), puts retries back into pending
-// with the same outbox and sequence id (attempt count: see budget.go,
-// next_attempt_at = now() + RetryDelay), and moves terminal failures to
-// the dead letters. An outcome whose in-flight row is gone or owned by a
-// newer attempt is late: it is archived with late = true, and if it is
-// DISPATCHED or FAILED and the reaper's requeued copy is still pending,
-// that copy is withdrawn (a FAILED one becomes a dead letter) by
-// [Store.withdraw], a second statement. If that second statement fails the
-// outcomes are still archived and the copy is simply dispatched again under
-// the same idempotency key; the error is returned with the results.
+// Record applies a batch of outcomes in one transaction and one round
+// trip. The outcome statement appends each outcome attempt, removes the
+// in-flight row only where it still belongs to that attempt (fencing), puts
+// retries back into pending with the same outbox and sequence id (attempt
+// count: see budget.go, next_attempt_at = now() + RetryDelay), moves
+// terminal failures to the dead letters and, with ordering on, counts the
+// terminal ones out of their participants' queued (under the participants'
+// row locks, taken first in participant order). The hand-off statement
+// that follows claims the next instruction of the participants it freed,
+// up to h.Limit, and returns those claims for the caller to dispatch (see
+// handoff.go).
+//
+// An outcome whose in-flight row is gone or owned by a newer attempt is
+// late: it is archived with late = true, and if it is DISPATCHED or FAILED
+// and the reaper's requeued copy is still pending, that copy is withdrawn
+// (a FAILED one becomes a dead letter) by [Store.withdraw], in a second
+// transaction. If that fails the outcomes are still archived and the copy
+// is simply dispatched again under the same idempotency key; the error is
+// returned with the results.
 //
 // Record is idempotent per outcome (keyed by Outcome.AttemptID): a caller
 // that lost the reply of a commit may send the same outcomes again, and an
 // outcome already archived is reported as it was recorded the first time
 // instead of being archived twice.
-func (s *Store) Record(ctx context.Context, db Querier, outcomes []Outcome) ([]Recorded, error) {
+func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h HandoffParams) ([]Recorded, []Claimed, error) {
 	if len(outcomes) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	n := len(outcomes)
 	var (
@@ -94,12 +101,15 @@ func (s *Store) Record(ctx context.Context, db Querier, outcomes []Outcome) ([]R
 		seqs, delays                                    = make([]int64, n), make([]int64, n)
 		claimedAt                                       = make([]time.Time, n)
 		counts                                          = make([]bool, n)
+		terminal                                        []string
 	)
 	for i, o := range outcomes {
 		switch o.State {
-		case Dispatched, Retryable, Failed:
+		case Dispatched, Failed:
+			terminal = append(terminal, o.ParticipantID)
+		case Retryable:
 		default:
-			return nil, fmt.Errorf("record: outcome %d has state %q", i, o.State)
+			return nil, nil, fmt.Errorf("record: outcome %d has state %q", i, o.State)
 		}
 		ids[i], claimIDs[i], outboxIDs[i] = o.AttemptID, o.ClaimAttemptID, o.OutboxID
 		states[i], instrs[i], parts[i], keys[i], railTypes[i] = string(o.State), o.InstructionID, o.ParticipantID, o.IdempotencyKey, o.RailType
@@ -109,20 +119,22 @@ func (s *Store) Record(ctx context.Context, db Querier, outcomes []Outcome) ([]R
 		seqs[i], delays[i] = o.SequenceID, o.RetryDelay.Milliseconds()
 		claimedAt[i], counts[i] = o.ClaimedAt, o.CountAttempt
 	}
-	rows, err := db.Query(ctx, s.sql.record,
+	railTypes2, leaseMS := leaseArrays(h.Leases)
+	b := &pgx.Batch{}
+	b.Queue(s.sql.lockParticipants, terminal)
+	b.Queue(s.sql.record,
 		ids, claimIDs, outboxIDs, states, attemptNos, instrs, parts, seqs, keys, railTypes, tenants, corrs,
 		relayers, claimedAt, refs, codes, errCodes, messages, latencies, delays, counts)
-	if err != nil {
-		return nil, fmt.Errorf("record: %w", err)
+	b.Queue(s.sql.handoff, h.RelayerID, max(h.Limit, 0), railTypes2, leaseMS, terminal)
+	br := db.SendBatch(ctx, b)
+	recorded, claimed, err := readRecordBatch(br)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
 	}
-	recorded, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (Recorded, error) {
-		var r Recorded
-		err := cr.Scan(&r.OutboxID, &r.ClaimAttemptID, &r.Late, &r.NextAttemptAt)
-		return r, err
-	})
 	if err != nil {
-		return nil, fmt.Errorf("record: %w", err)
+		return nil, nil, fmt.Errorf("record: %w", err)
 	}
+
 	byClaim := make(map[uuid.UUID]Outcome, len(outcomes))
 	for _, o := range outcomes {
 		byClaim[o.ClaimAttemptID] = o
@@ -134,18 +146,46 @@ func (s *Store) Record(ctx context.Context, db Querier, outcomes []Outcome) ([]R
 		}
 	}
 	if len(lateTerminal) == 0 {
-		return recorded, nil
+		return recorded, claimed, nil
 	}
 	withdrew, err := s.withdraw(ctx, db, lateTerminal)
 	if err != nil {
 		// The outcome rows are archived; the copy stays pending and is
 		// dispatched again under the same idempotency key.
-		return recorded, fmt.Errorf("record: withdraw requeued copies: %w", err)
+		return recorded, claimed, fmt.Errorf("record: withdraw requeued copies: %w", err)
 	}
 	for i := range recorded {
 		recorded[i].Withdrew = withdrew[recorded[i].ClaimAttemptID]
 	}
-	return recorded, nil
+	return recorded, claimed, nil
+}
+
+// readRecordBatch reads the results of Record's three statements.
+func readRecordBatch(br pgx.BatchResults) ([]Recorded, []Claimed, error) {
+	if _, err := br.Exec(); err != nil {
+		return nil, nil, fmt.Errorf("lock participants: %w", err)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, nil, err
+	}
+	recorded, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (Recorded, error) {
+		var r Recorded
+		err := cr.Scan(&r.OutboxID, &r.ClaimAttemptID, &r.Late, &r.NextAttemptAt)
+		return r, err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	rows, err = br.Query()
+	if err != nil {
+		return nil, nil, fmt.Errorf("hand off: %w", err)
+	}
+	claimed, err := collectClaimed(rows)
+	if err != nil {
+		return nil, nil, fmt.Errorf("hand off: %w", err)
+	}
+	return recorded, claimed, nil
 }
 
 // RecordSQL is the outcome statement, for plan tests.
@@ -188,6 +228,13 @@ WITH input AS (
          f.attempt_no, o.error_code, nullif(o.error_message, ''), o.attempt_id, f.created_at
   FROM fenced f JOIN fresh o ON o.claim_attempt_id = f.attempt_id
   WHERE o.state = 'FAILED'
+), finished AS (
+  UPDATE {schema}.sequences s SET queued = s.queued - t.n
+  FROM (SELECT f.participant_id, count(*) AS n
+        FROM fenced f JOIN fresh o ON o.claim_attempt_id = f.attempt_id
+        WHERE o.state IN ('DISPATCHED', 'FAILED')
+        GROUP BY f.participant_id) t
+  WHERE s.participant_id = t.participant_id AND ` + orderedSQL + `
 ), archived AS (
   INSERT INTO {schema}.attempts (` + archiveColumns + `)
   SELECT o.attempt_id, o.outbox_id, o.instruction_id, o.participant_id, o.sequence_id, o.idempotency_key,

@@ -69,7 +69,7 @@ func (b *recordBundle) enqueue(t *testing.T, participant, key string) uuid.UUID 
 func (b *recordBundle) claimOne(t *testing.T, relayer string, lease time.Duration) store.Claimed {
 	t.Helper()
 	claimed, err := b.st.Claim(b.ctx, b.pool, store.ClaimParams{
-		RelayerID: relayer, Limit: 1, Ordered: true, Leases: map[string]time.Duration{"sandbox": lease},
+		RelayerID: relayer, Limit: 1, Leases: map[string]time.Duration{"sandbox": lease},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -131,7 +131,7 @@ func recordOutcome(t *testing.T, c store.Claimed, relayer string, state store.St
 
 func (b *recordBundle) record(t *testing.T, outcomes ...store.Outcome) []store.Recorded {
 	t.Helper()
-	rec, err := b.st.Record(b.ctx, b.pool, outcomes)
+	rec, _, err := b.st.Record(b.ctx, b.pool, outcomes, store.HandoffParams{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -443,7 +443,7 @@ func TestRecordLateWhileCopyInFlight(t *testing.T) {
 	}
 	b.reap(t, slow)
 	claims, err := b.st.Claim(b.ctx, b.pool, store.ClaimParams{
-		RelayerID: "fast", Limit: 10, Ordered: true, Leases: map[string]time.Duration{"sandbox": longLease},
+		RelayerID: "fast", Limit: 10, Leases: map[string]time.Duration{"sandbox": longLease},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -541,17 +541,17 @@ func TestRecordRejectsBadState(t *testing.T) {
 	b := setupRecord(t)
 	id := b.enqueue(t, "p1", "k1")
 	c := b.claimOne(t, "r1", longLease)
-	_, err := b.st.Record(b.ctx, b.pool, []store.Outcome{
+	_, _, err := b.st.Record(b.ctx, b.pool, []store.Outcome{
 		recordOutcome(t, c, "r1", store.Dispatched),
 		recordOutcome(t, c, "r1", store.ZombieRequeue),
-	})
+	}, store.HandoffParams{})
 	if err == nil {
 		t.Fatal("recording a ZOMBIE_REQUEUE outcome succeeded")
 	}
 	if w := b.where(t, id); w.inflight == nil || *w.inflight != c.AttemptID {
 		t.Errorf("a rejected batch changed the queue: %+v", w)
 	}
-	if rec, err := b.st.Record(b.ctx, b.pool, nil); err != nil || rec != nil {
+	if rec, _, err := b.st.Record(b.ctx, b.pool, nil, store.HandoffParams{}); err != nil || rec != nil {
 		t.Errorf("empty batch: %v, %v", rec, err)
 	}
 }
@@ -591,7 +591,7 @@ func TestRecordLateWhileReaperHoldsTheRow(t *testing.T) {
 	done := make(chan []store.Recorded, 1)
 	errc := make(chan error, 1)
 	go func() {
-		rec, err := b.st.Record(b.ctx, b.pool, []store.Outcome{recordOutcome(t, c, "slow", store.Dispatched)})
+		rec, _, err := b.st.Record(b.ctx, b.pool, []store.Outcome{recordOutcome(t, c, "slow", store.Dispatched)}, store.HandoffParams{})
 		errc <- err
 		done <- rec
 	}()
@@ -640,7 +640,7 @@ func TestRecordRepeatAfterLostReply(t *testing.T) {
 	idRetry := b.enqueue(t, "p2", "k2")
 	idLate := b.enqueue(t, "p3", "k3")
 	claims, err := b.st.Claim(b.ctx, b.pool, store.ClaimParams{
-		RelayerID: "r1", Limit: 2, Ordered: true, Leases: map[string]time.Duration{"sandbox": longLease},
+		RelayerID: "r1", Limit: 2, Leases: map[string]time.Duration{"sandbox": longLease},
 	})
 	if err != nil || len(claims) != 2 {
 		t.Fatalf("claimed %d (%v), want 2", len(claims), err)

@@ -5,27 +5,64 @@ import (
 	"fmt"
 
 	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
 )
 
 // Replay sends a dead letter back to pending with the same outbox and
 // sequence id and a fresh retry budget (see budget.go), and archives a
-// REPLAYED row naming the operator, in one statement. With ordering on it
-// becomes its participant's next instruction again. It reports whether the
-// dead letter existed.
-func (s *Store) Replay(ctx context.Context, db Querier, outboxID uuid.UUID, operator string) (bool, error) {
+// REPLAYED row naming the operator, in one transaction of two statements:
+// the first locks the participant's sequences row (producers and outcomes
+// of the participant wait), the second, seeing everything committed
+// before, counts the instruction back into queued and, with ordering on,
+// makes it its participant's head when nothing of the participant is in
+// flight and no lower sequence is pending (the head it replaces waits
+// again). It reports whether the dead letter existed.
+func (s *Store) Replay(ctx context.Context, db Batcher, outboxID uuid.UUID, operator string) (bool, error) {
+	b := &pgx.Batch{}
+	b.Queue(s.sql.replayLock, outboxID)
+	b.Queue(s.sql.replay, outboxID, operator)
+	br := db.SendBatch(ctx, b)
+	defer br.Close()
 	var n int
-	if err := db.QueryRow(ctx, s.sql.replay, outboxID, operator).Scan(&n); err != nil {
+	_, err := br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(&n)
+	}
+	if err == nil {
+		err = br.Close()
+	}
+	if err != nil {
 		return false, fmt.Errorf("replay %s: %w", outboxID, err)
 	}
 	return n == 1, nil
 }
 
-const replaySQL = `
+const replayLockSQL = `
+SELECT 1 FROM {schema}.sequences s JOIN {schema}.dead_letters d USING (participant_id)
+WHERE d.outbox_id = $1
+FOR UPDATE OF s`
+
+var replaySQL = `
 WITH d AS (
   DELETE FROM {schema}.dead_letters WHERE outbox_id = $1 RETURNING *
+), counted AS (
+  UPDATE {schema}.sequences s SET queued = s.queued + 1 FROM d WHERE s.participant_id = d.participant_id
+), first AS (
+  SELECT NOT ` + orderedSQL + ` OR (
+           NOT EXISTS (SELECT 1 FROM {schema}.inflight i WHERE i.participant_id = d.participant_id AND i.ordered)
+           AND NOT EXISTS (SELECT 1 FROM {schema}.pending q WHERE q.participant_id = d.participant_id AND q.sequence_id < d.sequence_id)
+         ) AS head
+  FROM d
+), demoted AS (
+  UPDATE {schema}.pending p SET next_attempt_at = 'infinity'
+  FROM d, first
+  WHERE first.head AND ` + orderedSQL + ` AND p.participant_id = d.participant_id
+    AND p.sequence_id > d.sequence_id AND p.next_attempt_at <> 'infinity'
 ), requeued AS (
   INSERT INTO {schema}.pending (` + pendingColumns + `)
-  SELECT ` + identityColumns + `, payload, ` + replayedCount + `, now(), created_at, NULL FROM d
+  SELECT ` + identityColumns + `, payload, ` + replayedCount + `,
+         CASE WHEN (SELECT head FROM first) THEN now() ELSE 'infinity' END, created_at, NULL
+  FROM d
 ), archived AS (
   INSERT INTO {schema}.attempts (` + archiveColumns + `)
   SELECT {schema}.uuidv7(), ` + identityColumns + `,

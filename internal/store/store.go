@@ -86,10 +86,10 @@ func qualify(schema, query string) string { return strings.ReplaceAll(query, "{s
 // statements are every statement of the package, rendered once.
 type statements struct {
 	insertKeys, insertPending, lookupKeys string
-	claimOrdered, claimUnordered          string
-	record, withdraw                      string
+	claim, handoff                        string
+	record, withdraw, lockParticipants    string
 	reap                                  string
-	replay, acknowledge                   string
+	replay, replayLock, acknowledge       string
 	trailByOutbox, trailByInstruction     string
 	deadLetters                           string
 	listPending                           string
@@ -103,18 +103,22 @@ type statements struct {
 func renderStatements(schema string) statements {
 	q := func(s string) string { return qualify(schema, s) }
 	st := statements{
-		insertKeys:         q(insertKeysSQL),
-		insertPending:      q(insertPendingSQL),
-		lookupKeys:         q(lookupKeysSQL),
-		claimOrdered:       q(orderedHeadsCTE + claimSQL("heads_due")),
-		claimUnordered:     q("WITH " + claimSQL("due")),
-		record:             q(recordSQL),
-		withdraw:           q(withdrawSQL),
-		reap:               q(reapSQL),
-		replay:             q(replaySQL),
-		acknowledge:        q(acknowledgeSQL),
-		trailByOutbox:      q(trailSQL("outbox_id")),
-		trailByInstruction: q(trailSQL("instruction_id")),
+		insertKeys:       q(insertKeysSQL),
+		insertPending:    q(insertPendingSQL),
+		lookupKeys:       q(lookupKeysSQL),
+		claim:            q(claimSQL),
+		handoff:          q(handoffSQL),
+		record:           q(recordSQL),
+		withdraw:         q(withdrawSQL),
+		lockParticipants: q(lockParticipantsSQL),
+		reap:             q(reapSQL),
+		replay:           q(replaySQL),
+		replayLock:       q(replayLockSQL),
+		acknowledge:      q(acknowledgeSQL),
+		trailByOutbox:    q(trailSQL("outbox_id = $1")),
+		// Through the keys' instruction index: the archive keeps no index
+		// by instruction id (migration 005).
+		trailByInstruction: q(trailSQL("outbox_id IN (SELECT outbox_id FROM {schema}.idempotency_keys WHERE instruction_id = $1)")),
 		deadLetters:        q(deadLettersSQL),
 		listPending:        q(listPendingSQL),
 		snapshot:           q(snapshotSQL),

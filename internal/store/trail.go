@@ -55,7 +55,7 @@ func (s *Store) trail(ctx context.Context, db Querier, query string, arg any) ([
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[Attempt])
 }
 
-// trailSQL selects an instruction's rows by the given column.
-func trailSQL(column string) string {
-	return `SELECT ` + readArchiveColumns + ` FROM {schema}.attempts WHERE ` + column + ` = $1 ORDER BY created_at, attempt_id`
+// trailSQL selects an instruction's archive rows by the given condition.
+func trailSQL(where string) string {
+	return `SELECT ` + readArchiveColumns + ` FROM {schema}.attempts WHERE ` + where + ` ORDER BY created_at, attempt_id`
 }

@@ -39,8 +39,10 @@ func (v Violation) String() string {
 
 // VerifyOptions tune [Store.Verify].
 type VerifyOptions struct {
-	// Ordered checks invariant 4 (set when every relayer ran with
-	// per-participant ordering on).
+	// Ordered checks invariant 4 over the whole history (set when
+	// ordering was on since the first instruction). The checks of the
+	// present state under ordering (queued counts, one head per
+	// participant) run whenever the database has ordering on.
 	Ordered bool
 	// Examples caps the violations reported per check (default 10).
 	Examples int
@@ -102,6 +104,28 @@ var checks = []check{
 	{4, "one in flight per participant", `
 		SELECT format('participant %s has %s instructions in flight', participant_id, count(*))
 		FROM {schema}.inflight GROUP BY participant_id HAVING count(*) > 1`, true},
+	// With ordering on (the settings table), the participants' queued
+	// counts are exact, and a participant's pending rows may only be due
+	// at its head: the lowest sequence, when nothing of it is in flight. A
+	// head that waits with nothing in flight would never be dispatched: a
+	// stranded participant. These two check the present state under the
+	// database's own mode, so they run without VerifyOptions.Ordered too
+	// (which asks for the whole history's order).
+	{4, "queued counts", `
+		SELECT format('participant %s: queued %s, pending and in flight %s', s.participant_id, s.queued, coalesce(c.n, 0))
+		FROM {schema}.sequences s
+		LEFT JOIN (SELECT participant_id, count(*) AS n
+		           FROM (SELECT participant_id FROM {schema}.pending UNION ALL SELECT participant_id FROM {schema}.inflight) x
+		           GROUP BY participant_id) c USING (participant_id)
+		WHERE s.queued <> coalesce(c.n, 0) AND ` + orderedSQL, false},
+	{4, "one head per participant", `
+		SELECT format('participant %s: sequence %s is %s', participant_id, sequence_id,
+		              CASE WHEN live THEN 'due-able but not the head' ELSE 'the head but waits: the participant is stranded' END)
+		FROM (SELECT p.participant_id, p.sequence_id, p.next_attempt_at <> 'infinity' AS live,
+		             p.sequence_id = min(p.sequence_id) OVER (PARTITION BY p.participant_id)
+		             AND NOT EXISTS (SELECT 1 FROM {schema}.inflight i WHERE i.participant_id = p.participant_id AND i.ordered) AS head
+		      FROM {schema}.pending p) x
+		WHERE live <> head AND ` + orderedSQL, false},
 	{4, "dispatch order", `
 		WITH claims AS (
 		  SELECT participant_id, sequence_id, min(created_at) AS first_claim

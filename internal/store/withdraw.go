@@ -8,22 +8,41 @@ import (
 )
 
 // withdraw runs withdrawSQL for late terminal outcomes and returns the
-// claim attempt ids whose requeued copy it withdrew. Record calls it.
-func (s *Store) withdraw(ctx context.Context, db Querier, late []Outcome) (map[uuid.UUID]bool, error) {
+// claim attempt ids whose requeued copy it withdrew. Record calls it. A
+// withdrawn copy is its instruction's end, so, as for a terminal outcome,
+// the participant's queued count drops (under its lock) and its next
+// instruction is made due (handoffSQL with no claims).
+func (s *Store) withdraw(ctx context.Context, db Batcher, late []Outcome) (map[uuid.UUID]bool, error) {
 	n := len(late)
 	ids, attemptIDs, claimIDs := make([]uuid.UUID, n), make([]uuid.UUID, n), make([]uuid.UUID, n)
-	states, codes, messages := make([]string, n), make([]string, n), make([]string, n)
+	states, codes, messages, participants := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	attemptNos := make([]int32, n)
 	for i, o := range late {
 		ids[i], attemptIDs[i], claimIDs[i], states[i], codes[i], messages[i], attemptNos[i] =
 			o.OutboxID, o.AttemptID, o.ClaimAttemptID, string(o.State), o.ErrorCode, o.ErrorMessage, int32(o.AttemptNo)
+		participants[i] = o.ParticipantID
 	}
-	rows, err := db.Query(ctx, s.sql.withdraw, ids, attemptIDs, states, codes, messages, attemptNos, claimIDs)
+	b := &pgx.Batch{}
+	b.Queue(s.sql.lockParticipants, participants)
+	b.Queue(s.sql.withdraw, ids, attemptIDs, states, codes, messages, attemptNos, claimIDs)
+	b.Queue(s.sql.handoff, "", 0, []string{}, []int64{}, participants)
+	br := db.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, err
+	}
+	rows, err := br.Query()
 	if err != nil {
 		return nil, err
 	}
 	withdrawn, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	if err != nil {
+		return nil, err
+	}
+	if _, err := br.Exec(); err != nil {
+		return nil, err
+	}
+	if err := br.Close(); err != nil {
 		return nil, err
 	}
 	m := make(map[uuid.UUID]bool, len(withdrawn))
@@ -48,6 +67,10 @@ WITH o AS (
   DELETE FROM {schema}.pending p USING o
   WHERE p.outbox_id = o.outbox_id AND p.zombie_attempt_id = o.claim_attempt_id
   RETURNING p.*, o.claim_attempt_id
+), finished AS (
+  UPDATE {schema}.sequences s SET queued = s.queued - t.n
+  FROM (SELECT participant_id, count(*) AS n FROM withdrawn GROUP BY participant_id) t
+  WHERE s.participant_id = t.participant_id AND ` + orderedSQL + `
 ), late_dead AS (
   INSERT INTO {schema}.dead_letters (` + deadLetterColumns + `)
   SELECT ` + from("w", identityColumns) + `, w.payload,

@@ -1,0 +1,56 @@
+package store
+
+import "time"
+
+// HandoffParams let the transaction that records outcomes claim the next
+// instruction of the participants it freed, for the relayer to dispatch at
+// once (no wake, no claim round trip).
+type HandoffParams struct {
+	RelayerID string
+	// Limit is how many it may claim (the relayer's free dispatch slots);
+	// participants beyond it get their next instruction made due instead.
+	Limit int
+	// Leases are the claimable rail types and their leases, as for Claim.
+	Leases map[string]time.Duration
+}
+
+// lockParticipantsSQL locks the sequences rows of the participants whose
+// outcomes are terminal, in participant order (as producers lock them, so
+// the two cannot deadlock), before the outcome statement decrements their
+// queued counts. With ordering off it locks nothing. $1 participants.
+const lockParticipantsSQL = `
+SELECT 1 FROM {schema}.sequences
+WHERE participant_id = ANY($1::text[]) AND ` + orderedSQL + `
+ORDER BY participant_id
+FOR UPDATE`
+
+// handoffSQL runs after an outcome statement, in its transaction, for the
+// participants of its terminal outcomes ($5). It is a statement of its own
+// so that it sees every producer that committed while the outcome
+// statement waited for the participants' locks. For each such participant
+// with nothing in flight whose next instruction (lowest pending sequence)
+// waits (next_attempt_at = 'infinity'): up to $2 of those on claimable
+// rails are claimed here, exactly as Claim would ($1 relayer, $3 rail types,
+// $4 leases), and the rest are made due now. With ordering off nothing
+// waits and it does nothing.
+var handoffSQL = `
+WITH freed AS (
+  SELECT DISTINCT u.participant_id FROM unnest($5::text[]) AS u(participant_id)
+  WHERE ` + orderedSQL + `
+), heads AS (
+  SELECT h.* FROM freed f CROSS JOIN LATERAL (
+    SELECT p.outbox_id, p.next_attempt_at, p.rail_type, p.created_at FROM {schema}.pending p
+    WHERE p.participant_id = f.participant_id ORDER BY p.sequence_id LIMIT 1) h
+  WHERE NOT EXISTS (SELECT 1 FROM {schema}.inflight i WHERE i.participant_id = f.participant_id AND i.ordered)
+), waiting AS (
+  SELECT * FROM heads WHERE next_attempt_at = 'infinity'
+), locked AS (
+  SELECT w.outbox_id FROM waiting w
+  WHERE w.rail_type = ANY($3::text[])
+  ORDER BY w.created_at
+  LIMIT $2
+), promoted AS (
+  UPDATE {schema}.pending p SET next_attempt_at = now()
+  FROM waiting w
+  WHERE p.outbox_id = w.outbox_id AND w.outbox_id NOT IN (SELECT outbox_id FROM locked)
+),` + claimTailSQL
