@@ -11,8 +11,8 @@ import (
 // PendingRow is a pending instruction as stored.
 type PendingRow struct {
 	Identity
-	Payload       []byte
-	AttemptCount  int
+	Payload      []byte
+	AttemptCount int
 	// NextAttemptAt is when it is due; zero while it Waits.
 	NextAttemptAt time.Time
 	// Waits is true while, with ordering on, it waits for an earlier
