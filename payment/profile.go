@@ -190,6 +190,9 @@ func ValidateText(field, v string, max int) error {
 // reads, zero-width characters that make two different keys look equal)
 // and the line and paragraph separators U+2028 and U+2029.
 func ControlRune(r rune) bool {
+	if r < 0x80 { // every identifier's common case, without the tables
+		return r < 0x20 || r == 0x7f
+	}
 	return unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)
 }
 

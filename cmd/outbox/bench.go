@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -35,6 +37,7 @@ type benchFlags struct {
 	railLatency  time.Duration
 	maxConc      int
 	batchSize    int
+	cpuProfile   string
 }
 
 var benchScenarios = []string{"drain", "latency", "enqueue"}
@@ -54,8 +57,20 @@ func runBench(ctx context.Context, env *environment, args []string) error {
 	fs.DurationVar(&bf.railLatency, "rail-latency", 0, "sandbox rail latency per call")
 	fs.IntVar(&bf.maxConc, "max-concurrency", engine.DefaultMaxConcurrency, "relayer max concurrency")
 	fs.IntVar(&bf.batchSize, "batch-size", engine.DefaultBatchSize, "relayer claim batch size")
+	fs.StringVar(&bf.cpuProfile, "cpuprofile", "", "write a CPU profile (pprof) of the whole run to this file")
 	if _, err := parseFlags(fs, env, args); err != nil {
 		return err
+	}
+	if bf.cpuProfile != "" {
+		f, err := os.Create(bf.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	if bf.pairs < 1 || bf.rate < 1 || bf.producers < 1 || bf.duration <= 0 {
 		return fmt.Errorf("%w: --pairs, --rate, --producers and --duration must be positive", errUsage)

@@ -80,7 +80,7 @@ func collectClaimed(rows pgx.Rows) ([]Claimed, error) {
 			c            Claimed
 			tenant, corr *string
 		)
-		err := row.Scan(&c.OutboxID, &c.AttemptID, &c.AttemptNo, &c.InstructionID, &c.ParticipantID, &c.SequenceID,
+		err := row.Scan(scanUUID(&c.OutboxID), scanUUID(&c.AttemptID), &c.AttemptNo, &c.InstructionID, &c.ParticipantID, &c.SequenceID,
 			&c.IdempotencyKey, &c.RailType, &tenant, &corr, &c.Payload, &c.ClaimedAt, &c.LeaseUntil, &c.EnqueuedAt)
 		c.TenantID, c.CorrelationID = deref(tenant), deref(corr)
 		return c, err
@@ -122,28 +122,31 @@ WITH locked AS (
 // pending rows this statement holds): it deletes them from pending, appends
 // their DISPATCHING attempts and inserts their in-flight rows with the
 // lease of their rail ($1 relayer id, $3 rail types, $4 leases in ms).
+// The attempt id and number are made in the DELETE's RETURNING, so the two
+// inserts and the result read that one relation and never join one CTE to
+// another (the planner, which expects one row from each, would compare
+// every row with every other).
 var claimTailSQL = `
 leases AS (
   SELECT * FROM unnest($3::text[], $4::bigint[]) AS l(rail_type, lease_ms)
 ), claimed AS (
   DELETE FROM {schema}.pending p USING locked WHERE p.outbox_id = locked.outbox_id
-  RETURNING p.*, ` + claimAttemptNo + ` AS attempt_no
+  RETURNING p.*, ` + claimAttemptNo + ` AS attempt_no, {schema}.uuidv7() AS attempt_id, now() AS claimed_at
 ), dispatching AS (
   INSERT INTO {schema}.attempts (` + archiveColumns + `)
-  SELECT {schema}.uuidv7(), ` + identityColumns + `,
+  SELECT attempt_id, ` + identityColumns + `,
          payload, attempt_no, 'DISPATCHING', $1, NULL,
-         now(), NULL, NULL, NULL, NULL, NULL, NULL, NULL, false
+         claimed_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL, false
   FROM claimed
-  RETURNING attempt_id, outbox_id, attempt_no, claimed_at
 ), leased AS (
   INSERT INTO {schema}.inflight (` + inflightColumns + `)
   SELECT ` + from("c", identityColumns) + `,
-         c.payload, c.created_at, d.attempt_id, d.attempt_no, $1, ` + orderedSQL + `,
-         d.claimed_at, d.claimed_at + l.lease_ms * interval '1 millisecond'
-  FROM claimed c JOIN dispatching d USING (outbox_id) JOIN leases l USING (rail_type)
-  RETURNING outbox_id, lease_until
+         c.payload, c.created_at, c.attempt_id, c.attempt_no, $1, ` + orderedSQL + `,
+         c.claimed_at, c.claimed_at + l.lease_ms * interval '1 millisecond'
+  FROM claimed c JOIN leases l USING (rail_type)
 )
-SELECT c.outbox_id, d.attempt_id, d.attempt_no, c.instruction_id, c.participant_id, c.sequence_id, c.idempotency_key,
-       c.rail_type, c.tenant_id, c.correlation_id, c.payload, d.claimed_at, l.lease_until, c.created_at
-FROM claimed c JOIN dispatching d USING (outbox_id) JOIN leased l USING (outbox_id)
+SELECT c.outbox_id, c.attempt_id, c.attempt_no, c.instruction_id, c.participant_id, c.sequence_id, c.idempotency_key,
+       c.rail_type, c.tenant_id, c.correlation_id, c.payload, c.claimed_at,
+       c.claimed_at + l.lease_ms * interval '1 millisecond', c.created_at
+FROM claimed c JOIN leases l USING (rail_type)
 ORDER BY c.next_attempt_at, c.created_at`

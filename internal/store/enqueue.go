@@ -46,17 +46,17 @@ func (s *Store) Enqueue(ctx context.Context, db Batcher, ins []NewInstruction) (
 	n := len(ins)
 	var (
 		ords                                                        = make([]int32, n)
-		ids                                                         = make([]uuid.UUID, n)
 		instrIDs, participants, keys, railTypes, tenants, correlats = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		payloads                                                    = make([]string, n)
 		hashes                                                      = make([][]byte, n)
 	)
 	for i, in := range ins {
-		ords[i], ids[i], hashes[i], payloads[i] = int32(i), in.OutboxID, in.PayloadHash, string(in.Payload)
+		ords[i], hashes[i], payloads[i] = int32(i), in.PayloadHash, string(in.Payload)
 		instrIDs[i], participants[i], keys[i] = in.InstructionID, in.ParticipantID, in.IdempotencyKey
 		railTypes[i], tenants[i], correlats[i] = in.RailType, in.TenantID, in.CorrelationID
 	}
 
+	ids := wireUUIDs(ins, func(in *NewInstruction) uuid.UUID { return in.OutboxID })
 	b := &pgx.Batch{}
 	b.Queue(s.sql.insertKeys, tenants, instrIDs, keys, ids, participants, hashes)
 	b.Queue(s.sql.insertPending, ids, ords, instrIDs, participants, keys, railTypes, tenants, correlats, payloads)
@@ -80,7 +80,7 @@ func (s *Store) Enqueue(ctx context.Context, db Batcher, ins []NewInstruction) (
 		ord int32
 		kr  KeyRow
 	)
-	_, err = pgx.ForEachRow(rows, []any{&ord, &kr.OutboxID, &kr.SequenceID, &kr.PayloadHash}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&ord, scanUUID(&kr.OutboxID), &kr.SequenceID, &kr.PayloadHash}, func() error {
 		out[ord], seen[ord] = kr, true
 		kr = KeyRow{}
 		return nil

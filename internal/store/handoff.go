@@ -33,17 +33,22 @@ FOR UPDATE`
 // rails are claimed here, exactly as Claim would ($1 relayer, $3 rail types,
 // $4 leases), and the rest are made due now. With ordering off nothing
 // waits and it does nothing.
+//
+// Both lookups are per freed participant, through an index (the LATERAL
+// ... LIMIT 1 forms keep the planner from hashing the whole in-flight
+// table, whose heap churns with every claim), so the cost is O(outcomes).
 var handoffSQL = `
 WITH freed AS (
   SELECT DISTINCT u.participant_id FROM unnest($5::text[]) AS u(participant_id)
   WHERE ` + orderedSQL + `
-), heads AS (
-  SELECT h.* FROM freed f CROSS JOIN LATERAL (
+), waiting AS (
+  SELECT h.* FROM freed f
+  CROSS JOIN LATERAL (
     SELECT p.outbox_id, p.next_attempt_at, p.rail_type, p.created_at FROM {schema}.pending p
     WHERE p.participant_id = f.participant_id ORDER BY p.sequence_id LIMIT 1) h
-  WHERE NOT EXISTS (SELECT 1 FROM {schema}.inflight i WHERE i.participant_id = f.participant_id AND i.ordered)
-), waiting AS (
-  SELECT * FROM heads WHERE next_attempt_at = 'infinity'
+  LEFT JOIN LATERAL (
+    SELECT true AS busy FROM {schema}.inflight i WHERE i.participant_id = f.participant_id AND i.ordered LIMIT 1) b ON true
+  WHERE h.next_attempt_at = 'infinity' AND b.busy IS NULL
 ), locked AS (
   SELECT w.outbox_id FROM waiting w
   WHERE w.rail_type = ANY($3::text[])

@@ -44,7 +44,7 @@ func (s *Store) ListPending(ctx context.Context, db Querier, f PendingFilter) ([
 		var p PendingRow
 		var tenant, corr *string
 		var due *time.Time
-		err := row.Scan(&p.OutboxID, &p.InstructionID, &p.ParticipantID, &p.SequenceID, &p.IdempotencyKey, &p.RailType,
+		err := row.Scan(scanUUID(&p.OutboxID), &p.InstructionID, &p.ParticipantID, &p.SequenceID, &p.IdempotencyKey, &p.RailType,
 			&tenant, &corr, &p.Payload, &p.AttemptCount, &due, &p.CreatedAt)
 		p.TenantID, p.CorrelationID = deref(tenant), deref(corr)
 		if due != nil {

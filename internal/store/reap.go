@@ -46,7 +46,7 @@ func (s *Store) Reap(ctx context.Context, db Querier, limit int, reaperID string
 	}
 	batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Requeued, error) {
 		var q Requeued
-		err := row.Scan(&q.OutboxID, &q.InstructionID, &q.ParticipantID, &q.SequenceID, &q.AttemptNo,
+		err := row.Scan(scanUUID(&q.OutboxID), &q.InstructionID, &q.ParticipantID, &q.SequenceID, &q.AttemptNo,
 			&q.RelayerID, &q.ClaimedAt, &q.LeaseUntil, &q.RequeuedAt)
 		return q, err
 	})

@@ -93,7 +93,6 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 	}
 	n := len(outcomes)
 	var (
-		ids, claimIDs, outboxIDs                        = make([]uuid.UUID, n), make([]uuid.UUID, n), make([]uuid.UUID, n)
 		states, instrs, parts, keys, railTypes          = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		tenants, corrs, relayers, refs, codes, errCodes = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 		messages                                        = make([]string, n)
@@ -111,7 +110,6 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 		default:
 			return nil, nil, fmt.Errorf("record: outcome %d has state %q", i, o.State)
 		}
-		ids[i], claimIDs[i], outboxIDs[i] = o.AttemptID, o.ClaimAttemptID, o.OutboxID
 		states[i], instrs[i], parts[i], keys[i], railTypes[i] = string(o.State), o.InstructionID, o.ParticipantID, o.IdempotencyKey, o.RailType
 		tenants[i], corrs[i], relayers[i], refs[i], codes[i], errCodes[i] = o.TenantID, o.CorrelationID, o.RelayerID, o.RailReference, o.RailCode, o.ErrorCode
 		messages[i] = o.ErrorMessage
@@ -119,6 +117,9 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 		seqs[i], delays[i] = o.SequenceID, o.RetryDelay.Milliseconds()
 		claimedAt[i], counts[i] = o.ClaimedAt, o.CountAttempt
 	}
+	ids := wireUUIDs(outcomes, func(o *Outcome) uuid.UUID { return o.AttemptID })
+	claimIDs := wireUUIDs(outcomes, func(o *Outcome) uuid.UUID { return o.ClaimAttemptID })
+	outboxIDs := wireUUIDs(outcomes, func(o *Outcome) uuid.UUID { return o.OutboxID })
 	railTypes2, leaseMS := leaseArrays(h.Leases)
 	b := &pgx.Batch{}
 	b.Queue(s.sql.lockParticipants, terminal)
@@ -171,7 +172,7 @@ func readRecordBatch(br pgx.BatchResults) ([]Recorded, []Claimed, error) {
 	}
 	recorded, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (Recorded, error) {
 		var r Recorded
-		err := cr.Scan(&r.OutboxID, &r.ClaimAttemptID, &r.Late, &r.NextAttemptAt)
+		err := cr.Scan(scanUUID(&r.OutboxID), scanUUID(&r.ClaimAttemptID), &r.Late, &r.NextAttemptAt)
 		return r, err
 	})
 	if err != nil {
@@ -191,10 +192,13 @@ func readRecordBatch(br pgx.BatchResults) ([]Recorded, []Claimed, error) {
 // RecordSQL is the outcome statement, for plan tests.
 func (s *Store) RecordSQL() string { return s.sql.record }
 
-// recordSQL: o is every outcome with prior_late set when its row is already
-// archived (a repeat after a lost commit reply; the correlated probe is one
-// primary-key lookup per outcome, pruned to recent partitions, never a scan
-// of the archive); fresh are the rest, and only they touch the queue.
+// recordSQL: fenced are the outcomes whose in-flight row still belongs to
+// their claim (the common case); its DELETE returns what the other writes
+// need, so they read it alone, without joining outcomes to rows. The rest
+// (unfenced) are late, or repeats of outcomes already archived (a resend
+// after a lost commit reply): only they probe the archive, by primary key
+// and pruned to recent partitions, and prior_late says how the first one
+// was recorded. Only fresh ones (prior_late NULL) are archived.
 var recordSQL = `
 WITH input AS (
   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::int[], $6::text[], $7::text[], $8::bigint[],
@@ -203,50 +207,49 @@ WITH input AS (
     AS o(attempt_id, claim_attempt_id, outbox_id, state, attempt_no, instruction_id, participant_id, sequence_id,
          idempotency_key, rail_type, tenant_id, correlation_id, relayer_id, claimed_at, rail_reference,
          rail_code, error_code, error_message, latency_ms, retry_delay_ms, count_attempt)
-), o AS (
-  SELECT i.*, (SELECT a.late FROM {schema}.attempts a
-               WHERE a.attempt_id = i.attempt_id AND a.created_at >= i.claimed_at - interval '1 day'
-               LIMIT 1) AS prior_late
-  FROM input i
-), fresh AS (
-  SELECT * FROM o WHERE prior_late IS NULL
+), targets AS (
+  SELECT o.*, t.row FROM input o
+  CROSS JOIN LATERAL (SELECT f.ctid AS row FROM {schema}.inflight f
+                      WHERE f.outbox_id = o.outbox_id AND f.attempt_id = o.claim_attempt_id LIMIT 1) t
 ), fenced AS (
-  DELETE FROM {schema}.inflight f USING fresh o
-  WHERE f.outbox_id = o.outbox_id AND f.attempt_id = o.claim_attempt_id
-  RETURNING f.*
+  DELETE FROM {schema}.inflight f USING targets o
+  WHERE f.ctid = ANY (ARRAY(SELECT row FROM targets)) AND f.ctid = o.row
+  RETURNING f.*, o.attempt_id AS outcome_id, o.state, o.rail_reference, o.rail_code, o.error_code, o.error_message,
+            o.latency_ms, o.count_attempt,
+            CASE WHEN o.state = 'RETRYABLE' THEN now() + o.retry_delay_ms * interval '1 millisecond' END AS due
+), unfenced AS (
+  SELECT o.*, (SELECT a.late FROM {schema}.attempts a
+               WHERE a.attempt_id = o.attempt_id AND a.created_at >= o.claimed_at - interval '1 day'
+               LIMIT 1) AS prior_late
+  FROM input o
+  WHERE o.claim_attempt_id <> ALL (SELECT attempt_id FROM fenced)
 ), requeued AS (
   INSERT INTO {schema}.pending (` + pendingColumns + `)
-  SELECT ` + from("f", identityColumns) + `, f.payload,
-         ` + countAfter("f.attempt_no", "o.count_attempt") + `,
-         now() + o.retry_delay_ms * interval '1 millisecond', f.created_at, NULL
-  FROM fenced f JOIN fresh o ON o.claim_attempt_id = f.attempt_id
-  WHERE o.state = 'RETRYABLE'
-  RETURNING outbox_id, next_attempt_at
+  SELECT ` + identityColumns + `, payload, ` + countAfter("attempt_no", "count_attempt") + `, due, created_at, NULL
+  FROM fenced WHERE state = 'RETRYABLE'
 ), dead AS (
   INSERT INTO {schema}.dead_letters (` + deadLetterColumns + `)
-  SELECT ` + from("f", identityColumns) + `, f.payload,
-         f.attempt_no, o.error_code, nullif(o.error_message, ''), o.attempt_id, f.created_at
-  FROM fenced f JOIN fresh o ON o.claim_attempt_id = f.attempt_id
-  WHERE o.state = 'FAILED'
+  SELECT ` + identityColumns + `, payload, attempt_no, error_code, nullif(error_message, ''), outcome_id, created_at
+  FROM fenced WHERE state = 'FAILED'
 ), finished AS (
   UPDATE {schema}.sequences s SET queued = s.queued - t.n
-  FROM (SELECT f.participant_id, count(*) AS n
-        FROM fenced f JOIN fresh o ON o.claim_attempt_id = f.attempt_id
-        WHERE o.state IN ('DISPATCHED', 'FAILED')
-        GROUP BY f.participant_id) t
+  FROM (SELECT participant_id, count(*) AS n FROM fenced
+        WHERE state IN ('DISPATCHED', 'FAILED') GROUP BY participant_id) t
   WHERE s.participant_id = t.participant_id AND ` + orderedSQL + `
 ), archived AS (
   INSERT INTO {schema}.attempts (` + archiveColumns + `)
-  SELECT o.attempt_id, o.outbox_id, o.instruction_id, o.participant_id, o.sequence_id, o.idempotency_key,
-         o.rail_type, nullif(o.tenant_id, ''), nullif(o.correlation_id, ''),
-         NULL, o.attempt_no, o.state, o.relayer_id, o.claim_attempt_id,
-         o.claimed_at, now(), r.next_attempt_at, nullif(o.rail_reference, ''), nullif(o.rail_code, ''),
-         nullif(o.error_code, ''), nullif(o.error_message, ''), o.latency_ms, f.attempt_id IS NULL
-  FROM fresh o
-  LEFT JOIN fenced f ON f.attempt_id = o.claim_attempt_id
-  LEFT JOIN requeued r ON r.outbox_id = f.outbox_id
+  SELECT outcome_id, ` + identityColumns + `, NULL::jsonb, attempt_no, state, relayer_id, attempt_id,
+         claimed_at, now(), due, nullif(rail_reference, ''), nullif(rail_code, ''),
+         nullif(error_code, ''), nullif(error_message, ''), latency_ms, false
+  FROM fenced
+  UNION ALL
+  SELECT attempt_id, outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
+         rail_type, nullif(tenant_id, ''), nullif(correlation_id, ''),
+         NULL::jsonb, attempt_no, state, relayer_id, claim_attempt_id,
+         claimed_at, now(), NULL::timestamptz, nullif(rail_reference, ''), nullif(rail_code, ''),
+         nullif(error_code, ''), nullif(error_message, ''), latency_ms, true
+  FROM unfenced WHERE prior_late IS NULL
 )
-SELECT o.outbox_id, o.claim_attempt_id, coalesce(o.prior_late, f.attempt_id IS NULL), r.next_attempt_at
-FROM o
-LEFT JOIN fenced f ON f.attempt_id = o.claim_attempt_id
-LEFT JOIN requeued r ON r.outbox_id = f.outbox_id`
+SELECT outbox_id, attempt_id, false, due FROM fenced
+UNION ALL
+SELECT outbox_id, claim_attempt_id, coalesce(prior_late, true), NULL FROM unfenced`

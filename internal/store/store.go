@@ -132,3 +132,24 @@ func renderStatements(schema string) statements {
 	}
 	return st
 }
+
+// HotPath is the text of the statements every instruction passes through,
+// for the benchmark's ceiling (pgbench runs them as they are) and for plan
+// tests. Parameters are as the methods that run them bind them.
+type HotPath struct {
+	// Enqueue's three statements, in order.
+	InsertKeys, InsertPending, LookupKeys string
+	// Claim's statement.
+	Claim string
+	// Record's three statements, in order.
+	LockParticipants, Record, Handoff string
+}
+
+// HotPath returns the hot-path statements for this store's schema.
+func (s *Store) HotPath() HotPath {
+	return HotPath{
+		InsertKeys: s.sql.insertKeys, InsertPending: s.sql.insertPending, LookupKeys: s.sql.lookupKeys,
+		Claim:            s.sql.claim,
+		LockParticipants: s.sql.lockParticipants, Record: s.sql.record, Handoff: s.sql.handoff,
+	}
+}

@@ -14,14 +14,15 @@ import (
 // instruction is made due (handoffSQL with no claims).
 func (s *Store) withdraw(ctx context.Context, db Batcher, late []Outcome) (map[uuid.UUID]bool, error) {
 	n := len(late)
-	ids, attemptIDs, claimIDs := make([]uuid.UUID, n), make([]uuid.UUID, n), make([]uuid.UUID, n)
 	states, codes, messages, participants := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	attemptNos := make([]int32, n)
 	for i, o := range late {
-		ids[i], attemptIDs[i], claimIDs[i], states[i], codes[i], messages[i], attemptNos[i] =
-			o.OutboxID, o.AttemptID, o.ClaimAttemptID, string(o.State), o.ErrorCode, o.ErrorMessage, int32(o.AttemptNo)
+		states[i], codes[i], messages[i], attemptNos[i] = string(o.State), o.ErrorCode, o.ErrorMessage, int32(o.AttemptNo)
 		participants[i] = o.ParticipantID
 	}
+	ids := wireUUIDs(late, func(o *Outcome) uuid.UUID { return o.OutboxID })
+	attemptIDs := wireUUIDs(late, func(o *Outcome) uuid.UUID { return o.AttemptID })
+	claimIDs := wireUUIDs(late, func(o *Outcome) uuid.UUID { return o.ClaimAttemptID })
 	b := &pgx.Batch{}
 	b.Queue(s.sql.lockParticipants, participants)
 	b.Queue(s.sql.withdraw, ids, attemptIDs, states, codes, messages, attemptNos, claimIDs)

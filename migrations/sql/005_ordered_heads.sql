@@ -79,3 +79,28 @@ DROP INDEX {{.schema}}.attempts_dispatching_age_idx;
 -- text (two entries per attempt, scattered over the index).
 CREATE INDEX idempotency_keys_instruction_idx ON {{.schema}}.idempotency_keys (instruction_id);
 DROP INDEX {{.schema}}.attempts_instruction_idx;
+
+-- pending and inflight are queue tables: few live rows, and a dead one for
+-- every claim and outcome until the next vacuum. The hot statements reach
+-- them by key, a batch at a time, and their plans are cached per
+-- connection. PostgreSQL plans from the table's size on disk: planned while
+-- a table is a few pages, a statement keeps the sequential scan it chose
+-- then, whose cost grows with the dead rows until a vacuum invalidates the
+-- plan. So the two tables keep their size on disk (vacuum reuses the space
+-- instead of giving it back), and start at about 200 pages, where a keyed
+-- access is the cheaper plan whatever the number of live rows. The rows
+-- written here are deleted in the same transaction: nobody ever sees them.
+ALTER TABLE {{.schema}}.pending SET (vacuum_truncate = false);
+ALTER TABLE {{.schema}}.inflight SET (vacuum_truncate = false);
+INSERT INTO {{.schema}}.inflight (outbox_id, attempt_id, attempt_no, relayer_id, ordered, claimed_at, lease_until,
+                                  instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload, created_at)
+SELECT gen_random_uuid(), gen_random_uuid(), 1, 'migration-005', false, now(), now(),
+       'migration-005', 'migration-005', n, 'migration-005', 'migration-005', jsonb_build_object('pad', repeat('x', 300)), now()
+FROM generate_series(1, 4000) AS n;
+DELETE FROM {{.schema}}.inflight WHERE relayer_id = 'migration-005';
+INSERT INTO {{.schema}}.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload,
+                                 next_attempt_at)
+SELECT gen_random_uuid(), 'migration-005', 'migration-005', n, 'migration-005', 'migration-005',
+       jsonb_build_object('pad', repeat('x', 300)), 'infinity'
+FROM generate_series(1, 4000) AS n;
+DELETE FROM {{.schema}}.pending WHERE instruction_id = 'migration-005';
