@@ -81,11 +81,14 @@ func TestConnectionsAreNamed(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// The producer ends at the end of its input (cancelling it while it
+	// commits its last batch would fail that batch); then the relay stops.
 	stdinW.Close()
+	if err := <-enqueueDone; err != nil {
+		t.Errorf("enqueue: %v", err)
+	}
 	cancel()
-	for _, c := range []chan error{relayDone, enqueueDone} {
-		if err := <-c; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("command: %v", err)
-		}
+	if err := <-relayDone; err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("relay: %v", err)
 	}
 }

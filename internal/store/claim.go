@@ -110,7 +110,7 @@ func claimError(err error) error {
 // claims hold. $1 relayer id, $2 limit, $3 rail types, $4 their leases (ms).
 var claimSQL = `
 WITH locked AS (
-  SELECT p.outbox_id FROM {schema}.pending p
+  SELECT p.ctid AS row FROM {schema}.pending p
   WHERE p.next_attempt_at <= now() AND p.rail_type = ANY($3::text[])
     AND (NOT ` + orderedSQL + ` OR NOT EXISTS (
       SELECT 1 FROM {schema}.pending q WHERE q.participant_id = p.participant_id AND q.sequence_id < p.sequence_id))
@@ -118,8 +118,12 @@ WITH locked AS (
   LIMIT $2 FOR UPDATE SKIP LOCKED
 ),` + claimTailSQL
 
-// claimTailSQL claims the rows of the relation locked (outbox ids of
-// pending rows this statement holds): it deletes them from pending, appends
+// claimTailSQL claims the rows of the relation locked (the row ids, ctid,
+// of pending rows no one else may change meanwhile): it deletes them from
+// pending by row id (a plan that cannot become a join with the whole
+// pending table, however many rows the planner expects: a cached generic
+// plan does not know the batch size and expects a tenth of the table),
+// appends
 // their DISPATCHING attempts and inserts their in-flight rows with the
 // lease of their rail ($1 relayer id, $3 rail types, $4 leases in ms).
 // The attempt id and number are made in the DELETE's RETURNING, so the two
@@ -130,7 +134,7 @@ var claimTailSQL = `
 leases AS (
   SELECT * FROM unnest($3::text[], $4::bigint[]) AS l(rail_type, lease_ms)
 ), claimed AS (
-  DELETE FROM {schema}.pending p USING locked WHERE p.outbox_id = locked.outbox_id
+  DELETE FROM {schema}.pending p WHERE p.ctid = ANY (ARRAY(SELECT row FROM locked))
   RETURNING p.*, ` + claimAttemptNo + ` AS attempt_no, {schema}.uuidv7() AS attempt_id, now() AS claimed_at
 ), dispatching AS (
   INSERT INTO {schema}.attempts (` + archiveColumns + `)

@@ -36,7 +36,10 @@ FOR UPDATE`
 //
 // Both lookups are per freed participant, through an index (the LATERAL
 // ... LIMIT 1 forms keep the planner from hashing the whole in-flight
-// table, whose heap churns with every claim), so the cost is O(outcomes).
+// table, whose heap churns with every claim), and the rows found are
+// changed by row id (ctid), so the cost is O(outcomes). The waiting rows
+// need no row lock: only the outcome of their participant's head (this
+// statement, under the participant's lock) makes them due or claims them.
 var handoffSQL = `
 WITH freed AS (
   SELECT DISTINCT u.participant_id FROM unnest($5::text[]) AS u(participant_id)
@@ -44,18 +47,17 @@ WITH freed AS (
 ), waiting AS (
   SELECT h.* FROM freed f
   CROSS JOIN LATERAL (
-    SELECT p.outbox_id, p.next_attempt_at, p.rail_type, p.created_at FROM {schema}.pending p
+    SELECT p.ctid AS row, p.next_attempt_at, p.rail_type, p.created_at FROM {schema}.pending p
     WHERE p.participant_id = f.participant_id ORDER BY p.sequence_id LIMIT 1) h
   LEFT JOIN LATERAL (
     SELECT true AS busy FROM {schema}.inflight i WHERE i.participant_id = f.participant_id AND i.ordered LIMIT 1) b ON true
   WHERE h.next_attempt_at = 'infinity' AND b.busy IS NULL
 ), locked AS (
-  SELECT w.outbox_id FROM waiting w
+  SELECT w.row FROM waiting w
   WHERE w.rail_type = ANY($3::text[])
   ORDER BY w.created_at
   LIMIT $2
 ), promoted AS (
   UPDATE {schema}.pending p SET next_attempt_at = now()
-  FROM waiting w
-  WHERE p.outbox_id = w.outbox_id AND w.outbox_id NOT IN (SELECT outbox_id FROM locked)
+  WHERE p.ctid = ANY (ARRAY(SELECT row FROM waiting WHERE row NOT IN (SELECT row FROM locked)))
 ),` + claimTailSQL

@@ -91,42 +91,15 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 	if len(outcomes) == 0 {
 		return nil, nil, nil
 	}
-	n := len(outcomes)
-	var (
-		states, instrs, parts, keys, railTypes          = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		tenants, corrs, relayers, refs, codes, errCodes = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		messages                                        = make([]string, n)
-		attemptNos, latencies                           = make([]int32, n), make([]int32, n)
-		seqs, delays                                    = make([]int64, n), make([]int64, n)
-		claimedAt                                       = make([]time.Time, n)
-		counts                                          = make([]bool, n)
-		terminal                                        []string
-	)
-	for i, o := range outcomes {
-		switch o.State {
-		case Dispatched, Failed:
-			terminal = append(terminal, o.ParticipantID)
-		case Retryable:
-		default:
-			return nil, nil, fmt.Errorf("record: outcome %d has state %q", i, o.State)
-		}
-		states[i], instrs[i], parts[i], keys[i], railTypes[i] = string(o.State), o.InstructionID, o.ParticipantID, o.IdempotencyKey, o.RailType
-		tenants[i], corrs[i], relayers[i], refs[i], codes[i], errCodes[i] = o.TenantID, o.CorrelationID, o.RelayerID, o.RailReference, o.RailCode, o.ErrorCode
-		messages[i] = o.ErrorMessage
-		attemptNos[i], latencies[i] = int32(o.AttemptNo), int32(o.LatencyMS)
-		seqs[i], delays[i] = o.SequenceID, o.RetryDelay.Milliseconds()
-		claimedAt[i], counts[i] = o.ClaimedAt, o.CountAttempt
+	args, terminal, err := recordArgs(outcomes)
+	if err != nil {
+		return nil, nil, err
 	}
-	ids := wireUUIDs(outcomes, func(o *Outcome) uuid.UUID { return o.AttemptID })
-	claimIDs := wireUUIDs(outcomes, func(o *Outcome) uuid.UUID { return o.ClaimAttemptID })
-	outboxIDs := wireUUIDs(outcomes, func(o *Outcome) uuid.UUID { return o.OutboxID })
-	railTypes2, leaseMS := leaseArrays(h.Leases)
+	railTypes, leaseMS := leaseArrays(h.Leases)
 	b := &pgx.Batch{}
 	b.Queue(s.sql.lockParticipants, terminal)
-	b.Queue(s.sql.record,
-		ids, claimIDs, outboxIDs, states, attemptNos, instrs, parts, seqs, keys, railTypes, tenants, corrs,
-		relayers, claimedAt, refs, codes, errCodes, messages, latencies, delays, counts)
-	b.Queue(s.sql.handoff, h.RelayerID, max(h.Limit, 0), railTypes2, leaseMS, terminal)
+	b.Queue(s.sql.record, args...)
+	b.Queue(s.sql.handoff, h.RelayerID, max(h.Limit, 0), railTypes, leaseMS, terminal)
 	br := db.SendBatch(ctx, b)
 	recorded, claimed, err := readRecordBatch(br)
 	if cerr := br.Close(); err == nil && cerr != nil {
@@ -159,6 +132,47 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 		recorded[i].Withdrew = withdrew[recorded[i].ClaimAttemptID]
 	}
 	return recorded, claimed, nil
+}
+
+// recordArgs are recordSQL's arguments for outcomes, and the participants
+// of the terminal ones.
+func recordArgs(outcomes []Outcome) (args []any, terminal []string, err error) {
+	n := len(outcomes)
+	var (
+		states, instrs, parts, keys, railTypes          = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		tenants, corrs, relayers, refs, codes, errCodes = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		messages                                        = make([]string, n)
+		attemptNos, latencies                           = make([]int32, n), make([]int32, n)
+		seqs, delays                                    = make([]int64, n), make([]int64, n)
+		claimedAt                                       = make([]time.Time, n)
+		counts                                          = make([]bool, n)
+	)
+	for i, o := range outcomes {
+		switch o.State {
+		case Dispatched, Failed:
+			terminal = append(terminal, o.ParticipantID)
+		case Retryable:
+		default:
+			return nil, nil, fmt.Errorf("record: outcome %d has state %q", i, o.State)
+		}
+		states[i], instrs[i], parts[i], keys[i], railTypes[i] = string(o.State), o.InstructionID, o.ParticipantID, o.IdempotencyKey, o.RailType
+		tenants[i], corrs[i], relayers[i], refs[i], codes[i], errCodes[i] = o.TenantID, o.CorrelationID, o.RelayerID, o.RailReference, o.RailCode, o.ErrorCode
+		messages[i] = o.ErrorMessage
+		attemptNos[i], latencies[i] = int32(o.AttemptNo), int32(o.LatencyMS)
+		seqs[i], delays[i] = o.SequenceID, o.RetryDelay.Milliseconds()
+		claimedAt[i], counts[i] = o.ClaimedAt, o.CountAttempt
+	}
+	ids := wireUUIDs(outcomes, func(o *Outcome) uuid.UUID { return o.AttemptID })
+	claimIDs := wireUUIDs(outcomes, func(o *Outcome) uuid.UUID { return o.ClaimAttemptID })
+	outboxIDs := wireUUIDs(outcomes, func(o *Outcome) uuid.UUID { return o.OutboxID })
+	return []any{ids, claimIDs, outboxIDs, states, attemptNos, instrs, parts, seqs, keys, railTypes, tenants, corrs,
+		relayers, claimedAt, refs, codes, errCodes, messages, latencies, delays, counts}, terminal, nil
+}
+
+// RecordArgs are the outcome statement's arguments, for plan tests.
+func RecordArgs(outcomes []Outcome) []any {
+	args, _, _ := recordArgs(outcomes)
+	return args
 }
 
 // readRecordBatch reads the results of Record's three statements.
@@ -222,7 +236,7 @@ WITH input AS (
                WHERE a.attempt_id = o.attempt_id AND a.created_at >= o.claimed_at - interval '1 day'
                LIMIT 1) AS prior_late
   FROM input o
-  WHERE o.claim_attempt_id <> ALL (SELECT attempt_id FROM fenced)
+  WHERE o.claim_attempt_id NOT IN (SELECT attempt_id FROM fenced)
 ), requeued AS (
   INSERT INTO {schema}.pending (` + pendingColumns + `)
   SELECT ` + identityColumns + `, payload, ` + countAfter("attempt_no", "count_attempt") + `, due, created_at, NULL

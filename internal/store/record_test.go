@@ -764,13 +764,7 @@ func TestRecordPlanProbesArchiveByKey(t *testing.T) {
 	b.enqueue(t, "p1", "k1")
 	c := b.claimOne(t, "r1", longLease)
 	o := recordOutcome(t, c, "r1", store.Dispatched)
-	args := []any{
-		[]uuid.UUID{o.AttemptID}, []uuid.UUID{o.ClaimAttemptID}, []uuid.UUID{o.OutboxID}, []string{string(o.State)},
-		[]int32{int32(o.AttemptNo)}, []string{o.InstructionID}, []string{o.ParticipantID}, []int64{o.SequenceID},
-		[]string{o.IdempotencyKey}, []string{o.RailType}, []string{""}, []string{""}, []string{o.RelayerID},
-		[]time.Time{o.ClaimedAt}, []string{o.RailReference}, []string{o.RailCode}, []string{""}, []string{""},
-		[]int32{12}, []int64{0}, []bool{true},
-	}
+	args := store.RecordArgs([]store.Outcome{o})
 	nodes, plan := testdb.Explain(t, b.pool, b.st.RecordSQL(), args...)
 	// Partitions that hold rows; the planner rightly scans an empty one.
 	rows, err := b.pool.Query(b.ctx, `SELECT DISTINCT c.relname FROM outbox.attempts a JOIN pg_class c ON c.oid = a.tableoid`)

@@ -1,0 +1,223 @@
+package store_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/internal/testdb"
+)
+
+// TestHotPathCostIsPerBatch proves the bound of the ordered claim, the
+// outcome and the hand-off: with 100,000 participants with pending work
+// (each a due head and a waiting successor), each statement touches a
+// number of buffers within a constant factor of its batch, not of the
+// participants. The plans are the generic ones a relayer's connection
+// caches, made while the in-flight table was empty; the in-flight table
+// then churns through 20,000 rows (a busy minute between two vacuums)
+// before anything is measured, as it would in production.
+func TestHotPathCostIsPerBatch(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("loads 200,000 pending rows")
+	}
+	const (
+		participants = 100_000
+		batch        = 100
+		// Buffers per row of the batch: a claimed row costs about 17 (the
+		// due index, the lower-sequence probe, the delete, the archive
+		// row and the in-flight row with their indexes); the old recursive
+		// skip scan read at least one per participant (100,000).
+		perRow = 40
+		fixed  = 300
+	)
+	pool := testdb.New(t)
+	ctx := t.Context()
+	st, err := store.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		fmt.Sprintf(`INSERT INTO outbox.sequences (participant_id, next_sequence_id, queued)
+			SELECT 'p' || lpad(n::text, 6, '0'), 3, 2 FROM generate_series(1, %d) n`, participants),
+		fmt.Sprintf(`WITH x AS (
+			  SELECT gen_random_uuid() AS id, 'p' || lpad(n::text, 6, '0') AS p, s, 'k-' || n || '-' || s AS k
+			  FROM generate_series(1, %d) n, generate_series(1, 2) s
+			), keys AS (
+			  INSERT INTO outbox.idempotency_keys (instruction_id, idempotency_key, outbox_id, participant_id, sequence_id, payload_hash)
+			  SELECT k, k, id, p, s, '\x00' FROM x
+			)
+			INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload, next_attempt_at, created_at)
+			SELECT id, k, p, s, k, 'sandbox', '{"amount_minor":100,"currency":"USD","destination":"acct-1"}',
+			       CASE s WHEN 1 THEN now() - interval '1 minute' ELSE 'infinity' END, now() - interval '1 minute'
+			FROM x`, participants),
+		`ANALYZE outbox.sequences, outbox.idempotency_keys, outbox.pending`,
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	exec := func(q string) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	h := st.HotPath()
+	exec(`SET plan_cache_mode = force_generic_plan`)
+	exec(`PREPARE claim AS ` + h.Claim)
+	exec(`PREPARE lock AS ` + h.LockParticipants)
+	exec(`PREPARE record AS ` + h.Record)
+	exec(`PREPARE handoff AS ` + h.Handoff)
+	// The generic plans are made now, while the in-flight table is empty.
+	empty := strings.TrimSuffix(strings.Repeat(`'{}', `, 21), ", ")
+	exec(`EXECUTE claim('r', 0, '{sandbox}', '{60000}')`)
+	exec(`EXECUTE lock('{}')`)
+	exec(`EXECUTE record(` + empty + `)`)
+	exec(`EXECUTE handoff('r', 0, '{sandbox}', '{60000}', '{}')`)
+	exec(`INSERT INTO outbox.inflight (outbox_id, attempt_id, attempt_no, relayer_id, ordered, claimed_at, lease_until,
+			instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload, created_at)
+		SELECT gen_random_uuid(), gen_random_uuid(), 1, 'churn', false, now(), now(), 'churn', 'churn', n, 'churn', 'sandbox',
+		       '{"amount_minor":100,"currency":"USD","destination":"acct-1"}', now()
+		FROM generate_series(1, 20000) n`)
+	exec(`DELETE FROM outbox.inflight WHERE relayer_id = 'churn'`)
+
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	measure := func(what, q string, rows int) {
+		t.Helper()
+		var out []byte
+		if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+q).Scan(&out); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		buffers := planBuffers(t, out)
+		t.Logf("%s of %d: %d buffers", what, rows, buffers)
+		if limit := perRow*rows + fixed; buffers > limit {
+			t.Errorf("%s of %d rows touched %d buffers, more than %d: its cost grows with something other than the batch\n%s",
+				what, rows, buffers, limit, out)
+		}
+	}
+	measure("claim", `EXECUTE claim('r', 100, '{sandbox}', '{60000}')`, batch)
+
+	rows, err := tx.Query(ctx, `SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+		attempt_id, attempt_no, claimed_at FROM outbox.inflight WHERE relayer_id = 'r'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outcomes, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Outcome, error) {
+		o := store.Outcome{State: store.Dispatched, RelayerID: "r", CountAttempt: true, AttemptID: uuid.Must(uuid.NewV7())}
+		err := r.Scan(&o.OutboxID, &o.InstructionID, &o.ParticipantID, &o.SequenceID, &o.IdempotencyKey, &o.RailType,
+			&o.ClaimAttemptID, &o.AttemptNo, &o.ClaimedAt)
+		return o, err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(outcomes) != batch {
+		t.Fatalf("claimed %d, want %d", len(outcomes), batch)
+	}
+	args := store.RecordArgs(outcomes)
+	literals := make([]string, len(args))
+	for i, a := range args {
+		literals[i] = arrayLiteral(t, a)
+	}
+	parts := literals[6] // participant ids
+	measure("lock", `EXECUTE lock(`+parts+`)`, batch)
+	measure("outcome", `EXECUTE record(`+strings.Join(literals, ", ")+`)`, batch)
+	measure("hand-off", `EXECUTE handoff('r', 100, '{sandbox}', '{60000}', `+parts+`)`, batch)
+
+	var handed int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM outbox.inflight WHERE relayer_id = 'r'`).Scan(&handed); err != nil {
+		t.Fatal(err)
+	}
+	if handed != batch {
+		t.Errorf("the hand-off claimed %d successors, want %d", handed, batch)
+	}
+}
+
+// planBuffers is the shared buffers (hit and read) an EXPLAIN (ANALYZE,
+// BUFFERS, FORMAT JSON) reports for the statement. A node's counts include
+// its children's, and a CTE Scan's include the CTE it pulled; a
+// data-modifying CTE that nothing reads runs after the top node and is in
+// no other node's counts. So each node counts what it read itself (its
+// count less its children's, never below zero), and a CTE Scan nothing: its
+// CTE's own nodes count the work.
+func planBuffers(t *testing.T, explain []byte) int {
+	t.Helper()
+	type node struct {
+		Type  string `json:"Node Type"`
+		Hit   int    `json:"Shared Hit Blocks"`
+		Read  int    `json:"Shared Read Blocks"`
+		Plans []node `json:"Plans"`
+	}
+	var root []struct {
+		Plan node `json:"Plan"`
+	}
+	if err := json.Unmarshal(explain, &root); err != nil || len(root) != 1 {
+		t.Fatalf("decode plan (%v): %s", err, explain)
+	}
+	var own func(n node) int
+	own = func(n node) int {
+		total, children := 0, 0
+		for _, c := range n.Plans {
+			total += own(c)
+			children += c.Hit + c.Read
+		}
+		if n.Type != "CTE Scan" {
+			total += max(0, n.Hit+n.Read-children)
+		}
+		return total
+	}
+	return own(root[0].Plan)
+}
+
+// arrayLiteral renders one of the statements' array arguments as an SQL
+// literal (the test's values hold no quotes or backslashes).
+func arrayLiteral(t *testing.T, v any) string {
+	t.Helper()
+	var elems []string
+	switch xs := v.(type) {
+	case [][16]byte:
+		for _, x := range xs {
+			elems = append(elems, uuid.UUID(x).String())
+		}
+	case []string:
+		for _, x := range xs {
+			elems = append(elems, `"`+x+`"`)
+		}
+	case []int32:
+		for _, x := range xs {
+			elems = append(elems, fmt.Sprint(x))
+		}
+	case []int64:
+		for _, x := range xs {
+			elems = append(elems, fmt.Sprint(x))
+		}
+	case []bool:
+		for _, x := range xs {
+			elems = append(elems, fmt.Sprint(x))
+		}
+	case []time.Time:
+		for _, x := range xs {
+			elems = append(elems, `"`+x.Format(time.RFC3339Nano)+`"`)
+		}
+	default:
+		t.Fatalf("no literal for %T", v)
+	}
+	return `'{` + strings.Join(elems, ",") + `}'`
+}
