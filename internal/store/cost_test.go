@@ -9,6 +9,7 @@ import (
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/internal/testdb"
@@ -192,9 +193,9 @@ func arrayLiteral(t *testing.T, v any) string {
 	t.Helper()
 	var elems []string
 	switch xs := v.(type) {
-	case [][16]byte:
+	case []pgtype.UUID:
 		for _, x := range xs {
-			elems = append(elems, uuid.UUID(x).String())
+			elems = append(elems, uuid.UUID(x.Bytes).String())
 		}
 	case []string:
 		for _, x := range xs {

@@ -33,7 +33,9 @@ type Requeued struct {
 // them, puts each back into pending with its identity, payload, first
 // enqueue time and attempt count (see budget.go) marked with the abandoned
 // attempt's id (so only that attempt's late outcome may withdraw this
-// copy), and appends one ZOMBIE_REQUEUE attempt that closes the dead
+// copy) and due since the dead relayer claimed it (it keeps its place in
+// line instead of queueing behind the backlog that built up meanwhile),
+// and appends one ZOMBIE_REQUEUE attempt that closes the dead
 // relayer's DISPATCHING attempt. reaperID is named in that row's message.
 //
 // Only inflight is read (through inflight_lease_idx); the archive is only
@@ -70,7 +72,7 @@ WITH expired AS (
 ), requeued AS (
   INSERT INTO {schema}.pending (` + pendingColumns + `)
   SELECT ` + identityColumns + `, payload,
-         ` + countAfter("attempt_no", "false") + `, now(), created_at, attempt_id
+         ` + countAfter("attempt_no", "false") + `, claimed_at, created_at, attempt_id
   FROM reaped
 ), zombie AS (
   INSERT INTO {schema}.attempts (` + archiveColumns + `)
