@@ -794,3 +794,18 @@ func TestRecordPlanProbesArchiveByKey(t *testing.T) {
 		t.Errorf("recorded %+v", rec[0])
 	}
 }
+
+// A requeued zombie keeps its place in line: it has been due since the
+// dead relayer claimed it, so work that became due later, while its lease
+// ran out, does not go first.
+func TestReapedZombieKeepsItsPlace(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	zombie := b.enqueue(t, "p-1", "k-1")
+	z := b.claimOne(t, "r-0", shortLease)
+	later := b.enqueue(t, "p-2", "k-2")
+	b.reap(t, z)
+	if c := b.claimOne(t, "r-1", longLease); c.OutboxID != zombie {
+		t.Fatalf("claimed %s first, want the zombie %s (not %s, due after its claim)", c.OutboxID, zombie, later)
+	}
+}
