@@ -24,6 +24,7 @@ func (r *run) claimLoop(ctx context.Context) {
 	}()
 
 	registered := false
+	empty := 0 // consecutive claims that found nothing
 	var lastRefresh time.Time
 	failures := &retry.Loop{Log: r.log, What: "claim", Min: 50 * time.Millisecond, Max: claimBackoffCap}
 	idleFailures := &retry.Loop{Log: r.log, What: "idle registration", Min: r.cfg.IdleRefresh, Max: r.cfg.IdleRefresh}
@@ -46,6 +47,11 @@ func (r *run) claimLoop(ctx context.Context) {
 			continue
 		}
 		failures.Succeeded()
+		if n > 0 {
+			empty = 0
+		} else {
+			empty++
+		}
 		if n > 0 && registered {
 			if err := r.unregisterIdle(stopCtx); err == nil {
 				registered = false
@@ -54,7 +60,7 @@ func (r *run) claimLoop(ctx context.Context) {
 		if full {
 			continue // drain mode: there is probably more
 		}
-		if n == 0 && r.shouldRegisterIdle() {
+		if r.shouldRegisterIdle(empty) {
 			if !registered || time.Since(lastRefresh) >= r.cfg.IdleRefresh {
 				found, err := r.goIdle(stopCtx)
 				if err != nil && stopCtx.Err() == nil {
@@ -64,6 +70,7 @@ func (r *run) claimLoop(ctx context.Context) {
 					registered, lastRefresh = true, time.Now()
 				}
 				if found {
+					empty = 0
 					if err := r.unregisterIdle(stopCtx); err == nil {
 						registered = false
 					}
@@ -71,34 +78,62 @@ func (r *run) claimLoop(ctx context.Context) {
 				}
 			}
 		}
-		if !r.waitForWork(stopCtx, registered) {
+		if !r.waitForWork(stopCtx, r.nextWait(empty, registered)) {
 			return
 		}
 	}
 }
 
-// shouldRegisterIdle: only a relayer that listens and has nothing in
-// flight registers; one with dispatches in progress is woken by its own
-// outcomes anyway, and registering would make producers pay for NOTIFY.
-func (r *run) shouldRegisterIdle() bool {
-	return r.listening.Load() && r.inFlight.Load() == 0
+// idleAfterEmptyClaims is how many claims in a row must find nothing
+// before a relayer registers idle (with the hot polls of nextWait, 2 + 4 +
+// 8 = 14 ms of nothing at the default Debounce).
+const idleAfterEmptyClaims = 3
+
+// shouldRegisterIdle decides when producers start paying for NOTIFY: when
+// this relayer listens and its hot polls have found nothing for a while,
+// whether or not it has dispatches in flight. A relayer busy with slow
+// rails must still hear of new work at once: its own outcomes wake it
+// only as often as they come, and at low rates not at all. While claims
+// keep finding work, the relayer polls instead (nextWait), so at a steady
+// rate producers send no NOTIFY, whose commit takes a cluster-wide lock
+// (it halved producer throughput in `outbox bench notify`).
+func (r *run) shouldRegisterIdle(empty int) bool {
+	return r.listening.Load() && empty >= idleAfterEmptyClaims
+}
+
+// nextWait is how long the loop waits for a wake before claiming again.
+// Registered idle, the fallback poll (NOTIFY wakes it sooner). Otherwise a
+// hot poll: Debounce after a claim that found work, doubling with each
+// claim that found nothing, up to the poll interval: a steady stream is
+// picked up within a few milliseconds without any NOTIFY, and a relayer
+// whose stream stopped is back to the poll interval within a second.
+func (r *run) nextWait(empty int, registered bool) wait {
+	poll := r.pollDelay()
+	if registered {
+		return wait{d: min(poll, r.cfg.IdleRefresh)}
+	}
+	if empty > 20 || r.cfg.Debounce<<empty >= poll {
+		return wait{d: poll}
+	}
+	return wait{d: r.cfg.Debounce << empty, hot: true}
+}
+
+// wait is how long waitForWork waits, and whether it is a hot poll.
+type wait struct {
+	d   time.Duration
+	hot bool
 }
 
 // waitForWork blocks until a notification, slots freed by recorded
-// outcomes, the poll timer (or the idle refresh while registered), or
-// stop. It reports false on stop.
+// outcomes, the end of wait, or stop. It reports false on stop.
 //
 // Notifications are debounced on the leading edge: the first one claims at
 // once; those arriving within Debounce of the last notified claim collapse
 // into one claim at the end of that window, so a NOTIFY storm costs at most
 // one claim per window. Freed slots claim at once: they come at the pace of
 // this relayer's own outcome batches.
-func (r *run) waitForWork(ctx context.Context, registered bool) bool {
-	wait := r.pollDelay()
-	if registered && r.cfg.IdleRefresh < wait {
-		wait = r.cfg.IdleRefresh
-	}
-	t := time.NewTimer(wait)
+func (r *run) waitForWork(ctx context.Context, w wait) bool {
+	t := time.NewTimer(w.d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
@@ -112,7 +147,11 @@ func (r *run) waitForWork(ctx context.Context, registered bool) bool {
 		r.lastNotified = time.Now()
 		return true
 	case <-t.C:
-		r.stats.polls.Add(1)
+		if w.hot {
+			r.stats.hotPolls.Add(1)
+		} else {
+			r.stats.polls.Add(1)
+		}
 		return true
 	}
 }

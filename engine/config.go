@@ -20,9 +20,9 @@ import (
 // Defaults of Config.
 const (
 	DefaultBatchSize      = 100
-	DefaultMaxConcurrency = 64
+	DefaultMaxConcurrency = 256
 	DefaultPollInterval   = 500 * time.Millisecond
-	DefaultDebounce       = 25 * time.Millisecond
+	DefaultDebounce       = 2 * time.Millisecond
 	DefaultLeaseGrace     = 10 * time.Second
 	DefaultBackoffBase    = time.Second
 	DefaultBackoffCap     = 5 * time.Minute
@@ -72,7 +72,10 @@ type Config struct {
 	// PollInterval is the fallback poll (jittered by ±20%); polling is the
 	// source of truth, NOTIFY only shortens the wait.
 	PollInterval time.Duration
-	// Debounce coalesces a burst of notifications into one claim.
+	// Debounce is the shortest time between two claims prompted by
+	// notifications (a burst within it collapses into one claim at its
+	// end; the first claims at once) and the first hot poll after a claim
+	// that found work (see the claim loop). Like River's fetch cooldown.
 	Debounce time.Duration
 	// PollOnly disables LISTEN (e.g. behind a transaction-pooling proxy).
 	PollOnly bool

@@ -36,11 +36,12 @@ type Stats struct {
 	Late          int64 // outcomes recorded after the lease was reaped
 	LeftInFlight  int64 // cut off at stop, or unrecordable: left for the reaper
 	Notifications int64 // wakeups by NOTIFY
-	Polls         int64 // wakeups by the poll timer
+	Polls         int64 // wakeups by the fallback poll timer
+	HotPolls      int64 // wakeups by a hot poll (shortly after a claim found work)
 }
 
 type counters struct {
-	claims, claimBatches, claimed, handoffs, dispatched, retried, dead, released, late, leftInFlight, notifications, polls atomic.Int64
+	claims, claimBatches, claimed, handoffs, dispatched, retried, dead, released, late, leftInFlight, notifications, polls, hotPolls atomic.Int64
 }
 
 // count adds one recorded outcome to the counters.
@@ -121,6 +122,7 @@ func (r *Relayer) Stats() Stats {
 		Claims: s.claims.Load(), ClaimBatches: s.claimBatches.Load(), Claimed: s.claimed.Load(), Handoffs: s.handoffs.Load(), Dispatched: s.dispatched.Load(),
 		Retried: s.retried.Load(), Dead: s.dead.Load(), Released: s.released.Load(), Late: s.late.Load(),
 		LeftInFlight: s.leftInFlight.Load(), Notifications: s.notifications.Load(), Polls: s.polls.Load(),
+		HotPolls: s.hotPolls.Load(),
 	}
 }
 

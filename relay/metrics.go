@@ -27,7 +27,7 @@ import (
 //	outbox_rail_call_seconds{rail}             rail call duration
 //	outbox_rail_breaker_state{rail}            0 closed, 1 half-open, 2 open
 //	outbox_claim_batches_total, outbox_claimed_total, outbox_notify_wakeups_total,
-//	outbox_poll_wakeups_total, outbox_late_outcomes_total
+//	outbox_poll_wakeups_total, outbox_hot_poll_wakeups_total, outbox_late_outcomes_total
 //	outbox_reaper_requeues_total               (with a reaper)
 type Metrics struct {
 	latency  prometheus.Histogram
@@ -65,6 +65,7 @@ func newMetrics(pool *pgxpool.Pool, r *engine.Relayer, rp *reaper.Reaper, cfg en
 	counter("outbox_claimed_total", "Instructions claimed.", func(s engine.Stats) int64 { return s.Claimed })
 	counter("outbox_notify_wakeups_total", "Wakeups by NOTIFY.", func(s engine.Stats) int64 { return s.Notifications })
 	counter("outbox_poll_wakeups_total", "Wakeups by the fallback poll.", func(s engine.Stats) int64 { return s.Polls })
+	counter("outbox_hot_poll_wakeups_total", "Wakeups by a hot poll (shortly after a claim found work).", func(s engine.Stats) int64 { return s.HotPolls })
 	counter("outbox_late_outcomes_total", "Outcomes recorded after the lease was reaped.", func(s engine.Stats) int64 { return s.Late })
 	states := prometheus.NewDesc("outbox_attempts_total", "Attempt outcomes recorded by this relayer, by state.", []string{"state"}, nil)
 	m.all = append(m.all, funcCollector{desc: states, collect: func(ch chan<- prometheus.Metric) {

@@ -82,3 +82,10 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 		return fmt.Errorf("%w: unknown migrate action %q (want up, status, notify-on, notify-off, ordering-on or ordering-off)", errUsage, action)
 	}
 }
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -808,4 +809,124 @@ func TestReapedZombieKeepsItsPlace(t *testing.T) {
 	if c := b.claimOne(t, "r-1", longLease); c.OutboxID != zombie {
 		t.Fatalf("claimed %s first, want the zombie %s (not %s, due after its claim)", c.OutboxID, zombie, later)
 	}
+}
+
+// TestHandoffUnderReaperAndLateCompletion: the outcomes of twenty heads
+// whose leases just ran out are recorded, with their successors handed
+// on, while the reaper requeues the same heads. Whichever wins each
+// instruction, nothing is lost, paid twice or stranded: an outcome the
+// reaper beat is late, withdraws the requeued copy and the participant
+// moves on; one that beat the reaper hands the successor on. Then the
+// rest is drained by claims and outcomes, and every invariant holds. The
+// first two rounds put the two in a fixed order (so both paths are sure to
+// be taken), the others race them.
+func TestHandoffUnderReaperAndLateCompletion(t *testing.T) {
+	t.Parallel()
+	const participants = 20
+	orders := []string{"reaper first", "outcomes first", "together", "together", "together"}
+	for round, order := range orders {
+		b := setupRecord(t)
+		for p := range participants {
+			b.enqueue(t, "p-"+strconv.Itoa(p), strconv.Itoa(round)+"-a-"+strconv.Itoa(p))
+			b.enqueue(t, "p-"+strconv.Itoa(p), strconv.Itoa(round)+"-b-"+strconv.Itoa(p))
+		}
+		heads, err := b.st.Claim(b.ctx, b.pool, store.ClaimParams{
+			RelayerID: "r-0", Limit: 100, Leases: map[string]time.Duration{"sandbox": shortLease},
+		})
+		if err != nil || len(heads) != participants {
+			t.Fatalf("claimed %d heads (%v), want %d", len(heads), err, participants)
+		}
+		time.Sleep(2 * shortLease)
+		outcomes := make([]store.Outcome, len(heads))
+		for i, c := range heads {
+			outcomes[i] = recordOutcome(t, c, "r-0", store.Dispatched)
+		}
+		var (
+			wg       sync.WaitGroup
+			rec      []store.Recorded
+			handed   []store.Claimed
+			recErr   error
+			requeued []reaper.Requeued
+			reapErr  error
+		)
+		record := func() {
+			rec, handed, recErr = b.st.Record(b.ctx, b.pool, outcomes,
+				store.HandoffParams{RelayerID: "r-0", Limit: 100, Leases: map[string]time.Duration{"sandbox": longLease}})
+		}
+		reap := func() { requeued, reapErr = b.reaper.RunOnce(b.ctx) }
+		switch order {
+		case "reaper first":
+			reap()
+			record()
+		case "outcomes first":
+			record()
+			reap()
+		default:
+			wg.Add(2)
+			go func() { defer wg.Done(); record() }()
+			go func() { defer wg.Done(); reap() }()
+			wg.Wait()
+		}
+		if recErr != nil || reapErr != nil {
+			t.Fatalf("record: %v; reap: %v", recErr, reapErr)
+		}
+		late := 0
+		for _, r := range rec {
+			if r.Late {
+				late++
+			}
+		}
+		t.Logf("round %d (%s): %d outcomes on time, %d late, %d requeued, %d handed on",
+			round, order, len(rec)-late, late, len(requeued), len(handed))
+		if late != len(requeued) || len(handed) != len(rec)-late {
+			t.Errorf("%d late outcomes, %d requeued, %d of %d on time handed on", late, len(requeued), len(handed), len(rec)-late)
+		}
+		if (order == "reaper first" && late != participants) || (order == "outcomes first" && late != 0) {
+			t.Errorf("%s: %d late outcomes", order, late)
+		}
+		b.drain(t, handed)
+		r := b.verifyOK(t)
+		if r.Dispatched != 2*participants || r.DispatchedTwice != 0 || r.Pending != 0 || r.InFlight != 0 {
+			t.Fatalf("report %+v: want %d dispatched once each, nothing left", r, 2*participants)
+		}
+	}
+}
+
+// drain records held claims dispatched (handing successors on) and claims
+// what is due, until nothing is pending or in flight. A round that claims
+// nothing while work is left means a participant is stranded.
+func (b *recordBundle) drain(t *testing.T, held []store.Claimed) {
+	t.Helper()
+	relayer := "r-0" // whose claims held are
+	leases := map[string]time.Duration{"sandbox": longLease}
+	for range 1000 {
+		if len(held) == 0 {
+			var err error
+			held, err = b.st.Claim(b.ctx, b.pool, store.ClaimParams{RelayerID: "r-1", Limit: 100, Leases: leases})
+			relayer = "r-1"
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(held) == 0 {
+			var left int
+			if err := b.pool.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM outbox.pending) + (SELECT count(*) FROM outbox.inflight)`).Scan(&left); err != nil {
+				t.Fatal(err)
+			}
+			if left > 0 {
+				t.Fatalf("%d instructions left and none due: stranded", left)
+			}
+			return
+		}
+		outcomes := make([]store.Outcome, len(held))
+		for i, c := range held {
+			outcomes[i] = recordOutcome(t, c, relayer, store.Dispatched)
+		}
+		_, next, err := b.st.Record(b.ctx, b.pool, outcomes, store.HandoffParams{RelayerID: "r-1", Limit: 100, Leases: leases})
+		if err != nil {
+			t.Fatal(err)
+		}
+		held, relayer = next, "r-1"
+	}
+	t.Fatal("not drained after 1000 rounds")
 }

@@ -141,6 +141,10 @@ type HotPath struct {
 	InsertKeys, InsertPending, LookupKeys string
 	// Claim's statement.
 	Claim string
+	// ClaimAsOutcomes is Claim with its result folded into Record's
+	// arguments (as if every claimed instruction were dispatched at
+	// once), for running the two without a relayer in between.
+	ClaimAsOutcomes string
 	// Record's three statements, in order.
 	LockParticipants, Record, Handoff string
 }
@@ -150,6 +154,7 @@ func (s *Store) HotPath() HotPath {
 	return HotPath{
 		InsertKeys: s.sql.insertKeys, InsertPending: s.sql.insertPending, LookupKeys: s.sql.lookupKeys,
 		Claim:            s.sql.claim,
+		ClaimAsOutcomes:  qualify(s.schema, claimAsOutcomesSQL),
 		LockParticipants: s.sql.lockParticipants, Record: s.sql.record, Handoff: s.sql.handoff,
 	}
 }

@@ -1,0 +1,70 @@
+package engine
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ledgerline/outbox/rails"
+)
+
+// TestNoStrandUnderRacingProducers: producers commit instruction n+1 of a
+// participant while relayers record instruction n of the same participant
+// and hand its successor on, over and over (few participants, one
+// instruction per transaction, two relayers draining as they come). A
+// participant whose next instruction waited for a hand-off that never came
+// would be stranded: pending forever, never due. Every instruction must be
+// dispatched in sequence order, with one head per participant throughout
+// (audit verify), and without the fallback poll (10 s) rescuing anyone:
+// nothing waits at 'infinity' for a poll.
+func TestNoStrandUnderRacingProducers(t *testing.T) {
+	t.Parallel()
+	const participants, each, producers = 4, 150, 8
+	b := setup(t, rails.SandboxOptions{})
+	var relayers []*Relayer
+	for i := range 2 {
+		cfg := b.config(fmt.Sprintf("racer-%d", i))
+		cfg.PollInterval = 10 * time.Second
+		relayers = append(relayers, b.start(t, cfg))
+	}
+	// Producer k enqueues the instructions i ≡ k (mod producers) of every
+	// participant, one per transaction, so each participant's stream is fed
+	// by several producers at once.
+	var wg sync.WaitGroup
+	errs := make(chan error, producers)
+	for k := range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := k; i < each; i += producers {
+				for p := range participants {
+					if _, err := b.producer.Enqueue(b.ctx, b.pool, instruction(fmt.Sprintf("race-%d", p), i)); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	b.waitDrained(t, 2*time.Minute)
+
+	rep := b.verify(t, true)
+	if rep.Dispatched != participants*each || rep.DispatchedTwice != 0 {
+		t.Fatalf("report %+v: want %d dispatched once each", rep, participants*each)
+	}
+	var handoffs, polls int64
+	for _, r := range relayers {
+		handoffs += r.Stats().Handoffs
+		polls += r.Stats().Polls
+	}
+	t.Logf("%d hand-offs, %d fallback polls", handoffs, polls)
+	if handoffs == 0 {
+		t.Fatal("no hand-off happened: the race this test is about did not take place")
+	}
+}

@@ -1,0 +1,84 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ledgerline/outbox/payment"
+	"github.com/ledgerline/outbox/rails"
+)
+
+// TestBusyRelayerRegistersIdle: a relayer with a dispatch in flight (a
+// slow rail) whose polls find nothing more registers idle all the same,
+// so a new instruction of another participant is dispatched by NOTIFY at
+// once, not at its 10 s poll (before, only a relayer with nothing in
+// flight registered, and busy relayers heard of new work only by polling).
+func TestBusyRelayerRegistersIdle(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	release := make(chan struct{})
+	b.useTransport(t, funcTransport(func(ctx context.Context, ins payment.Instruction) (rails.Result, error) {
+		if ins.ParticipantID == "slow" {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return rails.Result{}, ctx.Err()
+			}
+		}
+		return rails.Result{Code: rails.SandboxAccepted, Reference: "ref-" + ins.IdempotencyKey}, nil
+	}), time.Minute)
+	defer close(release)
+	cfg := b.config("busy")
+	cfg.PollInterval = 10 * time.Second
+	if _, err := b.producer.Enqueue(b.ctx, b.pool, instruction("slow", 1)); err != nil {
+		t.Fatal(err)
+	}
+	r := b.start(t, cfg)
+	b.waitInFlight(t, 1)
+	b.waitRegisteredIdle(t, "busy")
+
+	if _, err := b.producer.Enqueue(b.ctx, b.pool, instruction("fast", 1)); err != nil {
+		t.Fatal(err)
+	}
+	b.waitDispatched(t, 1, 8*time.Second)
+	if st := r.Stats(); st.Notifications == 0 || st.Polls != 0 {
+		t.Fatalf("stats %+v: want dispatch by notification, before any poll", st)
+	}
+}
+
+// TestSteadyStreamNeedsNoNotify: while claims keep finding work the
+// relayer polls shortly after each (hot polls) and stays unregistered, so
+// producers of a steady stream send no NOTIFY (its commit takes a
+// cluster-wide lock) and are still picked up within milliseconds.
+func TestSteadyStreamNeedsNoNotify(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	cfg := b.config("steady")
+	cfg.PollInterval = 10 * time.Second
+	cfg.Debounce = 20 * time.Millisecond // hot polls of 20, 40, 80 ms: room for a slow machine
+	r := b.start(t, cfg)
+	b.waitRegisteredIdle(t, "steady")
+	// One instruction every 10 ms: the first is notified, the rest must be
+	// found by hot polls with the relayer unregistered.
+	const n = 100
+	for i := range n {
+		if _, err := b.producer.Enqueue(b.ctx, b.pool, instruction(fmt.Sprintf("p%d", i), 1)); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	b.waitDispatched(t, n, 30*time.Second)
+	st := r.Stats()
+	t.Logf("stats %+v", st)
+	if st.HotPolls == 0 || st.Polls != 0 {
+		t.Fatalf("stats %+v: want the stream found by hot polls, with no fallback poll", st)
+	}
+	// A few registrations may slip in when the machine stalls the stream
+	// for longer than three hot polls; one per instruction would mean the
+	// producers paid NOTIFY throughout.
+	if st.Notifications > n/4 {
+		t.Fatalf("%d notifications for %d instructions: the relayer kept registering idle during a steady stream", st.Notifications, n)
+	}
+}

@@ -1,0 +1,247 @@
+// Package bench measures the engine on this machine: how fast relayers
+// drain a queue with ordering on and off, the latency of a steady stream
+// (enqueue to rail call, and to the outcome committed), how fast producers
+// enqueue, and the ceiling: the engine's own hot statements run back to
+// back through pgbench, without the engine, at their best client count, so
+// each figure can be stated as a share of what this database can do here.
+//
+// Every result is one [Result]; with Config.JSON each is printed as one
+// JSON object per line, otherwise as a line of text. Runs longer than a
+// second print a progress line per second to Config.Progress.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/migrations"
+)
+
+// Workloads are the workloads Run knows, in the order it runs them.
+var Workloads = []string{"drain", "latency", "enqueue", "ceiling", "notify"}
+
+// DefaultWorkloads are what Run runs when asked for none (notify compares
+// the NOTIFY trigger on and off and is run on request).
+var DefaultWorkloads = []string{"drain", "latency", "enqueue", "ceiling"}
+
+// Config describes one benchmark run.
+type Config struct {
+	Pool *pgxpool.Pool
+	// Out receives the results; Progress the progress lines (nil: none).
+	Out, Progress io.Writer
+	// JSON prints results as JSON lines instead of text.
+	JSON bool
+
+	Instructions int // drain and ceiling: instructions queued up front
+	Participants int // instructions spread over this many participants
+	Relayers     int // relayers in this process
+	// Ordered lists the ordering modes drain and ceiling run (default
+	// both, ordered first).
+	Ordered []bool
+
+	Rate      int           // latency: instructions per second
+	Duration  time.Duration // latency, enqueue and notify: how long
+	Producers int           // enqueue and notify: concurrent producers
+	Pairs     int           // notify: trigger on/off pairs
+
+	RailLatency    time.Duration // the sandbox rail's latency per call
+	MaxConcurrency int           // each relayer's (0: the engine's default)
+	BatchSize      int           // each relayer's claim batch (0: the default)
+
+	// Clients are the pgbench client counts the ceiling tries (default 1,
+	// 2, 4, 8 for the claim and outcome, 4, 8, 16, 32 for the enqueue).
+	Clients []int
+	// PgBench is the pgbench binary (default: next to the server's, or on
+	// $PATH).
+	PgBench string
+}
+
+// Result is one line of a benchmark's report. The first five fields are
+// on every line; the latency fields on latency lines only.
+type Result struct {
+	Workload     string  `json:"workload"` // drain, latency, enqueue, ceiling, notify
+	Ordered      bool    `json:"ordered"`
+	Participants int     `json:"participants"`
+	Instructions int     `json:"instructions"`
+	MsgsPerSec   float64 `json:"msgs_per_sec"`
+
+	// Latency: the rate asked for and achieved, and percentiles (ms) from
+	// the producer's call to enqueue to the rail being called (what River
+	// reports as enqueue to job start) and to the outcome committed.
+	Rate         *float64 `json:"rate,omitempty"`
+	AchievedRate *float64 `json:"achieved_rate,omitempty"`
+	CallP50      *float64 `json:"call_p50_ms,omitempty"`
+	CallP99      *float64 `json:"call_p99_ms,omitempty"`
+	CallP999     *float64 `json:"call_p999_ms,omitempty"`
+	P50          *float64 `json:"p50_ms,omitempty"`
+	P99          *float64 `json:"p99_ms,omitempty"`
+	P999         *float64 `json:"p999_ms,omitempty"`
+	// EnqueueP50 and EnqueueP99 are the producer's own share: from the
+	// call to Enqueue to its commit returning (two of the commits on the
+	// way to the rail call are the producer's and the claim's).
+	EnqueueP50 *float64 `json:"enqueue_p50_ms,omitempty"`
+	EnqueueP99 *float64 `json:"enqueue_p99_ms,omitempty"`
+
+	// RSSMiB is the largest resident set of this process during the run.
+	RSSMiB float64 `json:"rss_mib"`
+	// Seconds is how long the measured part took.
+	Seconds float64 `json:"seconds"`
+
+	// Ceiling: which statements ran and at how many pgbench clients (the
+	// best of those tried).
+	Statements string `json:"statements,omitempty"`
+	Clients    int    `json:"clients,omitempty"`
+	// Notify: whether the NOTIFY trigger was on, and how many wakeups it
+	// caused.
+	Trigger  *bool `json:"trigger,omitempty"`
+	Notified int64 `json:"notified,omitempty"`
+	// Note says what a reader must know to read the line right.
+	Note string `json:"note,omitempty"`
+}
+
+// Run runs the workloads (DefaultWorkloads if none) and returns every
+// result, printing each as it comes.
+func Run(ctx context.Context, cfg Config, workloads []string) ([]Result, error) {
+	cfg.defaults()
+	if len(workloads) == 0 {
+		workloads = DefaultWorkloads
+	}
+	for _, w := range workloads {
+		if !slices.Contains(Workloads, w) {
+			return nil, fmt.Errorf("bench: unknown workload %q (want one of %v)", w, Workloads)
+		}
+	}
+	r := &runner{cfg: cfg}
+	var all []Result
+	for _, w := range workloads {
+		var (
+			rs  []Result
+			err error
+		)
+		switch w {
+		case "drain":
+			rs, err = r.drain(ctx)
+		case "latency":
+			rs, err = r.latency(ctx)
+		case "enqueue":
+			rs, err = r.enqueue(ctx)
+		case "ceiling":
+			rs, err = r.ceiling(ctx)
+		case "notify":
+			rs, err = r.notify(ctx)
+		}
+		all = append(all, rs...)
+		if err != nil {
+			return all, fmt.Errorf("bench %s: %w", w, err)
+		}
+	}
+	return all, nil
+}
+
+func (c *Config) defaults() {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&c.Instructions, 100_000)
+	def(&c.Participants, 1000)
+	def(&c.Relayers, 2)
+	def(&c.Rate, 1000)
+	def(&c.Producers, 16)
+	def(&c.Pairs, 3)
+	if c.Duration <= 0 {
+		c.Duration = 20 * time.Second
+	}
+	if len(c.Ordered) == 0 {
+		c.Ordered = []bool{true, false}
+	}
+	if c.Out == nil {
+		c.Out = io.Discard
+	}
+}
+
+// runner runs the workloads of one Config.
+type runner struct {
+	cfg Config
+}
+
+// emit prints one result.
+func (r *runner) emit(res Result) {
+	if r.cfg.JSON {
+		b, _ := json.Marshal(res)
+		fmt.Fprintf(r.cfg.Out, "%s\n", b)
+		return
+	}
+	fmt.Fprintln(r.cfg.Out, res.text())
+}
+
+// text is a result as a line of text.
+func (res Result) text() string {
+	s := fmt.Sprintf("%-8s ordered=%-5v participants=%-6d instructions=%-7d %9.0f msgs/s  rss %5.1f MiB  %6.2fs",
+		res.Workload, res.Ordered, res.Participants, res.Instructions, res.MsgsPerSec, res.RSSMiB, res.Seconds)
+	if res.Rate != nil {
+		s += fmt.Sprintf("\n         rate %.0f/s achieved %.0f/s; enqueue→rail call p50 %.2f ms p99 %.2f ms p99.9 %.2f ms; enqueue→outcome committed p50 %.2f ms p99 %.2f ms p99.9 %.2f ms; enqueue→its commit p50 %.2f ms p99 %.2f ms",
+			*res.Rate, *res.AchievedRate, *res.CallP50, *res.CallP99, *res.CallP999, *res.P50, *res.P99, *res.P999, *res.EnqueueP50, *res.EnqueueP99)
+	}
+	if res.Statements != "" {
+		s += fmt.Sprintf("  [%s, %d pgbench clients]", res.Statements, res.Clients)
+	}
+	if res.Trigger != nil {
+		s += fmt.Sprintf("  [trigger %v, %d NOTIFY wakeups]", *res.Trigger, res.Notified)
+	}
+	if res.Note != "" {
+		s += "  (" + res.Note + ")"
+	}
+	return s
+}
+
+// freshSchema migrates a new schema for one run, with ordering on or off,
+// and returns a cleanup that drops it.
+func (r *runner) freshSchema(ctx context.Context, ordered bool) (string, func(), error) {
+	schema := fmt.Sprintf("bench_%x", rand.Uint32())
+	if err := migrations.MigrateWith(ctx, r.cfg.Pool, migrations.Options{Schema: schema}); err != nil {
+		return "", nil, err
+	}
+	drop := func() { _, _ = r.cfg.Pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") }
+	if err := migrations.SetOrdered(ctx, r.cfg.Pool, schema, ordered); err != nil {
+		drop()
+		return "", nil, err
+	}
+	return schema, drop, nil
+}
+
+// verify runs the invariant checks (audit verify) over a schema a run
+// left behind: a figure is only reported for a run that kept every
+// invariant.
+func (r *runner) verify(ctx context.Context, schema string, ordered bool) error {
+	st, err := store.New(schema)
+	if err != nil {
+		return err
+	}
+	rep, err := st.Verify(ctx, r.cfg.Pool, store.VerifyOptions{Ordered: ordered})
+	if err != nil {
+		return err
+	}
+	if len(rep.Violations) > 0 {
+		return fmt.Errorf("invariants violated after the run: %v", rep.Violations)
+	}
+	return nil
+}
+
+// settle starts a run from clean buffers: a CHECKPOINT, so no run pays for
+// the writes of the one before (a 100,000-instruction drain leaves enough
+// dirty buffers behind to halve the next run's commit rate on a small
+// machine). It needs superuser or pg_checkpoint; without it runs are
+// noisier, not wrong.
+func (r *runner) settle(ctx context.Context) {
+	_, _ = r.cfg.Pool.Exec(ctx, "CHECKPOINT")
+}

@@ -1,0 +1,80 @@
+package bench_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/ledgerline/outbox/internal/bench"
+	"github.com/ledgerline/outbox/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// TestEveryWorkloadReports runs every workload, tiny, and reads the JSON
+// lines as a script would: every line carries the fixed fields, every
+// figure comes from work that was done (the ceiling's claim+outcome line
+// counts DISPATCHED archive rows that pgbench's transactions wrote, so it
+// is zero if the claim's result did not feed the outcome statement), and
+// the runs kept every invariant (drain and latency verify before they
+// report).
+func TestEveryWorkloadReports(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	var out bytes.Buffer
+	results, err := bench.Run(t.Context(), bench.Config{
+		Pool: pool, Out: &out, JSON: true,
+		Instructions: 400, Participants: 10, Rate: 200, Duration: time.Second, Producers: 4, Pairs: 1,
+		Clients: []int{1, 2}, MaxConcurrency: 16, BatchSize: 20,
+	}, bench.Workloads)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"drain": 2, "latency": 1, "enqueue": 1, "ceiling": 3, "notify": 2}
+	got := map[string]int{}
+	sc := bufio.NewScanner(&out)
+	lines := 0
+	for sc.Scan() {
+		lines++
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		for _, f := range []string{"workload", "ordered", "participants", "instructions", "msgs_per_sec", "rss_mib"} {
+			if _, ok := m[f]; !ok {
+				t.Errorf("line %q has no %s", sc.Text(), f)
+			}
+		}
+		w, _ := m["workload"].(string)
+		got[w]++
+		if m["instructions"].(float64) <= 0 || m["msgs_per_sec"].(float64) <= 0 {
+			t.Errorf("line %q: no work measured", sc.Text())
+		}
+		if w == "latency" {
+			for _, f := range []string{"rate", "achieved_rate", "call_p50_ms", "call_p99_ms", "call_p999_ms", "p50_ms", "p99_ms", "p999_ms"} {
+				if v, ok := m[f].(float64); !ok || v <= 0 {
+					t.Errorf("latency line %q: %s missing or zero", sc.Text(), f)
+				}
+			}
+			if m["call_p50_ms"].(float64) > m["p50_ms"].(float64) {
+				t.Errorf("latency line %q: the rail call comes after its outcome", sc.Text())
+			}
+		}
+		if w == "drain" && m["rss_mib"].(float64) <= 0 {
+			t.Errorf("drain line %q: no RSS", sc.Text())
+		}
+	}
+	for w, n := range want {
+		if got[w] != n {
+			t.Errorf("%d %s lines, want %d", got[w], w, n)
+		}
+	}
+	if lines != len(results) {
+		t.Errorf("%d lines printed, %d results returned", lines, len(results))
+	}
+	for _, line := range bench.Summary(results) {
+		t.Log(line)
+	}
+}

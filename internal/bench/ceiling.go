@@ -1,0 +1,276 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ledgerline/outbox/internal/pglocal"
+	"github.com/ledgerline/outbox/internal/store"
+)
+
+// ceiling runs the engine's own hot statements through pgbench, without
+// the engine: what this database can do on this machine with these
+// statements, to state the engine's figures as a share of it.
+//
+//   - claim+outcome, per ordering mode: a queue of Instructions as the drain
+//     has, and each pgbench transaction claims a batch (the claim statement,
+//     its result folded into the outcome statement's arguments) and records
+//     every claimed instruction DISPATCHED (the participant lock, outcome
+//     and hand-off statements, pipelined in one transaction as the relayer
+//     sends them). The hand-off claims nothing here (pgbench cannot feed a
+//     claim back): it makes successors due for the next claim instead,
+//     which costs an UPDATE per instruction the engine does not pay.
+//   - enqueue: the producer's three statements, pipelined in one implicit
+//     transaction per instruction, as Producer.Enqueue on a pool sends
+//     them, with a fresh key each.
+//
+// Each runs at every client count of Config.Clients; the best is reported.
+func (r *runner) ceiling(ctx context.Context) ([]Result, error) {
+	bin, err := r.pgbench()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "outbox-ceiling-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+
+	var out []Result
+	batch := r.cfg.BatchSize
+	if batch <= 0 {
+		batch = 100
+	}
+	for _, ordered := range r.cfg.Ordered {
+		best := Result{}
+		for _, clients := range r.clients([]int{1, 2, 4, 8}) {
+			res, err := r.ceilingDispatch(ctx, bin, dir, ordered, clients, batch)
+			if err != nil {
+				return out, err
+			}
+			r.progressf("ceiling claim+outcome ordered=%v: %d clients, %.0f msgs/s", ordered, clients, res.MsgsPerSec)
+			if res.MsgsPerSec > best.MsgsPerSec {
+				best = res
+			}
+		}
+		r.emit(best)
+		out = append(out, best)
+	}
+	best := Result{}
+	for _, clients := range r.clients([]int{4, 8, 16, 32}) {
+		res, err := r.ceilingEnqueue(ctx, bin, dir, clients)
+		if err != nil {
+			return out, err
+		}
+		r.progressf("ceiling enqueue: %d clients, %.0f msgs/s", clients, res.MsgsPerSec)
+		if res.MsgsPerSec > best.MsgsPerSec {
+			best = res
+		}
+	}
+	r.emit(best)
+	return append(out, best), nil
+}
+
+func (r *runner) clients(def []int) []int {
+	if len(r.cfg.Clients) > 0 {
+		return r.cfg.Clients
+	}
+	return def
+}
+
+func (r *runner) progressf(format string, args ...any) {
+	if r.cfg.Progress != nil {
+		fmt.Fprintf(r.cfg.Progress, format+"\n", args...)
+	}
+}
+
+// pgbench finds the pgbench binary: Config.PgBench, the one next to the
+// server's binaries, or pgbench on $PATH.
+func (r *runner) pgbench() (string, error) {
+	if r.cfg.PgBench != "" {
+		return r.cfg.PgBench, nil
+	}
+	if dir, err := pglocal.FindBinDir(); err == nil {
+		if p := filepath.Join(dir, "pgbench"); fileExists(p) {
+			return p, nil
+		}
+	}
+	p, err := exec.LookPath("pgbench")
+	if err != nil {
+		return "", errors.New("no pgbench: it comes with the PostgreSQL server package (apt-get install -y postgresql)")
+	}
+	return p, nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+// ceilingDispatch measures the claim and outcome statements at one client
+// count on a fresh queue.
+func (r *runner) ceilingDispatch(ctx context.Context, bin, dir string, ordered bool, clients, batch int) (Result, error) {
+	schema, drop, err := r.freshSchema(ctx, ordered)
+	if err != nil {
+		return Result{}, err
+	}
+	defer drop()
+	n := r.cfg.Instructions
+	if err := r.fill(ctx, schema, rand.Uint32(), n); err != nil {
+		return Result{}, err
+	}
+	r.settle(ctx)
+	st, err := store.New(schema)
+	if err != nil {
+		return Result{}, err
+	}
+	h := st.HotPath()
+	script := pgbenchSQL(h.ClaimAsOutcomes, map[int]string{1: ":relayer", 2: ":batch", 3: ":rails", 4: ":leases"}) + " \\gset\n" +
+		"\\startpipeline\n" +
+		pgbenchSQL(h.LockParticipants, map[int]string{1: ":a7"}) + ";\n" +
+		pgbenchSQL(h.Record, numbered("a", 21)) + ";\n" +
+		pgbenchSQL(h.Handoff, map[int]string{1: ":relayer", 2: ":zero", 3: ":rails", 4: ":leases", 5: ":a7"}) + ";\n" +
+		"\\endpipeline\n"
+	// Claims stop short of the queue's end, so every transaction claims a
+	// full batch or close to it (an empty queue would make them free).
+	perClient := max(1, int(0.9*float64(n))/(clients*batch))
+	run, err := r.runPgBench(ctx, bin, dir, script, clients, []string{"-t", strconv.Itoa(perClient)},
+		"relayer=pgbench", "batch="+strconv.Itoa(batch), "zero=0", "rails={sandbox}", "leases={600000}")
+	if err != nil {
+		return Result{}, err
+	}
+	var dispatched int64
+	if err := r.cfg.Pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".attempts WHERE state = 'DISPATCHED'").Scan(&dispatched); err != nil {
+		return Result{}, err
+	}
+	secs := run.seconds()
+	return Result{Workload: "ceiling", Ordered: ordered, Participants: r.cfg.Participants, Instructions: int(dispatched),
+		MsgsPerSec: float64(dispatched) / secs, Seconds: secs, Statements: "claim+outcome", Clients: clients}, nil
+}
+
+// ceilingEnqueue measures the enqueue statements at one client count.
+func (r *runner) ceilingEnqueue(ctx context.Context, bin, dir string, clients int) (Result, error) {
+	schema, drop, err := r.freshSchema(ctx, true)
+	if err != nil {
+		return Result{}, err
+	}
+	defer drop()
+	r.settle(ctx)
+	st, err := store.New(schema)
+	if err != nil {
+		return Result{}, err
+	}
+	h := st.HotPath()
+	// One instruction per transaction, its ids made from a random number
+	// (the outbox id is their md5, so all three statements agree on it).
+	id := `'ceiling-' || :client_id || '-' || :n`
+	uuid := `ARRAY[md5(` + id + `)::uuid]`
+	payload := `'{"amount_minor":1000,"currency":"USD","destination":"acct-1"}'`
+	part := `ARRAY['p' || :p]`
+	script := fmt.Sprintf("\\set n random(1, 1000000000000)\n\\set p random(0, %d)\n", r.cfg.Participants-1) +
+		"\\startpipeline\n" +
+		pgbenchSQL(h.InsertKeys, map[int]string{1: `ARRAY['']`, 2: `ARRAY[` + id + `]`, 3: `ARRAY[` + id + `]`, 4: uuid, 5: part, 6: `ARRAY['\x00'::bytea]`}) + ";\n" +
+		pgbenchSQL(h.InsertPending, map[int]string{1: uuid, 2: `ARRAY[0]`, 3: `ARRAY[` + id + `]`, 4: part, 5: `ARRAY[` + id + `]`,
+			6: `ARRAY['sandbox']`, 7: `ARRAY['']`, 8: `ARRAY['']`, 9: `ARRAY[` + payload + `]`}) + ";\n" +
+		pgbenchSQL(h.LookupKeys, map[int]string{1: `ARRAY['']`, 2: `ARRAY[` + id + `]`, 3: `ARRAY[` + id + `]`, 4: `ARRAY[0]`}) + ";\n" +
+		"\\endpipeline\n"
+	secs := max(1, int(r.cfg.Duration.Seconds()/2))
+	run, err := r.runPgBench(ctx, bin, dir, script, clients, []string{"-T", strconv.Itoa(secs)})
+	if err != nil {
+		return Result{}, err
+	}
+	var committed int64
+	if err := r.cfg.Pool.QueryRow(ctx, "SELECT count(*) FROM "+schema+".pending").Scan(&committed); err != nil {
+		return Result{}, err
+	}
+	return Result{Workload: "ceiling", Ordered: true, Participants: r.cfg.Participants, Instructions: int(committed),
+		MsgsPerSec: run.tps, Seconds: run.seconds(), Statements: "enqueue", Clients: clients}, nil
+}
+
+// pgbenchRun is what pgbench reported.
+type pgbenchRun struct {
+	transactions int64
+	tps          float64 // without the initial connection time
+}
+
+// seconds is how long the transactions took.
+func (p pgbenchRun) seconds() float64 { return float64(p.transactions) / p.tps }
+
+var (
+	pgbenchTransactions = regexp.MustCompile(`number of transactions actually processed: (\d+)`)
+	pgbenchTPS          = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
+)
+
+// runPgBench runs script with clients clients (prepared statements, no
+// vacuum of pgbench's own tables) and reads its summary.
+func (r *runner) runPgBench(ctx context.Context, bin, dir, script string, clients int, limit []string, vars ...string) (pgbenchRun, error) {
+	path := filepath.Join(dir, fmt.Sprintf("script-%x.sql", rand.Uint32()))
+	if err := os.WriteFile(path, []byte(script), 0o600); err != nil {
+		return pgbenchRun{}, err
+	}
+	args := []string{"-n", "-M", "prepared", "-c", strconv.Itoa(clients), "-j", strconv.Itoa(min(clients, 4)), "-f", path}
+	args = append(args, limit...)
+	for _, v := range vars {
+		args = append(args, "-D", v)
+	}
+	args = append(args, r.cfg.Pool.Config().ConnString())
+	cmd := exec.CommandContext(ctx, bin, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	start := time.Now()
+	err := cmd.Run()
+	if err != nil {
+		return pgbenchRun{}, fmt.Errorf("pgbench: %w: %s", err, lastLines(stderr.String(), 5))
+	}
+	m1, m2 := pgbenchTransactions.FindStringSubmatch(stdout.String()), pgbenchTPS.FindStringSubmatch(stdout.String())
+	if m1 == nil || m2 == nil {
+		return pgbenchRun{}, fmt.Errorf("pgbench: no summary in its output (ran %v): %s", time.Since(start), lastLines(stdout.String()+stderr.String(), 10))
+	}
+	var run pgbenchRun
+	run.transactions, _ = strconv.ParseInt(m1[1], 10, 64)
+	run.tps, _ = strconv.ParseFloat(m2[1], 64)
+	if run.transactions == 0 || run.tps == 0 {
+		return pgbenchRun{}, fmt.Errorf("pgbench ran no transaction: %s", lastLines(stdout.String()+stderr.String(), 10))
+	}
+	return run, nil
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+var placeholder = regexp.MustCompile(`\$(\d+)`)
+
+// pgbenchSQL is a statement with its parameters $1, $2 ... replaced as
+// args says (pgbench variables, :name, or SQL expressions), on one line
+// per statement as pgbench reads them.
+func pgbenchSQL(sql string, args map[int]string) string {
+	sql = placeholder.ReplaceAllStringFunc(sql, func(m string) string {
+		n, _ := strconv.Atoi(m[1:])
+		if a, ok := args[n]; ok {
+			return a
+		}
+		return m
+	})
+	return strings.TrimSpace(sql)
+}
+
+// numbered maps $1..$n to :prefix1..:prefixn.
+func numbered(prefix string, n int) map[int]string {
+	m := make(map[int]string, n)
+	for i := 1; i <= n; i++ {
+		m[i] = ":" + prefix + strconv.Itoa(i)
+	}
+	return m
+}

@@ -1,0 +1,78 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/ledgerline/outbox/engine"
+	"github.com/ledgerline/outbox/internal/store"
+)
+
+// drain queues Instructions over Participants, then measures how fast the
+// relayers empty the queue: from their start to the last outcome
+// committed. Once per ordering mode.
+func (r *runner) drain(ctx context.Context) ([]Result, error) {
+	var out []Result
+	for _, ordered := range r.cfg.Ordered {
+		res, err := r.drainOnce(ctx, ordered)
+		if err != nil {
+			return out, err
+		}
+		r.emit(res)
+		out = append(out, res)
+	}
+	return out, nil
+}
+
+func (r *runner) drainOnce(ctx context.Context, ordered bool) (Result, error) {
+	schema, drop, err := r.freshSchema(ctx, ordered)
+	if err != nil {
+		return Result{}, err
+	}
+	defer drop()
+	n := r.cfg.Instructions
+	if err := r.fill(ctx, schema, rand.Uint32(), n); err != nil {
+		return Result{}, err
+	}
+	r.settle(ctx)
+
+	var done rate
+	finished := make(chan struct{})
+	var once sync.Once
+	rss := sampleRSS()
+	t0 := time.Now()
+	_, stop, err := r.relayers(ctx, schema, nil, func(recs []engine.Recorded) {
+		for _, rec := range recs {
+			if rec.State == store.Dispatched && done.n.Add(1) == int64(n) {
+				once.Do(func() { close(finished) })
+			}
+		}
+	})
+	if err != nil {
+		rss.MiB()
+		return Result{}, err
+	}
+	stopProgress := r.progress(func(el time.Duration) string {
+		return fmt.Sprintf("drain ordered=%v: %d/%d dispatched, %d msgs/s in the last second (%v)",
+			ordered, done.n.Load(), n, done.since(), el)
+	})
+	select {
+	case <-finished:
+	case <-ctx.Done():
+	}
+	elapsed := time.Since(t0)
+	stopProgress()
+	stop()
+	mib := rss.MiB()
+	if err := ctx.Err(); err != nil {
+		return Result{}, err
+	}
+	if err := r.verify(ctx, schema, ordered); err != nil {
+		return Result{}, err
+	}
+	return Result{Workload: "drain", Ordered: ordered, Participants: r.cfg.Participants, Instructions: n,
+		MsgsPerSec: float64(n) / elapsed.Seconds(), RSSMiB: mib, Seconds: elapsed.Seconds()}, nil
+}

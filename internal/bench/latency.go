@@ -1,0 +1,177 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ledgerline/outbox/engine"
+	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/payment"
+	"github.com/ledgerline/outbox/pending"
+)
+
+// latencyProducers is the least number of producers the latency workload
+// uses: with durable commits of a few milliseconds each, that many keep a
+// steady 1,000/s with room to spare.
+const latencyProducers = 32
+
+// latencyWarmup is the start of a latency run that is not measured.
+const latencyWarmup = 2 * time.Second
+
+// latency runs an open-loop stream of Rate instructions per second for
+// Duration, with ordering on, and reports two latencies per instruction,
+// both from the moment its producer called Enqueue (before its commit, as
+// River's enqueue time is taken): to the rail being called (River's "job
+// start") and to the outcome committed. The schedule is fixed in advance
+// (one instruction every 1/Rate seconds) and does not wait for slow
+// commits, so the rate achieved is the rate measured.
+func (r *runner) latency(ctx context.Context) ([]Result, error) {
+	schema, drop, err := r.freshSchema(ctx, true)
+	if err != nil {
+		return nil, err
+	}
+	defer drop()
+	r.settle(ctx)
+
+	var (
+		enqueuedAt sync.Map // instruction id -> time.Time
+		mu         sync.Mutex
+		calls      = newHistogram()
+		outcomes   = newHistogram()
+		commits    = newHistogram()
+		warm       atomic.Bool
+		recorded   rate
+	)
+	_, stop, err := r.relayers(ctx, schema,
+		func(ins payment.Instruction) {
+			if t, ok := enqueuedAt.Load(ins.InstructionID); ok {
+				d := time.Since(t.(time.Time)).Microseconds()
+				mu.Lock()
+				_ = calls.RecordValue(max(1, d))
+				mu.Unlock()
+			}
+		},
+		func(recs []engine.Recorded) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, rec := range recs {
+				recorded.n.Add(1)
+				t, ok := enqueuedAt.LoadAndDelete(rec.InstructionID)
+				if ok && rec.State == store.Dispatched {
+					_ = outcomes.RecordValue(max(1, rec.RecordedAt.Sub(t.(time.Time)).Microseconds()))
+				}
+			}
+		})
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	producer, err := pending.NewProducer(pending.Config{Schema: schema})
+	if err != nil {
+		return nil, err
+	}
+	run := rand.Uint32()
+	interval := time.Second / time.Duration(r.cfg.Rate)
+
+	// The pacer hands out instruction numbers on schedule; producers take
+	// them. A number nobody could take within a second of its due time
+	// counts as missed (the stream fell behind).
+	work := make(chan int, r.cfg.Rate)
+	var sent, failed, missed atomic.Int64
+	var wg sync.WaitGroup
+	for range max(r.cfg.Producers, latencyProducers) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				ins := instruction(run, i, r.cfg.Participants)
+				if warm.Load() { // only what is enqueued after the warm-up counts
+					enqueuedAt.Store(ins.InstructionID, time.Now())
+				}
+				t0 := time.Now()
+				_, err := producer.Enqueue(ctx, r.cfg.Pool, ins)
+				if warm.Load() {
+					mu.Lock()
+					_ = commits.RecordValue(max(1, time.Since(t0).Microseconds()))
+					mu.Unlock()
+				}
+				if err != nil {
+					enqueuedAt.Delete(ins.InstructionID)
+					failed.Add(1)
+					continue
+				}
+				sent.Add(1)
+			}
+		}()
+	}
+	stopProgress := r.progress(func(el time.Duration) string {
+		return fmt.Sprintf("latency: %d enqueued, %d outcomes in the last second (%v)", sent.Load(), recorded.since(), el)
+	})
+	rss := sampleRSS()
+	t0 := time.Now()
+	var measuredFrom time.Time
+	for i := 0; ; i++ {
+		due := t0.Add(time.Duration(i) * interval)
+		if due.Sub(t0) >= latencyWarmup+r.cfg.Duration || ctx.Err() != nil {
+			break
+		}
+		if due.Sub(t0) >= latencyWarmup && !warm.Load() {
+			warm.Store(true)
+			measuredFrom = time.Now()
+			sent.Store(0)
+		}
+		if d := time.Until(due); d > 0 {
+			time.Sleep(d)
+		}
+		select {
+		case work <- i:
+		default:
+			missed.Add(1)
+		}
+	}
+	close(work)
+	wg.Wait()
+	elapsed := time.Since(measuredFrom)
+	achieved := float64(sent.Load()) / elapsed.Seconds()
+	// Every measured instruction counts, the slowest above all: wait for
+	// the tail to be dispatched (bounded; what is left is reported).
+	unfinished := 0
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		unfinished = 0
+		enqueuedAt.Range(func(_, _ any) bool { unfinished++; return true })
+		if unfinished == 0 || time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+	}
+	stopProgress()
+	mib := rss.MiB()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	stop()
+	if err := r.verify(ctx, schema, true); err != nil {
+		return nil, err
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	res := Result{Workload: "latency", Ordered: true, Participants: r.cfg.Participants, Instructions: int(sent.Load()),
+		MsgsPerSec: achieved, Rate: ptr(float64(r.cfg.Rate)), AchievedRate: ptr(achieved),
+		CallP50: ms(calls, 50), CallP99: ms(calls, 99), CallP999: ms(calls, 99.9),
+		P50: ms(outcomes, 50), P99: ms(outcomes, 99), P999: ms(outcomes, 99.9),
+		EnqueueP50: ms(commits, 50), EnqueueP99: ms(commits, 99),
+		RSSMiB: mib, Seconds: elapsed.Seconds()}
+	if achieved < 0.95*float64(r.cfg.Rate) || missed.Load() > 0 || failed.Load() > 0 {
+		res.Note = fmt.Sprintf("the producers did not keep up (%d missed, %d failed): percentiles at %.0f/s, not %d/s",
+			missed.Load(), failed.Load(), achieved, r.cfg.Rate)
+	}
+	if unfinished > 0 {
+		res.Note = strings.TrimPrefix(res.Note+fmt.Sprintf("; %d measured instructions not dispatched 30 s after the stream ended (not in the percentiles)", unfinished), "; ")
+	}
+	r.emit(res)
+	return []Result{res}, nil
+}
