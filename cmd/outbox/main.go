@@ -33,7 +33,7 @@ var commands = []command{
 	{"enqueue", "enqueue one instruction from flags, or JSON lines from stdin", runEnqueue},
 	{"demo", "run the whole system locally: Postgres, relayer, sandbox rail, a producer stream, a live summary", runDemo},
 	{"relay", "run a relayer (and the zombie reaper): claim, dispatch to rails, record outcomes", runRelay},
-	{"bench", "benchmarks: drain throughput (ordering on/off), steady-rate latency, producer throughput (NOTIFY trigger on/off)", runBench},
+	{"bench", "benchmarks: drain (ordering on/off), steady-rate latency, enqueue, the pgbench ceiling of the same statements, NOTIFY on/off", runBench},
 	{"sandbox", "sandbox serve: the sandbox rail as an HTTP server (webhook protocol), for crash tests and demos", runSandbox},
 	{"stats", "queue state: pending, due, oldest due age, in flight, stuck, DLQ depth (JSON)", runStats},
 	{"dlq", "dead letters: list, replay, ack", runDLQ},

@@ -110,7 +110,8 @@ func claimError(err error) error {
 // claims hold. $1 relayer id, $2 limit, $3 rail types, $4 their leases (ms).
 var claimSQL = claimLockedSQL + claimTailSQL
 
-// claimLockedSQL is the relation locked of claimSQL: the due rows it takes.
+// claimLockedSQL is the first part of claimSQL: the relation locked, the
+// due rows it takes.
 var claimLockedSQL = `
 WITH locked AS (
   SELECT p.ctid AS row FROM {schema}.pending p
