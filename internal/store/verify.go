@@ -182,6 +182,31 @@ var checks = []check{
 		WHERE NOT EXISTS (SELECT 1 FROM {schema}.attempts a WHERE a.attempt_id = f.attempt_id AND a.state = 'DISPATCHING')`, false},
 }
 
+// verifyPlannerSQL sets up Verify's transaction for whole-table reads.
+const verifyPlannerSQL = "SET LOCAL enable_nestloop = off"
+
+// VerifyPlans returns the plan (EXPLAIN, FORMAT JSON) of every check, as
+// Verify's transaction plans them, for plan tests.
+func (s *Store) VerifyPlans(ctx context.Context, db TxBeginner) ([][]byte, error) {
+	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, verifyPlannerSQL); err != nil {
+		return nil, err
+	}
+	var plans [][]byte
+	for _, q := range s.sql.verifyChecks {
+		var plan []byte
+		if err := tx.QueryRow(ctx, "EXPLAIN (FORMAT JSON) "+q).Scan(&plan); err != nil {
+			return nil, fmt.Errorf("explain %q: %w", q, err)
+		}
+		plans = append(plans, plan)
+	}
+	return plans, nil
+}
+
 const verifyCountsSQL = `
 SELECT (SELECT count(*) FROM {schema}.idempotency_keys),
        (SELECT count(*) FROM {schema}.pending),
@@ -212,7 +237,7 @@ func (s *Store) Verify(ctx context.Context, db TxBeginner, opts VerifyOptions) (
 	// tenth of its size), a check became nested loops over thousands of
 	// rows each side: seconds to minutes, on a busy database. Hash and
 	// merge joins read each table once whatever the statistics say.
-	if _, err := tx.Exec(ctx, "SET LOCAL enable_nestloop = off"); err != nil {
+	if _, err := tx.Exec(ctx, verifyPlannerSQL); err != nil {
 		return Report{}, fmt.Errorf("verify: %w", err)
 	}
 
