@@ -86,6 +86,8 @@ func qualify(schema, query string) string { return strings.ReplaceAll(query, "{s
 // statements are every statement of the package, rendered once.
 type statements struct {
 	insertKeys, insertPending, lookupKeys string
+	// The same three for one instruction (see single).
+	insertKeysOne, insertPendingOne, lookupKeysOne string
 	claim, handoff                        string
 	record, withdraw, lockParticipants    string
 	reap                                  string
@@ -106,6 +108,9 @@ func renderStatements(schema string) statements {
 		insertKeys:       q(insertKeysSQL),
 		insertPending:    q(insertPendingSQL),
 		lookupKeys:       q(lookupKeysSQL),
+		insertKeysOne:    q(single(insertKeysSQL)),
+		insertPendingOne: q(single(insertPendingSQL)),
+		lookupKeysOne:    q(single(lookupKeysSQL)),
 		claim:            q(claimSQL),
 		handoff:          q(handoffSQL),
 		record:           q(recordSQL),
