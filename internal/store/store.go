@@ -88,18 +88,18 @@ type statements struct {
 	insertKeys, insertPending, lookupKeys string
 	// The same three for one instruction (see single).
 	insertKeysOne, insertPendingOne, lookupKeysOne string
-	claim, handoff                        string
-	record, withdraw, lockParticipants    string
-	reap                                  string
-	replay, replayLock, acknowledge       string
-	trailByOutbox, trailByInstruction     string
-	deadLetters                           string
-	listPending                           string
-	snapshot                              string
-	verifyCounts                          string
-	verifyChecks                          []string
-	registerIdle, unregisterIdle          string
-	ensurePartitions                      string
+	claim, handoff                                 string
+	record, withdraw, lockParticipants             string
+	reap                                           string
+	replay, replayLock, acknowledge                string
+	trailByOutbox, trailByInstruction              string
+	deadLetters                                    string
+	listPending                                    string
+	snapshot                                       string
+	verifyCounts                                   string
+	verifyChecks                                   []string
+	registerIdle, unregisterIdle                   string
+	ensurePartitions                               string
 }
 
 func renderStatements(schema string) statements {
