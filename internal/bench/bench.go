@@ -237,6 +237,20 @@ func (r *runner) verify(ctx context.Context, schema string, ordered bool) error 
 	return nil
 }
 
+// queued is a fresh schema with Config.Instructions queued, settled.
+func (r *runner) queued(ctx context.Context, ordered bool) (string, func(), error) {
+	schema, drop, err := r.freshSchema(ctx, ordered)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := r.fill(ctx, schema, r.cfg.Instructions); err != nil {
+		drop()
+		return "", nil, err
+	}
+	r.settle(ctx)
+	return schema, drop, nil
+}
+
 // settle starts a run from clean buffers: a CHECKPOINT, so no run pays for
 // the writes of the one before (a 100,000-instruction drain leaves enough
 // dirty buffers behind to halve the next run's commit rate on a small

@@ -120,16 +120,12 @@ func fileExists(p string) bool {
 // ceilingDispatch measures the claim and outcome statements at one client
 // count on a fresh queue.
 func (r *runner) ceilingDispatch(ctx context.Context, bin, dir string, ordered bool, clients, batch int) (Result, error) {
-	schema, drop, err := r.freshSchema(ctx, ordered)
+	schema, drop, err := r.queued(ctx, ordered)
 	if err != nil {
 		return Result{}, err
 	}
 	defer drop()
 	n := r.cfg.Instructions
-	if err := r.fill(ctx, schema, rand.Uint32(), n); err != nil {
-		return Result{}, err
-	}
-	r.settle(ctx)
 	st, err := store.New(schema)
 	if err != nil {
 		return Result{}, err

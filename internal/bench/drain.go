@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -28,16 +27,12 @@ func (r *runner) drain(ctx context.Context) ([]Result, error) {
 }
 
 func (r *runner) drainOnce(ctx context.Context, ordered bool) (Result, error) {
-	schema, drop, err := r.freshSchema(ctx, ordered)
+	schema, drop, err := r.queued(ctx, ordered)
 	if err != nil {
 		return Result{}, err
 	}
 	defer drop()
 	n := r.cfg.Instructions
-	if err := r.fill(ctx, schema, rand.Uint32(), n); err != nil {
-		return Result{}, err
-	}
-	r.settle(ctx)
 
 	var done rate
 	finished := make(chan struct{})

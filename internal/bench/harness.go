@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"strconv"
 	"strings"
@@ -32,7 +33,8 @@ func instruction(run uint32, n, participants int) pending.Instruction {
 
 // fill enqueues n instructions over the configured participants, 1,000 per
 // transaction.
-func (r *runner) fill(ctx context.Context, schema string, run uint32, n int) error {
+func (r *runner) fill(ctx context.Context, schema string, n int) error {
+	run := rand.Uint32()
 	producer, err := pending.NewProducer(pending.Config{Schema: schema})
 	if err != nil {
 		return err

@@ -182,20 +182,32 @@ var checks = []check{
 		WHERE NOT EXISTS (SELECT 1 FROM {schema}.attempts a WHERE a.attempt_id = f.attempt_id AND a.state = 'DISPATCHING')`, false},
 }
 
-// verifyPlannerSQL sets up Verify's transaction for whole-table reads.
-const verifyPlannerSQL = "SET LOCAL enable_nestloop = off"
-
-// VerifyPlans returns the plan (EXPLAIN, FORMAT JSON) of every check, as
-// Verify's transaction plans them, for plan tests.
-func (s *Store) VerifyPlans(ctx context.Context, db TxBeginner) ([][]byte, error) {
+// beginVerify opens Verify's transaction: one read-only snapshot, planned
+// for whole-table reads. Planned from statistics that are stale (queue
+// tables last analyzed empty, an archive analyzed at a tenth of its size),
+// a check became nested loops over thousands of rows each side: seconds to
+// minutes, on a busy database. Hash and merge joins read each table once
+// whatever the statistics say.
+func beginVerify(ctx context.Context, db TxBeginner) (pgx.Tx, error) {
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, err
 	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, verifyPlannerSQL); err != nil {
+	if _, err := tx.Exec(ctx, "SET LOCAL enable_nestloop = off"); err != nil {
+		_ = tx.Rollback(ctx)
 		return nil, err
 	}
+	return tx, nil
+}
+
+// VerifyPlans returns the plan (EXPLAIN, FORMAT JSON) of every check, as
+// Verify's transaction plans them, for plan tests.
+func (s *Store) VerifyPlans(ctx context.Context, db TxBeginner) ([][]byte, error) {
+	tx, err := beginVerify(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback(ctx)
 	var plans [][]byte
 	for _, q := range s.sql.verifyChecks {
 		var plan []byte
@@ -227,19 +239,11 @@ func (s *Store) Verify(ctx context.Context, db TxBeginner, opts VerifyOptions) (
 	if opts.Examples <= 0 {
 		opts.Examples = 10
 	}
-	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	tx, err := beginVerify(ctx, db)
 	if err != nil {
 		return Report{}, fmt.Errorf("verify: %w", err)
 	}
 	defer tx.Rollback(ctx)
-	// Every check reads whole tables. Planned from statistics that are
-	// stale (queue tables last analyzed empty, an archive analyzed at a
-	// tenth of its size), a check became nested loops over thousands of
-	// rows each side: seconds to minutes, on a busy database. Hash and
-	// merge joins read each table once whatever the statistics say.
-	if _, err := tx.Exec(ctx, verifyPlannerSQL); err != nil {
-		return Report{}, fmt.Errorf("verify: %w", err)
-	}
 
 	var r Report
 	if err := tx.QueryRow(ctx, s.sql.verifyCounts).Scan(
