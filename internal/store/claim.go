@@ -147,20 +147,27 @@ leases AS (
   SELECT * FROM unnest($3::text[], $4::bigint[]) AS l(rail_type, lease_ms)
 ), claimed AS (
   DELETE FROM {schema}.pending p WHERE p.ctid = ANY (ARRAY(SELECT row FROM locked))
-  RETURNING p.*, ` + claimAttemptNo + ` AS attempt_no, {schema}.uuidv7() AS attempt_id, now() AS claimed_at
+  RETURNING p.*, ` + claimAttemptNo + ` AS attempt_no, {schema}.uuidv7() AS attempt_id, now() AS claimed_at,
+            clock_timestamp() AS archived_at
+), stamped AS (
+  SELECT c.*, ` + attemptHash("c.chain_head", dispatchingValues, "c.archived_at") + ` AS hash FROM claimed c
 ), dispatching AS (
-  INSERT INTO {schema}.attempts (` + archiveColumns + `)
-  SELECT attempt_id, ` + identityColumns + `,
-         payload, attempt_no, 'DISPATCHING', $1, NULL,
-         claimed_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL, false
-  FROM claimed
+  INSERT INTO {schema}.attempts (` + chainedArchiveColumns + `)
+  SELECT ` + dispatchingValues + `, c.archived_at, c.chain_head, c.hash
+  FROM stamped c
 ), leased AS (
-  INSERT INTO {schema}.inflight (` + inflightColumns + `)
+  INSERT INTO {schema}.inflight (` + inflightColumns + `, chain_head)
   SELECT ` + from("c", identityColumns) + `,
          c.payload, c.created_at, c.attempt_id, c.attempt_no, $1, ` + orderedSQL + `,
-         c.claimed_at, c.claimed_at + l.lease_ms * interval '1 millisecond'
-  FROM claimed c JOIN leases l USING (rail_type)
+         c.claimed_at, c.claimed_at + l.lease_ms * interval '1 millisecond', c.hash
+  FROM stamped c JOIN leases l USING (rail_type)
 )`
+
+// dispatchingValues are the archive values of a claim's DISPATCHING row,
+// from the claimed pending row c ($1 is the relayer id).
+var dispatchingValues = `c.attempt_id, ` + from("c", identityColumns) + `, c.payload, c.attempt_no, 'DISPATCHING', $1::text,
+         NULL::uuid, c.claimed_at, NULL::timestamptz, NULL::timestamptz, NULL::text, NULL::text, NULL::text, NULL::text,
+         NULL::int, false`
 
 // claimAsOutcomesSQL is claimSQL with its result folded into the 21 arrays
 // recordSQL takes, as a relayer whose every dispatch succeeded at once

@@ -54,6 +54,22 @@ const deadLetterColumns = identityColumns + `, payload, attempt_count, error_cod
 const archiveColumns = `attempt_id, ` + identityColumns + `, payload, attempt_no, state, relayer_id, claim_attempt_id,
   claimed_at, completed_at, next_attempt_at, rail_reference, rail_code, error_code, error_message, latency_ms, late`
 
+// chainedArchiveColumns are what every archive insert writes: the
+// archiveColumns, the row's time (created_at, stated rather than defaulted
+// because the row's hash covers it) and its link in the instruction's hash
+// chain (see attemptHash).
+const chainedArchiveColumns = archiveColumns + `, created_at, prev_hash, hash`
+
+// attemptHash renders the hash of one archive row: prev is the hash of the
+// row it follows (a hot row's chain_head; NULL for an instruction's first
+// row), values are its archiveColumns values, in that order, and createdAt
+// its time. Writers compute it once per row in a CTE, insert it with the
+// row, and carry it forward as the hot row's chain_head, so recording never
+// reads the archive. The encoding is the migration's attempt_hash (007).
+func attemptHash(prev, values, createdAt string) string {
+	return `{schema}.attempt_hash(` + prev + `, ` + values + `, ` + createdAt + `)`
+}
+
 // readArchiveColumns is what reads of the archive return (see scanAttempt).
 const readArchiveColumns = `attempt_id, ` + identityColumns + `, attempt_no, state, relayer_id, claim_attempt_id,
   claimed_at, completed_at, next_attempt_at, rail_reference, rail_code, error_code, error_message, latency_ms, late, created_at`

@@ -68,25 +68,31 @@ WITH expired AS (
 ), reaped AS (
   DELETE FROM {schema}.inflight f USING expired e
   WHERE f.outbox_id = e.outbox_id
-  RETURNING f.*
+  RETURNING f.*, {schema}.uuidv7() AS zombie_id, clock_timestamp() AS archived_at
+), stamped AS (
+  SELECT r.*, ` + attemptHash("r.chain_head", zombieValues, "r.archived_at") + ` AS hash FROM reaped r
 ), requeued AS (
-  INSERT INTO {schema}.pending (` + pendingColumns + `)
+  INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head)
   SELECT ` + identityColumns + `, payload,
-         ` + countAfter("attempt_no", "false") + `, claimed_at, created_at, attempt_id
-  FROM reaped
+         ` + countAfter("attempt_no", "false") + `, claimed_at, created_at, attempt_id, hash
+  FROM stamped
 ), zombie AS (
-  INSERT INTO {schema}.attempts (` + archiveColumns + `)
-  SELECT {schema}.uuidv7(), ` + identityColumns + `,
-         NULL, attempt_no, 'ZOMBIE_REQUEUE', relayer_id, attempt_id,
-         claimed_at, now(), now(), NULL, NULL, 'ZOMBIE_REQUEUE',
-         format('lease of relayer %s expired at %s (claimed at %s); requeued by reaper %s',
-                relayer_id, lease_until, claimed_at, $2::text),
-         NULL, false
-  FROM reaped
+  INSERT INTO {schema}.attempts (` + chainedArchiveColumns + `)
+  SELECT ` + zombieValues + `, archived_at, chain_head, hash
+  FROM stamped
 )
 SELECT outbox_id, instruction_id, participant_id, sequence_id, attempt_no, relayer_id, claimed_at, lease_until, now()
 FROM reaped
 ORDER BY lease_until, outbox_id`
+
+// zombieValues are the archive values of a ZOMBIE_REQUEUE row, from the
+// reaped in-flight row ($2 is the reaper's id).
+const zombieValues = `zombie_id, ` + identityColumns + `,
+         NULL::jsonb, attempt_no, 'ZOMBIE_REQUEUE', relayer_id, attempt_id,
+         claimed_at, now(), now(), NULL::text, NULL::text, 'ZOMBIE_REQUEUE',
+         format('lease of relayer %s expired at %s (claimed at %s); requeued by reaper %s',
+                relayer_id, lease_until, claimed_at, $2::text),
+         NULL::int, false`
 
 // ReapSQL is the reaping statement, for plan tests.
 func (s *Store) ReapSQL() string { return s.sql.reap }

@@ -203,6 +203,20 @@ func readRecordBatch(br pgx.BatchResults) ([]Recorded, []Claimed, error) {
 	return recorded, claimed, nil
 }
 
+// outcomeValues are the archive values of an on-time outcome, from the
+// fenced (deleted in-flight) row joined with its outcome.
+const outcomeValues = `outcome_id, ` + identityColumns + `, NULL::jsonb, attempt_no, state, relayer_id, attempt_id,
+         claimed_at, now(), due, nullif(rail_reference, ''), nullif(rail_code, ''),
+         nullif(error_code, ''), nullif(error_message, ''), latency_ms, false`
+
+// lateValues are the archive values of a late outcome, from its input row
+// (the in-flight row is gone).
+const lateValues = `attempt_id, outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
+         rail_type, nullif(tenant_id, ''), nullif(correlation_id, ''),
+         NULL::jsonb, attempt_no, state, relayer_id, claim_attempt_id,
+         claimed_at, now(), NULL::timestamptz, nullif(rail_reference, ''), nullif(rail_code, ''),
+         nullif(error_code, ''), nullif(error_message, ''), latency_ms, true`
+
 // RecordSQL is the outcome statement, for plan tests.
 func (s *Store) RecordSQL() string { return s.sql.record }
 
@@ -230,39 +244,46 @@ WITH input AS (
   WHERE f.ctid = ANY (ARRAY(SELECT row FROM targets)) AND f.ctid = o.row
   RETURNING f.*, o.attempt_id AS outcome_id, o.state, o.rail_reference, o.rail_code, o.error_code, o.error_message,
             o.latency_ms, o.count_attempt,
-            CASE WHEN o.state = 'RETRYABLE' THEN now() + o.retry_delay_ms * interval '1 millisecond' END AS due
+            CASE WHEN o.state = 'RETRYABLE' THEN now() + o.retry_delay_ms * interval '1 millisecond' END AS due,
+            clock_timestamp() AS archived_at
+), stamped AS (
+  SELECT f.*, ` + attemptHash("f.chain_head", outcomeValues, "f.archived_at") + ` AS hash FROM fenced f
 ), unfenced AS (
   SELECT o.*, (SELECT a.late FROM {schema}.attempts a
                WHERE a.attempt_id = o.attempt_id AND a.created_at >= o.claimed_at - interval '1 day'
                LIMIT 1) AS prior_late
   FROM input o
   WHERE o.claim_attempt_id NOT IN (SELECT attempt_id FROM fenced)
+), late AS (
+  -- A late outcome follows its claim's DISPATCHING row in the chain (the
+  -- in-flight row that carried the head is gone): the one archive read,
+  -- by primary key, on a path taken only after a reaped lease.
+  SELECT u.*, ` + attemptHash("u.claim_hash", lateValues, "u.archived_at") + ` AS hash
+  FROM (SELECT o.*, clock_timestamp() AS archived_at,
+               (SELECT a.hash FROM {schema}.attempts a
+                WHERE a.attempt_id = o.claim_attempt_id AND a.created_at >= o.claimed_at - interval '1 day'
+                LIMIT 1) AS claim_hash
+        FROM unfenced o WHERE o.prior_late IS NULL) u
 ), requeued AS (
-  INSERT INTO {schema}.pending (` + pendingColumns + `)
-  SELECT ` + identityColumns + `, payload, ` + countAfter("attempt_no", "count_attempt") + `, due, created_at, NULL
-  FROM fenced WHERE state = 'RETRYABLE'
+  INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head)
+  SELECT ` + identityColumns + `, payload, ` + countAfter("attempt_no", "count_attempt") + `, due, created_at, NULL, hash
+  FROM stamped WHERE state = 'RETRYABLE'
 ), dead AS (
-  INSERT INTO {schema}.dead_letters (` + deadLetterColumns + `)
-  SELECT ` + identityColumns + `, payload, attempt_no, error_code, nullif(error_message, ''), outcome_id, created_at
-  FROM fenced WHERE state = 'FAILED'
+  INSERT INTO {schema}.dead_letters (` + deadLetterColumns + `, chain_head)
+  SELECT ` + identityColumns + `, payload, attempt_no, error_code, nullif(error_message, ''), outcome_id, created_at, hash
+  FROM stamped WHERE state = 'FAILED'
 ), finished AS (
   UPDATE {schema}.sequences s SET queued = s.queued - t.n
   FROM (SELECT participant_id, count(*) AS n FROM fenced
         WHERE state IN ('DISPATCHED', 'FAILED') GROUP BY participant_id) t
   WHERE s.participant_id = t.participant_id AND ` + orderedSQL + `
 ), archived AS (
-  INSERT INTO {schema}.attempts (` + archiveColumns + `)
-  SELECT outcome_id, ` + identityColumns + `, NULL::jsonb, attempt_no, state, relayer_id, attempt_id,
-         claimed_at, now(), due, nullif(rail_reference, ''), nullif(rail_code, ''),
-         nullif(error_code, ''), nullif(error_message, ''), latency_ms, false
-  FROM fenced
+  INSERT INTO {schema}.attempts (` + chainedArchiveColumns + `)
+  SELECT ` + outcomeValues + `, archived_at, chain_head, hash
+  FROM stamped
   UNION ALL
-  SELECT attempt_id, outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
-         rail_type, nullif(tenant_id, ''), nullif(correlation_id, ''),
-         NULL::jsonb, attempt_no, state, relayer_id, claim_attempt_id,
-         claimed_at, now(), NULL::timestamptz, nullif(rail_reference, ''), nullif(rail_code, ''),
-         nullif(error_code, ''), nullif(error_message, ''), latency_ms, true
-  FROM unfenced WHERE prior_late IS NULL
+  SELECT ` + lateValues + `, archived_at, claim_hash, hash
+  FROM late
 )
 SELECT outbox_id, attempt_id, false, due FROM fenced
 UNION ALL

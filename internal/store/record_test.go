@@ -501,6 +501,28 @@ func TestRecordLateWhileCopyInFlight(t *testing.T) {
 // a crashed-and-restarted claim) moved the instruction back to pending and
 // it was claimed again; the first claim's outcome must not close the
 // second claim's in-flight row.
+// handRequeueSQL does by hand what the reaper does to the in-flight row of
+// outbox $1, lease expired or not: the row back into pending (marked with
+// the abandoned claim, as the reaper marks it, when $2) and a
+// ZOMBIE_REQUEUE row archived in the instruction's hash chain.
+const handRequeueSQL = `
+WITH f AS (DELETE FROM outbox.inflight WHERE outbox_id = $1
+           RETURNING *, gen_random_uuid() AS zombie_id, clock_timestamp() AS at),
+h AS (SELECT f.*, outbox.attempt_hash(f.chain_head, f.zombie_id, f.outbox_id, f.instruction_id, f.participant_id,
+        f.sequence_id, f.idempotency_key, f.rail_type, f.tenant_id, f.correlation_id, NULL, f.attempt_no, 'ZOMBIE_REQUEUE',
+        f.relayer_id, f.attempt_id, f.claimed_at, f.at, NULL, NULL, NULL, 'ZOMBIE_REQUEUE', NULL, NULL, false, f.at) AS hash
+      FROM f),
+p AS (INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+                                  tenant_id, correlation_id, payload, attempt_count, created_at, zombie_attempt_id, chain_head)
+      SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, tenant_id, correlation_id,
+             payload, attempt_no - 1, created_at, CASE WHEN $2::bool THEN attempt_id END, hash FROM h)
+INSERT INTO outbox.attempts (attempt_id, outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+                             tenant_id, correlation_id, attempt_no, state, relayer_id, claim_attempt_id, claimed_at,
+                             completed_at, error_code, created_at, prev_hash, hash)
+SELECT zombie_id, outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, tenant_id,
+       correlation_id, attempt_no, 'ZOMBIE_REQUEUE', relayer_id, attempt_id, claimed_at, at, 'ZOMBIE_REQUEUE', at, chain_head, hash
+FROM h`
+
 func TestRecordFencingAfterManualRetake(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
@@ -508,16 +530,7 @@ func TestRecordFencingAfterManualRetake(t *testing.T) {
 	first := b.claimOne(t, "r1", longLease)
 	// What the reaper does, by hand, for a lease that has not expired.
 	err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-		_, err := tx.Exec(b.ctx, `
-			WITH f AS (DELETE FROM outbox.inflight WHERE outbox_id = $1 RETURNING *),
-			     p AS (INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
-			                                       rail_type, tenant_id, correlation_id, payload, attempt_count, created_at)
-			           SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
-			                  rail_type, tenant_id, correlation_id, payload, attempt_no - 1, created_at FROM f)
-			INSERT INTO outbox.attempts (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-			                             attempt_no, state, relayer_id, claim_attempt_id, claimed_at, completed_at, error_code)
-			SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-			       attempt_no, 'ZOMBIE_REQUEUE', relayer_id, attempt_id, claimed_at, now(), 'ZOMBIE_REQUEUE' FROM f`, id)
+		_, err := tx.Exec(b.ctx, handRequeueSQL, id, false)
 		return err
 	})
 	if err != nil {
@@ -574,18 +587,7 @@ func TestRecordLateWhileReaperHoldsTheRow(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(b.ctx)
-	if _, err := tx.Exec(b.ctx, `WITH f AS (DELETE FROM outbox.inflight WHERE outbox_id = $1 RETURNING *)
-		INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-		                            payload, attempt_count, created_at, zombie_attempt_id)
-		SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload, attempt_no - 1,
-		       created_at, attempt_id FROM f`,
-		c.OutboxID); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(b.ctx, `INSERT INTO outbox.attempts (outbox_id, instruction_id, participant_id, sequence_id,
-		idempotency_key, rail_type, attempt_no, state, claim_attempt_id, claimed_at, error_code)
-		VALUES ($1, $2, $3, $4, $5, 'sandbox', $6, 'ZOMBIE_REQUEUE', $7, $8, 'ZOMBIE_REQUEUE')`,
-		c.OutboxID, c.InstructionID, c.ParticipantID, c.SequenceID, c.IdempotencyKey, c.AttemptNo, c.AttemptID, c.ClaimedAt); err != nil {
+	if _, err := tx.Exec(b.ctx, handRequeueSQL, c.OutboxID, true); err != nil {
 		t.Fatal(err)
 	}
 

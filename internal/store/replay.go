@@ -44,7 +44,10 @@ FOR UPDATE OF s`
 
 var replaySQL = `
 WITH d AS (
-  DELETE FROM {schema}.dead_letters WHERE outbox_id = $1 RETURNING *
+  DELETE FROM {schema}.dead_letters WHERE outbox_id = $1
+  RETURNING *, {schema}.uuidv7() AS replay_id, clock_timestamp() AS archived_at
+), stamped AS (
+  SELECT d.*, ` + attemptHash("d.chain_head", replayValues, "d.archived_at") + ` AS hash FROM d
 ), counted AS (
   UPDATE {schema}.sequences s SET queued = s.queued + 1 FROM d WHERE s.participant_id = d.participant_id
 ), first AS (
@@ -59,16 +62,20 @@ WITH d AS (
   WHERE first.head AND ` + orderedSQL + ` AND p.participant_id = d.participant_id
     AND p.sequence_id > d.sequence_id AND p.next_attempt_at <> 'infinity'
 ), requeued AS (
-  INSERT INTO {schema}.pending (` + pendingColumns + `)
+  INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head)
   SELECT ` + identityColumns + `, payload, ` + replayedCount + `,
-         CASE WHEN (SELECT head FROM first) THEN now() ELSE 'infinity' END, created_at, NULL
-  FROM d
+         CASE WHEN (SELECT head FROM first) THEN now() ELSE 'infinity' END, created_at, NULL, hash
+  FROM stamped
 ), archived AS (
-  INSERT INTO {schema}.attempts (` + archiveColumns + `)
-  SELECT {schema}.uuidv7(), ` + identityColumns + `,
-         payload, ` + replayedCount + `, 'REPLAYED', $2, NULL,
-         now(), now(), now(), NULL, NULL, NULL,
-         format('replayed by %s after %s', $2::text, error_code), NULL, false
-  FROM d
+  INSERT INTO {schema}.attempts (` + chainedArchiveColumns + `)
+  SELECT ` + replayValues + `, archived_at, chain_head, hash
+  FROM stamped
 )
 SELECT count(*) FROM d`
+
+// replayValues are the archive values of a REPLAYED row, from the deleted
+// dead letter ($2 is the operator).
+var replayValues = `replay_id, ` + identityColumns + `,
+         payload, ` + replayedCount + `, 'REPLAYED', $2::text, NULL::uuid,
+         now(), now(), now(), NULL::text, NULL::text, NULL::text,
+         format('replayed by %s after %s', $2::text, error_code), NULL::int, false`

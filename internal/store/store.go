@@ -100,6 +100,8 @@ type statements struct {
 	verifyChecks                                   []string
 	registerIdle, unregisterIdle                   string
 	ensurePartitions                               string
+	takeCheckpoint, checkpoints                    string
+	verifyChains, verifyCheckpoints, verifyDigests string
 }
 
 func renderStatements(schema string) statements {
@@ -131,6 +133,11 @@ func renderStatements(schema string) statements {
 		registerIdle:       q(registerIdleSQL),
 		unregisterIdle:     q(unregisterIdleSQL),
 		ensurePartitions:   q(ensurePartitionsSQL),
+		takeCheckpoint:     q(takeCheckpointSQL),
+		checkpoints:        q(checkpointsSQL),
+		verifyChains:       q(verifyChainsSQL),
+		verifyCheckpoints:  q(verifyCheckpointsSQL),
+		verifyDigests:      q(verifyDigestsSQL),
 	}
 	for _, c := range checks {
 		st.verifyChecks = append(st.verifyChecks, q(c.sql))

@@ -73,9 +73,13 @@ WITH o AS (
   FROM (SELECT participant_id, count(*) AS n FROM withdrawn GROUP BY participant_id) t
   WHERE s.participant_id = t.participant_id AND ` + orderedSQL + `
 ), late_dead AS (
-  INSERT INTO {schema}.dead_letters (` + deadLetterColumns + `)
+  INSERT INTO {schema}.dead_letters (` + deadLetterColumns + `, chain_head)
   SELECT ` + from("w", identityColumns) + `, w.payload,
-         greatest(w.attempt_count, o.attempt_no), o.error_code, nullif(o.error_message, ''), o.attempt_id, w.created_at
+         greatest(w.attempt_count, o.attempt_no), o.error_code, nullif(o.error_message, ''), o.attempt_id, w.created_at,
+         -- the head is the late FAILED row just archived (by primary key);
+         -- the requeued copy's head (its ZOMBIE_REQUEUE row) if not found
+         coalesce((SELECT a.hash FROM {schema}.attempts a
+                   WHERE a.attempt_id = o.attempt_id AND a.created_at >= now() - interval '1 day' LIMIT 1), w.chain_head)
   FROM withdrawn w JOIN o USING (outbox_id)
   WHERE o.state = 'FAILED'
 )

@@ -1,0 +1,399 @@
+package store
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
+)
+
+// The archive's tamper evidence (migration 007, docs/audit.md): a hash
+// chain per instruction, and checkpoints that digest every row of a period
+// and are chained to each other. This file holds the checkpointing and the
+// verifier. The verifier trusts nothing the schema's owner could redefine:
+// it rebuilds each row's canonical encoding with PostgreSQL's built-ins
+// (chainEncodingSQL, the same encoding as the migration's attempt_hash) and
+// hashes it itself.
+
+// Checkpoint is one period of the archive, digested.
+type Checkpoint struct {
+	PeriodStart time.Time `json:"period_start"`
+	PeriodEnd   time.Time `json:"period_end"`
+	Rows        int64     `json:"rows"`
+	Digest      HexBytes  `json:"digest"`    // sha256 of the period's row hashes, in (created_at, attempt_id) order
+	PrevHash    HexBytes  `json:"prev_hash"` // the previous checkpoint's hash; empty for the first
+	Hash        HexBytes  `json:"hash"`
+}
+
+// HexBytes is a hash, written as hex in JSON.
+type HexBytes []byte
+
+// MarshalJSON writes b as a hex string.
+func (b HexBytes) MarshalJSON() ([]byte, error) { return json.Marshal(hex.EncodeToString(b)) }
+
+// UnmarshalJSON reads a hex string.
+func (b *HexBytes) UnmarshalJSON(data []byte) error {
+	var s string
+	if err := json.Unmarshal(data, &s); err != nil {
+		return err
+	}
+	v, err := hex.DecodeString(s)
+	if err != nil {
+		return err
+	}
+	*b = v
+	return nil
+}
+
+// DefaultCheckpointSettle is how far behind the clock a checkpoint's period
+// ends: a row is stamped with the clock a moment before its transaction
+// has an id the checkpoint could wait for.
+const DefaultCheckpointSettle = 5 * time.Second
+
+// TakeCheckpoint appends the next checkpoint, from the end of the last one
+// to settle before now (cut at a month's end, so that a checkpoint covers
+// one partition). It first waits for the transactions running when it
+// started, so no row of the period commits after it. It returns the new
+// checkpoint, or nil when there is no period to close. Concurrent callers
+// serialize in the database; the relayer's checkpointer calls it every
+// interval. db must be in READ COMMITTED mode (the default).
+func (s *Store) TakeCheckpoint(ctx context.Context, db Querier, settle time.Duration) (*Checkpoint, error) {
+	if settle <= 0 {
+		settle = DefaultCheckpointSettle
+	}
+	rows, err := db.Query(ctx, s.sql.takeCheckpoint, settle.Microseconds())
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	cps, err := pgx.CollectRows(rows, scanCheckpoint)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoint: %w", err)
+	}
+	if len(cps) == 0 {
+		return nil, nil
+	}
+	return &cps[0], nil
+}
+
+const takeCheckpointSQL = `
+SELECT period_start, period_end, row_count, digest, prev_hash, hash
+FROM {schema}.take_checkpoint(clock_timestamp() - $1::bigint * interval '1 microsecond')`
+
+// Checkpoints returns every checkpoint, oldest first: what an auditor
+// exports (WriteCheckpoints) and keeps outside the database.
+func (s *Store) Checkpoints(ctx context.Context, db Querier) ([]Checkpoint, error) {
+	rows, err := db.Query(ctx, s.sql.checkpoints)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoints: %w", err)
+	}
+	cps, err := pgx.CollectRows(rows, scanCheckpoint)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoints: %w", err)
+	}
+	return cps, nil
+}
+
+const checkpointsSQL = `
+SELECT period_start, period_end, row_count, digest, prev_hash, hash
+FROM {schema}.checkpoints ORDER BY period_start`
+
+func scanCheckpoint(row pgx.CollectableRow) (Checkpoint, error) {
+	var c Checkpoint
+	var digest, prev, hash []byte
+	err := row.Scan(&c.PeriodStart, &c.PeriodEnd, &c.Rows, &digest, &prev, &hash)
+	c.Digest, c.PrevHash, c.Hash = digest, prev, hash
+	c.PeriodStart, c.PeriodEnd = c.PeriodStart.UTC(), c.PeriodEnd.UTC()
+	return c, err
+}
+
+// WriteCheckpoints writes checkpoints as JSON lines, the export format.
+func WriteCheckpoints(w io.Writer, cps []Checkpoint) error {
+	enc := json.NewEncoder(w)
+	for _, c := range cps {
+		if err := enc.Encode(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ReadCheckpoints reads an export written by WriteCheckpoints.
+func ReadCheckpoints(r io.Reader) ([]Checkpoint, error) {
+	var cps []Checkpoint
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 {
+			continue
+		}
+		var c Checkpoint
+		dec := json.NewDecoder(bytes.NewReader(line))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&c); err != nil {
+			return nil, fmt.Errorf("checkpoints line %d: %w", n, err)
+		}
+		cps = append(cps, c)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("checkpoints: %w", err)
+	}
+	return cps, nil
+}
+
+// hashTimeSQL renders a timestamp as the chain encodes it (the migration's
+// hash_time), with built-ins only.
+func hashTimeSQL(col string) string {
+	return `CASE WHEN ` + col + ` IS NULL THEN NULL WHEN isfinite(` + col + `) THEN to_jsonb((extract(epoch FROM ` + col +
+		`) * 1000000)::bigint) ELSE to_jsonb(` + col + `::text) END`
+}
+
+// chainEncodingSQL is the canonical encoding of the archive row a, as the
+// migration's attempt_hash builds it before hashing.
+var chainEncodingSQL = `convert_to(jsonb_build_array('outbox.attempts/1', a.attempt_id, a.outbox_id, a.instruction_id,
+  a.participant_id, a.sequence_id, a.idempotency_key, a.rail_type, a.tenant_id, a.correlation_id, a.payload, a.attempt_no,
+  a.state, a.relayer_id, a.claim_attempt_id, ` + hashTimeSQL("a.claimed_at") + `, ` + hashTimeSQL("a.completed_at") + `, ` +
+	hashTimeSQL("a.next_attempt_at") + `, a.rail_reference, a.rail_code, a.error_code, a.error_message, a.latency_ms, a.late, ` +
+	hashTimeSQL("a.created_at") + `)::text, 'UTF8')`
+
+// verifyChainsSQL reads every chained row (and every row since chaining
+// began, hash or not) an instruction at a time.
+var verifyChainsSQL = `
+SELECT a.outbox_id, a.attempt_id, a.prev_hash, a.hash, ` + chainEncodingSQL + `
+FROM {schema}.attempts a
+WHERE a.hash IS NOT NULL OR a.created_at >= (SELECT chained_since FROM {schema}.settings)
+ORDER BY a.outbox_id, a.created_at, a.attempt_id`
+
+// verifyCheckpointsSQL reads the checkpoints with their canonical
+// encodings (the migration's checkpoint_hash, built-ins only).
+var verifyCheckpointsSQL = `
+SELECT period_start, period_end, row_count, digest, prev_hash, hash,
+       convert_to(jsonb_build_array('outbox.checkpoints/1', ` + hashTimeSQL("period_start") + `, ` + hashTimeSQL("period_end") + `,
+                                    row_count, encode(digest, 'hex'))::text, 'UTF8')
+FROM {schema}.checkpoints ORDER BY period_start`
+
+// verifyDigestsSQL reads the row hashes of the checkpointed periods, in
+// digest order.
+const verifyDigestsSQL = `
+SELECT created_at, hash FROM {schema}.attempts
+WHERE created_at >= $1 AND created_at < $2
+ORDER BY created_at, attempt_id`
+
+// chainHash is sha256(prev || encoding): what attempt_hash and
+// checkpoint_hash compute.
+func chainHash(prev, encoding []byte) []byte {
+	h := sha256.New()
+	h.Write(prev)
+	h.Write(encoding)
+	return h.Sum(nil)
+}
+
+// tamperInvariant numbers the tamper-evidence checks in Report.Violations
+// (docs/architecture.md, invariant 7).
+const tamperInvariant = 7
+
+// verifyChains checks every instruction's chain: each row matches its
+// hash, the first row starts the chain, every other row follows a row of
+// the same instruction that is still in the archive.
+func (s *Store) verifyChains(ctx context.Context, tx pgx.Tx, r *Report, examples int) error {
+	rows, err := tx.Query(ctx, s.sql.verifyChains)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	counts := map[string]int{}
+	add := func(check, detail string) {
+		if counts[check]++; counts[check] <= examples {
+			r.Violations = append(r.Violations, Violation{Invariant: tamperInvariant, Check: check, Detail: detail})
+		}
+	}
+	var (
+		current        uuid.UUID
+		seen           = map[[32]byte]bool{}
+		started        bool
+		outbox, id     uuid.UUID
+		prev, h, canon []byte
+	)
+	for rows.Next() {
+		if err := rows.Scan(scanUUID(&outbox), scanUUID(&id), &prev, &h, &canon); err != nil {
+			return err
+		}
+		if outbox != current {
+			current, started = outbox, false
+			clear(seen)
+		}
+		r.Chained++
+		if h == nil {
+			add("row hashes", fmt.Sprintf("outbox %s: attempt %s has no hash", outbox, id))
+			continue
+		}
+		if !bytes.Equal(chainHash(prev, canon), h) {
+			add("row hashes", fmt.Sprintf("outbox %s: attempt %s does not match its hash (changed after it was written)", outbox, id))
+		}
+		switch {
+		case prev == nil && started:
+			add("chain links", fmt.Sprintf("outbox %s: attempt %s starts a second chain", outbox, id))
+		case prev != nil && (len(prev) != sha256.Size || !seen[[32]byte(prev)]):
+			add("chain links", fmt.Sprintf("outbox %s: attempt %s follows a row that is not in the archive", outbox, id))
+		}
+		started = true
+		if len(h) == sha256.Size {
+			seen[[32]byte(h)] = true
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for check, n := range counts {
+		if n > examples {
+			r.Violations = append(r.Violations, Violation{Invariant: tamperInvariant, Check: check,
+				Detail: fmt.Sprintf("and %d more", n-examples)})
+		}
+	}
+	return nil
+}
+
+// verifyCheckpoints checks the checkpoints' own chain and contiguity,
+// recomputes every period's digest from the archive, and compares them
+// with an exported copy when one is given.
+func (s *Store) verifyCheckpoints(ctx context.Context, tx pgx.Tx, r *Report, exported []Checkpoint) error {
+	add := func(check, detail string) {
+		r.Violations = append(r.Violations, Violation{Invariant: tamperInvariant, Check: check, Detail: detail})
+	}
+	rows, err := tx.Query(ctx, s.sql.verifyCheckpoints)
+	if err != nil {
+		return err
+	}
+	var cps []Checkpoint
+	var encodings [][]byte
+	for rows.Next() {
+		var c Checkpoint
+		var digest, prev, hash, enc []byte
+		if err := rows.Scan(&c.PeriodStart, &c.PeriodEnd, &c.Rows, &digest, &prev, &hash, &enc); err != nil {
+			rows.Close()
+			return err
+		}
+		c.Digest, c.PrevHash, c.Hash = digest, prev, hash
+		c.PeriodStart, c.PeriodEnd = c.PeriodStart.UTC(), c.PeriodEnd.UTC()
+		cps = append(cps, c)
+		encodings = append(encodings, enc)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	r.Checkpoints = len(cps)
+	for i, c := range cps {
+		var prevHash []byte
+		if i > 0 {
+			prevHash = cps[i-1].Hash
+			if !c.PeriodStart.Equal(cps[i-1].PeriodEnd) {
+				add("checkpoint chain", fmt.Sprintf("checkpoint %s: starts at %s, the previous one ends at %s (a checkpoint is missing)",
+					stamp(c.PeriodStart), stamp(c.PeriodStart), stamp(cps[i-1].PeriodEnd)))
+			}
+		}
+		if !bytes.Equal(c.PrevHash, prevHash) {
+			add("checkpoint chain", fmt.Sprintf("checkpoint %s does not follow the checkpoint before it", stamp(c.PeriodStart)))
+		}
+		if !bytes.Equal(chainHash(c.PrevHash, encodings[i]), c.Hash) {
+			add("checkpoint chain", fmt.Sprintf("checkpoint %s does not match its hash (changed after it was written)", stamp(c.PeriodStart)))
+		}
+	}
+	if len(cps) > 0 {
+		if err := s.verifyDigests(ctx, tx, cps, add); err != nil {
+			return err
+		}
+	}
+	if exported != nil {
+		byStart := make(map[time.Time]Checkpoint, len(cps))
+		for _, c := range cps {
+			byStart[c.PeriodStart] = c
+		}
+		for _, e := range exported {
+			c, ok := byStart[e.PeriodStart.UTC()]
+			switch {
+			case !ok:
+				add("exported checkpoints", fmt.Sprintf("checkpoint %s of the export is not in the database", stamp(e.PeriodStart)))
+			case !c.PeriodEnd.Equal(e.PeriodEnd) || c.Rows != e.Rows || !bytes.Equal(c.Digest, e.Digest) ||
+				!bytes.Equal(c.PrevHash, e.PrevHash) || !bytes.Equal(c.Hash, e.Hash):
+				add("exported checkpoints", fmt.Sprintf("checkpoint %s differs from the export (export: %d rows, digest %x; database: %d rows, digest %x)",
+					stamp(e.PeriodStart), e.Rows, []byte(e.Digest)[:min(len(e.Digest), 8)], c.Rows, []byte(c.Digest)[:min(len(c.Digest), 8)]))
+			}
+		}
+		r.ExportedCheckpoints = len(exported)
+	}
+	return nil
+}
+
+// verifyDigests recomputes the digest of every checkpointed period in one
+// pass over the archive in digest order.
+func (s *Store) verifyDigests(ctx context.Context, tx pgx.Tx, cps []Checkpoint, add func(check, detail string)) error {
+	rows, err := tx.Query(ctx, s.sql.verifyDigests, cps[0].PeriodStart, cps[len(cps)-1].PeriodEnd)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	i := 0
+	digest, n := sha256.New(), int64(0)
+	closePeriod := func() {
+		c := cps[i]
+		if got := digest.Sum(nil); n != c.Rows || !bytes.Equal(got, c.Digest) {
+			add("checkpoint digests", fmt.Sprintf("checkpoint %s (%s to %s): %d rows in the archive, %d when it was taken: rows were changed, deleted or added since",
+				stamp(c.PeriodStart), stamp(c.PeriodStart), stamp(c.PeriodEnd), n, c.Rows))
+		}
+		i++
+		digest.Reset()
+		n = 0
+	}
+	var at time.Time
+	var h []byte
+	for rows.Next() {
+		if err := rows.Scan(&at, &h); err != nil {
+			return err
+		}
+		for i < len(cps) && !at.Before(cps[i].PeriodEnd) {
+			closePeriod()
+		}
+		if i == len(cps) || at.Before(cps[i].PeriodStart) {
+			continue // in a gap between checkpoints, reported above
+		}
+		digest.Write(h)
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for i < len(cps) {
+		closePeriod()
+	}
+	return nil
+}
+
+// stamp formats a checkpoint's time for reports.
+func stamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000000Z") }
+
+// ErrNoCheckpoints is returned by ParseCheckpointsFile for an empty export.
+var ErrNoCheckpoints = errors.New("the checkpoint export holds no checkpoints")
+
+// ParseCheckpointsFile reads an export from its contents, refusing an
+// empty one (an auditor comparing against nothing would learn nothing).
+func ParseCheckpointsFile(contents string) ([]Checkpoint, error) {
+	cps, err := ReadCheckpoints(strings.NewReader(contents))
+	if err != nil {
+		return nil, err
+	}
+	if len(cps) == 0 {
+		return nil, ErrNoCheckpoints
+	}
+	return cps, nil
+}
