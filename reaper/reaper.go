@@ -36,6 +36,9 @@ const (
 	// DefaultBatchSize is the number of instructions requeued per
 	// transaction.
 	DefaultBatchSize = 500
+	// DefaultCheckpointInterval is the least time between two checkpoints
+	// of the archive (docs/audit.md).
+	DefaultCheckpointInterval = time.Minute
 	// partitionMonthsAhead is how many monthly archive partitions each
 	// background pass makes sure exist beyond the current month.
 	partitionMonthsAhead = 3
@@ -58,6 +61,12 @@ type Config struct {
 	// and in logs; the rows' relayer_id stays the dead relayer's, so the
 	// trail says whose attempt was abandoned. "" means host-pid-random.
 	ReaperID string
+	// CheckpointInterval is the least time between two checkpoints of the
+	// archive, taken by the background passes; 0 means
+	// DefaultCheckpointInterval, negative turns checkpointing off (another
+	// process must take them: a period without one is a period in which a
+	// deleted instruction goes unseen).
+	CheckpointInterval time.Duration
 	// Logger receives one line per requeued instruction and one per pass
 	// that requeued anything; nil discards.
 	Logger *slog.Logger
@@ -78,6 +87,9 @@ func (c *Config) setDefaults() error {
 		c.BatchSize = DefaultBatchSize
 	case c.BatchSize < 0:
 		return fmt.Errorf("%w: batch size %d is negative", ErrInvalidConfig, c.BatchSize)
+	}
+	if c.CheckpointInterval == 0 {
+		c.CheckpointInterval = DefaultCheckpointInterval
 	}
 	if c.ReaperID == "" {
 		c.ReaperID = lifecycle.ProcessID()
@@ -101,6 +113,8 @@ type Stats struct {
 	Errors int64
 	// Requeued counts instructions requeued (committed).
 	Requeued int64
+	// Checkpoints counts archive checkpoints this reaper took.
+	Checkpoints int64
 	// LastPass is when the last completed pass ended; zero before the first.
 	LastPass time.Time
 }
@@ -276,7 +290,7 @@ func (r *Reaper) pass(ctx context.Context, failures *retry.Loop) {
 	// stop the reaping: both run, either failing counts.
 	perr := r.store.EnsurePartitions(ctx, r.pool, partitionMonthsAhead)
 	_, err := r.RunOnce(ctx)
-	err = errors.Join(err, perr)
+	err = errors.Join(err, perr, r.checkpoint(ctx))
 	switch {
 	case ctx.Err() != nil:
 	case err != nil:
@@ -284,6 +298,23 @@ func (r *Reaper) pass(ctx context.Context, failures *retry.Loop) {
 	default:
 		failures.Succeeded()
 	}
+}
+
+// checkpoint takes the archive's next checkpoint once the last one is
+// CheckpointInterval old (another relayer's reaper may have taken it).
+func (r *Reaper) checkpoint(ctx context.Context) error {
+	if r.cfg.CheckpointInterval < 0 {
+		return nil
+	}
+	cp, err := r.store.TakeCheckpoint(ctx, r.pool, store.DefaultCheckpointSettle, r.cfg.CheckpointInterval)
+	if err != nil || cp == nil {
+		return err
+	}
+	r.statsMu.Lock()
+	r.stats.Checkpoints++
+	r.statsMu.Unlock()
+	r.log.Debug("archive checkpoint", "period_start", cp.PeriodStart, "period_end", cp.PeriodEnd, "rows", cp.Rows)
+	return nil
 }
 
 // Interval returns the time between two background passes.

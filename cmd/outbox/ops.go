@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/user"
+	"time"
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -104,16 +106,41 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 // runAudit prints an instruction's attempt trail, or verifies the
 // invariants over the whole database.
 func runAudit(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet(env, "audit", "audit [flags] trail (OUTBOX_ID | --instruction-id ID) | verify")
+	fs := newFlagSet(env, "audit", "audit [flags] trail (OUTBOX_ID | --instruction-id ID) | verify | checkpoint | checkpoints")
 	var db dbFlags
 	db.register(fs, auditSettings())
 	instructionID := fs.String("instruction-id", "", "trail: the producer's instruction id instead of an outbox id")
 	unordered := fs.Bool("unordered", false, "verify: skip the ordering invariants (ordering was off at some time: outbox migrate ordering off)")
+	against := fs.String("checkpoints", "", "verify: also compare with this export of the checkpoints (outbox audit checkpoints), kept outside the database")
+	settle := fs.Duration("settle", attempts.DefaultCheckpointSettle, "checkpoint: end the period this long before now")
 	if _, err := parseFlags(fs, env, args); err != nil {
 		return err
 	}
-	if fs.NArg() == 0 || (fs.Arg(0) != "trail" && fs.Arg(0) != "verify") {
-		return fmt.Errorf("%w: audit needs trail or verify", errUsage)
+	switch {
+	case fs.NArg() == 0:
+		return fmt.Errorf("%w: audit needs trail, verify, checkpoint or checkpoints", errUsage)
+	case fs.Arg(0) == "checkpoint" || fs.Arg(0) == "checkpoints":
+		if fs.NArg() != 1 {
+			return fmt.Errorf("%w: audit %s takes no arguments", errUsage, fs.Arg(0))
+		}
+		return runCheckpoints(ctx, env, &db, fs.Arg(0) == "checkpoint", *settle)
+	case fs.Arg(0) != "trail" && fs.Arg(0) != "verify":
+		return fmt.Errorf("%w: audit needs trail, verify, checkpoint or checkpoints", errUsage)
+	}
+	var exported []attempts.Checkpoint
+	if *against != "" {
+		f, err := os.Open(*against)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		exported, err = attempts.ReadCheckpoints(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("%w: %s: %v", errUsage, *against, err)
+		}
+		if len(exported) == 0 {
+			return fmt.Errorf("%w: %s holds no checkpoints", errUsage, *against)
+		}
 	}
 	var outboxID uuid.UUID
 	if fs.Arg(0) == "trail" {
@@ -136,7 +163,7 @@ func runAudit(ctx context.Context, env *environment, args []string) error {
 	defer cleanup()
 	out := json.NewEncoder(env.stdout)
 	if fs.Arg(0) == "verify" {
-		rep, err := archive.Verify(ctx, pool, attempts.VerifyOptions{Ordered: !*unordered})
+		rep, err := archive.Verify(ctx, pool, attempts.VerifyOptions{Ordered: !*unordered, Checkpoints: exported})
 		if err != nil {
 			return err
 		}
@@ -147,7 +174,8 @@ func runAudit(ctx context.Context, env *environment, args []string) error {
 		_ = out.Encode(map[string]any{
 			"instructions": rep.Instructions, "pending": rep.Pending, "in_flight": rep.InFlight,
 			"dispatched": rep.Dispatched, "dead_letters": rep.DeadLetters, "dispatched_twice": rep.DispatchedTwice,
-			"attempts": rep.Attempts, "ok": rep.OK(), "violations": violations,
+			"attempts": rep.Attempts, "chained_rows": rep.Chained, "checkpoints": rep.Checkpoints,
+			"exported_checkpoints": rep.ExportedCheckpoints, "ok": rep.OK(), "violations": violations,
 		})
 		if !rep.OK() {
 			return exitError{code: 1}
@@ -170,6 +198,33 @@ func runAudit(ctx context.Context, env *environment, args []string) error {
 		fmt.Fprintln(env.stderr, "no attempts (not claimed yet, or unknown)")
 	}
 	return nil
+}
+
+// runCheckpoints takes the archive's next checkpoint (take) and prints it,
+// or prints every checkpoint as JSON lines: the export an auditor keeps
+// outside the database and passes back to audit verify --checkpoints.
+func runCheckpoints(ctx context.Context, env *environment, db *dbFlags, take bool, settle time.Duration) error {
+	archive, pool, cleanup, err := openArchive(ctx, env, db)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	if take {
+		cp, err := archive.TakeCheckpoint(ctx, pool, settle)
+		if err != nil {
+			return err
+		}
+		if cp == nil {
+			fmt.Fprintln(env.stderr, "no period to checkpoint yet")
+			return nil
+		}
+		return attempts.WriteCheckpoints(env.stdout, []attempts.Checkpoint{*cp})
+	}
+	cps, err := archive.Checkpoints(ctx, pool)
+	if err != nil {
+		return err
+	}
+	return attempts.WriteCheckpoints(env.stdout, cps)
 }
 
 func openArchive(ctx context.Context, env *environment, db *dbFlags) (*attempts.Archive, *pgxpool.Pool, func(), error) {

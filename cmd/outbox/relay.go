@@ -45,6 +45,7 @@ type relayFlags struct {
 	reaper             bool
 	reaperInterval     time.Duration
 	reaperBatch        int
+	checkpointInterval time.Duration
 	metricsAddr        string
 }
 
@@ -69,6 +70,8 @@ func (f *relayFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.reaper, "reaper", true, "also run the zombie reaper in the background")
 	fs.DurationVar(&f.reaperInterval, "reaper-interval", reaper.DefaultInterval, "reaper pass interval (>= 1s)")
 	fs.IntVar(&f.reaperBatch, "reaper-batch", reaper.DefaultBatchSize, "instructions the reaper requeues per transaction")
+	fs.DurationVar(&f.checkpointInterval, "checkpoint-interval", reaper.DefaultCheckpointInterval,
+		"least time between two archive checkpoints, taken by the reaper's passes (negative: off; docs/audit.md)")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9464); empty: off")
 }
 
@@ -113,7 +116,7 @@ const relayerIDPlaceholder = "<relayer-id>"
 func (f *relayFlags) serviceConfig(schema string, set *rails.Set, log *slog.Logger) relay.Config {
 	return relay.Config{
 		Relayer:  f.engineConfig(schema, set, log),
-		Reaper:   reaper.Config{Interval: f.reaperInterval, BatchSize: f.reaperBatch},
+		Reaper:   reaper.Config{Interval: f.reaperInterval, BatchSize: f.reaperBatch, CheckpointInterval: f.checkpointInterval},
 		NoReaper: !f.reaper,
 	}
 }

@@ -7,10 +7,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/gofrs/uuid/v5"
@@ -62,16 +60,16 @@ const DefaultCheckpointSettle = 5 * time.Second
 
 // TakeCheckpoint appends the next checkpoint, from the end of the last one
 // to settle before now (cut at a month's end, so that a checkpoint covers
-// one partition). It first waits for the transactions running when it
+// one partition), unless that period is shorter than minPeriod. It first waits for the transactions running when it
 // started, so no row of the period commits after it. It returns the new
 // checkpoint, or nil when there is no period to close. Concurrent callers
 // serialize in the database; the relayer's checkpointer calls it every
 // interval. db must be in READ COMMITTED mode (the default).
-func (s *Store) TakeCheckpoint(ctx context.Context, db Querier, settle time.Duration) (*Checkpoint, error) {
+func (s *Store) TakeCheckpoint(ctx context.Context, db Querier, settle, minPeriod time.Duration) (*Checkpoint, error) {
 	if settle <= 0 {
 		settle = DefaultCheckpointSettle
 	}
-	rows, err := db.Query(ctx, s.sql.takeCheckpoint, settle.Microseconds())
+	rows, err := db.Query(ctx, s.sql.takeCheckpoint, settle.Microseconds(), max(minPeriod, 0).Microseconds())
 	if err != nil {
 		return nil, fmt.Errorf("checkpoint: %w", err)
 	}
@@ -87,7 +85,8 @@ func (s *Store) TakeCheckpoint(ctx context.Context, db Querier, settle time.Dura
 
 const takeCheckpointSQL = `
 SELECT period_start, period_end, row_count, digest, prev_hash, hash
-FROM {schema}.take_checkpoint(clock_timestamp() - $1::bigint * interval '1 microsecond')`
+FROM {schema}.take_checkpoint(clock_timestamp() - $1::bigint * interval '1 microsecond', interval '30 seconds',
+                              $2::bigint * interval '1 microsecond')`
 
 // Checkpoints returns every checkpoint, oldest first: what an auditor
 // exports (WriteCheckpoints) and keeps outside the database.
@@ -381,19 +380,3 @@ func (s *Store) verifyDigests(ctx context.Context, tx pgx.Tx, cps []Checkpoint, 
 
 // stamp formats a checkpoint's time for reports.
 func stamp(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000000Z") }
-
-// ErrNoCheckpoints is returned by ParseCheckpointsFile for an empty export.
-var ErrNoCheckpoints = errors.New("the checkpoint export holds no checkpoints")
-
-// ParseCheckpointsFile reads an export from its contents, refusing an
-// empty one (an auditor comparing against nothing would learn nothing).
-func ParseCheckpointsFile(contents string) ([]Checkpoint, error) {
-	cps, err := ReadCheckpoints(strings.NewReader(contents))
-	if err != nil {
-		return nil, err
-	}
-	if len(cps) == 0 {
-		return nil, ErrNoCheckpoints
-	}
-	return cps, nil
-}

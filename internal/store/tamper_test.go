@@ -52,7 +52,7 @@ func (b *recordBundle) history(t *testing.T) tamperHistory {
 func (b *recordBundle) checkpoint(t *testing.T) *store.Checkpoint {
 	t.Helper()
 	time.Sleep(2 * time.Millisecond)
-	cp, err := b.st.TakeCheckpoint(b.ctx, b.pool, time.Millisecond)
+	cp, err := b.st.TakeCheckpoint(b.ctx, b.pool, time.Millisecond, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +127,7 @@ func TestChainCoversEveryTransition(t *testing.T) {
 	if err := store.WriteCheckpoints(&buf, cps); err != nil {
 		t.Fatal(err)
 	}
-	back, err := store.ParseCheckpointsFile(buf.String())
+	back, err := store.ReadCheckpoints(&buf)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -104,9 +104,12 @@ $$;
 -- started; the caller passes a p_end some seconds in the past for the
 -- instants in which a row is stamped before its transaction has an id.
 -- Run in READ COMMITTED (each statement sees what committed before it).
--- Concurrent callers serialize; it returns the new checkpoint, or nothing
--- when there is no period to close yet.
-CREATE FUNCTION {{.schema}}.take_checkpoint(p_end timestamptz, p_wait interval DEFAULT '30 seconds')
+-- A period shorter than p_min_period is left to grow (unless it ends a
+-- month), so that relayers that each checkpoint every minute do not
+-- multiply the checkpoints. Concurrent callers serialize; it returns the
+-- new checkpoint, or nothing when there is no period to close yet.
+CREATE FUNCTION {{.schema}}.take_checkpoint(p_end timestamptz, p_wait interval DEFAULT '30 seconds',
+                                            p_min_period interval DEFAULT '0')
 RETURNS SETOF {{.schema}}.checkpoints
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -114,6 +117,7 @@ DECLARE
   last_hash bytea;
   s timestamptz;
   e timestamptz;
+  month_end timestamptz;
   snap pg_snapshot;
   deadline timestamptz;
   n bigint;
@@ -123,8 +127,9 @@ BEGIN
   SELECT c.period_end, c.hash INTO last_end, last_hash
   FROM {{.schema}}.checkpoints c ORDER BY c.period_start DESC LIMIT 1;
   s := coalesce(last_end, (SELECT chained_since FROM {{.schema}}.settings));
-  e := least(p_end, (date_trunc('month', s AT TIME ZONE 'UTC') + interval '1 month') AT TIME ZONE 'UTC');
-  IF e <= s THEN
+  month_end := (date_trunc('month', s AT TIME ZONE 'UTC') + interval '1 month') AT TIME ZONE 'UTC';
+  e := least(p_end, month_end);
+  IF e <= s OR (e - s < p_min_period AND e < month_end) THEN
     RETURN;
   END IF;
   snap := pg_current_snapshot();

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+
+	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/pending"
+)
+
+// TestAuditCheckpointsExportAndVerify: an auditor takes a checkpoint,
+// exports the checkpoints to a file of their own, and verifies against it;
+// once the owner has rewritten the checkpoints, the database alone still
+// verifies, the export does not.
+func TestAuditCheckpointsExportAndVerify(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	producer, err := pending.NewProducer(pending.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"k1", "k2", "k3"} {
+		if _, err := producer.Enqueue(b.ctx, b.pool, pending.Instruction{
+			InstructionID: "ins-" + key, ParticipantID: "p-" + key, IdempotencyKey: key,
+			RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claimed, err := st.Claim(b.ctx, b.pool, store.ClaimParams{RelayerID: "r1", Limit: 10, Leases: map[string]time.Duration{"sandbox": time.Hour}})
+	if err != nil || len(claimed) != 3 {
+		t.Fatalf("claimed %d: %v", len(claimed), err)
+	}
+	var outcomes []store.Outcome
+	for i, c := range claimed {
+		outcomes = append(outcomes, store.Outcome{Identity: c.Identity, AttemptID: uuidV7(t), ClaimAttemptID: c.AttemptID,
+			AttemptNo: c.AttemptNo, RelayerID: "r1", ClaimedAt: c.ClaimedAt, State: store.Dispatched,
+			RailReference: "ref-" + string(rune('a'+i)), CountAttempt: true})
+	}
+	if _, _, err := st.Record(b.ctx, b.pool, outcomes, store.HandoffParams{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+
+	r := b.cli(t, "", "audit", "--settle", "1ms", "checkpoint")
+	requireExit(t, r, 0)
+	var cp store.Checkpoint
+	if err := json.Unmarshal([]byte(r.stdout), &cp); err != nil || cp.Rows != 6 {
+		t.Fatalf("checkpoint %+v (%v), want 6 rows\n%s", cp, err, r)
+	}
+	r = b.cli(t, "", "audit", "checkpoints")
+	requireExit(t, r, 0)
+	export := filepath.Join(t.TempDir(), "checkpoints.jsonl")
+	if err := os.WriteFile(export, []byte(r.stdout), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	verify := func(args ...string) (int, map[string]any) {
+		r := b.cli(t, "", "audit", append(args, "verify")...)
+		var rep map[string]any
+		if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+			t.Fatalf("verify output: %v\n%s", err, r)
+		}
+		return r.code, rep
+	}
+	if code, rep := verify("--checkpoints", export); code != 0 || rep["exported_checkpoints"] != 1.0 || rep["chained_rows"] != 6.0 {
+		t.Fatalf("verify against a fresh export: exit %d %v", code, rep)
+	}
+
+	// The owner replaces the checkpoints with new ones of its own.
+	for _, q := range []string{
+		`ALTER TABLE outbox.checkpoints DISABLE TRIGGER checkpoints_append_only`,
+		`DELETE FROM outbox.checkpoints`,
+		`ALTER TABLE outbox.checkpoints ENABLE TRIGGER checkpoints_append_only`,
+		`SELECT outbox.take_checkpoint(clock_timestamp())`,
+	} {
+		if _, err := b.pool.Exec(b.ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	if code, rep := verify(); code != 0 {
+		t.Fatalf("the database alone: exit %d %v", code, rep)
+	}
+	code, rep := verify("--checkpoints", export)
+	if code != 1 || !strings.Contains(strings.Join(anyStrings(rep["violations"]), "\n"), "exported checkpoints") {
+		t.Fatalf("against the export: exit %d %v", code, rep)
+	}
+
+	r = b.cli(t, "", "audit", "--checkpoints", filepath.Join(t.TempDir(), "missing"), "verify")
+	requireExit(t, r, 2)
+}
+
+func anyStrings(v any) []string {
+	var out []string
+	for _, x := range v.([]any) {
+		out = append(out, x.(string))
+	}
+	return out
+}
+
+func uuidV7(t *testing.T) uuid.UUID {
+	t.Helper()
+	id, err := uuid.NewV7()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
