@@ -27,8 +27,8 @@ func countAfter(attemptNo, counts string) string {
 	return `CASE WHEN ` + counts + ` THEN ` + attemptNo + ` ELSE ` + attemptNo + ` - 1 END`
 }
 
-// replayedCount is the attempt_count of a replayed dead letter.
-const replayedCount = `0`
+// A replayed dead letter starts with attempt_count 0: a fresh budget (the
+// replay_dead_letter function, migration 008).
 
 // LastAttempt reports whether a failed attempt numbered attemptNo that
 // counts against the budget was the last one allowed.

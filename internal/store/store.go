@@ -91,7 +91,7 @@ type statements struct {
 	claim, handoff                                 string
 	record, withdraw, lockParticipants             string
 	reap                                           string
-	replay, replayLock, acknowledge                string
+	replay, acknowledge                            string
 	trailByOutbox, trailByInstruction              string
 	deadLetters                                    string
 	listPending                                    string
@@ -120,7 +120,6 @@ func renderStatements(schema string) statements {
 		lockParticipants: q(lockParticipantsSQL),
 		reap:             q(reapSQL),
 		replay:           q(replaySQL),
-		replayLock:       q(replayLockSQL),
 		acknowledge:      q(acknowledgeSQL),
 		trailByOutbox:    q(trailSQL("outbox_id = $1")),
 		// Through the keys' instruction index: the archive keeps no index

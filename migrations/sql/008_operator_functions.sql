@@ -1,0 +1,73 @@
+-- The operator's transitions as functions. An operator role
+-- (outbox migrate --create-roles) may run these and nothing else that
+-- writes: it cannot insert a pending row, delete a dead letter or write the
+-- archive directly, yet a replay still does all of that, atomically, and
+-- archives who did it. SECURITY DEFINER: they run as the schema's owner,
+-- with a search path that cannot be redirected (every name is qualified).
+
+-- replay_dead_letter sends a dead letter back to pending with the same
+-- outbox and sequence id and a fresh retry budget, and archives a REPLAYED
+-- row, in the instruction's hash chain, naming the operator. Two
+-- statements: the first locks the participant's sequences row (producers
+-- and outcomes of the participant wait), the second, with a snapshot taken
+-- after that lock, counts the instruction back into queued and, with
+-- ordering on, makes it its participant's head when nothing of the
+-- participant is in flight and no lower sequence is pending (the head it
+-- replaces waits again). It returns 1 if the dead letter existed, else 0.
+CREATE FUNCTION {{.schema}}.replay_dead_letter(p_outbox_id uuid, p_operator text) RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+  SELECT 1 FROM {{.schema}}.sequences s JOIN {{.schema}}.dead_letters d USING (participant_id)
+  WHERE d.outbox_id = $1
+  FOR UPDATE OF s;
+  WITH d AS (
+    DELETE FROM {{.schema}}.dead_letters WHERE outbox_id = $1
+    RETURNING *, {{.schema}}.uuidv7() AS replay_id, clock_timestamp() AS archived_at
+  ), stamped AS (
+    SELECT d.*, {{.schema}}.attempt_hash(d.chain_head, replay_id, outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, tenant_id, correlation_id,
+           payload, 0, 'REPLAYED', $2::text, NULL::uuid,
+           now(), now(), now(), NULL::text, NULL::text, NULL::text,
+           format('replayed by %s after %s', $2::text, error_code), NULL::int, false, d.archived_at) AS hash FROM d
+  ), counted AS (
+    UPDATE {{.schema}}.sequences s SET queued = s.queued + 1 FROM d WHERE s.participant_id = d.participant_id
+  ), first AS (
+    SELECT NOT (SELECT ordered FROM {{.schema}}.settings) OR (
+             NOT EXISTS (SELECT 1 FROM {{.schema}}.inflight i WHERE i.participant_id = d.participant_id AND i.ordered)
+             AND NOT EXISTS (SELECT 1 FROM {{.schema}}.pending q WHERE q.participant_id = d.participant_id AND q.sequence_id < d.sequence_id)
+           ) AS head
+    FROM d
+  ), demoted AS (
+    UPDATE {{.schema}}.pending p SET next_attempt_at = 'infinity'
+    FROM d, first
+    WHERE first.head AND (SELECT ordered FROM {{.schema}}.settings) AND p.participant_id = d.participant_id
+      AND p.sequence_id > d.sequence_id AND p.next_attempt_at <> 'infinity'
+  ), requeued AS (
+    INSERT INTO {{.schema}}.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, tenant_id, correlation_id, payload, attempt_count, next_attempt_at, created_at, zombie_attempt_id, chain_head)
+    SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, tenant_id, correlation_id, payload, 0,
+           CASE WHEN (SELECT head FROM first) THEN now() ELSE 'infinity' END, created_at, NULL, hash
+    FROM stamped
+  ), archived AS (
+    INSERT INTO {{.schema}}.attempts (attempt_id, outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, tenant_id, correlation_id, payload, attempt_no, state, relayer_id, claim_attempt_id,
+    claimed_at, completed_at, next_attempt_at, rail_reference, rail_code, error_code, error_message, latency_ms, late, created_at, prev_hash, hash)
+    SELECT replay_id, outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, tenant_id, correlation_id,
+           payload, 0, 'REPLAYED', $2::text, NULL::uuid,
+           now(), now(), now(), NULL::text, NULL::text, NULL::text,
+           format('replayed by %s after %s', $2::text, error_code), NULL::int, false, archived_at, chain_head, hash
+    FROM stamped
+  )
+  SELECT count(*) FROM d
+$fn$;
+
+-- acknowledge_dead_letter marks a dead letter as handled by an operator
+-- (it stays as the instruction's final place). It returns 1 if an
+-- unacknowledged dead letter existed, else 0.
+CREATE FUNCTION {{.schema}}.acknowledge_dead_letter(p_outbox_id uuid, p_operator text) RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+  WITH acked AS (
+    UPDATE {{.schema}}.dead_letters SET acknowledged_at = now(), acknowledged_by = $2
+    WHERE outbox_id = $1 AND acknowledged_at IS NULL
+    RETURNING 1)
+  SELECT count(*) FROM acked
+$fn$;
+
+REVOKE ALL ON FUNCTION {{.schema}}.replay_dead_letter(uuid, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION {{.schema}}.acknowledge_dead_letter(uuid, text) FROM PUBLIC;
