@@ -13,8 +13,18 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 	var db dbFlags
 	db.register(fs, poolconfig.Migrator())
 	logFormat := fs.String("log-format", "text", "log format: text or json")
+	createRoles := fs.Bool("create-roles", false, "up: then create the outbox roles, make outbox_owner the owner, grant each role its privileges and turn on row-level security by tenant (as a superuser; docs/audit.md)")
+	printRoles := fs.Bool("print-roles", false, "print the statements --create-roles runs, for those who manage roles themselves, and exit")
 	if _, err := parseFlags(fs, env, args); err != nil {
 		return err
+	}
+	if *printRoles {
+		sql, err := migrations.RolesSQL(db.schema)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		fmt.Fprint(env.stdout, sql)
+		return nil
 	}
 	action := "up"
 	if fs.NArg() > 1 {
@@ -40,6 +50,13 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 	case "up":
 		if err := migrations.MigrateWith(ctx, pool, migrations.Options{Schema: db.schema, LockTimeout: db.settings.LockTimeout}); err != nil {
 			return err
+		}
+		if *createRoles {
+			if err := migrations.CreateRoles(ctx, pool, db.schema); err != nil {
+				return err
+			}
+			fmt.Fprintf(env.stdout, "schema %s: roles %s, %s, %s, %s, %s ready\n", orDefaultSchema(db.schema),
+				migrations.RoleOwner, migrations.RoleProducer, migrations.RoleRelayer, migrations.RoleAuditor, migrations.RoleOperator)
 		}
 		fallthrough
 	case "status":
@@ -81,6 +98,13 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 	default:
 		return fmt.Errorf("%w: unknown migrate action %q (want up, status, notify-on, notify-off, ordering-on or ordering-off)", errUsage, action)
 	}
+}
+
+func orDefaultSchema(s string) string {
+	if s == "" {
+		return migrations.DefaultSchema
+	}
+	return s
 }
 
 func onOff(b bool) string {

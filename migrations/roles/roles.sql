@@ -1,0 +1,105 @@
+-- Least privilege (docs/audit.md). Run by `outbox migrate --create-roles`
+-- as a superuser (or a role with CREATEROLE that owns the schema), after
+-- the migrations; idempotent, so it is also how grants are brought up to
+-- date after a migration adds a table. {{schema}} is the schema.
+
+-- The roles are cluster-wide and shared by every outbox schema of the
+-- cluster. LOGIN without a password: set one (ALTER ROLE ... PASSWORD) or
+-- map them in pg_hba.conf / pg_ident.conf.
+DO $$
+DECLARE
+  r text;
+BEGIN
+  FOREACH r IN ARRAY ARRAY['outbox_owner', 'outbox_producer', 'outbox_relayer', 'outbox_auditor', 'outbox_operator'] LOOP
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = r) THEN
+      BEGIN
+        EXECUTE format('CREATE ROLE %I LOGIN', r);
+      EXCEPTION WHEN duplicate_object OR unique_violation THEN
+        NULL; -- created meanwhile by a concurrent run
+      END;
+    END IF;
+  END LOOP;
+END $$;
+
+-- outbox_owner owns the schema and everything in it, and is the role that
+-- runs migrations from now on. Nobody else can change a table's
+-- definition, disable its triggers or drop a partition.
+ALTER SCHEMA {{schema}} OWNER TO outbox_owner;
+DO $$
+DECLARE
+  o record;
+BEGIN
+  FOR o IN
+    SELECT format('ALTER %s %I.%I OWNER TO outbox_owner',
+                  CASE c.relkind WHEN 'S' THEN 'SEQUENCE' ELSE 'TABLE' END, n.nspname, c.relname) AS stmt
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = '{{schema}}' AND c.relkind IN ('r', 'p', 'S')
+    UNION ALL
+    SELECT format('ALTER FUNCTION %s OWNER TO outbox_owner', p.oid::regprocedure)
+    FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+    WHERE n.nspname = '{{schema}}'
+  LOOP
+    EXECUTE o.stmt;
+  END LOOP;
+END $$;
+
+-- What runs as the owner on behalf of others: the producer's sequence
+-- allocation (so producers need no access to sequences) and the relayers'
+-- partition upkeep (DDL, which relayers may not do themselves).
+ALTER FUNCTION {{schema}}.allocate_sequences(text[], int[]) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION {{schema}}.ensure_attempt_partitions(int) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION {{schema}}.allocate_sequences(text[], int[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION {{schema}}.ensure_attempt_partitions(int) FROM PUBLIC;
+
+-- Start from nothing, then grant what each role needs.
+REVOKE ALL ON ALL TABLES IN SCHEMA {{schema}} FROM outbox_producer, outbox_relayer, outbox_auditor, outbox_operator;
+GRANT USAGE ON SCHEMA {{schema}} TO outbox_producer, outbox_relayer, outbox_auditor, outbox_operator;
+GRANT SELECT ON {{schema}}.schema_version, {{schema}}.settings TO outbox_producer, outbox_relayer, outbox_auditor, outbox_operator;
+
+-- Producer: enqueue (keys, pending; sequences through allocate_sequences),
+-- and read its own receipts (keys, under its tenant).
+GRANT SELECT, INSERT ON {{schema}}.idempotency_keys TO outbox_producer;
+GRANT UPDATE (sequence_id) ON {{schema}}.idempotency_keys TO outbox_producer;
+GRANT INSERT ON {{schema}}.pending TO outbox_producer;
+GRANT SELECT ON {{schema}}.relayer_idle TO outbox_producer; -- the adaptive NOTIFY trigger reads it
+GRANT EXECUTE ON FUNCTION {{schema}}.allocate_sequences(text[], int[]) TO outbox_producer;
+
+-- Relayer: claim, record, hand off, reap, register idle, checkpoint,
+-- partition upkeep. The archive and the checkpoints only grow.
+GRANT SELECT, INSERT, UPDATE, DELETE ON {{schema}}.pending, {{schema}}.inflight TO outbox_relayer;
+GRANT SELECT, UPDATE ON {{schema}}.sequences TO outbox_relayer;
+GRANT SELECT, INSERT ON {{schema}}.attempts, {{schema}}.dead_letters, {{schema}}.checkpoints TO outbox_relayer;
+GRANT SELECT, INSERT, UPDATE, DELETE ON {{schema}}.relayer_idle TO outbox_relayer;
+GRANT EXECUTE ON FUNCTION {{schema}}.ensure_attempt_partitions(int) TO outbox_relayer;
+
+-- Auditor: reads everything (verify checks the queue against the archive),
+-- writes nothing.
+GRANT SELECT ON ALL TABLES IN SCHEMA {{schema}} TO outbox_auditor;
+
+-- Operator: reads what an auditor reads; writes only through the
+-- functions that record who did it.
+GRANT SELECT ON ALL TABLES IN SCHEMA {{schema}} TO outbox_operator;
+GRANT EXECUTE ON FUNCTION {{schema}}.replay_dead_letter(uuid, text), {{schema}}.acknowledge_dead_letter(uuid, text)
+  TO outbox_operator;
+
+-- Tenant isolation: row-level security on every table that holds an
+-- instruction, keyed by its tenant and the session's outbox.tenant setting
+-- ('' or unset: the rows without a tenant; '*': every tenant). Producers,
+-- auditors and operators are scoped; relayers work across tenants. The
+-- owner is not subject to these policies (it is not in their roles).
+DO $$
+DECLARE
+  t text;
+BEGIN
+  FOREACH t IN ARRAY ARRAY['idempotency_keys', 'pending', 'inflight', 'attempts', 'dead_letters'] LOOP
+    EXECUTE format('ALTER TABLE {{schema}}.%I ENABLE ROW LEVEL SECURITY', t);
+    EXECUTE format('DROP POLICY IF EXISTS outbox_relayer_all ON {{schema}}.%I', t);
+    EXECUTE format('CREATE POLICY outbox_relayer_all ON {{schema}}.%I TO outbox_relayer USING (true) WITH CHECK (true)', t);
+    EXECUTE format('DROP POLICY IF EXISTS outbox_tenant ON {{schema}}.%I', t);
+    EXECUTE format($p$CREATE POLICY outbox_tenant ON {{schema}}.%I TO outbox_producer, outbox_auditor, outbox_operator
+                     USING (current_setting('outbox.tenant', true) = '*'
+                            OR coalesce(tenant_id, '') = coalesce(current_setting('outbox.tenant', true), ''))
+                     WITH CHECK (current_setting('outbox.tenant', true) = '*'
+                                 OR coalesce(tenant_id, '') = coalesce(current_setting('outbox.tenant', true), ''))$p$, t);
+  END LOOP;
+END $$;

@@ -1,0 +1,323 @@
+package migrations_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/pending"
+)
+
+// rolesBundle is a migrated database whose roles were set up by
+// CreateRoles, and sessions connected as each role.
+type rolesBundle struct {
+	ctx      context.Context
+	url      string // as the tests' role
+	admin    *pgxpool.Pool
+	producer *pending.Producer
+	st       *store.Store
+}
+
+func setupRoles(t *testing.T) *rolesBundle {
+	t.Helper()
+	url := testdb.URL(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Roles are created, and ownership handed over, by a superuser.
+	admin, err := pgx.ParseConfig(testdb.AdminURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = admin.User, admin.Password
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := migrations.CreateRoles(t.Context(), pool, ""); err != nil {
+		t.Fatal(err)
+	}
+	// Idempotent: a second run changes nothing and fails nothing.
+	if err := migrations.CreateRoles(t.Context(), pool, ""); err != nil {
+		t.Fatal(err)
+	}
+	producer, err := pending.NewProducer(pending.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &rolesBundle{ctx: t.Context(), url: url, admin: pool, producer: producer, st: st}
+}
+
+// as connects as role, scoped to tenant ("*" for all tenants, "" for the
+// rows without one).
+func (b *rolesBundle) as(t *testing.T, role, tenant string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, ""
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, "SELECT set_config($1, $2, false)", migrations.TenantSetting, tenant)
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var who string
+	if err := pool.QueryRow(b.ctx, "SELECT current_user").Scan(&who); err != nil || who != role {
+		t.Fatalf("connected as %q (%v), want %q", who, err, role)
+	}
+	return pool
+}
+
+func (b *rolesBundle) enqueue(t *testing.T, db *pgxpool.Pool, tenant, key string) (pending.Receipt, error) {
+	t.Helper()
+	return b.producer.Enqueue(b.ctx, db, pending.Instruction{
+		InstructionID: "ins-" + key, ParticipantID: "p-" + key, IdempotencyKey: key, TenantID: tenant,
+		RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
+	})
+}
+
+// settle claims every due instruction as db and records each with state.
+func (b *rolesBundle) settle(t *testing.T, db *pgxpool.Pool, state store.State) []store.Claimed {
+	t.Helper()
+	claimed, err := b.st.Claim(b.ctx, db, store.ClaimParams{RelayerID: "r1", Limit: 100,
+		Leases: map[string]time.Duration{"sandbox": time.Hour}})
+	if err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	var outcomes []store.Outcome
+	for _, c := range claimed {
+		id, _ := uuid.NewV7()
+		o := store.Outcome{Identity: c.Identity, AttemptID: id, ClaimAttemptID: c.AttemptID, AttemptNo: c.AttemptNo,
+			RelayerID: "r1", ClaimedAt: c.ClaimedAt, State: state, CountAttempt: true}
+		if state == store.Failed {
+			o.ErrorCode = "RAIL_REJECTED"
+		}
+		outcomes = append(outcomes, o)
+	}
+	if len(outcomes) > 0 {
+		if _, _, err := b.st.Record(b.ctx, db, outcomes, store.HandoffParams{}); err != nil {
+			t.Fatalf("record: %v", err)
+		}
+	}
+	return claimed
+}
+
+// refused fails unless every statement fails as db for lack of privilege
+// (SQLSTATE 42501: permission denied, must be owner, or a row-level
+// security check).
+func refused(t *testing.T, ctx context.Context, db *pgxpool.Pool, statements ...string) {
+	t.Helper()
+	for _, q := range statements {
+		_, err := db.Exec(ctx, q)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			t.Errorf("%s: got %v, want a 42501 refusal", q, err)
+		}
+	}
+}
+
+// archiveTampering is what an insider would try on the archive.
+var archiveTampering = []string{
+	`UPDATE outbox.attempts SET rail_reference = 'forged'`,
+	`DELETE FROM outbox.attempts`,
+	`TRUNCATE outbox.attempts`,
+	`ALTER TABLE outbox.attempts DISABLE TRIGGER attempts_append_only`,
+	`DROP TABLE outbox.attempts_default`,
+	`CREATE TABLE outbox.evil (x int)`,
+	`SET session_replication_role = replica`,
+	`UPDATE outbox.checkpoints SET row_count = 0`,
+	`DELETE FROM outbox.checkpoints`,
+}
+
+// TestRolesDoTheirJobAndNothingElse connects as each role: each does its
+// work, and every forbidden action fails.
+func TestRolesDoTheirJobAndNothingElse(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	producer := b.as(t, migrations.RoleProducer, "")
+	relayer := b.as(t, migrations.RoleRelayer, "")
+	auditor := b.as(t, migrations.RoleAuditor, "*")
+	operator := b.as(t, migrations.RoleOperator, "*")
+
+	// The producer enqueues (a duplicate too) and reads its receipt.
+	r1, err := b.enqueue(t, producer, "", "k1")
+	if err != nil {
+		t.Fatalf("enqueue as producer: %v", err)
+	}
+	if dup, err := b.enqueue(t, producer, "", "k1"); err != nil || !dup.Duplicate || dup.OutboxID != r1.OutboxID {
+		t.Fatalf("duplicate as producer: %+v %v", dup, err)
+	}
+	if _, err := b.enqueue(t, producer, "", "k2"); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := producer.QueryRow(b.ctx, `SELECT count(*) FROM outbox.idempotency_keys`).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("producer reads %d receipts (%v), want 2", n, err)
+	}
+	refused(t, b.ctx, producer, append([]string{
+		`SELECT * FROM outbox.pending`,
+		`DELETE FROM outbox.pending`,
+		`UPDATE outbox.pending SET next_attempt_at = now()`,
+		`SELECT * FROM outbox.attempts`,
+		`INSERT INTO outbox.attempts (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+		   attempt_no, state, claimed_at) VALUES (gen_random_uuid(), 'i', 'p', 1, 'k', 'sandbox', 1, 'DISPATCHED', now())`,
+		`UPDATE outbox.sequences SET next_sequence_id = 1`,
+		`SELECT * FROM outbox.sequences`,
+		`DELETE FROM outbox.idempotency_keys`,
+		`SELECT * FROM outbox.dead_letters`,
+		`SELECT outbox.replay_dead_letter(gen_random_uuid(), 'me')`,
+		`SELECT outbox.ensure_attempt_partitions(3)`,
+	}, archiveTampering...)...)
+
+	// The relayer claims, records (one dispatched, one failed), reaps,
+	// registers idle, keeps partitions and checkpoints.
+	b.settle(t, relayer, store.Dispatched)
+	if _, err := b.enqueue(t, producer, "", "k3"); err != nil {
+		t.Fatal(err)
+	}
+	failed := b.settle(t, relayer, store.Failed)
+	if _, err := b.st.Reap(b.ctx, relayer, 10, "reaper-1"); err != nil {
+		t.Errorf("reap as relayer: %v", err)
+	}
+	if err := b.st.EnsurePartitions(b.ctx, relayer, 4); err != nil {
+		t.Errorf("partition upkeep as relayer: %v", err)
+	}
+	if err := b.st.RegisterIdle(b.ctx, relayer, "r1"); err != nil {
+		t.Errorf("register idle as relayer: %v", err)
+	}
+	time.Sleep(2 * time.Millisecond)
+	if cp, err := b.st.TakeCheckpoint(b.ctx, relayer, time.Millisecond, 0); err != nil || cp == nil {
+		t.Errorf("checkpoint as relayer: %v %v", cp, err)
+	}
+	refused(t, b.ctx, relayer, append([]string{
+		`SELECT * FROM outbox.idempotency_keys`,
+		`DELETE FROM outbox.dead_letters`,
+		`UPDATE outbox.dead_letters SET acknowledged_by = 'me'`,
+		`SELECT outbox.replay_dead_letter(gen_random_uuid(), 'me')`,
+		`ALTER TABLE outbox.pending ADD COLUMN x int`,
+	}, archiveTampering...)...)
+
+	// The operator replays through the function (recorded with its name),
+	// and can do nothing else that writes.
+	if ok, err := b.st.Replay(b.ctx, operator, failed[0].OutboxID, "alice"); err != nil || !ok {
+		t.Fatalf("replay as operator: %v %v", ok, err)
+	}
+	refused(t, b.ctx, operator, append([]string{
+		`INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload)
+		   VALUES (gen_random_uuid(), 'i', 'p', 1, 'k', 'sandbox', '{}')`,
+		`DELETE FROM outbox.dead_letters`,
+		`UPDATE outbox.dead_letters SET acknowledged_by = 'me'`,
+		`DELETE FROM outbox.pending`,
+		`UPDATE outbox.sequences SET queued = 0`,
+	}, archiveTampering...)...)
+
+	// The auditor reads everything and verifies; it writes nothing.
+	b.settle(t, relayer, store.Dispatched)
+	rep, err := b.st.Verify(b.ctx, auditor, store.VerifyOptions{Ordered: true})
+	if err != nil {
+		t.Fatalf("verify as auditor: %v", err)
+	}
+	if !rep.OK() || rep.Dispatched != 3 || rep.Chained == 0 || rep.Checkpoints != 1 {
+		t.Fatalf("verify as auditor: %+v", rep)
+	}
+	refused(t, b.ctx, auditor, append([]string{
+		`INSERT INTO outbox.checkpoints (period_start, period_end, row_count, digest, hash) VALUES (now(), now() + interval '1s', 0, '\x', '\x')`,
+		`SELECT outbox.replay_dead_letter(gen_random_uuid(), 'me')`,
+		`SELECT outbox.acknowledge_dead_letter(gen_random_uuid(), 'me')`,
+		`DELETE FROM outbox.idempotency_keys`,
+		`UPDATE outbox.pending SET next_attempt_at = now()`,
+	}, archiveTampering...)...)
+}
+
+// TestTenantIsolation: producers and auditors scoped to one tenant can
+// neither read nor write another's rows, in both directions; the relayer
+// works across tenants.
+func TestTenantIsolation(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	producerA := b.as(t, migrations.RoleProducer, "tenant-a")
+	producerB := b.as(t, migrations.RoleProducer, "tenant-b")
+	relayer := b.as(t, migrations.RoleRelayer, "")
+
+	for _, c := range []struct {
+		db      *pgxpool.Pool
+		own     string
+		foreign string
+	}{{producerA, "tenant-a", "tenant-b"}, {producerB, "tenant-b", "tenant-a"}} {
+		if _, err := b.enqueue(t, c.db, c.own, c.own+"-k1"); err != nil {
+			t.Fatalf("%s enqueues its own: %v", c.own, err)
+		}
+		_, err := b.enqueue(t, c.db, c.foreign, c.own+"-k2")
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			t.Fatalf("%s enqueues for %s: %v, want a row-level security refusal", c.own, c.foreign, err)
+		}
+	}
+	// The relayer dispatches both tenants' instructions.
+	if claimed := b.settle(t, relayer, store.Dispatched); len(claimed) != 2 {
+		t.Fatalf("relayer dispatched %d instructions, want both tenants' 2", len(claimed))
+	}
+
+	auditorA := b.as(t, migrations.RoleAuditor, "tenant-a")
+	auditorB := b.as(t, migrations.RoleAuditor, "tenant-b")
+	auditorAll := b.as(t, migrations.RoleAuditor, "*")
+	for _, c := range []struct {
+		name    string
+		db      *pgxpool.Pool
+		tenants []string
+	}{
+		{"producer A", producerA, []string{"tenant-a"}},
+		{"producer B", producerB, []string{"tenant-b"}},
+		{"auditor A", auditorA, []string{"tenant-a"}},
+		{"auditor B", auditorB, []string{"tenant-b"}},
+		{"auditor *", auditorAll, []string{"tenant-a", "tenant-b"}},
+	} {
+		rows, err := c.db.Query(b.ctx, `SELECT DISTINCT tenant_id FROM outbox.idempotency_keys ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(c.tenants) || got[0] != c.tenants[0] {
+			t.Errorf("%s sees keys of %v, want %v", c.name, got, c.tenants)
+		}
+		if c.db == producerA || c.db == producerB {
+			continue
+		}
+		var attemptTenants []string
+		if err := c.db.QueryRow(b.ctx, `SELECT coalesce(array_agg(DISTINCT tenant_id ORDER BY tenant_id), '{}') FROM outbox.attempts`).
+			Scan(&attemptTenants); err != nil {
+			t.Fatal(err)
+		}
+		if len(attemptTenants) != len(c.tenants) || attemptTenants[0] != c.tenants[0] {
+			t.Errorf("%s sees attempts of %v, want %v", c.name, attemptTenants, c.tenants)
+		}
+	}
+	// Scoped to A, an auditor cannot read B's archive rows by their id.
+	var n int
+	if err := auditorA.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE tenant_id = 'tenant-b'`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("auditor A counts %d of B's attempts (%v)", n, err)
+	}
+}
