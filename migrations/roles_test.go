@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,11 +11,17 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
+	"github.com/ledgerline/outbox/rails"
+	"github.com/ledgerline/outbox/reaper"
+	"github.com/ledgerline/outbox/relay"
 )
 
 // rolesBundle is a migrated database whose roles were set up by
@@ -319,5 +326,54 @@ func TestTenantIsolation(t *testing.T) {
 	var n int
 	if err := auditorA.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE tenant_id = 'tenant-b'`).Scan(&n); err != nil || n != 0 {
 		t.Errorf("auditor A counts %d of B's attempts (%v)", n, err)
+	}
+}
+
+// TestRelayServiceAsRelayerRole: the whole relay service (relayer,
+// reaper with partition upkeep and checkpoints, metrics) runs connected as
+// outbox_relayer, fed by a producer connected as outbox_producer.
+func TestRelayServiceAsRelayerRole(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	producer := b.as(t, migrations.RoleProducer, "")
+	relayer := b.as(t, migrations.RoleRelayer, "")
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{},
+		Transport: rails.NewSandbox(rails.SandboxOptions{}), Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := relay.New(relayer, relay.Config{Relayer: engine.Config{Rails: set}, Metrics: prometheus.NewRegistry(),
+		Reaper: reaper.Config{Interval: time.Second, CheckpointInterval: time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Start(b.ctx); err != nil {
+		t.Fatalf("relay as %s: %v", migrations.RoleRelayer, err)
+	}
+	defer svc.Stop(context.WithoutCancel(b.ctx))
+	const n = 20
+	for i := range n {
+		if _, err := b.enqueue(t, producer, "", fmt.Sprintf("k%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(30 * time.Second); svc.Relayer().Stats().Dispatched < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("dispatched %d of %d", svc.Relayer().Stats().Dispatched, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for deadline := time.Now().Add(30 * time.Second); svc.Reaper().Stats().Checkpoints == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the reaper took no checkpoint")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := svc.Stop(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := b.st.Verify(b.ctx, b.as(t, migrations.RoleAuditor, "*"), store.VerifyOptions{Ordered: true})
+	if err != nil || !rep.OK() || rep.Dispatched != n {
+		t.Fatalf("verify: %+v %v", rep, err)
 	}
 }
