@@ -2,8 +2,6 @@ package pending_test
 
 import (
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -27,7 +25,11 @@ func TestProducerLinksLittle(t *testing.T) {
 	}
 	forbiddenStd := []string{"net/http", "text/template", "html/template"}
 
-	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+	// go test puts its own go first on PATH.
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatal(err)
+	}
 	out, err := exec.Command(goTool, "list", "-deps", "-f",
 		"{{if .Standard}}std {{.ImportPath}}{{else}}mod {{with .Module}}{{.Path}}{{end}}{{end}}",
 		"github.com/ledgerline/outbox/pending").CombinedOutput()

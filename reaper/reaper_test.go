@@ -207,15 +207,6 @@ func (b *testBundle) pendingRow(t *testing.T, id uuid.UUID) (pendingRow, bool) {
 	return p, true
 }
 
-func outboxIDs(claimed []store.Claimed) []uuid.UUID {
-	ids := make([]uuid.UUID, len(claimed))
-	for i, c := range claimed {
-		ids[i] = c.OutboxID
-	}
-	slices.SortFunc(ids, func(a, b uuid.UUID) int { return strings.Compare(a.String(), b.String()) })
-	return ids
-}
-
 func TestRunOnceRequeuesExpiredLeases(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -62,7 +62,7 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 	case action == "list" && len(ids) == 0:
 	case (action == "replay" || action == "ack") && len(ids) > 0:
 	default:
-		return fmt.Errorf("%w: usage: dlq list | replay OUTBOX_ID... | ack OUTBOX_ID...", errUsage)
+		return fmt.Errorf("%w: usage: dlq list | replay OUTBOX_ID [OUTBOX_ID ...] | ack OUTBOX_ID [OUTBOX_ID ...]", errUsage)
 	}
 	archive, pool, cleanup, err := openArchive(ctx, env, &db)
 	if err != nil {
