@@ -29,16 +29,16 @@ type command struct {
 }
 
 var commands = []command{
-	{"migrate", "apply schema migrations (up), show status, or switch the NOTIFY trigger", runMigrate},
-	{"enqueue", "enqueue one instruction from flags, or JSON lines from stdin", runEnqueue},
+	{"migrate", "apply schema migrations (up; --create-roles sets up least-privilege roles), show status, or switch the NOTIFY trigger [role: outbox_owner; a superuser for --create-roles]", runMigrate},
+	{"enqueue", "enqueue one instruction from flags, or JSON lines from stdin [role: outbox_producer]", runEnqueue},
 	{"demo", "run the whole system locally: Postgres, relayer, sandbox rail, a producer stream, a live summary", runDemo},
-	{"relay", "run a relayer (and the zombie reaper): claim, dispatch to rails, record outcomes", runRelay},
+	{"relay", "run a relayer (and the zombie reaper): claim, dispatch to rails, record outcomes [role: outbox_relayer]", runRelay},
 	{"bench", "benchmarks: drain (ordering on/off), steady-rate latency, enqueue, the pgbench ceiling of the same statements, NOTIFY on/off", runBench},
 	{"sandbox", "sandbox serve: the sandbox rail as an HTTP server (webhook protocol), for crash tests and demos", runSandbox},
-	{"stats", "queue state: pending, due, oldest due age, in flight, stuck, DLQ depth (JSON)", runStats},
-	{"dlq", "dead letters: list, replay, ack", runDLQ},
-	{"audit", "an instruction's attempt trail, or verify the invariants over the database", runAudit},
-	{"reap", "one zombie-reaper pass: requeue in-flight instructions whose lease expired", runReap},
+	{"stats", "queue state: pending, due, oldest due age, in flight, stuck, DLQ depth (JSON) [role: outbox_auditor]", runStats},
+	{"dlq", "dead letters: list, replay, ack [role: outbox_operator]", runDLQ},
+	{"audit", "an instruction's attempt trail, verify the invariants and the archive's tamper evidence, export checkpoints [role: outbox_auditor; outbox_relayer for checkpoint]", runAudit},
+	{"reap", "one zombie-reaper pass: requeue in-flight instructions whose lease expired [role: outbox_relayer]", runReap},
 }
 
 // environment is what every subcommand gets besides its flags.
