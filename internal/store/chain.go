@@ -21,7 +21,8 @@ import (
 // verifier. The verifier trusts nothing the schema's owner could redefine:
 // it rebuilds each row's canonical encoding with PostgreSQL's built-ins
 // (chainEncodingSQL, the same encoding as the migration's attempt_hash) and
-// hashes it itself.
+// hashes it itself. The encoding's text is UTF-8 because every session
+// that writes or verifies uses client_encoding UTF8 (pgx does).
 
 // Checkpoint is one period of the archive, digested.
 type Checkpoint struct {
@@ -150,24 +151,17 @@ func ReadCheckpoints(r io.Reader) ([]Checkpoint, error) {
 	return cps, nil
 }
 
-// hashTimeSQL renders a timestamp as the chain encodes it (the migration's
-// hash_time), with built-ins only.
-func hashTimeSQL(col string) string {
-	return `CASE WHEN ` + col + ` IS NULL THEN NULL WHEN isfinite(` + col + `) THEN to_jsonb((extract(epoch FROM ` + col +
-		`) * 1000000)::bigint) ELSE to_jsonb(` + col + `::text) END`
-}
-
 // chainEncodingSQL is the canonical encoding of the archive row a, as the
-// migration's attempt_hash builds it before hashing.
-var chainEncodingSQL = `convert_to(jsonb_build_array('outbox.attempts/1', a.attempt_id, a.outbox_id, a.instruction_id,
+// migration's attempt_hash builds it before hashing (the same columns, in
+// the same order, of the same types).
+const chainEncodingSQL = `record_send(ROW('outbox.attempts/1'::text, a.attempt_id, a.outbox_id, a.instruction_id,
   a.participant_id, a.sequence_id, a.idempotency_key, a.rail_type, a.tenant_id, a.correlation_id, a.payload, a.attempt_no,
-  a.state, a.relayer_id, a.claim_attempt_id, ` + hashTimeSQL("a.claimed_at") + `, ` + hashTimeSQL("a.completed_at") + `, ` +
-	hashTimeSQL("a.next_attempt_at") + `, a.rail_reference, a.rail_code, a.error_code, a.error_message, a.latency_ms, a.late, ` +
-	hashTimeSQL("a.created_at") + `)::text, 'UTF8')`
+  a.state, a.relayer_id, a.claim_attempt_id, a.claimed_at, a.completed_at, a.next_attempt_at, a.rail_reference,
+  a.rail_code, a.error_code, a.error_message, a.latency_ms, a.late, a.created_at))`
 
 // verifyChainsSQL reads every chained row (and every row since chaining
 // began, hash or not) an instruction at a time.
-var verifyChainsSQL = `
+const verifyChainsSQL = `
 SELECT a.outbox_id, a.attempt_id, a.prev_hash, a.hash, ` + chainEncodingSQL + `
 FROM {schema}.attempts a
 WHERE a.hash IS NOT NULL OR a.created_at >= (SELECT chained_since FROM {schema}.settings)
@@ -175,10 +169,9 @@ ORDER BY a.outbox_id, a.created_at, a.attempt_id`
 
 // verifyCheckpointsSQL reads the checkpoints with their canonical
 // encodings (the migration's checkpoint_hash, built-ins only).
-var verifyCheckpointsSQL = `
+const verifyCheckpointsSQL = `
 SELECT period_start, period_end, row_count, digest, prev_hash, hash,
-       convert_to(jsonb_build_array('outbox.checkpoints/1', ` + hashTimeSQL("period_start") + `, ` + hashTimeSQL("period_end") + `,
-                                    row_count, encode(digest, 'hex'))::text, 'UTF8')
+       record_send(ROW('outbox.checkpoints/1'::text, period_start, period_end, row_count, digest))
 FROM {schema}.checkpoints ORDER BY period_start`
 
 // verifyDigestsSQL reads the row hashes of the checkpointed periods, in
