@@ -36,7 +36,13 @@ const (
 	ZombieRequeue = store.ZombieRequeue
 	// Replayed: an operator sent a dead letter back to pending.
 	Replayed = store.Replayed
+	// Acknowledged: an operator accepted a dead letter's failure.
+	Acknowledged = store.Acknowledged
 )
+
+// ErrOperatorAction is returned by Replay and Acknowledge without an
+// operator's name or a reason (both are archived with the action).
+var ErrOperatorAction = store.ErrOperatorAction
 
 // Attempt is one archive row.
 type Attempt = store.Attempt
@@ -112,17 +118,18 @@ func (a *Archive) DeadLetters(ctx context.Context, db DB, all bool, limit int) (
 
 // Replay sends a dead letter back to pending with the same outbox and
 // sequence id and a fresh retry budget, and archives a REPLAYED row naming
-// the operator. With ordering on it becomes its participant's next
+// the operator and the reason. With ordering on it becomes its participant's next
 // instruction again. It reports whether the dead letter existed.
-func (a *Archive) Replay(ctx context.Context, db DB, outboxID uuid.UUID, operator string) (bool, error) {
-	return a.store.Replay(ctx, db, outboxID, operator)
+func (a *Archive) Replay(ctx context.Context, db DB, outboxID uuid.UUID, operator, reason string) (bool, error) {
+	return a.store.Replay(ctx, db, outboxID, operator, reason)
 }
 
 // Acknowledge marks a dead letter as handled by an operator (it stays in
-// the table as the instruction's final place). It reports whether an
+// the table as the instruction's final place) and archives an ACKNOWLEDGED
+// row naming the operator and the reason. It reports whether an
 // unacknowledged dead letter existed.
-func (a *Archive) Acknowledge(ctx context.Context, db DB, outboxID uuid.UUID, operator string) (bool, error) {
-	return a.store.Acknowledge(ctx, db, outboxID, operator)
+func (a *Archive) Acknowledge(ctx context.Context, db DB, outboxID uuid.UUID, operator, reason string) (bool, error) {
+	return a.store.Acknowledge(ctx, db, outboxID, operator, reason)
 }
 
 // Snapshot reads the queue's operational state.

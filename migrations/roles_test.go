@@ -192,7 +192,7 @@ func TestRolesDoTheirJobAndNothingElse(t *testing.T) {
 		`SELECT * FROM outbox.sequences`,
 		`DELETE FROM outbox.idempotency_keys`,
 		`SELECT * FROM outbox.dead_letters`,
-		`SELECT outbox.replay_dead_letter(gen_random_uuid(), 'me')`,
+		`SELECT outbox.replay_dead_letter(gen_random_uuid(), 'me', 'why')`,
 		`SELECT outbox.ensure_attempt_partitions(3)`,
 	}, archiveTampering...)...)
 
@@ -220,13 +220,13 @@ func TestRolesDoTheirJobAndNothingElse(t *testing.T) {
 		`SELECT * FROM outbox.idempotency_keys`,
 		`DELETE FROM outbox.dead_letters`,
 		`UPDATE outbox.dead_letters SET acknowledged_by = 'me'`,
-		`SELECT outbox.replay_dead_letter(gen_random_uuid(), 'me')`,
+		`SELECT outbox.replay_dead_letter(gen_random_uuid(), 'me', 'why')`,
 		`ALTER TABLE outbox.pending ADD COLUMN x int`,
 	}, archiveTampering...)...)
 
 	// The operator replays through the function (recorded with its name),
 	// and can do nothing else that writes.
-	if ok, err := b.st.Replay(b.ctx, operator, failed[0].OutboxID, "alice"); err != nil || !ok {
+	if ok, err := b.st.Replay(b.ctx, operator, failed[0].OutboxID, "alice", "test"); err != nil || !ok {
 		t.Fatalf("replay as operator: %v %v", ok, err)
 	}
 	refused(t, b.ctx, operator, append([]string{
@@ -249,8 +249,8 @@ func TestRolesDoTheirJobAndNothingElse(t *testing.T) {
 	}
 	refused(t, b.ctx, auditor, append([]string{
 		`INSERT INTO outbox.checkpoints (period_start, period_end, row_count, digest, hash) VALUES (now(), now() + interval '1s', 0, '\x', '\x')`,
-		`SELECT outbox.replay_dead_letter(gen_random_uuid(), 'me')`,
-		`SELECT outbox.acknowledge_dead_letter(gen_random_uuid(), 'me')`,
+		`SELECT outbox.replay_dead_letter(gen_random_uuid(), 'me', 'why')`,
+		`SELECT outbox.acknowledge_dead_letter(gen_random_uuid(), 'me', 'why')`,
 		`DELETE FROM outbox.idempotency_keys`,
 		`UPDATE outbox.pending SET next_attempt_at = now()`,
 	}, archiveTampering...)...)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/user"
+	"strings"
 	"time"
 
 	"github.com/gofrs/uuid/v5"
@@ -37,12 +38,13 @@ func runStats(ctx context.Context, env *environment, args []string) error {
 
 // runDLQ lists, replays or acknowledges dead letters.
 func runDLQ(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet(env, "dlq", "dlq [flags] list | replay OUTBOX_ID... | ack OUTBOX_ID...")
+	fs := newFlagSet(env, "dlq", "dlq [flags] list | replay OUTBOX_ID... | ack OUTBOX_ID...   (replay and ack need --reason)")
 	var db dbFlags
 	db.register(fs, poolconfig.Operator("dlq"))
 	all := fs.Bool("all", false, "list: include acknowledged dead letters")
 	limit := fs.Int("limit", 100, "list: at most this many")
 	operator := fs.String("operator", defaultOperator(), "replay/ack: who is acting (recorded in the archive)")
+	reason := fs.String("reason", "", "replay/ack: why (required; recorded in the archive)")
 	if _, err := parseFlags(fs, env, args); err != nil {
 		return err
 	}
@@ -63,6 +65,9 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 	case (action == "replay" || action == "ack") && len(ids) > 0:
 	default:
 		return fmt.Errorf("%w: usage: dlq list | replay OUTBOX_ID [OUTBOX_ID ...] | ack OUTBOX_ID [OUTBOX_ID ...]", errUsage)
+	}
+	if action != "list" && strings.TrimSpace(*reason) == "" {
+		return fmt.Errorf("%w: dlq %s needs --reason (it is archived with who acted)", errUsage, action)
 	}
 	archive, pool, cleanup, err := openArchive(ctx, env, &db)
 	if err != nil {
@@ -85,9 +90,9 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 		var ok bool
 		var err error
 		if action == "replay" {
-			ok, err = archive.Replay(ctx, pool, id, *operator)
+			ok, err = archive.Replay(ctx, pool, id, *operator, *reason)
 		} else {
-			ok, err = archive.Acknowledge(ctx, pool, id, *operator)
+			ok, err = archive.Acknowledge(ctx, pool, id, *operator, *reason)
 		}
 		if err != nil {
 			return err

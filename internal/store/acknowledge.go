@@ -8,15 +8,19 @@ import (
 )
 
 // Acknowledge marks a dead letter as handled by an operator (it stays in
-// the table as the instruction's final place), through the schema's
+// the table as the instruction's final place) and archives an ACKNOWLEDGED
+// row saying who and why, through the schema's
 // acknowledge_dead_letter function (migration 008). It reports whether an
 // unacknowledged dead letter existed.
-func (s *Store) Acknowledge(ctx context.Context, db Querier, outboxID uuid.UUID, operator string) (bool, error) {
+func (s *Store) Acknowledge(ctx context.Context, db Querier, outboxID uuid.UUID, operator, reason string) (bool, error) {
+	if err := checkOperator(operator, reason); err != nil {
+		return false, err
+	}
 	var n int64
-	if err := db.QueryRow(ctx, s.sql.acknowledge, outboxID, operator).Scan(&n); err != nil {
+	if err := db.QueryRow(ctx, s.sql.acknowledge, outboxID, operator, reason).Scan(&n); err != nil {
 		return false, fmt.Errorf("acknowledge %s: %w", outboxID, err)
 	}
 	return n == 1, nil
 }
 
-const acknowledgeSQL = `SELECT {schema}.acknowledge_dead_letter($1, $2)`
+const acknowledgeSQL = `SELECT {schema}.acknowledge_dead_letter($1, $2, $3)`

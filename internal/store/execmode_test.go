@@ -81,7 +81,7 @@ func TestEveryQueryExecMode(t *testing.T) {
 			if err != nil || len(dead) != 1 {
 				t.Fatalf("dead letters: %+v, %v", dead, err)
 			}
-			if ok, err := b.st.Replay(b.ctx, pool, second, "ops"); err != nil || !ok {
+			if ok, err := b.st.Replay(b.ctx, pool, second, "ops", "test"); err != nil || !ok {
 				t.Fatalf("replay: %v, %v", ok, err)
 			}
 			if _, err := b.st.Snapshot(b.ctx, pool); err != nil {

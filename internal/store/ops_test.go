@@ -1,6 +1,8 @@
 package store_test
 
 import (
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -29,16 +31,36 @@ func TestDeadLetterReplayAndAcknowledge(t *testing.T) {
 		t.Fatalf("dead letters %+v, %v", dls, err)
 	}
 
-	if ok, err := b.st.Replay(b.ctx, b.pool, first, "alice"); err != nil || !ok {
+	// Who and why are required, and nothing happens without them.
+	for _, who := range [][2]string{{"", "rail fixed"}, {"alice", " "}} {
+		if _, err := b.st.Replay(b.ctx, b.pool, first, who[0], who[1]); !errors.Is(err, store.ErrOperatorAction) {
+			t.Fatalf("replay by %q for %q: %v, want ErrOperatorAction", who[0], who[1], err)
+		}
+		if _, err := b.st.Acknowledge(b.ctx, b.pool, second, who[0], who[1]); !errors.Is(err, store.ErrOperatorAction) {
+			t.Fatalf("acknowledge by %q for %q: %v, want ErrOperatorAction", who[0], who[1], err)
+		}
+	}
+	// The database refuses them too, to a caller that skips this package.
+	if _, err := b.pool.Exec(b.ctx, `SELECT outbox.replay_dead_letter($1, 'alice', '')`, first); err == nil ||
+		!strings.Contains(err.Error(), "needs a reason") {
+		t.Fatalf("replay without a reason in SQL: %v", err)
+	}
+	if ok, err := b.st.Replay(b.ctx, b.pool, first, "alice", "account reopened"); err != nil || !ok {
 		t.Fatalf("replay: %v, %v", ok, err)
 	}
-	if ok, err := b.st.Replay(b.ctx, b.pool, first, "alice"); err != nil || ok {
+	if ok, err := b.st.Replay(b.ctx, b.pool, first, "alice", "test"); err != nil || ok {
 		t.Fatalf("second replay of the same dead letter: %v, %v; want nothing to replay", ok, err)
 	}
-	if ok, err := b.st.Acknowledge(b.ctx, b.pool, second, "bob"); err != nil || !ok {
+	if ok, err := b.st.Acknowledge(b.ctx, b.pool, second, "bob", "refunded by hand, ticket 42"); err != nil || !ok {
 		t.Fatalf("acknowledge: %v, %v", ok, err)
 	}
-	if ok, _ := b.st.Acknowledge(b.ctx, b.pool, second, "bob"); ok {
+	got, rows := b.trail(t, second)
+	wantTrail(t, got, "DISPATCHING#1", "FAILED#1", "ACKNOWLEDGED#1")
+	if ack := rows[2]; ack.RelayerID == nil || *ack.RelayerID != "bob" || ack.ErrorMessage == nil ||
+		!strings.Contains(*ack.ErrorMessage, "refunded by hand, ticket 42") {
+		t.Fatalf("acknowledgement archived as %+v, want bob and his reason", ack)
+	}
+	if ok, _ := b.st.Acknowledge(b.ctx, b.pool, second, "bob", "test"); ok {
 		t.Fatal("acknowledged twice")
 	}
 	if open, _ := b.st.DeadLetters(b.ctx, b.pool, false, 10); len(open) != 0 {
@@ -56,8 +78,12 @@ func TestDeadLetterReplayAndAcknowledge(t *testing.T) {
 		t.Fatalf("claimed %s attempt %d, want the replayed %s as attempt 1", c.OutboxID, c.AttemptNo, first)
 	}
 	b.record(t, recordOutcome(t, c, "r2", store.Dispatched))
-	got, _ := b.trail(t, first)
+	got, rows = b.trail(t, first)
 	wantTrail(t, got, "DISPATCHING#1", "FAILED#1", "REPLAYED#0", "DISPATCHING#1", "DISPATCHED#1")
+	if replay := rows[2]; replay.RelayerID == nil || *replay.RelayerID != "alice" || replay.ErrorMessage == nil ||
+		!strings.Contains(*replay.ErrorMessage, "account reopened") {
+		t.Fatalf("replay archived as %+v, want alice and her reason", replay)
+	}
 	if r := b.verifyOK(t); r.Dispatched != 1 || r.DeadLetters != 1 {
 		t.Fatalf("report %+v", r)
 	}

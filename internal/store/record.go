@@ -20,6 +20,7 @@ const (
 	Failed        State = "FAILED"         // terminal failure; a dead letter
 	ZombieRequeue State = "ZOMBIE_REQUEUE" // the relayer's lease expired; the reaper requeued it
 	Replayed      State = "REPLAYED"       // an operator sent a dead letter back to pending
+	Acknowledged  State = "ACKNOWLEDGED"   // an operator accepted a dead letter's failure
 )
 
 // Outcome is how one claimed attempt ended, as the relayer records it. The

@@ -717,7 +717,7 @@ func TestRecordLateWithdrawIsFenced(t *testing.T) {
 		}},
 		{"copy dead-lettered and replayed", store.Failed, func(t *testing.T, b *recordBundle, c store.Claimed) {
 			b.record(t, recordOutcome(t, c, "fast", store.Failed))
-			if ok, err := b.st.Replay(b.ctx, b.pool, c.OutboxID, "operator"); err != nil || !ok {
+			if ok, err := b.st.Replay(b.ctx, b.pool, c.OutboxID, "operator", "test"); err != nil || !ok {
 				t.Fatalf("replay: %v %v", ok, err)
 			}
 		}},

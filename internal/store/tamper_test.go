@@ -37,7 +37,7 @@ func (b *recordBundle) history(t *testing.T) tamperHistory {
 
 	h.replayed = b.enqueue(t, "p3", "k3")
 	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Failed))
-	if ok, err := b.st.Replay(b.ctx, b.pool, h.replayed, "alice"); err != nil || !ok {
+	if ok, err := b.st.Replay(b.ctx, b.pool, h.replayed, "alice", "test"); err != nil || !ok {
 		t.Fatalf("replay: %v %v", ok, err)
 	}
 	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched))

@@ -79,7 +79,7 @@ GRANT SELECT ON ALL TABLES IN SCHEMA {{schema}} TO outbox_auditor;
 -- Operator: reads what an auditor reads; writes only through the
 -- functions that record who did it.
 GRANT SELECT ON ALL TABLES IN SCHEMA {{schema}} TO outbox_operator;
-GRANT EXECUTE ON FUNCTION {{schema}}.replay_dead_letter(uuid, text), {{schema}}.acknowledge_dead_letter(uuid, text)
+GRANT EXECUTE ON FUNCTION {{schema}}.replay_dead_letter(uuid, text, text), {{schema}}.acknowledge_dead_letter(uuid, text, text)
   TO outbox_operator;
 
 -- Tenant isolation: row-level security on every table that holds an
