@@ -203,7 +203,7 @@ func TestRolesDoTheirJobAndNothingElse(t *testing.T) {
 		t.Fatal(err)
 	}
 	failed := b.settle(t, relayer, store.Failed)
-	if _, err := b.st.Reap(b.ctx, relayer, 10, "reaper-1"); err != nil {
+	if _, err := b.st.Reap(b.ctx, relayer, 10, "reaper-1", 3); err != nil {
 		t.Errorf("reap as relayer: %v", err)
 	}
 	if err := b.st.EnsurePartitions(b.ctx, relayer, 4); err != nil {

@@ -36,6 +36,10 @@ const (
 	// DefaultBatchSize is the number of instructions requeued per
 	// transaction.
 	DefaultBatchSize = 500
+	// DefaultZombieLimit is how many times an instruction may be requeued
+	// after its relayer died before the reaper dead-letters it instead (a
+	// poison instruction: one that kills every relayer that takes it).
+	DefaultZombieLimit = 3
 	// DefaultCheckpointInterval is the least time between two checkpoints
 	// of the archive (docs/audit.md).
 	DefaultCheckpointInterval = time.Minute
@@ -61,6 +65,12 @@ type Config struct {
 	// and in logs; the rows' relayer_id stays the dead relayer's, so the
 	// trail says whose attempt was abandoned. "" means host-pid-random.
 	ReaperID string
+	// ZombieLimit is how many times an instruction may be requeued after
+	// its lease expired; the next expiry makes it a dead letter marked
+	// outcome unknown (error code ZOMBIE_LIMIT) and, with ordering on, lets
+	// its participant move on. 0 means DefaultZombieLimit, negative means
+	// no limit.
+	ZombieLimit int
 	// CheckpointInterval is the least time between two checkpoints of the
 	// archive, taken by the background passes; 0 means
 	// DefaultCheckpointInterval, negative turns checkpointing off (another
@@ -88,6 +98,9 @@ func (c *Config) setDefaults() error {
 	case c.BatchSize < 0:
 		return fmt.Errorf("%w: batch size %d is negative", ErrInvalidConfig, c.BatchSize)
 	}
+	if c.ZombieLimit == 0 {
+		c.ZombieLimit = DefaultZombieLimit
+	}
 	if c.CheckpointInterval == 0 {
 		c.CheckpointInterval = DefaultCheckpointInterval
 	}
@@ -113,6 +126,9 @@ type Stats struct {
 	Errors int64
 	// Requeued counts instructions requeued (committed).
 	Requeued int64
+	// DeadLettered counts poison instructions: reaped past the zombie
+	// limit, they became dead letters instead of being requeued.
+	DeadLettered int64
 	// Checkpoints counts archive checkpoints this reaper took.
 	Checkpoints int64
 	// LastPass is when the last completed pass ended; zero before the first.
@@ -175,18 +191,31 @@ func (r *Reaper) RunOnce(ctx context.Context) ([]Requeued, error) {
 		batch, err := r.reapBatch(ctx)
 		all = append(all, batch...)
 		if err != nil {
-			r.countPass(len(all), err)
+			r.countPass(countRequeued(all), err)
 			return all, err
 		}
 		if len(batch) < r.cfg.BatchSize {
 			break
 		}
 	}
-	r.countPass(len(all), nil)
-	if len(all) > 0 {
-		r.log.Warn("requeued zombie instructions", "count", len(all))
+	requeued := countRequeued(all)
+	r.countPass(requeued, nil)
+	if requeued > 0 {
+		r.log.Warn("requeued zombie instructions", "count", requeued)
 	}
 	return all, nil
+}
+
+// countRequeued counts the instructions put back into pending (not the
+// dead-lettered poison ones).
+func countRequeued(all []Requeued) int {
+	n := 0
+	for _, q := range all {
+		if !q.DeadLettered {
+			n++
+		}
+	}
+	return n
 }
 
 func (r *Reaper) countPass(requeued int, err error) {
@@ -203,11 +232,21 @@ func (r *Reaper) countPass(requeued int, err error) {
 
 // reapBatch requeues one batch (one statement, see [store.Store.Reap]).
 func (r *Reaper) reapBatch(ctx context.Context) ([]Requeued, error) {
-	batch, err := r.store.Reap(ctx, r.pool, r.cfg.BatchSize, r.cfg.ReaperID)
+	batch, err := r.store.Reap(ctx, r.pool, r.cfg.BatchSize, r.cfg.ReaperID, r.cfg.ZombieLimit)
 	if err != nil {
 		return nil, fmt.Errorf("reaper: requeue expired leases: %w", err)
 	}
 	for _, q := range batch {
+		if q.DeadLettered {
+			r.statsMu.Lock()
+			r.stats.DeadLettered++
+			r.statsMu.Unlock()
+			r.log.Error("poison instruction dead-lettered: its relayer died on it more often than the zombie limit allows; outcome unknown",
+				"outbox_id", q.OutboxID, "instruction_id", q.InstructionID, "participant", q.ParticipantID,
+				"sequence_id", q.SequenceID, "attempt_no", q.AttemptNo, "dead_relayer", q.RelayerID,
+				"zombie_limit", r.cfg.ZombieLimit)
+			continue
+		}
 		r.log.Info("requeued zombie instruction", "outbox_id", q.OutboxID, "instruction_id", q.InstructionID,
 			"participant", q.ParticipantID, "sequence_id", q.SequenceID, "attempt_no", q.AttemptNo,
 			"dead_relayer", q.RelayerID, "claimed_at", q.ClaimedAt, "lease_until", q.LeaseUntil)

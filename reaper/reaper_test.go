@@ -529,7 +529,7 @@ func TestReapPlanDoesNotReadArchive(t *testing.T) {
 	b.waitExpired(t, dead)
 
 	r := b.newReaper(t, Config{})
-	nodes, plan := testdb.Explain(t, b.pool, b.st.ReapSQL(), r.cfg.BatchSize, r.cfg.ReaperID)
+	nodes, plan := testdb.Explain(t, b.pool, b.st.ReapSQL(), r.cfg.BatchSize, r.cfg.ReaperID, r.cfg.ZombieLimit)
 	var archiveInserts, inflightReads int
 	for _, n := range nodes {
 		switch {

@@ -29,6 +29,7 @@ import (
 //	outbox_claim_batches_total, outbox_claimed_total, outbox_notify_wakeups_total,
 //	outbox_poll_wakeups_total, outbox_hot_poll_wakeups_total, outbox_late_outcomes_total
 //	outbox_reaper_requeues_total               (with a reaper)
+//	outbox_reaper_poison_total                 poison instructions dead-lettered (with a reaper)
 type Metrics struct {
 	latency  prometheus.Histogram
 	railTime *prometheus.HistogramVec
@@ -77,7 +78,11 @@ func newMetrics(pool *pgxpool.Pool, r *engine.Relayer, rp *reaper.Reaper, cfg en
 	if rp != nil {
 		m.all = append(m.all, prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "outbox_reaper_requeues_total", Help: "Zombie instructions requeued by this process's reaper.",
-		}, func() float64 { return float64(rp.Stats().Requeued) }))
+		}, func() float64 { return float64(rp.Stats().Requeued) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "outbox_reaper_poison_total",
+				Help: "Poison instructions (their relayer died on them more often than the zombie limit) dead-lettered by this process's reaper, outcome unknown.",
+			}, func() float64 { return float64(rp.Stats().DeadLettered) }))
 	}
 	return m, nil
 }

@@ -156,10 +156,10 @@ leases AS (
   SELECT ` + dispatchingValues + `, c.archived_at, c.chain_head, c.hash
   FROM stamped c
 ), leased AS (
-  INSERT INTO {schema}.inflight (` + inflightColumns + `, chain_head)
+  INSERT INTO {schema}.inflight (` + inflightColumns + `, chain_head, zombie_count)
   SELECT ` + from("c", identityColumns) + `,
          c.payload, c.created_at, c.attempt_id, c.attempt_no, $1, ` + orderedSQL + `,
-         c.claimed_at, c.claimed_at + l.lease_ms * interval '1 millisecond', c.hash
+         c.claimed_at, c.claimed_at + l.lease_ms * interval '1 millisecond', c.hash, c.zombie_count
   FROM stamped c JOIN leases l USING (rail_type)
 )`
 

@@ -25,6 +25,11 @@ type DeadLetter struct {
 	FailedAt       time.Time  `json:"failed_at"`
 	AcknowledgedAt *time.Time `json:"acknowledged_at,omitempty"`
 	AcknowledgedBy *string    `json:"acknowledged_by,omitempty"`
+	// OutcomeUnknown is true when the rail may or may not have acted on
+	// the last attempt (a poison instruction whose relayer died during the
+	// call). A replay reuses the same idempotency key, so a rail that did
+	// act answers it as a duplicate instead of paying twice.
+	OutcomeUnknown bool `json:"outcome_unknown"`
 }
 
 // DeadLetters lists dead letters, oldest failure first; acknowledged ones
@@ -39,6 +44,6 @@ func (s *Store) DeadLetters(ctx context.Context, db Querier, all bool, limit int
 
 const deadLettersSQL = `
 SELECT outbox_id, instruction_id, participant_id, sequence_id, rail_type, tenant_id, correlation_id,
-       attempt_count, error_code, error_message, created_at, failed_at, acknowledged_at, acknowledged_by
+       attempt_count, error_code, error_message, created_at, failed_at, acknowledged_at, acknowledged_by, outcome_unknown
 FROM {schema}.dead_letters WHERE $1 OR acknowledged_at IS NULL
 ORDER BY failed_at, outbox_id LIMIT $2`

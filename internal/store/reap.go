@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/gofrs/uuid/v5"
@@ -25,38 +26,76 @@ type Requeued struct {
 	ClaimedAt  time.Time
 	LeaseUntil time.Time
 	RequeuedAt time.Time
+	// DeadLettered is true for a poison instruction: reaped once more than
+	// the zombie limit allows, it became a dead letter (outcome unknown)
+	// instead of going back to pending.
+	DeadLettered bool
 }
 
-// Reap requeues up to limit in-flight instructions whose lease expired, in
-// one statement (one implicit transaction): it locks them (skipping rows
-// another reaper, or a relayer recording a late outcome, holds), deletes
-// them, puts each back into pending with its identity, payload, first
-// enqueue time and attempt count (see budget.go) marked with the abandoned
-// attempt's id (so only that attempt's late outcome may withdraw this
-// copy) and due since the dead relayer claimed it (it keeps its place in
-// line instead of queueing behind the backlog that built up meanwhile),
-// and appends one ZOMBIE_REQUEUE attempt that closes the dead
-// relayer's DISPATCHING attempt. reaperID is named in that row's message.
+// Reap requeues up to limit in-flight instructions whose lease expired,
+// in one implicit transaction of two pipelined statements. The first locks
+// the sequences rows of the participants whose instruction will be
+// dead-lettered (below), in participant order, as producers and outcomes
+// lock them. The second locks the expired rows (skipping rows another
+// reaper, or a relayer recording a late outcome, holds), deletes them, puts
+// each back into pending with its identity, payload, first enqueue time
+// and attempt count (see budget.go) marked with the abandoned attempt's id
+// (so only that attempt's late outcome may withdraw this copy) and due
+// since the dead relayer claimed it (it keeps its place in line instead of
+// queueing behind the backlog that built up meanwhile), and appends one
+// ZOMBIE_REQUEUE attempt that closes the dead relayer's DISPATCHING
+// attempt. reaperID is named in that row's message.
+//
+// An instruction the reaper already requeued zombieLimit times (its
+// relayer died zombieLimit + 1 times on it: a poison instruction) is not
+// requeued: its claim is closed by a FAILED row (error code ZOMBIE_LIMIT),
+// it becomes a dead letter marked outcome unknown, and, with ordering on,
+// it leaves its participant's queued count and the participant's next
+// instruction becomes due. zombieLimit <= 0 means no limit.
 //
 // Only inflight is read (through inflight_lease_idx); the archive is only
 // inserted into, so the cost does not grow with the archive. A row
 // requeued once is no longer in flight, which makes reaping idempotent.
-func (s *Store) Reap(ctx context.Context, db Querier, limit int, reaperID string) ([]Requeued, error) {
-	rows, err := db.Query(ctx, s.sql.reap, limit, reaperID)
+func (s *Store) Reap(ctx context.Context, db Batcher, limit int, reaperID string, zombieLimit int) ([]Requeued, error) {
+	if zombieLimit <= 0 {
+		zombieLimit = math.MaxInt32
+	}
+	b := &pgx.Batch{}
+	b.Queue(s.sql.reapLock, zombieLimit)
+	b.Queue(s.sql.reap, limit, reaperID, zombieLimit)
+	br := db.SendBatch(ctx, b)
+	defer br.Close()
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("reap: lock participants: %w", err)
+	}
+	rows, err := br.Query()
 	if err != nil {
 		return nil, fmt.Errorf("reap: %w", err)
 	}
 	batch, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Requeued, error) {
 		var q Requeued
 		err := row.Scan(scanUUID(&q.OutboxID), &q.InstructionID, &q.ParticipantID, &q.SequenceID, &q.AttemptNo,
-			&q.RelayerID, &q.ClaimedAt, &q.LeaseUntil, &q.RequeuedAt)
+			&q.RelayerID, &q.ClaimedAt, &q.LeaseUntil, &q.RequeuedAt, &q.DeadLettered)
 		return q, err
 	})
+	if err == nil {
+		err = br.Close()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("reap: %w", err)
 	}
 	return batch, nil
 }
+
+// reapLockSQL locks the sequences rows of the participants whose expired
+// instruction reaches the zombie limit ($1), in participant order. With
+// ordering off it locks nothing.
+const reapLockSQL = `
+SELECT 1 FROM {schema}.sequences
+WHERE participant_id IN (SELECT participant_id FROM {schema}.inflight WHERE lease_until < now() AND zombie_count >= $1)
+  AND ` + orderedSQL + `
+ORDER BY participant_id
+FOR UPDATE`
 
 var reapSQL = `
 WITH expired AS (
@@ -68,30 +107,52 @@ WITH expired AS (
 ), reaped AS (
   DELETE FROM {schema}.inflight f USING expired e
   WHERE f.outbox_id = e.outbox_id
-  RETURNING f.*, {schema}.uuidv7() AS zombie_id, clock_timestamp() AS archived_at
+  RETURNING f.*, {schema}.uuidv7() AS zombie_id, clock_timestamp() AS archived_at, f.zombie_count >= $3 AS poisoned
 ), stamped AS (
   SELECT r.*, ` + attemptHash("r.chain_head", zombieValues, "r.archived_at") + ` AS hash FROM reaped r
 ), requeued AS (
-  INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head)
+  INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head, zombie_count)
   SELECT ` + identityColumns + `, payload,
-         ` + countAfter("attempt_no", "false") + `, claimed_at, created_at, attempt_id, hash
-  FROM stamped
+         ` + countAfter("attempt_no", "false") + `, claimed_at, created_at, attempt_id, hash, zombie_count + 1
+  FROM stamped WHERE NOT poisoned
+), poison AS (
+  INSERT INTO {schema}.dead_letters (` + deadLetterColumns + `, chain_head, outcome_unknown)
+  SELECT ` + identityColumns + `, payload, attempt_no, 'ZOMBIE_LIMIT', ` + zombieMessage + `, zombie_id, created_at, hash, true
+  FROM stamped WHERE poisoned
+), finished AS (
+  UPDATE {schema}.sequences s SET queued = s.queued - t.n
+  FROM (SELECT participant_id, count(*) AS n FROM reaped WHERE poisoned AND ordered GROUP BY participant_id) t
+  WHERE s.participant_id = t.participant_id AND ` + orderedSQL + `
+), promoted AS (
+  -- The dead-lettered instruction was its participant's one ordered
+  -- instruction in flight (the unique index allows no other), so the
+  -- participant's lowest pending row is its head now.
+  UPDATE {schema}.pending p SET next_attempt_at = now()
+  FROM (SELECT DISTINCT participant_id FROM reaped WHERE poisoned AND ordered) t
+  WHERE p.participant_id = t.participant_id AND p.next_attempt_at = 'infinity' AND ` + orderedSQL + `
+    AND p.sequence_id = (SELECT min(q.sequence_id) FROM {schema}.pending q WHERE q.participant_id = t.participant_id)
 ), zombie AS (
   INSERT INTO {schema}.attempts (` + chainedArchiveColumns + `)
   SELECT ` + zombieValues + `, archived_at, chain_head, hash
   FROM stamped
 )
-SELECT outbox_id, instruction_id, participant_id, sequence_id, attempt_no, relayer_id, claimed_at, lease_until, now()
+SELECT outbox_id, instruction_id, participant_id, sequence_id, attempt_no, relayer_id, claimed_at, lease_until, now(), poisoned
 FROM reaped
 ORDER BY lease_until, outbox_id`
 
-// zombieValues are the archive values of a ZOMBIE_REQUEUE row, from the
-// reaped in-flight row ($2 is the reaper's id).
+// zombieMessage says what happened to a reaped instruction ($2 is the
+// reaper's id).
+const zombieMessage = `format('lease of relayer %s expired at %s (claimed at %s, %s time(s) so far); %s by reaper %s',
+         relayer_id, lease_until, claimed_at, zombie_count + 1,
+         CASE WHEN poisoned THEN 'dead-lettered, outcome unknown,' ELSE 'requeued' END, $2::text)`
+
+// zombieValues are the archive values of the row that closes a reaped
+// claim, from the reaped in-flight row: ZOMBIE_REQUEUE, or for a poison
+// instruction FAILED with error code ZOMBIE_LIMIT.
 const zombieValues = `zombie_id, ` + identityColumns + `,
-         NULL::jsonb, attempt_no, 'ZOMBIE_REQUEUE', relayer_id, attempt_id,
-         claimed_at, now(), now(), NULL::text, NULL::text, 'ZOMBIE_REQUEUE',
-         format('lease of relayer %s expired at %s (claimed at %s); requeued by reaper %s',
-                relayer_id, lease_until, claimed_at, $2::text),
+         NULL::jsonb, attempt_no, CASE WHEN poisoned THEN 'FAILED' ELSE 'ZOMBIE_REQUEUE' END, relayer_id, attempt_id,
+         claimed_at, now(), CASE WHEN poisoned THEN NULL ELSE now() END, NULL::text, NULL::text,
+         CASE WHEN poisoned THEN 'ZOMBIE_LIMIT' ELSE 'ZOMBIE_REQUEUE' END, ` + zombieMessage + `,
          NULL::int, false`
 
 // ReapSQL is the reaping statement, for plan tests.

@@ -266,8 +266,9 @@ WITH input AS (
                 LIMIT 1) AS claim_hash
         FROM unfenced o WHERE o.prior_late IS NULL) u
 ), requeued AS (
-  INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head)
-  SELECT ` + identityColumns + `, payload, ` + countAfter("attempt_no", "count_attempt") + `, due, created_at, NULL, hash
+  INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head, zombie_count)
+  SELECT ` + identityColumns + `, payload, ` + countAfter("attempt_no", "count_attempt") + `, due, created_at, NULL, hash,
+         zombie_count
   FROM stamped WHERE state = 'RETRYABLE'
 ), dead AS (
   INSERT INTO {schema}.dead_letters (` + deadLetterColumns + `, chain_head)

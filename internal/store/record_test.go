@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -931,4 +932,55 @@ func (b *recordBundle) drain(t *testing.T, held []store.Claimed) {
 		held, relayer = next, "r-1"
 	}
 	t.Fatal("not drained after 1000 rounds")
+}
+
+// TestPoisonInstructionIsDeadLettered: an instruction whose relayer dies
+// on it every time is requeued up to the zombie limit (3), then the next
+// expiry makes it a dead letter marked outcome unknown, and its
+// participant's next instruction is dispatched. A replay gives it a fresh
+// zombie budget.
+func TestPoisonInstructionIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	poison := b.enqueue(t, "p1", "k1")
+	next := b.enqueue(t, "p1", "k2")
+	for i := range reaper.DefaultZombieLimit + 1 {
+		c := b.claimOne(t, fmt.Sprintf("doomed-%d", i), shortLease)
+		if c.OutboxID != poison {
+			t.Fatalf("claim %d took %s, want the poison instruction %s (its participant is blocked behind it)", i, c.OutboxID, poison)
+		}
+		b.reap(t, c)
+	}
+	if w := b.where(t, poison); !w.dead || w.pending || w.inflight != nil {
+		t.Fatalf("poison instruction is %+v, want a dead letter", w)
+	}
+	dls, err := b.st.DeadLetters(b.ctx, b.pool, false, 10)
+	if err != nil || len(dls) != 1 || dls[0].ErrorCode != "ZOMBIE_LIMIT" || !dls[0].OutcomeUnknown {
+		t.Fatalf("dead letters %+v (%v), want one ZOMBIE_LIMIT, outcome unknown", dls, err)
+	}
+	got, _ := b.trail(t, poison)
+	wantTrail(t, got, "DISPATCHING#1", "ZOMBIE_REQUEUE#1", "DISPATCHING#1", "ZOMBIE_REQUEUE#1",
+		"DISPATCHING#1", "ZOMBIE_REQUEUE#1", "DISPATCHING#1", "FAILED#1")
+	if s := b.reaper.Stats(); s.DeadLettered != 1 || s.Requeued != int64(reaper.DefaultZombieLimit) {
+		t.Errorf("reaper stats %+v, want 1 dead-lettered and %d requeued", s, reaper.DefaultZombieLimit)
+	}
+
+	// The participant moved on.
+	c := b.claimOne(t, "r1", longLease)
+	if c.OutboxID != next {
+		t.Fatalf("claimed %s, want the participant's next instruction %s", c.OutboxID, next)
+	}
+	b.record(t, recordOutcome(t, c, "r1", store.Dispatched))
+	b.verifyOK(t)
+
+	// Replayed, it has its whole zombie budget again: one more death is
+	// a requeue, not a dead letter.
+	if ok, err := b.st.Replay(b.ctx, b.pool, poison, "alice", "rail fixed the crash"); err != nil || !ok {
+		t.Fatalf("replay: %v %v", ok, err)
+	}
+	b.reap(t, b.claimOne(t, "doomed-again", shortLease))
+	if w := b.where(t, poison); !w.pending {
+		t.Fatalf("replayed poison instruction after one more death is %+v, want pending", w)
+	}
+	b.verifyOK(t)
 }

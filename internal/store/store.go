@@ -90,7 +90,7 @@ type statements struct {
 	insertKeysOne, insertPendingOne, lookupKeysOne string
 	claim, handoff                                 string
 	record, withdraw, lockParticipants             string
-	reap                                           string
+	reap, reapLock                                 string
 	replay, acknowledge                            string
 	trailByOutbox, trailByInstruction              string
 	deadLetters                                    string
@@ -119,6 +119,7 @@ func renderStatements(schema string) statements {
 		withdraw:         q(withdrawSQL),
 		lockParticipants: q(lockParticipantsSQL),
 		reap:             q(reapSQL),
+		reapLock:         q(reapLockSQL),
 		replay:           q(replaySQL),
 		acknowledge:      q(acknowledgeSQL),
 		trailByOutbox:    q(trailSQL("outbox_id = $1")),
