@@ -48,6 +48,8 @@ type SandboxConfig struct {
 	TerminalRate  float64 `json:"terminal_rate,omitempty"`
 	TimeoutRate   float64 `json:"timeout_rate,omitempty"`
 	HangRate      float64 `json:"hang_rate,omitempty"`
+	// CrashKeys: see [SandboxOptions].
+	CrashKeys []string `json:"crash_keys,omitempty"`
 }
 
 // WebhookConfig configures a [Webhook] transport. The secret itself is

@@ -199,6 +199,7 @@ func checkSandbox(where string, s SandboxConfig) (SandboxOptions, []error) {
 		TerminalRate:  s.TerminalRate,
 		TimeoutRate:   s.TimeoutRate,
 		HangRate:      s.HangRate,
+		CrashKeys:     s.CrashKeys,
 	}
 	for _, r := range []struct {
 		field string

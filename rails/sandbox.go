@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
+	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -53,7 +55,16 @@ type SandboxOptions struct {
 	TimeoutRate float64 `json:"timeout_rate,omitempty"`
 	// HangRate of calls never answer and do not pay.
 	HangRate float64 `json:"hang_rate,omitempty"`
+	// CrashKeys are idempotency keys whose call ends the calling process
+	// at once (exit status SandboxCrashExit), as a relayer killed in the
+	// middle of the call would end: poison instructions, for tests of the
+	// reaper's zombie limit. Only an in-process sandbox transport can do
+	// this; never configure it on a process that serves anything else.
+	CrashKeys []string `json:"crash_keys,omitempty"`
 }
+
+// SandboxCrashExit is the exit status of a process a CrashKeys call ended.
+const SandboxCrashExit = 70
 
 // SandboxStats counts what a sandbox saw.
 type SandboxStats struct {
@@ -168,6 +179,10 @@ func (s *Sandbox) Send(ctx context.Context, ins payment.Instruction) (Result, er
 			return Result{}, ctx.Err()
 		case <-t.C:
 		}
+	}
+	if slices.Contains(s.opts.CrashKeys, ins.IdempotencyKey) {
+		fmt.Fprintf(os.Stderr, "sandbox: crash key %q: ending the process\n", ins.IdempotencyKey)
+		os.Exit(SandboxCrashExit)
 	}
 	if s.opts.HangRate > 0 && s.roll(ins, "hang") < s.opts.HangRate {
 		s.count(func(st *SandboxStats) { st.Hangs++ })

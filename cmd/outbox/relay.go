@@ -46,6 +46,7 @@ type relayFlags struct {
 	reaperInterval     time.Duration
 	reaperBatch        int
 	checkpointInterval time.Duration
+	zombieLimit        int
 	metricsAddr        string
 }
 
@@ -70,6 +71,8 @@ func (f *relayFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.reaper, "reaper", true, "also run the zombie reaper in the background")
 	fs.DurationVar(&f.reaperInterval, "reaper-interval", reaper.DefaultInterval, "reaper pass interval (>= 1s)")
 	fs.IntVar(&f.reaperBatch, "reaper-batch", reaper.DefaultBatchSize, "instructions the reaper requeues per transaction")
+	fs.IntVar(&f.zombieLimit, "zombie-limit", reaper.DefaultZombieLimit,
+		"requeues of an instruction whose relayer died before the reaper dead-letters it (outcome unknown) as a poison instruction (negative: no limit)")
 	fs.DurationVar(&f.checkpointInterval, "checkpoint-interval", reaper.DefaultCheckpointInterval,
 		"least time between two archive checkpoints, taken by the reaper's passes (negative: off; docs/audit.md)")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9464); empty: off")
@@ -115,8 +118,9 @@ const relayerIDPlaceholder = "<relayer-id>"
 // serviceConfig is the relay service's configuration from the flags.
 func (f *relayFlags) serviceConfig(schema string, set *rails.Set, log *slog.Logger) relay.Config {
 	return relay.Config{
-		Relayer:  f.engineConfig(schema, set, log),
-		Reaper:   reaper.Config{Interval: f.reaperInterval, BatchSize: f.reaperBatch, CheckpointInterval: f.checkpointInterval},
+		Relayer: f.engineConfig(schema, set, log),
+		Reaper: reaper.Config{Interval: f.reaperInterval, BatchSize: f.reaperBatch, CheckpointInterval: f.checkpointInterval,
+			ZombieLimit: f.zombieLimit},
 		NoReaper: !f.reaper,
 	}
 }
