@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/gofrs/uuid/v5"
+
 	"github.com/ledgerline/outbox/internal/retry"
 	"github.com/ledgerline/outbox/internal/store"
 )
@@ -180,6 +182,9 @@ func (r *run) sleep(ctx context.Context, d time.Duration) bool {
 // slots come back in outcome batches and claims stay large. full reports
 // that every slot asked for was filled.
 func (r *run) claimOnce(ctx context.Context) (n int, full bool, err error) {
+	if r.suspectsWaiting(ctx) {
+		return r.claimSuspect(ctx)
+	}
 	if err := r.slots.Acquire(ctx, 1); err != nil {
 		return 0, false, err
 	}
@@ -205,6 +210,72 @@ func (r *run) claimOnce(ctx context.Context) (n int, full bool, err error) {
 	r.stats.claimBatches.Add(1)
 	r.startDispatches(claimed, claimStart)
 	return len(claimed), len(claimed) == want, nil
+}
+
+// suspectCheckInterval is how often a relayer asks whether suspects (see
+// store.ClaimParams.Suspects) are due.
+const suspectCheckInterval = 250 * time.Millisecond
+
+// suspectsWaiting reports, at most every suspectCheckInterval, whether
+// suspects are due. Errors count as no: the plain claim that follows
+// reports the database's trouble.
+func (r *run) suspectsWaiting(ctx context.Context) bool {
+	if time.Since(r.lastSuspectCheck) < suspectCheckInterval {
+		return false
+	}
+	r.lastSuspectCheck = time.Now()
+	due, err := r.store.SuspectsDue(ctx, r.pool)
+	return err == nil && due
+}
+
+// claimSuspect dispatches one suspect alone. It stops hand-offs, waits
+// until everything this relayer holds is recorded (all its slots free),
+// then claims one suspect and keeps the other slots until that suspect's
+// outcome is recorded (endIsolation): if the suspect is a poison
+// instruction and kills the process, nothing else dies with it. Suspects
+// are rare (a relayer died with them in flight), so the pause is too.
+func (r *run) claimSuspect(ctx context.Context) (int, bool, error) {
+	all := int64(r.cfg.MaxConcurrency)
+	r.isolating.Store(true)
+	if err := r.slots.Acquire(ctx, all); err != nil {
+		r.isolating.Store(false)
+		return 0, false, err
+	}
+	closed, _ := r.cfg.Rails.Claimable()
+	var claimed []store.Claimed
+	var err error
+	claimStart := time.Now()
+	if len(closed) > 0 {
+		claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		r.stats.claims.Add(1)
+		claimed, err = r.store.Claim(claimCtx, r.pool, store.ClaimParams{RelayerID: r.cfg.RelayerID, Limit: 1,
+			Leases: r.leases(closed), Suspects: true})
+		cancel()
+	}
+	if err != nil || len(claimed) == 0 {
+		r.slots.Release(all)
+		r.isolating.Store(false)
+		return 0, false, err
+	}
+	id := claimed[0].AttemptID
+	r.isolated.Store(&id)
+	// More suspects may be due: ask again at once, not after the interval,
+	// so that a relayer killed with many in flight heals in one pass.
+	r.lastSuspectCheck = time.Time{}
+	r.stats.claimBatches.Add(1)
+	r.log.Info("dispatching a suspect alone (its relayer died while it was in flight)", "outbox_id", claimed[0].OutboxID,
+		"instruction_id", claimed[0].InstructionID, "participant", claimed[0].ParticipantID, "attempt_no", claimed[0].AttemptNo)
+	r.startDispatches(claimed, claimStart)
+	return 1, false, nil
+}
+
+// endIsolation gives back the slots claimSuspect kept, once the isolated
+// suspect's claim (claimAttemptID) is no longer this relayer's to finish.
+func (r *run) endIsolation(claimAttemptID uuid.UUID) {
+	if id := r.isolated.Load(); id != nil && *id == claimAttemptID && r.isolated.CompareAndSwap(id, nil) {
+		r.slots.Release(int64(r.cfg.MaxConcurrency) - 1)
+		r.isolating.Store(false)
+	}
 }
 
 // claim claims up to limit instructions of rails whose breaker admits

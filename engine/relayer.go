@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gofrs/uuid/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/semaphore"
 
@@ -217,6 +218,12 @@ type run struct {
 	// lastNotified is when the claim loop last claimed for a notification
 	// (its own).
 	lastNotified time.Time
+	// isolating is set while the claim loop dispatches a suspect alone (or
+	// waits to): no hand-offs. isolated is that suspect's claim.
+	isolating atomic.Bool
+	isolated  atomic.Pointer[uuid.UUID]
+	// lastSuspectCheck is when the claim loop last asked for suspects.
+	lastSuspectCheck time.Time
 	// handoffMu orders hand-offs before Stop's wait for dispatches.
 	handoffMu sync.RWMutex
 

@@ -16,7 +16,9 @@ type Batcher = store.Batcher
 // RelayOnce makes one synchronous pass in db: it claims what is due (up to
 // BatchSize, with the relayer's ordering and rails), dispatches each
 // instruction in turn through the relayer's rails, and records the
-// outcomes, all through db, which may be a test's open transaction. It is
+// outcomes, all through db, which may be a test's open transaction; a pass
+// that finds nothing else due takes one suspect (an instruction whose
+// relayer died with it in flight) alone. It is
 // what a running relayer does continuously, for tests (package outboxtest)
 // and tools; it does not need Start and does not count in Stats.
 func (r *Relayer) RelayOnce(ctx context.Context, db Batcher) ([]Recorded, error) {
@@ -29,6 +31,11 @@ func (r *Relayer) RelayOnce(ctx context.Context, db Batcher) ([]Recorded, error)
 	claimStart := time.Now()
 	claimed, err := r.store.Claim(ctx, db, store.ClaimParams{RelayerID: r.cfg.RelayerID, Limit: r.cfg.BatchSize,
 		Leases: ru.leases(types)})
+	if err == nil && len(claimed) == 0 {
+		// Nothing else due: one suspect, alone (see store.ClaimParams).
+		claimed, err = r.store.Claim(ctx, db, store.ClaimParams{RelayerID: r.cfg.RelayerID, Limit: 1,
+			Leases: ru.leases(types), Suspects: true})
+	}
 	if err != nil {
 		return nil, fmt.Errorf("engine: relay once: %w", err)
 	}

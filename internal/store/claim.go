@@ -17,6 +17,12 @@ type ClaimParams struct {
 	RelayerID string
 	// Limit is the most instructions to claim.
 	Limit int
+	// Suspects claims suspects only (instructions the reaper requeued:
+	// their relayer died while they were in flight, see reap.go), which
+	// the plain claim leaves alone, so that a relayer dispatches a suspect
+	// with nothing else in flight: if the suspect is a poison instruction,
+	// it is the only one its death makes a zombie again.
+	Suspects bool
 	// Leases maps each rail type to claim to its lease (the rail's hard
 	// timeout plus a grace period). Other rail types are left alone.
 	Leases map[string]time.Duration
@@ -55,7 +61,11 @@ func (s *Store) Claim(ctx context.Context, db Querier, p ClaimParams) ([]Claimed
 		return nil, nil
 	}
 	railTypes, leaseMS := leaseArrays(p.Leases)
-	rows, err := db.Query(ctx, s.sql.claim, p.RelayerID, p.Limit, railTypes, leaseMS)
+	q := s.sql.claim
+	if p.Suspects {
+		q = s.sql.claimSuspects
+	}
+	rows, err := db.Query(ctx, q, p.RelayerID, p.Limit, railTypes, leaseMS)
 	if err != nil {
 		return nil, claimError(err)
 	}
@@ -112,15 +122,37 @@ var claimSQL = claimLockedSQL + claimTailSQL
 
 // claimLockedSQL is the first part of claimSQL: the relation locked, the
 // due rows it takes.
-var claimLockedSQL = `
+var claimLockedSQL = claimLocked("p.zombie_count = 0")
+
+// claimSuspectsSQL is claimSQL for suspects (ClaimParams.Suspects), found
+// through their partial index (migration 009).
+var claimSuspectsSQL = claimLocked("p.zombie_count > 0") + claimTailSQL
+
+// claimLocked renders the first part of a claim for the pending rows that
+// match which.
+func claimLocked(which string) string {
+	return `
 WITH locked AS (
   SELECT p.ctid AS row FROM {schema}.pending p
-  WHERE p.next_attempt_at <= now() AND p.rail_type = ANY($3::text[])
+  WHERE p.next_attempt_at <= now() AND p.rail_type = ANY($3::text[]) AND ` + which + `
     AND (NOT ` + orderedSQL + ` OR NOT EXISTS (
       SELECT 1 FROM {schema}.pending q WHERE q.participant_id = p.participant_id AND q.sequence_id < p.sequence_id))
   ORDER BY p.next_attempt_at, p.created_at
   LIMIT $2 FOR UPDATE SKIP LOCKED
 ),`
+}
+
+// SuspectsDue reports whether suspects (see ClaimParams.Suspects) are due.
+// Relayers ask every so often; it reads the suspects' partial index only.
+func (s *Store) SuspectsDue(ctx context.Context, db Querier) (bool, error) {
+	var due bool
+	if err := db.QueryRow(ctx, s.sql.suspectsDue).Scan(&due); err != nil {
+		return false, fmt.Errorf("suspects due: %w", err)
+	}
+	return due, nil
+}
+
+const suspectsDueSQL = `SELECT EXISTS (SELECT 1 FROM {schema}.pending WHERE zombie_count > 0 AND next_attempt_at <= now())`
 
 // claimTailSQL claims the rows of the relation locked (the row ids, ctid,
 // of pending rows no one else may change meanwhile): it deletes them from

@@ -67,12 +67,17 @@ func (b *recordBundle) enqueue(t *testing.T, participant, key string) uuid.UUID 
 	return r.OutboxID
 }
 
-// claimOne claims one due instruction (the oldest) for relayer, ordered.
+// claimOne claims one due instruction (the oldest) for relayer, ordered;
+// when only suspects (reaped instructions) are due, one of them, as a
+// relayer does.
 func (b *recordBundle) claimOne(t *testing.T, relayer string, lease time.Duration) store.Claimed {
 	t.Helper()
-	claimed, err := b.st.Claim(b.ctx, b.pool, store.ClaimParams{
-		RelayerID: relayer, Limit: 1, Leases: map[string]time.Duration{"sandbox": lease},
-	})
+	p := store.ClaimParams{RelayerID: relayer, Limit: 1, Leases: map[string]time.Duration{"sandbox": lease}}
+	claimed, err := b.st.Claim(b.ctx, b.pool, p)
+	if err == nil && len(claimed) == 0 {
+		p.Suspects = true
+		claimed, err = b.st.Claim(b.ctx, b.pool, p)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -444,12 +449,20 @@ func TestRecordLateWhileCopyInFlight(t *testing.T) {
 		t.Fatalf("claimed %s, want %s", slow.OutboxID, id)
 	}
 	b.reap(t, slow)
+	// The plain claim takes p2's instruction, the suspect claim the copy.
 	claims, err := b.st.Claim(b.ctx, b.pool, store.ClaimParams{
 		RelayerID: "fast", Limit: 10, Leases: map[string]time.Duration{"sandbox": longLease},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	suspects, err := b.st.Claim(b.ctx, b.pool, store.ClaimParams{
+		RelayerID: "fast", Limit: 10, Leases: map[string]time.Duration{"sandbox": longLease}, Suspects: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims = append(claims, suspects...)
 	var again, second store.Claimed
 	for _, c := range claims {
 		switch c.OutboxID {
@@ -806,11 +819,33 @@ func TestReapedZombieKeepsItsPlace(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
 	zombie := b.enqueue(t, "p-1", "k-1")
-	z := b.claimOne(t, "r-0", shortLease)
+	b.claimOne(t, "r-0", shortLease)
+	other := b.enqueue(t, "p-3", "k-3")
+	z2 := b.claimOne(t, "r-0", shortLease)
 	later := b.enqueue(t, "p-2", "k-2")
-	b.reap(t, z)
-	if c := b.claimOne(t, "r-1", longLease); c.OutboxID != zombie {
-		t.Fatalf("claimed %s first, want the zombie %s (not %s, due after its claim)", c.OutboxID, zombie, later)
+	for {
+		var expired bool
+		if err := b.pool.QueryRow(b.ctx, `SELECT $1 < now()`, z2.LeaseUntil).Scan(&expired); err != nil {
+			t.Fatal(err)
+		}
+		if expired {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if requeued, err := b.reaper.RunOnce(b.ctx); err != nil || len(requeued) != 2 {
+		t.Fatalf("reaper requeued %+v (%v), want both zombies", requeued, err)
+	}
+	// The zombies are suspects, which relayers claim apart from the rest
+	// (alone); among them, the one claimed first goes first.
+	p := store.ClaimParams{RelayerID: "r-1", Limit: 1, Leases: map[string]time.Duration{"sandbox": longLease}, Suspects: true}
+	if c, err := b.st.Claim(b.ctx, b.pool, p); err != nil || len(c) != 1 || c[0].OutboxID != zombie {
+		t.Fatalf("first suspect claimed: %+v %v, want the zombie %s (not %s, claimed after it)", c, err, zombie, other)
+	}
+	// The plain claim leaves suspects alone.
+	p.Suspects, p.Limit = false, 10
+	if c, err := b.st.Claim(b.ctx, b.pool, p); err != nil || len(c) != 1 || c[0].OutboxID != later {
+		t.Fatalf("plain claim: %+v %v, want only %s (the suspect %s is left alone)", c, err, later, other)
 	}
 }
 

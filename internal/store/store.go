@@ -88,7 +88,7 @@ type statements struct {
 	insertKeys, insertPending, lookupKeys string
 	// The same three for one instruction (see single).
 	insertKeysOne, insertPendingOne, lookupKeysOne string
-	claim, handoff                                 string
+	claim, claimSuspects, suspectsDue, handoff     string
 	record, withdraw, lockParticipants             string
 	reap, reapLock                                 string
 	replay, acknowledge                            string
@@ -114,6 +114,8 @@ func renderStatements(schema string) statements {
 		insertPendingOne: q(single(insertPendingSQL)),
 		lookupKeysOne:    q(single(lookupKeysSQL)),
 		claim:            q(claimSQL),
+		claimSuspects:    q(claimSuspectsSQL),
+		suspectsDue:      q(suspectsDueSQL),
 		handoff:          q(handoffSQL),
 		record:           q(recordSQL),
 		withdraw:         q(withdrawSQL),
