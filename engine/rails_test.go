@@ -50,31 +50,33 @@ func TestBreakerOpensBurnsNothingAndRecovers(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	// Outcomes of the calls that were in flight when it opened land first.
-	for {
-		var inflight int
-		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.inflight`).Scan(&inflight); err != nil {
+	// Outcomes of the calls that were in flight when it opened land first
+	// (and of a claim that was under way as it opened): the baseline is
+	// taken once nothing is in flight in two samples 50 ms apart, each in
+	// one snapshot.
+	sample := func() (inflight, claims, burned int64) {
+		if err := b.pool.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM outbox.inflight),
+			(SELECT count(*) FROM outbox.attempts WHERE state = 'DISPATCHING'),
+			(SELECT coalesce(sum(attempt_count), 0) FROM outbox.pending)`).Scan(&inflight, &claims, &burned); err != nil {
 			t.Fatal(err)
 		}
-		if inflight == 0 {
+		return inflight, claims, burned
+	}
+	var claims1, burned1 int64
+	for {
+		f1, c1, b1 := sample()
+		time.Sleep(50 * time.Millisecond)
+		f2, c2, b2 := sample()
+		if f1 == 0 && f2 == 0 && c1 == c2 && b1 == b2 {
+			claims1, burned1 = c2, b2
 			break
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 	// While open: nothing is claimed, so no attempt row appears and no
-	// attempt count grows. Sample twice within the open period.
-	claims1 := countStates(t, b, "DISPATCHING")
-	var burned1 int64
-	if err := b.pool.QueryRow(b.ctx, `SELECT coalesce(sum(attempt_count), 0) FROM outbox.pending`).Scan(&burned1); err != nil {
-		t.Fatal(err)
-	}
+	// attempt count grows. Sample again within the open period.
 	time.Sleep(500 * time.Millisecond)
 	if set.State("sandbox") == rails.BreakerOpen {
-		claims2 := countStates(t, b, "DISPATCHING")
-		var burned2 int64
-		if err := b.pool.QueryRow(b.ctx, `SELECT coalesce(sum(attempt_count), 0) FROM outbox.pending`).Scan(&burned2); err != nil {
-			t.Fatal(err)
-		}
+		_, claims2, burned2 := sample()
 		if claims2 != claims1 || burned2 != burned1 {
 			t.Fatalf("while open: claims %d -> %d, attempt counts %d -> %d; want no change", claims1, claims2, burned1, burned2)
 		}
