@@ -20,8 +20,8 @@ import (
 // supervisor would. The reapers requeue it up to the zombie limit (3),
 // then dead-letter it, outcome unknown, and the crash loop ends; its
 // participant's later instructions and everyone else's are dispatched
-// (those in flight beside it when it first struck are dispatched alone
-// afterwards, so it is the only dead letter); invariants hold.
+// (those in flight beside it become suspects, dispatched alone, so it is
+// the only dead letter); invariants hold.
 func TestFaultPoisonInstruction(t *testing.T) {
 	heavy(t)
 	dbURL := testdb.URL(t)
@@ -82,10 +82,10 @@ func TestFaultPoisonInstruction(t *testing.T) {
 			(SELECT count(*) FROM outbox.pending) + (SELECT count(*) FROM outbox.inflight)`)
 		return c[0] == 1 && c[1] == 0, fmt.Sprintf("poison dead-lettered %d, queued %d", c[0], c[1])
 	})
-	// Instructions in flight beside the poison when it first struck died
-	// with it, once: they became suspects, which relayers dispatch alone,
-	// so they were dispatched and the poison died alone from then on. It
-	// is the only dead letter.
+	// Instructions in flight beside the poison died with it (twice at
+	// most: then they were suspects, which relayers dispatch alone), so
+	// they were dispatched and the poison died alone from then on. It is
+	// the only dead letter.
 	archive, err := attempts.New("")
 	if err != nil {
 		t.Fatal(err)
@@ -124,6 +124,6 @@ func TestFaultPoisonInstruction(t *testing.T) {
 	}
 	verifyNow(t, pool, "after the poison instruction")
 	victims := mustInts(t, pool, `SELECT count(DISTINCT outbox_id) FROM outbox.attempts WHERE state = 'ZOMBIE_REQUEUE'`)[0] - 1
-	t.Logf("poison instruction: %d relayer deaths, dead-lettered after %d requeues; %d instructions died beside it once, then went out alone",
+	t.Logf("poison instruction: %d relayer deaths, dead-lettered after %d requeues; %d instructions died beside it, then went out",
 		deaths, trail[1], victims)
 }

@@ -17,11 +17,12 @@ type ClaimParams struct {
 	RelayerID string
 	// Limit is the most instructions to claim.
 	Limit int
-	// Suspects claims suspects only (instructions the reaper requeued:
-	// their relayer died while they were in flight, see reap.go), which
-	// the plain claim leaves alone, so that a relayer dispatches a suspect
-	// with nothing else in flight: if the suspect is a poison instruction,
-	// it is the only one its death makes a zombie again.
+	// Suspects claims suspects only (instructions the reaper requeued
+	// twice: their relayer died twice while they were in flight, see
+	// reap.go and suspectAfter), which the plain claim leaves alone, so
+	// that a relayer dispatches a suspect with nothing else in flight: if
+	// the suspect is a poison instruction, it is the only one its death
+	// makes a zombie again.
 	Suspects bool
 	// Leases maps each rail type to claim to its lease (the rail's hard
 	// timeout plus a grace period). Other rail types are left alone.
@@ -122,11 +123,11 @@ var claimSQL = claimLockedSQL + claimTailSQL
 
 // claimLockedSQL is the first part of claimSQL: the relation locked, the
 // due rows it takes.
-var claimLockedSQL = claimLocked("p.zombie_count = 0")
+var claimLockedSQL = claimLocked("p.zombie_count < " + suspectAfter)
 
 // claimSuspectsSQL is claimSQL for suspects (ClaimParams.Suspects), found
 // through their partial index (migration 009).
-var claimSuspectsSQL = claimLocked("p.zombie_count > 0") + claimTailSQL
+var claimSuspectsSQL = claimLocked("p.zombie_count >= "+suspectAfter) + claimTailSQL
 
 // claimLocked renders the first part of a claim for the pending rows that
 // match which.
@@ -152,7 +153,15 @@ func (s *Store) SuspectsDue(ctx context.Context, db Querier) (bool, error) {
 	return due, nil
 }
 
-const suspectsDueSQL = `SELECT EXISTS (SELECT 1 FROM {schema}.pending WHERE zombie_count > 0 AND next_attempt_at <= now())`
+const suspectsDueSQL = `SELECT EXISTS (SELECT 1 FROM {schema}.pending WHERE zombie_count >= ` + suspectAfter + ` AND next_attempt_at <= now())`
+
+// suspectAfter is the zombie count from which an instruction is a suspect:
+// its relayer died with it in flight twice. Once is what a kill -9 does to
+// everything a relayer holds, and those heal at full speed; twice in a row
+// is a poison instruction or what was in flight beside one, which
+// dispatching alone tells apart. It matches the partial index of
+// migration 009.
+const suspectAfter = `2`
 
 // claimTailSQL claims the rows of the relation locked (the row ids, ctid,
 // of pending rows no one else may change meanwhile): it deletes them from
