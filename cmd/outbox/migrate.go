@@ -55,8 +55,8 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 			if err := migrations.CreateRoles(ctx, pool, db.schema); err != nil {
 				return err
 			}
-			fmt.Fprintf(env.stdout, "schema %s: roles %s, %s, %s, %s, %s ready\n", orDefaultSchema(db.schema),
-				migrations.RoleOwner, migrations.RoleProducer, migrations.RoleRelayer, migrations.RoleAuditor, migrations.RoleOperator)
+			// The status line that follows names the schema.
+			fmt.Fprintf(env.stdout, "roles %s, %s, %s, %s, %s ready\n", migrations.RoleOwner, migrations.RoleProducer, migrations.RoleRelayer, migrations.RoleAuditor, migrations.RoleOperator)
 		}
 		fallthrough
 	case "status":
@@ -98,13 +98,6 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 	default:
 		return fmt.Errorf("%w: unknown migrate action %q (want up, status, notify-on, notify-off, ordering-on or ordering-off)", errUsage, action)
 	}
-}
-
-func orDefaultSchema(s string) string {
-	if s == "" {
-		return migrations.DefaultSchema
-	}
-	return s
 }
 
 func onOff(b bool) string {

@@ -107,10 +107,14 @@ const checkpointsSQL = `
 SELECT period_start, period_end, row_count, digest, prev_hash, hash
 FROM {schema}.checkpoints ORDER BY period_start`
 
-func scanCheckpoint(row pgx.CollectableRow) (Checkpoint, error) {
+func scanCheckpoint(row pgx.CollectableRow) (Checkpoint, error) { return readCheckpoint(row) }
+
+// readCheckpoint scans a checkpoint's columns, then extra columns into
+// extra.
+func readCheckpoint(row interface{ Scan(...any) error }, extra ...any) (Checkpoint, error) {
 	var c Checkpoint
 	var digest, prev, hash []byte
-	err := row.Scan(&c.PeriodStart, &c.PeriodEnd, &c.Rows, &digest, &prev, &hash)
+	err := row.Scan(append([]any{&c.PeriodStart, &c.PeriodEnd, &c.Rows, &digest, &prev, &hash}, extra...)...)
 	c.Digest, c.PrevHash, c.Hash = digest, prev, hash
 	c.PeriodStart, c.PeriodEnd = c.PeriodStart.UTC(), c.PeriodEnd.UTC()
 	return c, err
@@ -269,14 +273,12 @@ func (s *Store) verifyCheckpoints(ctx context.Context, tx pgx.Tx, r *Report, exp
 	var cps []Checkpoint
 	var encodings [][]byte
 	for rows.Next() {
-		var c Checkpoint
-		var digest, prev, hash, enc []byte
-		if err := rows.Scan(&c.PeriodStart, &c.PeriodEnd, &c.Rows, &digest, &prev, &hash, &enc); err != nil {
+		var enc []byte
+		c, err := readCheckpoint(rows, &enc)
+		if err != nil {
 			rows.Close()
 			return err
 		}
-		c.Digest, c.PrevHash, c.Hash = digest, prev, hash
-		c.PeriodStart, c.PeriodEnd = c.PeriodStart.UTC(), c.PeriodEnd.UTC()
 		cps = append(cps, c)
 		encodings = append(encodings, enc)
 	}
@@ -290,8 +292,8 @@ func (s *Store) verifyCheckpoints(ctx context.Context, tx pgx.Tx, r *Report, exp
 		if i > 0 {
 			prevHash = cps[i-1].Hash
 			if !c.PeriodStart.Equal(cps[i-1].PeriodEnd) {
-				add("checkpoint chain", fmt.Sprintf("checkpoint %s: starts at %s, the previous one ends at %s (a checkpoint is missing)",
-					stamp(c.PeriodStart), stamp(c.PeriodStart), stamp(cps[i-1].PeriodEnd)))
+				add("checkpoint chain", fmt.Sprintf("checkpoint %s: the previous one ends at %s (a checkpoint is missing)",
+					stamp(c.PeriodStart), stamp(cps[i-1].PeriodEnd)))
 			}
 		}
 		if !bytes.Equal(c.PrevHash, prevHash) {
@@ -340,8 +342,8 @@ func (s *Store) verifyDigests(ctx context.Context, tx pgx.Tx, cps []Checkpoint, 
 	closePeriod := func() {
 		c := cps[i]
 		if got := digest.Sum(nil); n != c.Rows || !bytes.Equal(got, c.Digest) {
-			add("checkpoint digests", fmt.Sprintf("checkpoint %s (%s to %s): %d rows in the archive, %d when it was taken: rows were changed, deleted or added since",
-				stamp(c.PeriodStart), stamp(c.PeriodStart), stamp(c.PeriodEnd), n, c.Rows))
+			add("checkpoint digests", fmt.Sprintf("checkpoint %s to %s: %d rows in the archive, %d when it was taken: rows were changed, deleted or added since",
+				stamp(c.PeriodStart), stamp(c.PeriodEnd), n, c.Rows))
 		}
 		i++
 		digest.Reset()
