@@ -5,8 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/gofrs/uuid/v5"
-
 	"github.com/ledgerline/outbox/internal/retry"
 	"github.com/ledgerline/outbox/internal/store"
 )
@@ -182,7 +180,7 @@ func (r *run) sleep(ctx context.Context, d time.Duration) bool {
 // slots come back in outcome batches and claims stay large. full reports
 // that every slot asked for was filled.
 func (r *run) claimOnce(ctx context.Context) (n int, full bool, err error) {
-	if r.suspectsWaiting(ctx) {
+	if r.isolating.Load() || r.suspectsWaiting(ctx) {
 		return r.claimSuspect(ctx)
 	}
 	if err := r.slots.Acquire(ctx, 1); err != nil {
@@ -228,12 +226,14 @@ func (r *run) suspectsWaiting(ctx context.Context) bool {
 	return err == nil && due
 }
 
-// claimSuspect dispatches one suspect alone. It stops hand-offs, waits
-// until everything this relayer holds is recorded (all its slots free),
-// then claims one suspect and keeps the other slots until that suspect's
-// outcome is recorded (endIsolation): if the suspect is a poison
-// instruction and kills the process, nothing else dies with it. Suspects
-// are rare (a relayer died with them in flight), so the pause is too.
+// claimSuspect dispatches one suspect alone. It stops hand-offs
+// (isolating), waits until everything this relayer holds is recorded (all
+// its slots free: the previous suspect too, when it is called again while
+// isolating), then claims one suspect, whose outcome frees its slot the
+// usual way: if the suspect is a poison instruction and kills the process,
+// nothing else dies with it. Isolation ends when no suspect is left to
+// claim. Suspects are rare (their relayer died twice with them in flight),
+// so the pause is too.
 func (r *run) claimSuspect(ctx context.Context) (int, bool, error) {
 	all := int64(r.cfg.MaxConcurrency)
 	r.isolating.Store(true)
@@ -252,30 +252,16 @@ func (r *run) claimSuspect(ctx context.Context) (int, bool, error) {
 			Leases: r.leases(closed), Suspects: true})
 		cancel()
 	}
+	r.slots.Release(all - int64(len(claimed)))
 	if err != nil || len(claimed) == 0 {
-		r.slots.Release(all)
 		r.isolating.Store(false)
 		return 0, false, err
 	}
-	id := claimed[0].AttemptID
-	r.isolated.Store(&id)
-	// More suspects may be due: ask again at once, not after the interval,
-	// so that a relayer killed with many in flight heals in one pass.
-	r.lastSuspectCheck = time.Time{}
 	r.stats.claimBatches.Add(1)
-	r.log.Info("dispatching a suspect alone (its relayer died while it was in flight)", "outbox_id", claimed[0].OutboxID,
+	r.log.Info("dispatching a suspect alone (its relayer died twice while it was in flight)", "outbox_id", claimed[0].OutboxID,
 		"instruction_id", claimed[0].InstructionID, "participant", claimed[0].ParticipantID, "attempt_no", claimed[0].AttemptNo)
 	r.startDispatches(claimed, claimStart)
 	return 1, false, nil
-}
-
-// endIsolation gives back the slots claimSuspect kept, once the isolated
-// suspect's claim (claimAttemptID) is no longer this relayer's to finish.
-func (r *run) endIsolation(claimAttemptID uuid.UUID) {
-	if id := r.isolated.Load(); id != nil && *id == claimAttemptID && r.isolated.CompareAndSwap(id, nil) {
-		r.slots.Release(int64(r.cfg.MaxConcurrency) - 1)
-		r.isolating.Store(false)
-	}
 }
 
 // claim claims up to limit instructions of rails whose breaker admits

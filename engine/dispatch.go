@@ -34,7 +34,6 @@ func (r *run) dispatch(c store.Claimed, callDeadline time.Time) {
 			// Cut off at the hard deadline without an answer: no outcome is
 			// recorded, the lease stands and the reaper will requeue it.
 			r.slots.Release(1)
-			r.endIsolation(c.AttemptID)
 			r.stats.leftInFlight.Add(1)
 			r.log.Warn("dispatch cut off at stop deadline; left in flight for the reaper",
 				"outbox_id", c.OutboxID, "instruction_id", c.InstructionID, "participant", c.ParticipantID,
@@ -52,7 +51,6 @@ func (r *run) dispatch(c store.Claimed, callDeadline time.Time) {
 	// Stop stopped recording before this dispatch returned (it ignored the
 	// hard deadline): the lease stands and the reaper requeues it.
 	r.slots.Release(1)
-	r.endIsolation(c.AttemptID)
 	r.stats.leftInFlight.Add(1)
 	r.log.Warn("outcome arrived after recording stopped; left in flight for the reaper",
 		"outbox_id", c.OutboxID, "instruction_id", c.InstructionID, "participant", c.ParticipantID,

@@ -162,7 +162,6 @@ func (rc *recorder) flushChunk(batch []pendingOutcome, scrubbed bool) {
 				r.log.Warn("outcomes recorded, but a late completion could not withdraw its requeued copy", "err", err)
 			}
 			r.slots.Release(int64(len(batch) - handed))
-			rc.endIsolation(batch)
 			rc.afterFlush(batch, recorded)
 			return
 		}
@@ -172,7 +171,6 @@ func (rc *recorder) flushChunk(batch []pendingOutcome, scrubbed bool) {
 		}
 		if rc.ctx.Err() != nil {
 			r.slots.Release(int64(len(batch)))
-			rc.endIsolation(batch)
 			r.stats.leftInFlight.Add(int64(len(batch)))
 			r.log.Error("gave up recording outcomes at stop; the reaper will requeue them", "count", len(batch), "err", err)
 			return
@@ -229,17 +227,9 @@ func (rc *recorder) unrecordable(batch []pendingOutcome, scrubbed bool, code str
 		return
 	}
 	r.slots.Release(1)
-	rc.endIsolation(batch)
 	r.stats.leftInFlight.Add(1)
 	r.log.Error("outcome cannot be recorded; left in flight for the reaper", "outbox_id", o.OutboxID,
 		"instruction_id", o.InstructionID, "attempt_no", o.AttemptNo, "state", o.State, "sqlstate", code, "err", err)
-}
-
-// endIsolation ends the isolation of a suspect among batch, if any.
-func (rc *recorder) endIsolation(batch []pendingOutcome) {
-	for _, p := range batch {
-		rc.r.endIsolation(p.ClaimAttemptID)
-	}
 }
 
 // contentError reports whether err is the database refusing the data

@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gofrs/uuid/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"golang.org/x/sync/semaphore"
 
@@ -218,10 +217,9 @@ type run struct {
 	// lastNotified is when the claim loop last claimed for a notification
 	// (its own).
 	lastNotified time.Time
-	// isolating is set while the claim loop dispatches a suspect alone (or
-	// waits to): no hand-offs. isolated is that suspect's claim.
+	// isolating is set while the claim loop dispatches suspects alone (or
+	// waits to): no hand-offs.
 	isolating atomic.Bool
-	isolated  atomic.Pointer[uuid.UUID]
 	// lastSuspectCheck is when the claim loop last asked for suspects.
 	lastSuspectCheck time.Time
 	// handoffMu orders hand-offs before Stop's wait for dispatches.
