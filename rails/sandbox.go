@@ -61,6 +61,12 @@ type SandboxOptions struct {
 	// reaper's zombie limit. Only an in-process sandbox transport can do
 	// this; never configure it on a process that serves anything else.
 	CrashKeys []string `json:"crash_keys,omitempty"`
+	// Remember bounds the payments the sandbox keeps for answering replays
+	// and counting duplicates to the most recent Remember (0: every one,
+	// as tests need). Real rails expire idempotency keys too (after a day
+	// or weeks); a long soak needs the bound, or the rail's memory is
+	// what it measures.
+	Remember int `json:"remember,omitempty"`
 }
 
 // SandboxCrashExit is the exit status of a process a CrashKeys call ended.
@@ -98,6 +104,8 @@ type Sandbox struct {
 	byKey    map[string]sandboxPayment
 	byOutbox map[string]string // outbox id -> key it was paid under
 	rejected map[string]bool   // keys rejected terminally (stay rejected)
+	recent   []string          // with Remember: the last Remember keys paid, a ring
+	next     int               // the ring's oldest entry
 	stats    SandboxStats
 }
 
@@ -109,6 +117,25 @@ func NewSandbox(opts SandboxOptions) *Sandbox {
 		byOutbox: make(map[string]string),
 		rejected: make(map[string]bool),
 	}
+}
+
+// forgetOldest adds key to the ring of remembered payments and, once the
+// ring is full, forgets the oldest one (Remember).
+func (s *Sandbox) forgetOldest(key string) {
+	if s.opts.Remember <= 0 {
+		return
+	}
+	if len(s.recent) < s.opts.Remember {
+		s.recent = append(s.recent, key)
+		return
+	}
+	old := s.recent[s.next]
+	if prev, ok := s.byKey[old]; ok {
+		delete(s.byOutbox, prev.outboxID)
+		delete(s.byKey, old)
+	}
+	s.recent[s.next] = key
+	s.next = (s.next + 1) % len(s.recent)
 }
 
 // Codes implements [CodeProvider].
@@ -283,5 +310,6 @@ func (s *Sandbox) Pay(ins payment.Instruction, reject bool) Result {
 	if hasOutbox {
 		s.byOutbox[outbox] = key
 	}
+	s.forgetOldest(key)
 	return Result{Code: SandboxAccepted, Reference: ref}
 }

@@ -218,3 +218,28 @@ func TestSandboxNoOutboxIDIsNoDuplicate(t *testing.T) {
 		t.Fatalf("stats %+v, want 3 payments, 1 replay, 0 effective duplicates", st)
 	}
 }
+
+// TestSandboxRememberBoundsItsLedger: with Remember, the sandbox answers
+// replays of its most recent payments only, as a rail whose idempotency
+// store expires does, and its ledger stays at that size.
+func TestSandboxRememberBoundsItsLedger(t *testing.T) {
+	t.Parallel()
+	sbx := rails.NewSandbox(rails.SandboxOptions{Remember: 3})
+	for i := range 5 {
+		if res, err := sbx.Send(context.Background(), sandboxIns("r", fmt.Sprintf("k%d", i))); err != nil || res.Code != rails.SandboxAccepted {
+			t.Fatalf("k%d: %+v, %v", i, res, err)
+		}
+	}
+	for i := range 5 {
+		if got, want := sbx.Paid("", fmt.Sprintf("k%d", i)), i >= 2; got != want {
+			t.Errorf("k%d remembered: %v, want %v", i, got, want)
+		}
+	}
+	res, err := sbx.Send(context.Background(), sandboxIns("r", "k4"))
+	if err != nil || res.Code != rails.SandboxDuplicate {
+		t.Fatalf("replay of a remembered key: %+v, %v", res, err)
+	}
+	if st := sbx.Stats(); st.Payments != 5 || st.Replays != 1 || st.EffectiveDuplicates != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}

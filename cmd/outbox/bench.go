@@ -4,11 +4,11 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/internal/bench"
@@ -16,17 +16,18 @@ import (
 )
 
 func runBench(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet(env, "bench", "bench [flags] [drain|latency|enqueue|ceiling|notify ...]   (default: drain latency enqueue ceiling)")
+	fs := newFlagSet(env, "bench", "bench [flags] [drain|latency|enqueue|ceiling|notify|soak ...]   (default: drain latency enqueue ceiling)")
 	var db dbFlags
 	var cfg bench.Config
-	var ordered, clients, cpuProfile string
+	var ordered, clients, cpuProfile, memProfile string
 	db.register(fs, poolconfig.Operator("bench"))
 	fs.IntVar(&cfg.Instructions, "instructions", 100_000, "drain and ceiling: instructions queued up front")
 	fs.IntVar(&cfg.Participants, "participants", 1000, "participants the instructions spread over")
 	fs.StringVar(&ordered, "ordered", "both", "drain and ceiling: ordering on, off or both")
 	fs.IntVar(&cfg.Relayers, "relayers", 2, "relayers (in this process)")
-	fs.IntVar(&cfg.Rate, "rate", 1000, "latency: steady enqueue rate (instructions/s)")
-	fs.DurationVar(&cfg.Duration, "duration", 20*time.Second, "latency, enqueue and notify: how long to run")
+	fs.IntVar(&cfg.Rate, "rate", 1000, "latency and soak: steady enqueue rate (instructions/s)")
+	fs.DurationVar(&cfg.Duration, "duration", 0, "latency, enqueue and notify: how long to run (default 20s); soak: how long (default 10m)")
+	fs.DurationVar(&cfg.Report, "report", bench.DefaultSoakReport, "soak: interval between reports of table sizes, dead tuples, RSS, goroutines and p99")
 	fs.IntVar(&cfg.Producers, "producers", 16, "enqueue and notify: concurrent producers (one instruction per transaction); latency uses at least 32")
 	fs.IntVar(&cfg.Pairs, "pairs", 3, "notify: trigger on/off run pairs")
 	fs.DurationVar(&cfg.RailLatency, "rail-latency", 0, "sandbox rail latency per call")
@@ -35,6 +36,7 @@ func runBench(ctx context.Context, env *environment, args []string) error {
 	fs.StringVar(&clients, "clients", "", "ceiling: pgbench client counts to try, comma-separated (default 1,2,4,8 for claim+outcome, 4,8,16,32 for enqueue)")
 	fs.BoolVar(&cfg.JSON, "json", false, "print one JSON object per result line")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile (pprof) of the whole run to this file")
+	fs.StringVar(&memProfile, "memprofile", "", "write a heap profile (pprof) at the end of the run to this file (what is still live: a leak shows here)")
 	if _, err := parseFlags(fs, env, args); err != nil {
 		return err
 	}
@@ -58,7 +60,7 @@ func runBench(ctx context.Context, env *environment, args []string) error {
 		}
 		cfg.Clients = append(cfg.Clients, n)
 	}
-	if cfg.Pairs < 1 || cfg.Rate < 1 || cfg.Producers < 1 || cfg.Duration <= 0 || cfg.Instructions < 1 || cfg.Participants < 1 {
+	if cfg.Pairs < 1 || cfg.Rate < 1 || cfg.Producers < 1 || cfg.Duration < 0 || cfg.Report <= 0 || cfg.Instructions < 1 || cfg.Participants < 1 {
 		return fmt.Errorf("%w: --instructions, --participants, --pairs, --rate, --producers and --duration must be positive", errUsage)
 	}
 	workloads := fs.Args()
@@ -77,6 +79,15 @@ func runBench(ctx context.Context, env *environment, args []string) error {
 			return err
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if memProfile != "" {
+		defer func() {
+			if f, err := os.Create(memProfile); err == nil {
+				runtime.GC()
+				_ = pprof.Lookup("heap").WriteTo(f, 0)
+				f.Close()
+			}
+		}()
 	}
 	log, err := newLogger(env.stderr, "text", "warn")
 	if err != nil {

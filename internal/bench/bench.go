@@ -26,10 +26,11 @@ import (
 )
 
 // Workloads are the workloads Run knows, in the order it runs them.
-var Workloads = []string{"drain", "latency", "enqueue", "ceiling", "notify"}
+var Workloads = []string{"drain", "latency", "enqueue", "ceiling", "notify", "soak"}
 
 // DefaultWorkloads are what Run runs when asked for none (notify compares
-// the NOTIFY trigger on and off and is run on request).
+// the NOTIFY trigger on and off, and soak runs for minutes: both are run on
+// request).
 var DefaultWorkloads = []string{"drain", "latency", "enqueue", "ceiling"}
 
 // Config describes one benchmark run.
@@ -47,8 +48,13 @@ type Config struct {
 	// both, ordered first).
 	Ordered []bool
 
-	Rate      int           // latency: instructions per second
-	Duration  time.Duration // latency, enqueue and notify: how long
+	Rate int // latency and soak: instructions per second
+	// Duration is how long latency, enqueue and notify run (default 20 s)
+	// and soak runs (default DefaultSoakDuration).
+	Duration time.Duration
+	// Report is the soak's interval between samples (default
+	// DefaultSoakReport).
+	Report    time.Duration
 	Producers int           // enqueue and notify: concurrent producers
 	Pairs     int           // notify: trigger on/off pairs
 
@@ -62,6 +68,8 @@ type Config struct {
 	// PgBench is the pgbench binary (default: next to the server's, or on
 	// $PATH).
 	PgBench string
+
+	durationSet bool // Duration was given (soak's default differs)
 }
 
 // Result is one line of a benchmark's report. The first five fields are
@@ -103,6 +111,8 @@ type Result struct {
 	// caused.
 	Trigger  *bool `json:"trigger,omitempty"`
 	Notified int64 `json:"notified,omitempty"`
+	// Soak is the soak workload's sample (on its last line, the last one).
+	Soak *SoakSample `json:"soak,omitempty"`
 	// Note says what a reader must know to read the line right.
 	Note string `json:"note,omitempty"`
 }
@@ -119,7 +129,7 @@ func Run(ctx context.Context, cfg Config, workloads []string) ([]Result, error) 
 			return nil, fmt.Errorf("bench: unknown workload %q (want one of %v)", w, Workloads)
 		}
 	}
-	r := &runner{cfg: cfg}
+	r := &runner{cfg: cfg, runID: rand.Uint32()}
 	var all []Result
 	for _, w := range workloads {
 		var (
@@ -137,6 +147,8 @@ func Run(ctx context.Context, cfg Config, workloads []string) ([]Result, error) 
 			rs, err = r.ceiling(ctx)
 		case "notify":
 			rs, err = r.notify(ctx)
+		case "soak":
+			rs, err = r.soak(ctx)
 		}
 		all = append(all, rs...)
 		if err != nil {
@@ -158,7 +170,7 @@ func (c *Config) defaults() {
 	def(&c.Rate, 1000)
 	def(&c.Producers, 16)
 	def(&c.Pairs, 3)
-	if c.Duration <= 0 {
+	if c.durationSet = c.Duration > 0; !c.durationSet {
 		c.Duration = 20 * time.Second
 	}
 	if len(c.Ordered) == 0 {
@@ -171,7 +183,8 @@ func (c *Config) defaults() {
 
 // runner runs the workloads of one Config.
 type runner struct {
-	cfg Config
+	cfg   Config
+	runID uint32 // tells this run's instruction ids from other runs'
 }
 
 // emit prints one result.
@@ -194,6 +207,9 @@ func (res Result) text() string {
 	}
 	if res.Statements != "" {
 		s += fmt.Sprintf("  [%s, %d pgbench clients]", res.Statements, res.Clients)
+	}
+	if res.Soak != nil {
+		s += "\n         " + res.Soak.String()
 	}
 	if res.Trigger != nil {
 		s += fmt.Sprintf("  [trigger %v, %d NOTIFY wakeups]", *res.Trigger, res.Notified)

@@ -27,11 +27,13 @@ func TestEveryWorkloadReports(t *testing.T) {
 	results, err := bench.Run(t.Context(), bench.Config{
 		Pool: pool, Out: &out, JSON: true,
 		Instructions: 400, Participants: 10, Rate: 200, Duration: time.Second, Producers: 4, Pairs: 1,
-		Clients: []int{1, 2}, MaxConcurrency: 16, BatchSize: 20,
+		Clients: []int{1, 2}, MaxConcurrency: 16, BatchSize: 20, Report: 300 * time.Millisecond,
 	}, bench.Workloads)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The soak prints a line per report (about three in a second at 300
+	// ms) and its summary: counted apart.
 	want := map[string]int{"drain": 2, "latency": 1, "enqueue": 1, "ceiling": 3, "notify": 2}
 	got := map[string]int{}
 	sc := bufio.NewScanner(&out)
@@ -65,6 +67,9 @@ func TestEveryWorkloadReports(t *testing.T) {
 		if w == "drain" && m["rss_mib"].(float64) <= 0 {
 			t.Errorf("drain line %q: no RSS", sc.Text())
 		}
+	}
+	if got["soak"] < 3 {
+		t.Errorf("%d soak lines, want a report every 300 ms and a summary", got["soak"])
 	}
 	for w, n := range want {
 		if got[w] != n {

@@ -67,11 +67,19 @@ func (t calledTransport) Send(ctx context.Context, ins payment.Instruction) (rai
 	return t.Sandbox.Send(ctx, ins)
 }
 
+// sandboxRemember is how many recent payments the bench's sandbox rail
+// keeps to answer replays: 20 s at 1,000/s, far more than any instruction
+// waits between its attempts in a run.
+const sandboxRemember = 20_000
+
 // relayers starts the run's relayers on schema. onCall sees every rail
 // call, observe every recorded outcome; stop stops them all.
 func (r *runner) relayers(ctx context.Context, schema string, onCall func(payment.Instruction),
 	observe func([]engine.Recorded)) (rs []*engine.Relayer, stop func(), err error) {
-	sbx := rails.NewSandbox(rails.SandboxOptions{LatencyMin: r.cfg.RailLatency, LatencyMax: r.cfg.RailLatency})
+	// The rail remembers the last sandboxRemember payments, not all: a
+	// soak's RSS is then the engine's, not the fake rail's ledger.
+	sbx := rails.NewSandbox(rails.SandboxOptions{LatencyMin: r.cfg.RailLatency, LatencyMax: r.cfg.RailLatency,
+		Remember: sandboxRemember})
 	conc := r.cfg.MaxConcurrency
 	if conc <= 0 {
 		conc = engine.DefaultMaxConcurrency
@@ -222,3 +230,54 @@ func ms(h *hdrhistogram.Histogram, q float64) *float64 {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// streamRun is an open-loop stream under way (see runner.stream).
+type streamRun struct {
+	done   chan struct{} // closed once the schedule ended and every producer returned
+	missed atomic.Int64  // numbers nobody could take on schedule
+	ctx    context.Context
+}
+
+// err is the context's error, if the stream ended because of it.
+func (s *streamRun) err() error { return s.ctx.Err() }
+
+// stream hands out instruction numbers 0, 1, 2, ... on a fixed schedule of
+// Rate per second for d to at least latencyProducers producers calling
+// produce; a number nobody can take when due counts as missed (the stream
+// fell behind), so the rate achieved is the rate measured.
+func (r *runner) stream(ctx context.Context, d time.Duration, produce func(i int)) *streamRun {
+	s := &streamRun{done: make(chan struct{}), ctx: ctx}
+	work := make(chan int, r.cfg.Rate)
+	var wg sync.WaitGroup
+	for range max(r.cfg.Producers, latencyProducers) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				produce(i)
+			}
+		}()
+	}
+	interval := time.Second / time.Duration(r.cfg.Rate)
+	go func() {
+		defer close(s.done)
+		defer wg.Wait()
+		defer close(work)
+		t0 := time.Now()
+		for i := 0; ; i++ {
+			due := t0.Add(time.Duration(i) * interval)
+			if due.Sub(t0) >= d || ctx.Err() != nil {
+				return
+			}
+			if w := time.Until(due); w > 0 {
+				time.Sleep(w)
+			}
+			select {
+			case work <- i:
+			default:
+				s.missed.Add(1)
+			}
+		}
+	}()
+	return s
+}

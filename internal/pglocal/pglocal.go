@@ -465,7 +465,10 @@ func (c *Cluster) writeConfig(opts Options) error {
 	if opts.Fsync {
 		fsync = "on"
 	}
-	set := map[string]string{"max_connections": "300"}
+	// Autovacuum visits every 10 s instead of every minute: the outbox's
+	// hot tables churn at the instruction rate and stay small only if
+	// vacuumed often (docs/operations.md).
+	set := map[string]string{"max_connections": "300", "autovacuum_naptime": "10s"}
 	maps.Copy(set, opts.Settings)
 	set["listen_addresses"], set["port"], set["unix_socket_directories"] = listen, strconv.Itoa(c.port), c.socketDir
 	set["fsync"], set["full_page_writes"], set["synchronous_commit"] = fsync, fsync, "on"
