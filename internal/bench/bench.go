@@ -55,8 +55,8 @@ type Config struct {
 	// Report is the soak's interval between samples (default
 	// DefaultSoakReport).
 	Report    time.Duration
-	Producers int           // enqueue and notify: concurrent producers
-	Pairs     int           // notify: trigger on/off pairs
+	Producers int // enqueue and notify: concurrent producers
+	Pairs     int // notify: trigger on/off pairs
 
 	RailLatency    time.Duration // the sandbox rail's latency per call
 	MaxConcurrency int           // each relayer's (0: the engine's default)
