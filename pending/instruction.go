@@ -10,6 +10,7 @@ import (
 
 	"github.com/gofrs/uuid/v5"
 
+	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/payment"
 )
 
@@ -68,6 +69,29 @@ func (e *MismatchError) Error() string {
 
 // Unwrap makes errors.Is(err, ErrIdempotencyMismatch) work.
 func (e *MismatchError) Unwrap() error { return ErrIdempotencyMismatch }
+
+// ErrKeyRetired is returned when an idempotency key belongs to an
+// instruction enqueued before the archive's retention horizon: its archive
+// months were detached (`outbox archive detach`) and the key kept only in
+// compact form, which still refuses it forever but no longer holds the
+// original receipt. Nothing is written. The instruction's trail is in the
+// detached archive, under the error's outbox id.
+var ErrKeyRetired = store.ErrKeyRetired
+
+// RetiredError details an [ErrKeyRetired].
+type RetiredError struct {
+	InstructionID  string
+	IdempotencyKey string
+	OutboxID       uuid.UUID // the instruction the key belonged to
+}
+
+func (e *RetiredError) Error() string {
+	return fmt.Sprintf("%v: instruction %q key %q was used by outbox id %s, enqueued before the retention horizon",
+		ErrKeyRetired, e.InstructionID, e.IdempotencyKey, e.OutboxID)
+}
+
+// Unwrap makes errors.Is(err, ErrKeyRetired) work.
+func (e *RetiredError) Unwrap() error { return ErrKeyRetired }
 
 // BatchError says which instruction of a batch failed; nothing of the batch
 // was written.

@@ -183,6 +183,8 @@ func (p *Producer) write(ctx context.Context, db DBTX, preps []prepared) ([]Rece
 	for i, k := range keys {
 		pr := preps[i]
 		switch {
+		case k.Retired:
+			return nil, &BatchError{Index: i, Err: &RetiredError{InstructionID: pr.in.InstructionID, IdempotencyKey: pr.in.IdempotencyKey, OutboxID: k.OutboxID}}
 		case k.OutboxID == pr.outboxID && k.SequenceID != nil:
 			receipts[i] = Receipt{OutboxID: k.OutboxID, SequenceID: *k.SequenceID}
 		case k.OutboxID == pr.outboxID:

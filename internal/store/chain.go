@@ -167,7 +167,7 @@ const chainEncodingSQL = `record_send(ROW('outbox.attempts/1'::text, a.attempt_i
 // began, hash or not) an instruction at a time.
 const verifyChainsSQL = `
 SELECT a.outbox_id, a.attempt_id, a.prev_hash, a.hash, ` + chainEncodingSQL + `
-FROM {schema}.attempts a
+FROM {schema}.archive a
 WHERE a.hash IS NOT NULL OR a.created_at >= (SELECT chained_since FROM {schema}.settings)
 ORDER BY a.outbox_id, a.created_at, a.attempt_id`
 
@@ -181,7 +181,7 @@ FROM {schema}.checkpoints ORDER BY period_start`
 // verifyDigestsSQL reads the row hashes of the checkpointed periods, in
 // digest order.
 const verifyDigestsSQL = `
-SELECT created_at, hash FROM {schema}.attempts
+SELECT created_at, hash FROM {schema}.archive
 WHERE created_at >= $1 AND created_at < $2
 ORDER BY created_at, attempt_id`
 

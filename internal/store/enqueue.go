@@ -2,11 +2,13 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // NewInstruction is an instruction the producer validated and encoded, to
@@ -27,9 +29,21 @@ type NewInstruction struct {
 // enqueue: its own fresh outbox id, or the one it was first enqueued under.
 type KeyRow struct {
 	OutboxID    uuid.UUID
-	SequenceID  *int64 // nil only for a key another transaction has not committed yet
-	PayloadHash []byte
+	SequenceID  *int64 // nil only for a key another transaction has not committed yet, or a retired one
+	PayloadHash []byte // nil for a retired key
+	// Retired says the key was used by an instruction whose archive months
+	// were detached: only its digest and outbox id remain, and it can never
+	// be enqueued again.
+	Retired bool
 }
+
+// ErrKeyRetired is returned when an idempotency key was retired (its
+// instruction's archive months detached, see RetireKeys) while the
+// enqueue's transaction was inserting it; the transaction is aborted.
+var ErrKeyRetired = errors.New("idempotency key retired")
+
+// retiredRaceCode is the SQLSTATE key_retired_race raises (migration 011).
+const retiredRaceCode = "OBKR1"
 
 // Enqueue writes instructions in db (the caller's transaction) in one
 // round trip of three pipelined statements: claim each idempotency key for
@@ -87,11 +101,15 @@ func (s *Store) Enqueue(ctx context.Context, db Batcher, ins []NewInstruction) (
 		ord int32
 		kr  KeyRow
 	)
-	_, err = pgx.ForEachRow(rows, []any{&ord, scanUUID(&kr.OutboxID), &kr.SequenceID, &kr.PayloadHash}, func() error {
+	var race *bool
+	_, err = pgx.ForEachRow(rows, []any{&ord, scanUUID(&kr.OutboxID), &kr.SequenceID, &kr.PayloadHash, &kr.Retired, &race}, func() error {
 		out[ord], seen[ord] = kr, true
 		kr = KeyRow{}
 		return nil
 	})
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == retiredRaceCode {
+		return nil, fmt.Errorf("enqueue: %w: %s", ErrKeyRetired, pgErr.Message)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("enqueue: read receipts: %w", err)
 	}
@@ -123,10 +141,12 @@ const orderedSQL = `(SELECT ordered FROM {schema}.settings)`
 // insertKeysSQL claims each idempotency key for a new outbox id. A key that
 // exists (committed, or inserted by a concurrent transaction that then
 // commits) is left alone; the statement waits for a concurrent inserter to
-// finish, so racing duplicates resolve to exactly one row.
+// finish, so racing duplicates resolve to exactly one row. A retired key
+// (archive.go) is not inserted either: the lookup reports it.
 const insertKeysSQL = `
 INSERT INTO {schema}.idempotency_keys (tenant_id, instruction_id, idempotency_key, outbox_id, participant_id, payload_hash)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::bytea[])
+SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::bytea[]) AS u(t, i, k, o, p, h)
+WHERE NOT EXISTS (SELECT 1 FROM {schema}.retired_keys r WHERE r.digest = {schema}.key_digest(u.t, u.i, u.k))
 ON CONFLICT DO NOTHING`
 
 // insertPendingSQL allocates sequence ids and inserts pending rows only for
@@ -164,7 +184,14 @@ UPDATE {schema}.idempotency_keys k SET sequence_id = n.sequence_id
 FROM numbered n WHERE k.outbox_id = n.outbox_id`
 
 // lookupKeysSQL reads what every key of the batch maps to now.
+// A key can be live and retired at once only if its retirement committed
+// while this transaction's insert waited on the old row's lock (after
+// insertKeysSQL's snapshot): key_retired_race then fails the statement, and
+// with it the transaction, so the key is never enqueued twice.
 const lookupKeysSQL = `
-SELECT i.ord, k.outbox_id, k.sequence_id, k.payload_hash
+SELECT i.ord, coalesce(k.outbox_id, r.outbox_id), k.sequence_id, k.payload_hash, r.digest IS NOT NULL,
+       CASE WHEN k.outbox_id IS NOT NULL AND r.digest IS NOT NULL THEN {schema}.key_retired_race(k.outbox_id) END
 FROM unnest($1::text[], $2::text[], $3::text[], $4::int[]) AS i(tenant_id, instruction_id, idempotency_key, ord)
-JOIN {schema}.idempotency_keys k USING (tenant_id, instruction_id, idempotency_key)`
+LEFT JOIN {schema}.idempotency_keys k USING (tenant_id, instruction_id, idempotency_key)
+LEFT JOIN {schema}.retired_keys r ON r.digest = {schema}.key_digest(i.tenant_id, i.instruction_id, i.idempotency_key)
+WHERE k.outbox_id IS NOT NULL OR r.digest IS NOT NULL`

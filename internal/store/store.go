@@ -101,6 +101,7 @@ type statements struct {
 	registerIdle, unregisterIdle                   string
 	ensurePartitions                               string
 	takeCheckpoint, checkpoints                    string
+	retireKeys                                     string
 	verifyChains, verifyCheckpoints, verifyDigests string
 }
 
@@ -136,6 +137,7 @@ func renderStatements(schema string) statements {
 		unregisterIdle:     q(unregisterIdleSQL),
 		ensurePartitions:   q(ensurePartitionsSQL),
 		takeCheckpoint:     q(takeCheckpointSQL),
+		retireKeys:         q(retireKeysSQL),
 		checkpoints:        q(checkpointsSQL),
 		verifyChains:       q(verifyChainsSQL),
 		verifyCheckpoints:  q(verifyCheckpointsSQL),

@@ -57,5 +57,5 @@ func (s *Store) trail(ctx context.Context, db Querier, query string, arg any) ([
 
 // trailSQL selects an instruction's archive rows by the given condition.
 func trailSQL(where string) string {
-	return `SELECT ` + readArchiveColumns + ` FROM {schema}.attempts WHERE ` + where + ` ORDER BY created_at, attempt_id`
+	return `SELECT ` + readArchiveColumns + ` FROM {schema}.archive WHERE ` + where + ` ORDER BY created_at, attempt_id`
 }

@@ -81,7 +81,7 @@ var checks = []check{
 		LEFT JOIN {schema}.dead_letters d USING (outbox_id)
 		LEFT JOIN (SELECT outbox_id, bool_or(state = 'DISPATCHED') AS dispatched,
 		                  bool_or(late AND state = 'DISPATCHED') AS late_dispatched
-		           FROM {schema}.attempts GROUP BY outbox_id) a USING (outbox_id)
+		           FROM {schema}.archive GROUP BY outbox_id) a USING (outbox_id)
 		WHERE (p.outbox_id IS NOT NULL)::int + (f.outbox_id IS NOT NULL)::int + (d.outbox_id IS NOT NULL)::int
 		      + coalesce(a.dispatched, false)::int
 		      NOT IN (1, CASE WHEN coalesce(a.late_dispatched, false) AND d.outbox_id IS NULL THEN 2 ELSE 1 END)`, false},
@@ -90,25 +90,30 @@ var checks = []check{
 		  SELECT 'pending' AS t, outbox_id FROM {schema}.pending
 		  UNION ALL SELECT 'inflight', outbox_id FROM {schema}.inflight
 		  UNION ALL SELECT 'dead_letters', outbox_id FROM {schema}.dead_letters
-		  UNION ALL SELECT DISTINCT 'attempts', outbox_id FROM {schema}.attempts) x
-		WHERE NOT EXISTS (SELECT 1 FROM {schema}.idempotency_keys k WHERE k.outbox_id = x.outbox_id)`, false},
+		  UNION ALL SELECT DISTINCT 'attempts', outbox_id FROM {schema}.archive) x
+		WHERE NOT EXISTS (SELECT 1 FROM {schema}.idempotency_keys k WHERE k.outbox_id = x.outbox_id)
+		  AND NOT EXISTS (SELECT 1 FROM {schema}.retired_keys r WHERE r.outbox_id = x.outbox_id)`, false},
 	{2, "gap-free sequences", `
 		SELECT format('participant %s: allocated %s, committed %s distinct %s, range %s..%s', s.participant_id,
 		              s.next_sequence_id - 1, count(k.sequence_id), count(DISTINCT k.sequence_id), min(k.sequence_id), max(k.sequence_id))
-		FROM {schema}.sequences s LEFT JOIN {schema}.idempotency_keys k USING (participant_id)
+		FROM {schema}.sequences s
+		LEFT JOIN (SELECT participant_id, sequence_id FROM {schema}.idempotency_keys
+		           UNION ALL SELECT participant_id, sequence_id FROM {schema}.retired_keys) k USING (participant_id)
 		GROUP BY s.participant_id, s.next_sequence_id
 		HAVING count(k.*) <> s.next_sequence_id - 1 OR count(DISTINCT k.sequence_id) <> s.next_sequence_id - 1
 		    OR coalesce(min(k.sequence_id), 1) <> 1 OR coalesce(max(k.sequence_id), 0) <> s.next_sequence_id - 1
 		UNION ALL
 		SELECT format('participant %s has keys but no sequence row', k.participant_id)
-		FROM {schema}.idempotency_keys k LEFT JOIN {schema}.sequences s USING (participant_id)
+		FROM (SELECT participant_id FROM {schema}.idempotency_keys
+		      UNION ALL SELECT participant_id FROM {schema}.retired_keys) k
+		LEFT JOIN {schema}.sequences s USING (participant_id)
 		WHERE s.participant_id IS NULL`, false},
 	{3, "one key one identity", `
 		SELECT format('%s row of outbox %s disagrees with its key (instruction/participant/sequence/key)', t, x.outbox_id) FROM (
 		  SELECT 'pending' AS t, outbox_id, instruction_id, participant_id, sequence_id, idempotency_key FROM {schema}.pending
 		  UNION ALL SELECT 'inflight', outbox_id, instruction_id, participant_id, sequence_id, idempotency_key FROM {schema}.inflight
 		  UNION ALL SELECT 'dead_letters', outbox_id, instruction_id, participant_id, sequence_id, idempotency_key FROM {schema}.dead_letters
-		  UNION ALL SELECT DISTINCT 'attempts', outbox_id, instruction_id, participant_id, sequence_id, idempotency_key FROM {schema}.attempts) x
+		  UNION ALL SELECT DISTINCT 'attempts', outbox_id, instruction_id, participant_id, sequence_id, idempotency_key FROM {schema}.archive) x
 		JOIN {schema}.idempotency_keys k USING (outbox_id)
 		WHERE (k.instruction_id, k.participant_id, k.sequence_id, k.idempotency_key)
 		      IS DISTINCT FROM (x.instruction_id, x.participant_id, x.sequence_id, x.idempotency_key)`, false},
@@ -140,10 +145,10 @@ var checks = []check{
 	{4, "dispatch order", `
 		WITH claims AS (
 		  SELECT participant_id, sequence_id, min(created_at) AS first_claim
-		  FROM {schema}.attempts WHERE state = 'DISPATCHING' GROUP BY 1, 2
+		  FROM {schema}.archive WHERE state = 'DISPATCHING' GROUP BY 1, 2
 		), terminal AS (
 		  SELECT participant_id, sequence_id, min(created_at) AS terminal_at
-		  FROM {schema}.attempts WHERE state IN ('DISPATCHED', 'FAILED') GROUP BY 1, 2
+		  FROM {schema}.archive WHERE state IN ('DISPATCHED', 'FAILED') GROUP BY 1, 2
 		)
 		SELECT format('participant %s: sequence %s claimed at %s, before sequence %s ended (%s)', c.participant_id,
 		              c.sequence_id, c.first_claim, c.sequence_id - 1, coalesce(t.terminal_at::text, 'never'))
@@ -157,12 +162,12 @@ var checks = []check{
 		WITH closers AS (
 		  SELECT claim_attempt_id, count(*) FILTER (WHERE NOT late) AS n, count(*) FILTER (WHERE late) AS n_late,
 		         count(*) FILTER (WHERE state = 'ZOMBIE_REQUEUE' AND NOT late) AS n_zombie
-		  FROM {schema}.attempts WHERE state <> 'DISPATCHING' AND claim_attempt_id IS NOT NULL GROUP BY 1
+		  FROM {schema}.archive WHERE state <> 'DISPATCHING' AND claim_attempt_id IS NOT NULL GROUP BY 1
 		)
 		SELECT format('outbox %s attempt %s (DISPATCHING): %s closing rows, %s late, %s zombie requeues, in flight now: %s',
 		              d.outbox_id, d.attempt_id, coalesce(c.n, 0), coalesce(c.n_late, 0), coalesce(c.n_zombie, 0),
 		              f.attempt_id IS NOT NULL)
-		FROM {schema}.attempts d
+		FROM {schema}.archive d
 		LEFT JOIN closers c ON c.claim_attempt_id = d.attempt_id
 		LEFT JOIN {schema}.inflight f ON f.attempt_id = d.attempt_id
 		WHERE d.state = 'DISPATCHING'
@@ -172,11 +177,11 @@ var checks = []check{
 	// requires, so it does not stop one attempt being archived twice.
 	{5, "attempt ids unique", `
 		SELECT format('attempt %s is archived %s times', attempt_id, count(*))
-		FROM {schema}.attempts GROUP BY attempt_id HAVING count(*) > 1`, false},
+		FROM {schema}.archive GROUP BY attempt_id HAVING count(*) > 1`, false},
 	{5, "closers match a claim", `
 		SELECT format('outbox %s: %s attempt %s closes no DISPATCHING attempt #%s of it', a.outbox_id, a.state, a.attempt_id, a.attempt_no)
-		FROM {schema}.attempts a
-		LEFT JOIN {schema}.attempts d ON d.attempt_id = a.claim_attempt_id AND d.state = 'DISPATCHING'
+		FROM {schema}.archive a
+		LEFT JOIN {schema}.archive d ON d.attempt_id = a.claim_attempt_id AND d.state = 'DISPATCHING'
 		     AND d.outbox_id = a.outbox_id AND d.attempt_no = a.attempt_no
 		WHERE a.state IN ('DISPATCHED', 'RETRYABLE', 'FAILED', 'ZOMBIE_REQUEUE') AND d.attempt_id IS NULL`, false},
 	// Late outcomes carry their claim's number and may land after a newer
@@ -185,7 +190,7 @@ var checks = []check{
 	{5, "attempt numbers never go back", `
 		SELECT format('outbox %s: attempt_no %s after %s', outbox_id, attempt_no, prev)
 		FROM (SELECT outbox_id, attempt_no, state, lag(attempt_no) OVER (PARTITION BY outbox_id ORDER BY created_at, attempt_id) AS prev
-		      FROM {schema}.attempts WHERE NOT late) x
+		      FROM {schema}.archive WHERE NOT late) x
 		WHERE attempt_no < prev AND state <> 'REPLAYED'`, false},
 	// Invariant 7, the archive is as it was written, is checked mostly
 	// outside SQL (chain.go); this part checks the hot rows' heads: the
@@ -199,12 +204,12 @@ var checks = []check{
 		      UNION ALL SELECT 'inflight', outbox_id, chain_head FROM {schema}.inflight
 		      UNION ALL SELECT 'dead_letters', outbox_id, chain_head FROM {schema}.dead_letters) x
 		WHERE CASE WHEN x.chain_head IS NULL
-		           THEN EXISTS (SELECT 1 FROM {schema}.attempts a WHERE a.outbox_id = x.outbox_id AND a.hash IS NOT NULL)
-		           ELSE NOT EXISTS (SELECT 1 FROM {schema}.attempts a WHERE a.outbox_id = x.outbox_id AND a.hash = x.chain_head) END`, false},
+		           THEN EXISTS (SELECT 1 FROM {schema}.archive a WHERE a.outbox_id = x.outbox_id AND a.hash IS NOT NULL)
+		           ELSE NOT EXISTS (SELECT 1 FROM {schema}.archive a WHERE a.outbox_id = x.outbox_id AND a.hash = x.chain_head) END`, false},
 	{5, "in-flight rows have their claim", `
 		SELECT format('inflight outbox %s: attempt %s has no DISPATCHING row', f.outbox_id, f.attempt_id)
 		FROM {schema}.inflight f
-		WHERE NOT EXISTS (SELECT 1 FROM {schema}.attempts a WHERE a.attempt_id = f.attempt_id AND a.state = 'DISPATCHING')`, false},
+		WHERE NOT EXISTS (SELECT 1 FROM {schema}.archive a WHERE a.attempt_id = f.attempt_id AND a.state = 'DISPATCHING')`, false},
 }
 
 // beginVerify opens Verify's transaction: one read-only snapshot, planned
@@ -249,10 +254,10 @@ SELECT (SELECT count(*) FROM {schema}.idempotency_keys),
        (SELECT count(*) FROM {schema}.pending),
        (SELECT count(*) FROM {schema}.inflight),
        (SELECT count(*) FROM {schema}.dead_letters),
-       (SELECT count(DISTINCT outbox_id) FROM {schema}.attempts WHERE state = 'DISPATCHED'),
-       (SELECT count(*) FROM (SELECT 1 FROM {schema}.attempts WHERE state = 'DISPATCHED'
+       (SELECT count(DISTINCT outbox_id) FROM {schema}.archive WHERE state = 'DISPATCHED'),
+       (SELECT count(*) FROM (SELECT 1 FROM {schema}.archive WHERE state = 'DISPATCHED'
                               GROUP BY outbox_id HAVING count(*) > 1) x),
-       (SELECT count(*) FROM {schema}.attempts)`
+       (SELECT count(*) FROM {schema}.archive)`
 
 // Verify checks the invariants 1 to 5 by query, in one REPEATABLE READ
 // snapshot (so a running system is checked at one instant): every committed

@@ -59,6 +59,7 @@ GRANT SELECT ON {{schema}}.schema_version, {{schema}}.settings TO outbox_produce
 -- Producer: enqueue (keys, pending; sequences through allocate_sequences),
 -- and read its own receipts (keys, under its tenant).
 GRANT SELECT, INSERT ON {{schema}}.idempotency_keys TO outbox_producer;
+GRANT SELECT ON {{schema}}.retired_keys TO outbox_producer; -- a retired key is refused, not enqueued again
 GRANT UPDATE (sequence_id) ON {{schema}}.idempotency_keys TO outbox_producer;
 GRANT INSERT ON {{schema}}.pending TO outbox_producer;
 GRANT SELECT ON {{schema}}.relayer_idle TO outbox_producer; -- the adaptive NOTIFY trigger reads it
@@ -91,7 +92,8 @@ DO $$
 DECLARE
   t text;
 BEGIN
-  FOREACH t IN ARRAY ARRAY['idempotency_keys', 'pending', 'inflight', 'attempts', 'dead_letters'] LOOP
+  FOREACH t IN ARRAY ARRAY['idempotency_keys', 'retired_keys', 'pending', 'inflight', 'attempts', 'attempts_detached',
+                           'dead_letters'] LOOP
     EXECUTE format('ALTER TABLE {{schema}}.%I ENABLE ROW LEVEL SECURITY', t);
     EXECUTE format('DROP POLICY IF EXISTS outbox_relayer_all ON {{schema}}.%I', t);
     EXECUTE format('CREATE POLICY outbox_relayer_all ON {{schema}}.%I TO outbox_relayer USING (true) WITH CHECK (true)', t);

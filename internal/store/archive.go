@@ -1,0 +1,245 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Partition is one month (or other range) of the archive: attached (where
+// relayers write), detached (moved out by DetachArchive, still in the
+// database and read by verify and trails), or the default partition.
+type Partition struct {
+	Name     string
+	State    string    // "attached", "detached" or "default"
+	From, To time.Time // the range of created_at it holds (zero for the default)
+	// Rows is an estimate (the planner's statistics; -1 before the first
+	// ANALYZE) unless the listing was exact.
+	Rows  int64
+	Bytes int64 // table and indexes
+}
+
+// ErrArchiveLifecycle is returned for a detach or export that cannot be
+// done as asked (a month not yet over, not anchored by a checkpoint, an
+// unknown partition). Nothing is changed.
+var ErrArchiveLifecycle = errors.New("archive lifecycle")
+
+const partitionsSQL = `
+SELECT c.relname,
+       CASE WHEN c.relpartbound IS NOT NULL AND pg_get_expr(c.relpartbound, c.oid) = 'DEFAULT' THEN 'default'
+            WHEN p.relname = 'attempts' THEN 'attached' ELSE 'detached' END,
+       substring(pg_get_expr(c.relpartbound, c.oid) FROM 'FROM \(''([^'']+)''\)')::timestamptz,
+       substring(pg_get_expr(c.relpartbound, c.oid) FROM 'TO \(''([^'']+)''\)')::timestamptz,
+       c.reltuples::bigint, pg_total_relation_size(c.oid)
+FROM pg_inherits i
+JOIN pg_class c ON c.oid = i.inhrelid
+JOIN pg_class p ON p.oid = i.inhparent
+JOIN pg_namespace n ON n.oid = p.relnamespace
+WHERE n.nspname = $1 AND p.relname IN ('attempts', 'attempts_detached')
+ORDER BY 3 NULLS FIRST, 1`
+
+// Partitions lists the archive's partitions, oldest first. With exact, Rows
+// is a count (a read of every partition: run it on a replica).
+func (s *Store) Partitions(ctx context.Context, db Querier, exact bool) ([]Partition, error) {
+	rows, err := db.Query(ctx, partitionsSQL, s.schema)
+	if err != nil {
+		return nil, fmt.Errorf("archive partitions: %w", err)
+	}
+	var out []Partition
+	for rows.Next() {
+		var p Partition
+		var from, to *time.Time
+		if err := rows.Scan(&p.Name, &p.State, &from, &to, &p.Rows, &p.Bytes); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("archive partitions: %w", err)
+		}
+		if from != nil && to != nil {
+			p.From, p.To = from.UTC(), to.UTC()
+		}
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("archive partitions: %w", err)
+	}
+	if exact {
+		for i := range out {
+			if err := db.QueryRow(ctx, "SELECT count(*) FROM "+s.table(out[i].Name)).Scan(&out[i].Rows); err != nil {
+				return nil, fmt.Errorf("archive partitions: count %s: %w", out[i].Name, err)
+			}
+		}
+	}
+	return out, nil
+}
+
+// table is a table of the schema as a quoted identifier.
+func (s *Store) table(name string) string { return pgx.Identifier{s.schema, name}.Sanitize() }
+
+// DetachArchive moves every attached partition that ends at or before
+// `before` (the first of a month, UTC, not after the current month's) out
+// of attempts into attempts_detached, and returns their names. Nothing is
+// deleted: the rows stay in the database, append-only, in the archive view
+// that verify and trails read. It refuses months that the checkpoints do
+// not cover yet (the checkpoints are what make a later loss of the
+// detached table detectable), and waits at most lockTimeout for the
+// archive's lock on each partition (a long reader on the primary would
+// otherwise queue every relayer's writes behind the detach), failing
+// rather than stalling the relayers.
+//
+// Each partition first gets a validated CHECK constraint equal to its
+// bounds (read without blocking writers), so the move itself is one short
+// transaction that re-attaches without scanning.
+func (s *Store) DetachArchive(ctx context.Context, db Batcher, before time.Time, lockTimeout time.Duration) ([]string, error) {
+	before = before.UTC()
+	if !before.Equal(time.Date(before.Year(), before.Month(), 1, 0, 0, 0, 0, time.UTC)) {
+		return nil, fmt.Errorf("%w: %s is not the first of a month (UTC)", ErrArchiveLifecycle, before.Format(time.RFC3339))
+	}
+	var month, covered time.Time
+	if err := db.QueryRow(ctx, `SELECT date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC',
+	                                  coalesce((SELECT max(period_end) FROM `+s.table("checkpoints")+`), '-infinity')`).
+		Scan(&month, &covered); err != nil {
+		return nil, fmt.Errorf("detach archive: %w", err)
+	}
+	if before.After(month) {
+		return nil, fmt.Errorf("%w: cannot detach %s: the month is not over", ErrArchiveLifecycle, before.AddDate(0, -1, 0).Format("2006-01"))
+	}
+	parts, err := s.Partitions(ctx, db, false)
+	if err != nil {
+		return nil, err
+	}
+	var detached []string
+	for _, p := range parts {
+		if p.State != "attached" || p.To.After(before) {
+			continue
+		}
+		if covered.Before(p.To) {
+			return detached, fmt.Errorf("%w: %s ends at %s, but the checkpoints cover the archive only up to %s: take a checkpoint first (outbox audit checkpoint)",
+				ErrArchiveLifecycle, p.Name, p.To.Format(time.RFC3339), covered.UTC().Format(time.RFC3339))
+		}
+		if err := s.detachPartition(ctx, db, p, lockTimeout); err != nil {
+			return detached, err
+		}
+		detached = append(detached, p.Name)
+	}
+	return detached, nil
+}
+
+// detachPartition moves one partition (see DetachArchive).
+func (s *Store) detachPartition(ctx context.Context, db Batcher, p Partition, lockTimeout time.Duration) error {
+	name, check := s.table(p.Name), pgx.Identifier{p.Name + "_bounds"}.Sanitize()
+	from, to := quoteTime(p.From), quoteTime(p.To)
+	// The bounds as a constraint: added NOT VALID (a moment's lock), then
+	// validated under a lock that lets reads and the other partitions'
+	// writes go on.
+	var exists bool
+	if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_constraint WHERE conrelid = $1::regclass AND conname = $2)`,
+		name, p.Name+"_bounds").Scan(&exists); err != nil {
+		return fmt.Errorf("detach %s: %w", p.Name, err)
+	}
+	if !exists {
+		if _, err := db.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ADD CONSTRAINT %s CHECK (created_at >= %s AND created_at < %s) NOT VALID`,
+			name, check, from, to)); err != nil {
+			return fmt.Errorf("detach %s: bounds: %w", p.Name, err)
+		}
+	}
+	if _, err := db.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s VALIDATE CONSTRAINT %s`, name, check)); err != nil {
+		return fmt.Errorf("detach %s: validate bounds: %w", p.Name, err)
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", max(1, lockTimeout.Milliseconds()))); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s DETACH PARTITION %s`, s.table("attempts"), name)); err != nil {
+			return fmt.Errorf("detach %s: %w", p.Name, err)
+		}
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (%s) TO (%s)`,
+			s.table("attempts_detached"), name, from, to)); err != nil {
+			return fmt.Errorf("detach %s: attach to attempts_detached: %w", p.Name, err)
+		}
+		return nil
+	})
+}
+
+// quoteTime is a timestamptz literal for DDL, which takes no parameters.
+// The value comes from the catalog, never from input.
+func quoteTime(t time.Time) string { return "'" + t.UTC().Format("2006-01-02 15:04:05.999999Z07:00") + "'" }
+
+// retireKeysSQL moves the keys first enqueued in [$1, $2) into their
+// compact form (migration 011), except keys whose instruction is still
+// pending, in flight or a dead letter (it may be dispatched yet, or
+// replayed under its key). A concurrent enqueue of one of these keys waits
+// on its row lock and then either finds the digest or, if its snapshot
+// was older, fails (key_retired_race): it is never enqueued twice.
+const retireKeysSQL = `
+WITH moved AS (
+  DELETE FROM {schema}.idempotency_keys k
+  WHERE k.created_at >= $1 AND k.created_at < $2 AND k.sequence_id IS NOT NULL
+    AND NOT EXISTS (SELECT 1 FROM {schema}.pending p WHERE p.outbox_id = k.outbox_id)
+    AND NOT EXISTS (SELECT 1 FROM {schema}.inflight f WHERE f.outbox_id = k.outbox_id)
+    AND NOT EXISTS (SELECT 1 FROM {schema}.dead_letters d WHERE d.outbox_id = k.outbox_id)
+  RETURNING k.tenant_id, k.instruction_id, k.idempotency_key, k.outbox_id, k.participant_id, k.sequence_id, k.created_at
+)
+INSERT INTO {schema}.retired_keys (digest, outbox_id, tenant_id, participant_id, sequence_id, created_at)
+SELECT {schema}.key_digest(tenant_id, instruction_id, idempotency_key), outbox_id, nullif(tenant_id, ''),
+       participant_id, sequence_id, created_at
+FROM moved`
+
+// RetireKeys moves the idempotency keys first enqueued before `before` into
+// their compact form, one window of enqueue time per transaction (a BRIN
+// index finds each window), and returns how many it moved. A retired key
+// is still refused forever (pending.ErrKeyRetired) but no longer returns
+// its original receipt. DetachArchive's caller retires the keys of the
+// months it detached, so the keys' horizon is never shorter than the
+// attached archive's.
+func (s *Store) RetireKeys(ctx context.Context, db Querier, before time.Time, window time.Duration) (int64, error) {
+	if window <= 0 {
+		window = time.Minute
+	}
+	var from *time.Time
+	// Where the first window starts: a scan of the keys (BRIN cannot give
+	// a minimum), once per call.
+	if err := db.QueryRow(ctx, `SELECT min(created_at) FROM `+s.table("idempotency_keys")+` WHERE created_at < $1`, before).Scan(&from); err != nil {
+		return 0, fmt.Errorf("retire keys: %w", err)
+	}
+	if from == nil {
+		return 0, nil
+	}
+	var n int64
+	for t := *from; t.Before(before); t = t.Add(window) {
+		end := t.Add(window)
+		if end.After(before) {
+			end = before
+		}
+		tag, err := db.Exec(ctx, s.sql.retireKeys, t, end)
+		if err != nil {
+			return n, fmt.Errorf("retire keys %s..%s: %w", t.Format(time.RFC3339), end.Format(time.RFC3339), err)
+		}
+		n += tag.RowsAffected()
+	}
+	return n, nil
+}
+
+// ExportPartition writes one archive partition (attached or detached) to w
+// as CSV with a header line, in (created_at, attempt_id) order, and returns
+// the number of rows.
+func (s *Store) ExportPartition(ctx context.Context, conn *pgx.Conn, name string, w io.Writer) (int64, error) {
+	parts, err := s.Partitions(ctx, conn, false)
+	if err != nil {
+		return 0, err
+	}
+	known := false
+	for _, p := range parts {
+		known = known || p.Name == name
+	}
+	if !known {
+		return 0, fmt.Errorf("%w: %q is not a partition of the archive (outbox archive list)", ErrArchiveLifecycle, name)
+	}
+	tag, err := conn.PgConn().CopyTo(ctx, w, `COPY (SELECT * FROM `+s.table(name)+` ORDER BY created_at, attempt_id) TO STDOUT WITH (FORMAT csv, HEADER true)`)
+	if err != nil {
+		return 0, fmt.Errorf("export %s: %w", name, err)
+	}
+	return tag.RowsAffected(), nil
+}
