@@ -79,7 +79,7 @@ func (s *Store) Partitions(ctx context.Context, db Querier, exact bool) ([]Parti
 func (s *Store) table(name string) string { return pgx.Identifier{s.schema, name}.Sanitize() }
 
 // DetachArchive moves every attached partition that ends at or before
-// `before` (the first of a month, UTC, not after the current month's) out
+// `before` (not in the future; the CLI takes a month) out
 // of attempts into attempts_detached, and returns their names. Nothing is
 // deleted: the rows stay in the database, append-only, in the archive view
 // that verify and trails read. It refuses months that the checkpoints do
@@ -93,18 +93,14 @@ func (s *Store) table(name string) string { return pgx.Identifier{s.schema, name
 // bounds (read without blocking writers), so the move itself is one short
 // transaction that re-attaches without scanning.
 func (s *Store) DetachArchive(ctx context.Context, db Batcher, before time.Time, lockTimeout time.Duration) ([]string, error) {
-	before = before.UTC()
-	if !before.Equal(time.Date(before.Year(), before.Month(), 1, 0, 0, 0, 0, time.UTC)) {
-		return nil, fmt.Errorf("%w: %s is not the first of a month (UTC)", ErrArchiveLifecycle, before.Format(time.RFC3339))
-	}
-	var month, covered time.Time
-	if err := db.QueryRow(ctx, `SELECT date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC',
-	                                  coalesce((SELECT max(period_end) FROM `+s.table("checkpoints")+`), '-infinity')`).
-		Scan(&month, &covered); err != nil {
+	var now, covered time.Time
+	if err := db.QueryRow(ctx, `SELECT now(), coalesce((SELECT max(period_end) FROM `+s.table("checkpoints")+`), 'epoch')`).
+		Scan(&now, &covered); err != nil {
 		return nil, fmt.Errorf("detach archive: %w", err)
 	}
-	if before.After(month) {
-		return nil, fmt.Errorf("%w: cannot detach %s: the month is not over", ErrArchiveLifecycle, before.AddDate(0, -1, 0).Format("2006-01"))
+	if before.After(now) {
+		return nil, fmt.Errorf("%w: cannot detach up to %s: that is in the future (relayers still write there)",
+			ErrArchiveLifecycle, before.UTC().Format(time.RFC3339))
 	}
 	parts, err := s.Partitions(ctx, db, false)
 	if err != nil {

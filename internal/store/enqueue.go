@@ -93,7 +93,7 @@ func (s *Store) Enqueue(ctx context.Context, db Batcher, ins []NewInstruction) (
 	}
 	rows, err := br.Query()
 	if err != nil {
-		return nil, fmt.Errorf("enqueue: read receipts: %w", err)
+		return nil, receiptsError(err)
 	}
 	out := make([]KeyRow, n)
 	seen := make([]bool, n)
@@ -107,11 +107,8 @@ func (s *Store) Enqueue(ctx context.Context, db Batcher, ins []NewInstruction) (
 		kr = KeyRow{}
 		return nil
 	})
-	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == retiredRaceCode {
-		return nil, fmt.Errorf("enqueue: %w: %s", ErrKeyRetired, pgErr.Message)
-	}
 	if err != nil {
-		return nil, fmt.Errorf("enqueue: read receipts: %w", err)
+		return nil, receiptsError(err)
 	}
 	for i, ok := range seen {
 		if !ok {
@@ -119,6 +116,15 @@ func (s *Store) Enqueue(ctx context.Context, db Batcher, ins []NewInstruction) (
 		}
 	}
 	return out, br.Close()
+}
+
+// receiptsError wraps an error of the receipts' lookup; the retirement
+// race (key_retired_race) is ErrKeyRetired.
+func receiptsError(err error) error {
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == retiredRaceCode {
+		return fmt.Errorf("enqueue: %w: %s", ErrKeyRetired, pgErr.Message)
+	}
+	return fmt.Errorf("enqueue: read receipts: %w", err)
 }
 
 // arrayParam is a statement's array parameter: $n::type[].

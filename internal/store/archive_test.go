@@ -1,0 +1,257 @@
+package store_test
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/pending"
+)
+
+// splitCurrentMonth replaces the current month's archive partition (empty:
+// the database is new) by two that meet at `at`, so that a partition
+// boundary, what a new month is to the archive, falls inside the test.
+// It returns the two partitions' names.
+func splitCurrentMonth(t *testing.T, pool *pgxpool.Pool, at time.Time) (string, string) {
+	t.Helper()
+	ctx := t.Context()
+	var start, end time.Time
+	if err := pool.QueryRow(ctx, `SELECT date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'`).Scan(&start); err != nil {
+		t.Fatal(err)
+	}
+	end = start.AddDate(0, 1, 0)
+	if !at.Before(end) {
+		t.Skipf("%v is in the next month: run the test again", at)
+	}
+	first := "attempts_" + start.UTC().Format("2006_01")
+	second := first + "_b"
+	lit := func(tm time.Time) string { return "'" + tm.UTC().Format(time.RFC3339Nano) + "'" }
+	for _, q := range []string{
+		"ALTER TABLE outbox.attempts DETACH PARTITION outbox." + first,
+		"DROP TABLE outbox." + first,
+		fmt.Sprintf("CREATE TABLE outbox.%s PARTITION OF outbox.attempts FOR VALUES FROM (%s) TO (%s)", first, lit(start), lit(at)),
+		fmt.Sprintf("CREATE TABLE outbox.%s PARTITION OF outbox.attempts FOR VALUES FROM (%s) TO (%s)", second, lit(at), lit(end)),
+	} {
+		if _, err := pool.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	return first, second
+}
+
+// partitionStates maps each archive partition to its state.
+func partitionStates(t *testing.T, b *recordBundle) map[string]store.Partition {
+	t.Helper()
+	parts, err := b.st.Partitions(b.ctx, b.pool, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]store.Partition{}
+	for _, p := range parts {
+		out[p.Name] = p
+	}
+	return out
+}
+
+// TestArchiveDetachRetireExport takes an archive through its lifecycle
+// across a partition boundary: history written on both sides of it,
+// detach refused until a checkpoint covers the older partition, then
+// detached (still verified, still in trails, still append-only), its keys
+// retired (a replay of one is refused with ErrKeyRetired and writes
+// nothing; keys of instructions in flight or dead-lettered stay), the
+// partition exported to CSV, and finally dropped, which verify reports.
+func TestArchiveDetachRetireExport(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	boundary := time.Now().Add(1500 * time.Millisecond).Truncate(time.Millisecond)
+	old, current := splitCurrentMonth(t, b.pool, boundary)
+
+	// Before the boundary: three dispatched on p1, a dead letter on p2, one
+	// left in flight on p3.
+	var dispatched []uuid.UUID
+	for i := range 3 {
+		dispatched = append(dispatched, b.enqueue(t, "p1", fmt.Sprintf("old-%d", i)))
+		b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched))
+	}
+	b.enqueue(t, "p2", "old-dead")
+	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Failed))
+	b.enqueue(t, "p3", "old-inflight")
+	b.claimOne(t, "r1", longLease)
+	time.Sleep(time.Until(boundary) + 50*time.Millisecond)
+	fresh := b.enqueue(t, "p1", "new-0")
+	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched))
+
+	parts := partitionStates(t, b)
+	if parts[old].Rows == 0 || parts[current].Rows == 0 || parts[old].State != "attached" {
+		t.Fatalf("the history does not straddle the boundary: %+v", parts)
+	}
+	oldRows := parts[old].Rows
+
+	if _, err := b.st.DetachArchive(b.ctx, b.pool, boundary, time.Second); !errors.Is(err, store.ErrArchiveLifecycle) {
+		t.Fatalf("detach before any checkpoint covers it: %v, want ErrArchiveLifecycle", err)
+	}
+	b.checkpoint(t)
+	detached, err := b.st.DetachArchive(b.ctx, b.pool, boundary, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(detached) != 1 || detached[0] != old {
+		t.Fatalf("detached %v, want [%s]", detached, old)
+	}
+	parts = partitionStates(t, b)
+	if parts[old].State != "detached" || parts[old].Rows != oldRows || parts[current].State != "attached" {
+		t.Fatalf("after detach: %+v", parts)
+	}
+	if got, _ := b.trail(t, dispatched[0]); len(got) != 2 {
+		t.Fatalf("trail of a detached instruction: %v", got)
+	}
+	if _, err := b.pool.Exec(b.ctx, "UPDATE outbox."+old+" SET rail_reference = 'forged'"); err == nil {
+		t.Fatal("a detached partition took an UPDATE")
+	}
+	if again, err := b.st.DetachArchive(b.ctx, b.pool, boundary, time.Second); err != nil || len(again) != 0 {
+		t.Fatalf("detach again: %v %v, want nothing to do", again, err)
+	}
+	b.verifyOK(t)
+
+	retired, err := b.st.RetireKeys(b.ctx, b.pool, boundary, 200*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if retired != 3 {
+		t.Fatalf("retired %d keys, want the 3 dispatched before the boundary", retired)
+	}
+	b.verifyOK(t)
+	var queued int
+	count := func() int {
+		if err := b.pool.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM outbox.pending) + (SELECT count(*) FROM outbox.idempotency_keys)
+		                                 + (SELECT next_sequence_id FROM outbox.sequences WHERE participant_id = 'p1')`).Scan(&queued); err != nil {
+			t.Fatal(err)
+		}
+		return queued
+	}
+	before := count()
+	_, err = b.producer.Enqueue(b.ctx, b.pool, pending.Instruction{
+		InstructionID: "ins-old-0", ParticipantID: "p1", IdempotencyKey: "old-0",
+		RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
+	})
+	var re *pending.RetiredError
+	if !errors.As(err, &re) || !errors.Is(err, pending.ErrKeyRetired) || re.OutboxID != dispatched[0] {
+		t.Fatalf("replay of a retired key: %v, want a RetiredError for %s", err, dispatched[0])
+	}
+	if after := count(); after != before {
+		t.Fatalf("the refused replay wrote something: %d rows before, %d after", before, after)
+	}
+	for _, key := range []string{"old-dead", "old-inflight", "new-0"} {
+		r, err := b.producer.Enqueue(b.ctx, b.pool, pending.Instruction{
+			InstructionID: "ins-" + key, ParticipantID: map[string]string{"old-dead": "p2", "old-inflight": "p3", "new-0": "p1"}[key],
+			IdempotencyKey: key, RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
+		})
+		if err != nil || !r.Duplicate {
+			t.Fatalf("replay of live key %s: %+v %v, want the original receipt", key, r, err)
+		}
+		if key == "new-0" && r.OutboxID != fresh {
+			t.Fatalf("replay of new-0: outbox %s, want %s", r.OutboxID, fresh)
+		}
+	}
+
+	var csv bytes.Buffer
+	conn, err := b.pool.Acquire(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	n, err := b.st.ExportPartition(b.ctx, conn.Conn(), old, &csv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := 0
+	for sc := bufio.NewScanner(&csv); sc.Scan(); lines++ {
+		if lines == 0 && !strings.Contains(sc.Text(), "attempt_id") {
+			t.Fatalf("no header: %q", sc.Text())
+		}
+	}
+	if n != oldRows || int64(lines) != n+1 {
+		t.Fatalf("export: %d rows, %d lines; the partition holds %d rows", n, lines, oldRows)
+	}
+	if _, err := b.st.ExportPartition(b.ctx, conn.Conn(), "pending", &csv); !errors.Is(err, store.ErrArchiveLifecycle) {
+		t.Fatalf("export of a table that is not an archive partition: %v", err)
+	}
+
+	// Dropping the detached month (after the export, say) is what the
+	// checkpoints detect.
+	if _, err := b.pool.Exec(b.ctx, "DROP TABLE outbox."+old); err != nil {
+		t.Fatal(err)
+	}
+	wantBreak(t, b.verifyTampered(t, nil), "checkpoint digests")
+}
+
+// TestRetiredKeyRace: a key retired while an enqueue of it waits on the
+// old row's lock is refused (the enqueue's transaction fails) and never
+// enqueued twice.
+func TestRetiredKeyRace(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	id := b.enqueue(t, "p1", "k-race")
+	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched))
+	horizon := time.Now().Add(time.Millisecond)
+	time.Sleep(5 * time.Millisecond)
+
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx)
+	if n, err := b.st.RetireKeys(b.ctx, tx, horizon, time.Hour); err != nil || n != 1 {
+		t.Fatalf("retire: %d %v", n, err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		err := pgx.BeginFunc(b.ctx, b.pool, func(ptx pgx.Tx) error {
+			_, err := b.producer.Enqueue(b.ctx, ptx, pending.Instruction{
+				InstructionID: "ins-k-race", ParticipantID: "p1", IdempotencyKey: "k-race",
+				RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
+			})
+			return err
+		})
+		done <- err
+	}()
+	// Wait until the enqueue waits on the retirement's row lock.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var waiting bool
+		if err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database())`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the enqueue never waited on the retiring transaction")
+		}
+	}
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = <-done
+	if !errors.Is(err, pending.ErrKeyRetired) {
+		t.Fatalf("enqueue racing the retirement: %v, want ErrKeyRetired", err)
+	}
+	var live, pendingRows int
+	if err := b.pool.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM outbox.idempotency_keys WHERE idempotency_key = 'k-race'),
+	                                         (SELECT count(*) FROM outbox.pending)`).Scan(&live, &pendingRows); err != nil {
+		t.Fatal(err)
+	}
+	if live != 0 || pendingRows != 0 {
+		t.Fatalf("after the race: %d live keys, %d pending rows; want none", live, pendingRows)
+	}
+	b.verifyOK(t)
+	_ = id
+}
