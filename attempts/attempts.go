@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/ledgerline/outbox/internal/store"
 )
@@ -84,6 +85,13 @@ type DB = store.Batcher
 
 // TxBeginner starts transactions; *pgxpool.Pool and *pgx.Conn satisfy it.
 type TxBeginner = store.TxBeginner
+
+// Partition is one range (a month) of the archive, attached or detached.
+type Partition = store.Partition
+
+// ErrArchiveLifecycle is returned for a detach or export that cannot be
+// done as asked; nothing is changed.
+var ErrArchiveLifecycle = store.ErrArchiveLifecycle
 
 // Archive reads the archive of one schema.
 type Archive struct {
@@ -162,4 +170,34 @@ func (a *Archive) TakeCheckpoint(ctx context.Context, db DB, settle time.Duratio
 // Checkpoints returns every checkpoint, oldest first, for export.
 func (a *Archive) Checkpoints(ctx context.Context, db DB) ([]Checkpoint, error) {
 	return a.store.Checkpoints(ctx, db)
+}
+
+// Partitions lists the archive's partitions, attached and detached, oldest
+// first; with exact, each one's rows are counted (a read of the whole
+// archive: run it on a replica) instead of estimated.
+func (a *Archive) Partitions(ctx context.Context, db DB, exact bool) ([]Partition, error) {
+	return a.store.Partitions(ctx, db, exact)
+}
+
+// Detach moves every attached partition that ends at or before `before`
+// out of the table relayers write to, then retires the idempotency keys
+// first enqueued before it into their compact form (refused forever, but
+// without their original receipt). Nothing is deleted: detached months
+// stay in the database, append-only, and are still verified and shown in
+// trails. It refuses months the checkpoints do not cover yet and gives up
+// on a partition whose lock it cannot get within lockTimeout rather than
+// stall relayers. It needs the schema's owner.
+func (a *Archive) Detach(ctx context.Context, db DB, before time.Time, lockTimeout time.Duration) (detached []string, retired int64, err error) {
+	detached, err = a.store.DetachArchive(ctx, db, before, lockTimeout)
+	if err != nil {
+		return detached, 0, err
+	}
+	retired, err = a.store.RetireKeys(ctx, db, before, time.Minute)
+	return detached, retired, err
+}
+
+// Export writes one archive partition to w as CSV (a header line, then the
+// rows in (created_at, attempt_id) order) and returns its row count.
+func (a *Archive) Export(ctx context.Context, conn *pgx.Conn, partition string, w io.Writer) (int64, error) {
+	return a.store.ExportPartition(ctx, conn, partition, w)
 }
