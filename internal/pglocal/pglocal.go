@@ -616,3 +616,34 @@ func processAlive(pid int) bool {
 	i := bytes.LastIndexByte(stat, ')')
 	return err != nil || i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
 }
+
+// StartReplica starts a hot standby of c that streams from it: a base
+// backup of c (pg_basebackup -R, as the server account, over c's socket)
+// in a fresh ephemeral directory, started with opts (its DataDir and
+// Ephemeral are set here; Stop removes it). c must allow replication
+// connections from its server account, as initdb's trust setup does.
+func (c *Cluster) StartReplica(ctx context.Context, opts Options) (*Cluster, error) {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	scratch, err := c.as.makeScratch()
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Join(scratch, "data")
+	if err := run(ctx, c.bin, c.as, "pg_basebackup", "-D", dir, "-R", "-X", "stream", "-c", "fast",
+		"-h", c.socketDir, "-p", strconv.Itoa(c.port), "-U", "postgres"); err != nil {
+		os.RemoveAll(scratch)
+		return nil, err
+	}
+	opts.DataDir, opts.Ephemeral = dir, true
+	if opts.BinDir == "" {
+		opts.BinDir = c.bin
+	}
+	r, err := Start(ctx, opts)
+	if err != nil {
+		os.RemoveAll(scratch)
+		return nil, err
+	}
+	r.remove = append(r.remove, scratch)
+	return r, nil
+}

@@ -95,7 +95,7 @@ type statements struct {
 	trailByOutbox, trailByInstruction              string
 	deadLetters                                    string
 	listPending                                    string
-	snapshot                                       string
+	snapshot, idleRelayers                         string
 	verifyCounts                                   string
 	verifyChecks                                   []string
 	registerIdle, unregisterIdle                   string
@@ -132,6 +132,7 @@ func renderStatements(schema string) statements {
 		deadLetters:        q(deadLettersSQL),
 		listPending:        q(listPendingSQL),
 		snapshot:           q(snapshotSQL),
+		idleRelayers:       q(idleRelayersSQL),
 		verifyCounts:       q(verifyCountsSQL),
 		registerIdle:       q(registerIdleSQL),
 		unregisterIdle:     q(unregisterIdleSQL),
