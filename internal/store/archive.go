@@ -161,7 +161,9 @@ func (s *Store) detachPartition(ctx context.Context, db Batcher, p Partition, lo
 
 // quoteTime is a timestamptz literal for DDL, which takes no parameters.
 // The value comes from the catalog, never from input.
-func quoteTime(t time.Time) string { return "'" + t.UTC().Format("2006-01-02 15:04:05.999999Z07:00") + "'" }
+func quoteTime(t time.Time) string {
+	return "'" + t.UTC().Format("2006-01-02 15:04:05.999999Z07:00") + "'"
+}
 
 // retireKeysSQL moves the keys first enqueued in [$1, $2) into their
 // compact form (migration 011), except keys whose instruction is still
