@@ -115,6 +115,23 @@ func New(pool *pgxpool.Pool, cfg Config) (*Relayer, error) {
 // ID returns the relayer id recorded in attempt rows.
 func (r *Relayer) ID() string { return r.cfg.RelayerID }
 
+// Health is what a readiness probe needs to know about a relayer.
+type Health struct {
+	Running   bool // started, and no stop has begun
+	Listening bool // its LISTEN connection is up
+	PollOnly  bool // LISTEN is off by configuration (Config.PollOnly)
+}
+
+// Health reports whether the relayer runs and whether its listener is
+// connected.
+func (r *Relayer) Health() Health {
+	h := Health{Running: r.lc.Serving(), PollOnly: r.cfg.PollOnly}
+	if run := r.current.Load(); run != nil && h.Running {
+		h.Listening = run.listening.Load()
+	}
+	return h
+}
+
 // Stats returns a snapshot of the counters.
 func (r *Relayer) Stats() Stats {
 	s := &r.stats

@@ -32,6 +32,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"sync"
+	"sync/atomic"
 )
 
 // ErrAlreadyStarted is returned by Start on a running service.
@@ -49,6 +50,9 @@ type Lifecycle struct {
 	// channel rather than a mutex, so that waiting for it honours a context.
 	token chan struct{}
 	stop  StopFunc // nil while stopped; read and written holding the token
+	// serving is true from a successful start until a stop begins; read
+	// without the token, so a probe never waits for a slow stop.
+	serving atomic.Bool
 }
 
 func (l *Lifecycle) acquire(ctx context.Context) error {
@@ -78,6 +82,7 @@ func (l *Lifecycle) Start(ctx context.Context, start func(ctx context.Context) (
 		return err
 	}
 	l.stop = stop
+	l.serving.Store(true)
 	return nil
 }
 
@@ -92,6 +97,7 @@ func (l *Lifecycle) Stop(ctx context.Context) error {
 		return nil
 	}
 	l.stop = nil
+	l.serving.Store(false)
 	return stop(ctx)
 }
 
@@ -102,6 +108,10 @@ func (l *Lifecycle) Running() bool {
 	defer l.release()
 	return l.stop != nil
 }
+
+// Serving reports, without waiting, whether the service started and no
+// stop has begun: what a readiness probe asks.
+func (l *Lifecycle) Serving() bool { return l.serving.Load() }
 
 // ProcessID returns an id for a service of this process: host, pid and a
 // random suffix (two services of one process get different ids). It names

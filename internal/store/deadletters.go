@@ -35,7 +35,16 @@ type DeadLetter struct {
 // DeadLetters lists dead letters, oldest failure first; acknowledged ones
 // only when all is true.
 func (s *Store) DeadLetters(ctx context.Context, db Querier, all bool, limit int) ([]DeadLetter, error) {
-	rows, err := db.Query(ctx, s.sql.deadLetters, all, limit)
+	return s.DeadLettersAfter(ctx, db, all, Cursor{}, limit)
+}
+
+// DeadLettersAfter is one page of DeadLetters: those after the cursor
+// (failed_at, outbox_id) of the previous page's last row.
+func (s *Store) DeadLettersAfter(ctx context.Context, db Querier, all bool, after Cursor, limit int) ([]DeadLetter, error) {
+	if after.At.IsZero() {
+		after.At = time.Unix(0, 0)
+	}
+	rows, err := db.Query(ctx, s.sql.deadLetters, all, limit, after.At, after.ID)
 	if err != nil {
 		return nil, fmt.Errorf("dead letters: %w", err)
 	}
@@ -45,5 +54,24 @@ func (s *Store) DeadLetters(ctx context.Context, db Querier, all bool, limit int
 const deadLettersSQL = `
 SELECT outbox_id, instruction_id, participant_id, sequence_id, rail_type, tenant_id, correlation_id,
        attempt_count, error_code, error_message, created_at, failed_at, acknowledged_at, acknowledged_by, outcome_unknown
-FROM {schema}.dead_letters WHERE $1 OR acknowledged_at IS NULL
+FROM {schema}.dead_letters WHERE ($1 OR acknowledged_at IS NULL) AND (failed_at, outbox_id) > ($3, $4)
 ORDER BY failed_at, outbox_id LIMIT $2`
+
+// DeadLetter returns the dead letter of an outbox id, or nil if there is
+// none.
+func (s *Store) DeadLetter(ctx context.Context, db Querier, outboxID uuid.UUID) (*DeadLetter, error) {
+	rows, err := db.Query(ctx, s.sql.deadLetter, outboxID)
+	if err != nil {
+		return nil, fmt.Errorf("dead letter: %w", err)
+	}
+	dls, err := pgx.CollectRows(rows, pgx.RowToStructByPos[DeadLetter])
+	if err != nil || len(dls) == 0 {
+		return nil, err
+	}
+	return &dls[0], nil
+}
+
+const deadLetterSQL = `
+SELECT outbox_id, instruction_id, participant_id, sequence_id, rail_type, tenant_id, correlation_id,
+       attempt_count, error_code, error_message, created_at, failed_at, acknowledged_at, acknowledged_by, outcome_unknown
+FROM {schema}.dead_letters WHERE outbox_id = $1`

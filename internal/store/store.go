@@ -102,6 +102,9 @@ type statements struct {
 	ensurePartitions                               string
 	takeCheckpoint, checkpoints                    string
 	retireKeys                                     string
+	listQueued, listInFlight, participant          string
+	participantHead, lastError                     string
+	railActivity, liveRelayers, deadLetter         string
 	verifyChains, verifyCheckpoints, verifyDigests string
 }
 
@@ -139,6 +142,14 @@ func renderStatements(schema string) statements {
 		ensurePartitions:   q(ensurePartitionsSQL),
 		takeCheckpoint:     q(takeCheckpointSQL),
 		retireKeys:         q(retireKeysSQL),
+		listQueued:         q(listQueuedSQL),
+		listInFlight:       q(listInFlightSQL),
+		participant:        q(participantSQL),
+		participantHead:    q(participantHeadSQL),
+		lastError:          q(lastErrorSQL),
+		railActivity:       q(railActivitySQL),
+		liveRelayers:       q(liveRelayersSQL),
+		deadLetter:         q(deadLetterSQL),
 		checkpoints:        q(checkpointsSQL),
 		verifyChains:       q(verifyChainsSQL),
 		verifyCheckpoints:  q(verifyCheckpointsSQL),

@@ -1,0 +1,161 @@
+// Package admin is the relayer's admin address: health probes (/healthz,
+// /readyz) and a JSON API for operations (queue overview, instructions by
+// participant, rail and state, a participant's view of why it is not
+// moving, dead letters with replay and acknowledge, attempt trails, audit
+// verify on demand).
+//
+// Every API request needs a credential (Authorization: Bearer SECRET) of
+// one of two roles: auditor (read) or operator (also replay and
+// acknowledge). Secrets are compared in constant time and never logged; a
+// refused request is logged without its credential. Replays and
+// acknowledgements are archived with the token's name as who acted and a
+// required reason.
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerline/outbox/engine"
+	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/rails"
+)
+
+// DefaultDegradedAfter is the oldest due instruction's age from which
+// /readyz answers degraded.
+const DefaultDegradedAfter = time.Minute
+
+// ErrInvalidConfig is returned by New for a configuration it cannot use.
+var ErrInvalidConfig = errors.New("admin: invalid config")
+
+// Config configures a Server.
+type Config struct {
+	// Pool is the database; required.
+	Pool *pgxpool.Pool
+	// Schema holding the outbox tables; "" means the default.
+	Schema string
+	// Tokens are the credentials the API accepts; at least one.
+	Tokens []Token
+	// Rails, if set, reports its rails' breaker states (overview, readyz).
+	Rails *rails.Set
+	// Relayer, if set, is this process's relayer, whose listener and
+	// running state /readyz checks.
+	Relayer *engine.Relayer
+	// DegradedAfter is the oldest due age that makes /readyz degraded
+	// (0: DefaultDegradedAfter).
+	DegradedAfter time.Duration
+	// Logger receives refused requests and operator actions (nil: none).
+	Logger *slog.Logger
+}
+
+// Server serves the admin address. Create it with New; mount Handler.
+type Server struct {
+	cfg      Config
+	store    *store.Store
+	log      *slog.Logger
+	stopping atomic.Bool
+}
+
+// New validates cfg and returns a Server.
+func New(cfg Config) (*Server, error) {
+	if cfg.Pool == nil {
+		return nil, fmt.Errorf("%w: nil pool", ErrInvalidConfig)
+	}
+	if len(cfg.Tokens) == 0 {
+		return nil, fmt.Errorf("%w: no tokens: every request needs a credential", ErrInvalidConfig)
+	}
+	st, err := store.New(cfg.Schema)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if cfg.DegradedAfter <= 0 {
+		cfg.DegradedAfter = DefaultDegradedAfter
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Server{cfg: cfg, store: st, log: log}, nil
+}
+
+// SetStopping makes /readyz answer 503 from now on: the process is
+// shutting down and should get no new traffic.
+func (s *Server) SetStopping() { s.stopping.Store(true) }
+
+// Handler routes the admin address: /healthz and /readyz without
+// credentials (probes), /api/v1/... with them.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.HandleFunc("GET /readyz", s.readyz)
+	api := func(pattern string, role Role, h func(w http.ResponseWriter, r *http.Request, who Token)) {
+		mux.Handle(pattern, s.authorize(role, h))
+	}
+	api("GET /api/v1/overview", RoleAuditor, s.overview)
+	api("GET /api/v1/instructions", RoleAuditor, s.instructions)
+	api("GET /api/v1/participants/{id}", RoleAuditor, s.participant)
+	api("GET /api/v1/dead-letters", RoleAuditor, s.deadLetters)
+	api("POST /api/v1/dead-letters/{id}/replay", RoleOperator, s.replay)
+	api("POST /api/v1/dead-letters/{id}/acknowledge", RoleOperator, s.acknowledge)
+	api("GET /api/v1/trail/{id}", RoleAuditor, s.trail)
+	api("GET /api/v1/trail", RoleAuditor, s.trail)
+	api("POST /api/v1/verify", RoleAuditor, s.verify)
+	return mux
+}
+
+// authorize wraps an API handler: a request without a known credential
+// gets 401, one whose credential's role is too weak 403. The credential
+// is never logged.
+func (s *Server) authorize(need Role, h func(w http.ResponseWriter, r *http.Request, who Token)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		secret, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		who, known := match(s.cfg.Tokens, secret)
+		switch {
+		case !ok || !known:
+			reason := "no credential"
+			if ok {
+				reason = "unknown credential"
+			}
+			s.log.Warn("admin: refused request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "reason", reason)
+			w.Header().Set("WWW-Authenticate", `Bearer realm="outbox"`)
+			writeError(w, http.StatusUnauthorized, "a valid credential is required")
+		case need == RoleOperator && who.Role != RoleOperator:
+			s.log.Warn("admin: refused request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr,
+				"token", who.Name, "reason", "needs the operator role")
+			writeError(w, http.StatusForbidden, "this needs an operator credential")
+		default:
+			h(w, r, who)
+		}
+	})
+}
+
+// writeJSON writes v with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeError writes {"error": msg} with status.
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]string{"error": msg})
+}
+
+// internalError logs err and answers 500 without its details.
+func (s *Server) internalError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, context.Canceled) {
+		return
+	}
+	s.log.Error("admin: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	writeError(w, http.StatusInternalServerError, "internal error (logged)")
+}

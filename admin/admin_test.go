@@ -1,0 +1,379 @@
+package admin_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerline/outbox/admin"
+	"github.com/ledgerline/outbox/engine"
+	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/payment"
+	"github.com/ledgerline/outbox/pending"
+	"github.com/ledgerline/outbox/rails"
+	"github.com/ledgerline/outbox/relay"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+const (
+	auditorSecret  = "auditor-secret-0123456789"
+	operatorSecret = "operator-secret-0123456789"
+)
+
+// bundle is one test's database, admin server and the tools to build
+// states with the real producer and store.
+type bundle struct {
+	ctx      context.Context
+	pool     *pgxpool.Pool
+	st       *store.Store
+	producer *pending.Producer
+	srv      *admin.Server
+	url      string
+	logs     *bytes.Buffer
+	logMu    *sync.Mutex
+}
+
+func setup(t *testing.T, cfg admin.Config) *bundle {
+	t.Helper()
+	pool := testdb.New(t)
+	st, err := store.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	producer, err := pending.NewProducer(pending.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks, err := admin.ParseTokens(strings.NewReader("# who may do what\nauditor audra " + auditorSecret + "\noperator oscar " + operatorSecret + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	cfg.Pool, cfg.Tokens = pool, toks
+	cfg.Logger = slog.New(slog.NewTextHandler(lockedWriter{&logs, &mu}, nil))
+	srv, err := admin.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	return &bundle{ctx: t.Context(), pool: pool, st: st, producer: producer, srv: srv, url: hs.URL, logs: &logs, logMu: &mu}
+}
+
+type lockedWriter struct {
+	b  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+// call makes one request with secret ("" for none) and decodes the JSON
+// answer into out (when not nil); it returns the status.
+func (b *bundle) call(t *testing.T, method, path, secret string, body any, out any) int {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		data, err := json.Marshal(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd = bytes.NewReader(data)
+	}
+	req, err := http.NewRequestWithContext(b.ctx, method, b.url+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if secret != "" {
+		req.Header.Set("Authorization", "Bearer "+secret)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			t.Fatalf("%s %s: %d %q: %v", method, path, resp.StatusCode, data, err)
+		}
+	}
+	return resp.StatusCode
+}
+
+func (b *bundle) enqueue(t *testing.T, participant, key string) uuid.UUID {
+	t.Helper()
+	r, err := b.producer.Enqueue(b.ctx, b.pool, pending.Instruction{
+		InstructionID: "ins-" + key, ParticipantID: participant, IdempotencyKey: key,
+		RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.OutboxID
+}
+
+// claim claims the participant's head for relayer with lease.
+func (b *bundle) claim(t *testing.T, relayer string, lease time.Duration) store.Claimed {
+	t.Helper()
+	c, err := b.st.Claim(b.ctx, b.pool, store.ClaimParams{RelayerID: relayer, Limit: 1, Leases: map[string]time.Duration{"sandbox": lease}})
+	if err != nil || len(c) != 1 {
+		t.Fatalf("claim: %v %v", c, err)
+	}
+	return c[0]
+}
+
+// record records an outcome of c.
+func (b *bundle) record(t *testing.T, c store.Claimed, state store.State, code string, retry time.Duration) {
+	t.Helper()
+	id, err := uuid.NewV7()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := store.Outcome{Identity: c.Identity, AttemptID: id, ClaimAttemptID: c.AttemptID, AttemptNo: c.AttemptNo,
+		RelayerID: "r1", ClaimedAt: c.ClaimedAt, State: state, ErrorCode: code, RetryDelay: retry, CountAttempt: true}
+	if state == store.Dispatched {
+		o.RailReference = "ref"
+	}
+	if _, _, err := b.st.Record(b.ctx, b.pool, []store.Outcome{o}, store.HandoffParams{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCredentials: no credential and a wrong one get 401, an auditor's
+// replay 403; refusals are logged without the credential.
+func TestCredentials(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	id := uuid.Must(uuid.NewV7())
+	if code := b.call(t, "GET", "/api/v1/overview", "", nil, nil); code != http.StatusUnauthorized {
+		t.Errorf("no credential: %d", code)
+	}
+	if code := b.call(t, "GET", "/api/v1/overview", "wrong-secret-0123456789", nil, nil); code != http.StatusUnauthorized {
+		t.Errorf("wrong credential: %d", code)
+	}
+	if code := b.call(t, "POST", "/api/v1/dead-letters/"+id.String()+"/replay", auditorSecret, map[string]string{"reason": "x"}, nil); code != http.StatusForbidden {
+		t.Errorf("auditor replay: %d", code)
+	}
+	if code := b.call(t, "GET", "/api/v1/overview", auditorSecret, nil, nil); code != http.StatusOK {
+		t.Errorf("auditor overview: %d", code)
+	}
+	if code := b.call(t, "POST", "/api/v1/dead-letters/"+id.String()+"/replay", operatorSecret, map[string]string{"reason": "x"}, nil); code != http.StatusNotFound {
+		t.Errorf("operator replay of no dead letter: %d", code)
+	}
+	if code := b.call(t, "POST", "/api/v1/dead-letters/"+id.String()+"/replay", operatorSecret, map[string]string{}, nil); code != http.StatusBadRequest {
+		t.Errorf("operator replay without a reason: %d", code)
+	}
+	b.logMu.Lock()
+	logs := b.logs.String()
+	b.logMu.Unlock()
+	if strings.Count(logs, "refused request") != 3 {
+		t.Errorf("want 3 refusals logged:\n%s", logs)
+	}
+	for _, secret := range []string{"wrong-secret", auditorSecret, operatorSecret} {
+		if strings.Contains(logs, secret) {
+			t.Errorf("a credential was logged:\n%s", logs)
+		}
+	}
+}
+
+// TestReplayEndToEnd: a dead letter is listed, replayed by an operator
+// with a reason, dispatched by a relayer, and its trail shows who replayed
+// it and why.
+func TestReplayEndToEnd(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	id := b.enqueue(t, "p1", "k1")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
+
+	var dls admin.Page[store.DeadLetter]
+	if code := b.call(t, "GET", "/api/v1/dead-letters", auditorSecret, nil, &dls); code != 200 || len(dls.Items) != 1 || dls.Items[0].OutboxID != id {
+		t.Fatalf("dead letters: %d %+v", code, dls)
+	}
+	var res admin.ActionResult
+	if code := b.call(t, "POST", "/api/v1/dead-letters/"+id.String()+"/replay", operatorSecret,
+		map[string]string{"reason": "beneficiary bank fixed the account"}, &res); code != 200 || !res.Done || res.By != "oscar" {
+		t.Fatalf("replay: %d %+v", code, res)
+	}
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := relay.New(b.pool, relay.Config{Relayer: engine.Config{Rails: set, PollInterval: 50 * time.Millisecond}, NoReaper: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Stop(context.Background())
+	var trail struct{ Attempts []store.Attempt }
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		b.call(t, "GET", "/api/v1/trail/"+id.String(), auditorSecret, nil, &trail)
+		if n := len(trail.Attempts); n > 0 && trail.Attempts[n-1].State == store.Dispatched {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not dispatched after the replay: %+v", trail.Attempts)
+		}
+	}
+	var states []string
+	var replayed *store.Attempt
+	for i, a := range trail.Attempts {
+		states = append(states, string(a.State))
+		if a.State == store.Replayed {
+			replayed = &trail.Attempts[i]
+		}
+	}
+	if got := strings.Join(states, " "); got != "DISPATCHING FAILED REPLAYED DISPATCHING DISPATCHED" {
+		t.Fatalf("trail %s", got)
+	}
+	if replayed.RelayerID == nil || *replayed.RelayerID != "oscar" || replayed.ErrorMessage == nil || !strings.Contains(*replayed.ErrorMessage, "beneficiary bank fixed the account") {
+		t.Fatalf("the REPLAYED row does not say who and why: %+v", replayed)
+	}
+	if code := b.call(t, "GET", "/api/v1/dead-letters", auditorSecret, nil, &dls); code != 200 || len(dls.Items) != 0 {
+		t.Fatalf("dead letters after the replay: %+v", dls)
+	}
+}
+
+// TestPaginationIsStableUnderInserts pages through pending instructions
+// while new ones are enqueued: every instruction that was there at the
+// start is seen exactly once, in order.
+func TestPaginationIsStableUnderInserts(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	want := map[uuid.UUID]bool{}
+	for i := range 25 {
+		want[b.enqueue(t, fmt.Sprintf("p%d", i), fmt.Sprintf("k%d", i))] = true
+	}
+	seen := map[uuid.UUID]int{}
+	var last time.Time
+	next, pages := "", 0
+	for {
+		var p admin.Page[store.Queued]
+		if code := b.call(t, "GET", "/api/v1/instructions?state=pending&limit=7&after="+next, auditorSecret, nil, &p); code != 200 {
+			t.Fatalf("page %d: %d", pages, code)
+		}
+		pages++
+		for _, q := range p.Items {
+			seen[q.OutboxID]++
+			if q.EnqueuedAt.Before(last) {
+				t.Fatalf("out of order at %s", q.OutboxID)
+			}
+			last = q.EnqueuedAt
+		}
+		// Concurrent producers: new instructions land while we page.
+		b.enqueue(t, "late", fmt.Sprintf("late-%d", pages))
+		if p.Next == "" || pages > 20 {
+			break
+		}
+		next = p.Next
+	}
+	for id := range want {
+		if seen[id] != 1 {
+			t.Errorf("instruction %s seen %d times", id, seen[id])
+		}
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Errorf("instruction %s seen %d times", id, n)
+		}
+	}
+	if pages < 4 {
+		t.Errorf("only %d pages of 7 for 25+ instructions", pages)
+	}
+	if code := b.call(t, "GET", "/api/v1/instructions?after=garbage", auditorSecret, nil, nil); code != http.StatusBadRequest {
+		t.Errorf("malformed cursor: %d", code)
+	}
+}
+
+// TestParticipantView: the participant view explains each blocked state.
+func TestParticipantView(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	view := func(p string) store.ParticipantView {
+		t.Helper()
+		var v store.ParticipantView
+		if code := b.call(t, "GET", "/api/v1/participants/"+p, auditorSecret, nil, &v); code != 200 {
+			t.Fatalf("participant %s: %d", p, code)
+		}
+		return v
+	}
+	if v := view("nobody"); v.State != "clear" || v.Head != nil {
+		t.Fatalf("unknown participant: %+v", v)
+	}
+	b.enqueue(t, "p1", "k1")
+	b.enqueue(t, "p1", "k2")
+	if v := view("p1"); v.State != "due" || v.Head.SequenceID != 1 || v.Queued != 2 || !strings.Contains(v.Reason, "waiting for a relayer") {
+		t.Fatalf("due: %+v", v)
+	}
+	c := b.claim(t, "relayer-a", time.Hour)
+	if v := view("p1"); v.State != "in_flight" || v.Head.RelayerID != "relayer-a" || !strings.Contains(v.Reason, "in flight on relayer relayer-a since") {
+		t.Fatalf("in flight: %+v", v)
+	}
+	b.record(t, c, store.Retryable, "RAIL_UNAVAILABLE", time.Hour)
+	if v := view("p1"); v.State != "retry_wait" || v.LastError != "RAIL_UNAVAILABLE" || !strings.Contains(v.Reason, "waits for its next attempt until") {
+		t.Fatalf("waiting for retry: %+v", v)
+	}
+	b.enqueue(t, "p2", "k3")
+	b.claim(t, "relayer-b", 10*time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	if v := view("p2"); v.State != "stuck" || !strings.Contains(v.Reason, "presumed dead") {
+		t.Fatalf("stuck: %+v", v)
+	}
+	var page admin.Page[store.Queued]
+	if code := b.call(t, "GET", "/api/v1/instructions?state=in_flight&participant=p2", auditorSecret, nil, &page); code != 200 ||
+		len(page.Items) != 1 || page.Items[0].State != "stuck" {
+		t.Fatalf("in flight for p2: %d %+v", code, page)
+	}
+	c2 := b.enqueue(t, "p3", "k4")
+	b.record(t, b.claim(t, "relayer-c", time.Hour), store.Dispatched, "", 0)
+	if v := view("p3"); v.State != "clear" || v.Allocated != 1 {
+		t.Fatalf("clear after dispatch of %s: %+v", c2, v)
+	}
+}
+
+// TestReadiness: ready on a migrated database, degraded when the oldest
+// due instruction is older than the threshold, not ready once stopping.
+func TestReadiness(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{DegradedAfter: 20 * time.Millisecond})
+	var rd admin.Readiness
+	if code := b.call(t, "GET", "/readyz", "", nil, &rd); code != 200 || rd.Status != "ready" {
+		t.Fatalf("readyz: %d %+v", code, rd)
+	}
+	b.enqueue(t, "p1", "k1")
+	time.Sleep(50 * time.Millisecond)
+	if code := b.call(t, "GET", "/readyz", "", nil, &rd); code != 200 || rd.Status != "degraded" || len(rd.Reasons) != 1 {
+		t.Fatalf("readyz with a late queue: %d %+v", code, rd)
+	}
+	b.srv.SetStopping()
+	if code := b.call(t, "GET", "/readyz", "", nil, &rd); code != http.StatusServiceUnavailable || rd.Status != "not_ready" {
+		t.Fatalf("readyz while stopping: %d %+v", code, rd)
+	}
+	var h map[string]string
+	if code := b.call(t, "GET", "/healthz", "", nil, &h); code != 200 || h["status"] != "alive" {
+		t.Fatalf("healthz: %d %v", code, h)
+	}
+}

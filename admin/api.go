@@ -1,0 +1,335 @@
+package admin
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+
+	"github.com/ledgerline/outbox/internal/store"
+)
+
+// Page limits for the listing endpoints.
+const (
+	defaultPageSize = 50
+	maxPageSize     = 500
+)
+
+// activityWindow is how far back the overview counts outcomes and looks
+// for live relayers.
+const activityWindow = 5 * time.Minute
+
+// Overview is the queue at a glance.
+type Overview struct {
+	Queue    store.Snapshot      `json:"queue"`
+	Rails    []RailOverview      `json:"rails"`
+	Relayers []store.LiveRelayer `json:"relayers"` // wrote to the archive or held a lease in the last 5 minutes
+	Window   string              `json:"activity_window"`
+}
+
+// RailOverview is one rail's breaker and its last five minutes.
+type RailOverview struct {
+	Rail    string `json:"rail"`
+	Breaker string `json:"breaker"` // closed, half-open, open; "" when this process has no rail set
+	store.RailActivity
+	// ErrorRate is the share of outcomes that were retryable or failed.
+	ErrorRate float64 `json:"error_rate"`
+}
+
+func (s *Server) overview(w http.ResponseWriter, r *http.Request, _ Token) {
+	ov, err := s.Overview(r.Context())
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, ov)
+}
+
+// Overview reads the queue's overview.
+func (s *Server) Overview(ctx context.Context) (Overview, error) {
+	ov := Overview{Window: activityWindow.String()}
+	var err error
+	if ov.Queue, err = s.store.Snapshot(ctx, s.cfg.Pool); err != nil {
+		return ov, err
+	}
+	activity, err := s.store.RailActivity(ctx, s.cfg.Pool, activityWindow)
+	if err != nil {
+		return ov, err
+	}
+	byRail := map[string]store.RailActivity{}
+	for _, a := range activity {
+		byRail[a.RailType] = a
+	}
+	var names []string
+	if s.cfg.Rails != nil {
+		names = s.cfg.Rails.Types()
+	}
+	for _, a := range activity {
+		if !contains(names, a.RailType) {
+			names = append(names, a.RailType)
+		}
+	}
+	for _, n := range names {
+		a, ok := byRail[n]
+		if !ok {
+			a = store.RailActivity{RailType: n, ErrorCodes: map[string]int64{}}
+		}
+		ro := RailOverview{Rail: n, RailActivity: a}
+		if total := a.Dispatched + a.Retryable + a.Failed; total > 0 {
+			ro.ErrorRate = float64(a.Retryable+a.Failed) / float64(total)
+		}
+		if s.cfg.Rails != nil && contains(s.cfg.Rails.Types(), n) {
+			ro.Breaker = s.cfg.Rails.State(n).String()
+		}
+		ov.Rails = append(ov.Rails, ro)
+	}
+	ov.Relayers, err = s.store.LiveRelayers(ctx, s.cfg.Pool, activityWindow)
+	return ov, err
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Page is a listing's page: Next is the cursor of the next page ("" at
+// the end).
+type Page[T any] struct {
+	Items []T    `json:"items"`
+	Next  string `json:"next"`
+}
+
+// encodeCursor and decodeCursor turn a keyset position into an opaque
+// token and back.
+func encodeCursor(c store.Cursor) string {
+	return base64.RawURLEncoding.EncodeToString(fmt.Appendf(nil, "%d:%s", c.At.UnixNano(), c.ID))
+}
+
+func decodeCursor(s string) (store.Cursor, error) {
+	if s == "" {
+		return store.Cursor{}, nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return store.Cursor{}, errors.New("malformed cursor")
+	}
+	ns, id, ok := strings.Cut(string(b), ":")
+	n, err1 := strconv.ParseInt(ns, 10, 64)
+	u, err2 := uuid.FromString(id)
+	if !ok || err1 != nil || err2 != nil {
+		return store.Cursor{}, errors.New("malformed cursor")
+	}
+	return store.Cursor{At: time.Unix(0, n), ID: u}, nil
+}
+
+// pageParams reads ?after= and ?limit=.
+func pageParams(r *http.Request) (store.Cursor, int, error) {
+	after, err := decodeCursor(r.URL.Query().Get("after"))
+	if err != nil {
+		return after, 0, err
+	}
+	limit := defaultPageSize
+	if l := r.URL.Query().Get("limit"); l != "" {
+		if limit, err = strconv.Atoi(l); err != nil || limit < 1 || limit > maxPageSize {
+			return after, 0, fmt.Errorf("limit must be 1 to %d", maxPageSize)
+		}
+	}
+	return after, limit, nil
+}
+
+// instructions lists pending (?state=pending, the default) or in-flight
+// (?state=in_flight) instructions, filtered by ?participant= and ?rail=.
+func (s *Server) instructions(w http.ResponseWriter, r *http.Request, _ Token) {
+	after, limit, err := pageParams(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	q := r.URL.Query()
+	f := store.QueuedFilter{Participant: q.Get("participant"), Rail: q.Get("rail"), After: after, Limit: limit}
+	switch q.Get("state") {
+	case "", "pending":
+	case "in_flight":
+		f.InFlight = true
+	default:
+		writeError(w, http.StatusBadRequest, "state must be pending or in_flight")
+		return
+	}
+	items, err := s.store.ListQueued(r.Context(), s.cfg.Pool, f)
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	p := Page[store.Queued]{Items: items}
+	if len(items) == limit {
+		last := items[len(items)-1]
+		p.Next = encodeCursor(store.Cursor{At: last.EnqueuedAt, ID: last.OutboxID})
+	}
+	writeJSON(w, http.StatusOK, p)
+}
+
+func (s *Server) participant(w http.ResponseWriter, r *http.Request, _ Token) {
+	v, err := s.store.Participant(r.Context(), s.cfg.Pool, r.PathValue("id"))
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+// deadLetters lists unacknowledged dead letters (?all=true: every one),
+// oldest failure first.
+func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request, _ Token) {
+	after, limit, err := pageParams(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	items, err := s.store.DeadLettersAfter(r.Context(), s.cfg.Pool, r.URL.Query().Get("all") == "true", after, limit)
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	p := Page[store.DeadLetter]{Items: items}
+	if len(items) == limit {
+		last := items[len(items)-1]
+		p.Next = encodeCursor(store.Cursor{At: last.FailedAt, ID: last.OutboxID})
+	}
+	writeJSON(w, http.StatusOK, p)
+}
+
+// ActionResult is the answer to a replay or an acknowledgement.
+type ActionResult struct {
+	OutboxID       uuid.UUID `json:"outbox_id"`
+	Action         string    `json:"action"` // replay, acknowledge
+	Done           bool      `json:"done"`
+	By             string    `json:"by"`
+	Reason         string    `json:"reason"`
+	OutcomeUnknown bool      `json:"outcome_unknown"`
+	Note           string    `json:"note,omitempty"`
+}
+
+// outcomeUnknownReplay is what a replay of an outcome-unknown dead letter
+// says.
+const outcomeUnknownReplay = "the last attempt's outcome is unknown (the rail may have acted): the replay reuses the instruction's idempotency key, so a rail that did act answers it as a duplicate instead of paying twice"
+
+func (s *Server) replay(w http.ResponseWriter, r *http.Request, who Token) {
+	s.act(w, r, who, "replay")
+}
+
+func (s *Server) acknowledge(w http.ResponseWriter, r *http.Request, who Token) {
+	s.act(w, r, who, "acknowledge")
+}
+
+// act replays or acknowledges the dead letter {id}, as the token's name,
+// for the reason in the JSON body ({"reason": "..."}, required).
+func (s *Server) act(w http.ResponseWriter, r *http.Request, who Token, action string) {
+	id, err := uuid.FromString(r.PathValue("id"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "not an outbox id")
+		return
+	}
+	var body struct {
+		Reason string `json:"reason"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&body); err != nil || strings.TrimSpace(body.Reason) == "" {
+		writeError(w, http.StatusBadRequest, `a JSON body {"reason": "..."} with a non-empty reason is required`)
+		return
+	}
+	res, err := s.Act(r.Context(), id, who.Name, action, body.Reason)
+	switch {
+	case errors.Is(err, store.ErrOperatorAction):
+		writeError(w, http.StatusBadRequest, err.Error())
+	case err != nil:
+		s.internalError(w, r, err)
+	case !res.Done:
+		writeJSON(w, http.StatusNotFound, res)
+	default:
+		writeJSON(w, http.StatusOK, res)
+	}
+}
+
+// Act replays or acknowledges a dead letter as operator, for reason, and
+// logs it. Done is false when there was no such (unacknowledged) dead
+// letter.
+func (s *Server) Act(ctx context.Context, id uuid.UUID, operator, action, reason string) (ActionResult, error) {
+	res := ActionResult{OutboxID: id, Action: action, By: operator, Reason: reason}
+	dl, err := s.store.DeadLetter(ctx, s.cfg.Pool, id)
+	if err != nil || dl == nil {
+		return res, err
+	}
+	res.OutcomeUnknown = dl.OutcomeUnknown
+	if action == "replay" {
+		res.Done, err = s.store.Replay(ctx, s.cfg.Pool, id, operator, reason)
+		if res.OutcomeUnknown {
+			res.Note = outcomeUnknownReplay
+		}
+	} else {
+		res.Done, err = s.store.Acknowledge(ctx, s.cfg.Pool, id, operator, reason)
+	}
+	if err == nil && res.Done {
+		s.log.Info("admin: dead letter "+action, "outbox_id", id, "by", operator, "reason", reason, "outcome_unknown", res.OutcomeUnknown)
+	}
+	return res, err
+}
+
+// trail returns an instruction's attempts, oldest first: /trail/{outbox
+// id} or /trail?instruction_id=.
+func (s *Server) trail(w http.ResponseWriter, r *http.Request, _ Token) {
+	var (
+		trail []store.Attempt
+		err   error
+	)
+	if idText := r.PathValue("id"); idText != "" {
+		id, perr := uuid.FromString(idText)
+		if perr != nil {
+			writeError(w, http.StatusBadRequest, "not an outbox id")
+			return
+		}
+		trail, err = s.store.Trail(r.Context(), s.cfg.Pool, id)
+	} else if ins := r.URL.Query().Get("instruction_id"); ins != "" {
+		trail, err = s.store.TrailByInstruction(r.Context(), s.cfg.Pool, ins)
+	} else {
+		writeError(w, http.StatusBadRequest, "an outbox id or ?instruction_id= is required")
+		return
+	}
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	if trail == nil {
+		trail = []store.Attempt{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"attempts": trail})
+}
+
+// verify runs audit verify (the ordering invariants unless
+// ?unordered=true).
+func (s *Server) verify(w http.ResponseWriter, r *http.Request, _ Token) {
+	rep, err := s.store.Verify(r.Context(), s.cfg.Pool, store.VerifyOptions{Ordered: r.URL.Query().Get("unordered") != "true"})
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	violations := make([]string, len(rep.Violations))
+	for i, v := range rep.Violations {
+		violations[i] = v.String()
+	}
+	writeJSON(w, http.StatusOK, map[string]any{
+		"ok": rep.OK(), "instructions": rep.Instructions, "pending": rep.Pending, "in_flight": rep.InFlight,
+		"dispatched": rep.Dispatched, "dead_letters": rep.DeadLetters, "dispatched_twice": rep.DispatchedTwice,
+		"attempts": rep.Attempts, "chained_rows": rep.Chained, "checkpoints": rep.Checkpoints, "violations": violations,
+	})
+}

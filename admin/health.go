@@ -1,0 +1,103 @@
+package admin
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/rails"
+)
+
+// Check is one readiness check's result.
+type Check struct {
+	Name  string `json:"name"`
+	OK    bool   `json:"ok"`
+	Cause string `json:"cause,omitempty"`
+}
+
+// Readiness is /readyz's body. Status is "ready", "degraded" (still ready,
+// with Reasons) or "not_ready" (Checks says which failed).
+type Readiness struct {
+	Status  string   `json:"status"`
+	Checks  []Check  `json:"checks"`
+	Reasons []string `json:"degraded_reasons,omitempty"`
+}
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "alive"})
+}
+
+// readyz answers 200 when the process can do its work (database reachable,
+// schema at this build's version, listener connected or poll-only by
+// choice, not stopping), degraded when it can but the queue is late or a
+// rail's breaker is open, and 503 otherwise.
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	defer cancel()
+	rd := s.Readiness(ctx)
+	status := http.StatusOK
+	if rd.Status == "not_ready" {
+		status = http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, rd)
+}
+
+// Readiness runs the readiness checks.
+func (s *Server) Readiness(ctx context.Context) Readiness {
+	var rd Readiness
+	add := func(name string, err error) bool {
+		c := Check{Name: name, OK: err == nil}
+		if err != nil {
+			c.Cause = err.Error()
+		}
+		rd.Checks = append(rd.Checks, c)
+		return err == nil
+	}
+	dbOK := add("database", s.cfg.Pool.Ping(ctx))
+	if dbOK {
+		_, err := migrations.Ready(ctx, s.cfg.Pool, s.store.Schema())
+		add("schema", err)
+	} else {
+		add("schema", fmt.Errorf("not checked: the database is unreachable"))
+	}
+	if rl := s.cfg.Relayer; rl != nil {
+		h := rl.Health()
+		var err error
+		switch {
+		case !h.Running:
+			err = fmt.Errorf("the relayer is not running")
+		case !h.Listening && !h.PollOnly:
+			err = fmt.Errorf("the LISTEN connection is down (polling meanwhile)")
+		}
+		add("relayer", err)
+	}
+	var err error
+	if s.stopping.Load() {
+		err = fmt.Errorf("shutting down")
+	}
+	add("not_stopping", err)
+	for _, c := range rd.Checks {
+		if !c.OK {
+			rd.Status = "not_ready"
+			return rd
+		}
+	}
+	rd.Status = "ready"
+	if snap, err := s.store.Snapshot(ctx, s.cfg.Pool); err == nil && snap.OldestPendingAge > s.cfg.DegradedAfter {
+		rd.Reasons = append(rd.Reasons, fmt.Sprintf("the oldest due instruction has waited %s (threshold %s)",
+			snap.OldestPendingAge.Round(time.Second), s.cfg.DegradedAfter))
+	}
+	if set := s.cfg.Rails; set != nil {
+		for _, t := range set.Types() {
+			if st := set.State(t); st != rails.BreakerClosed {
+				rd.Reasons = append(rd.Reasons, fmt.Sprintf("rail %s: breaker %s", t, st))
+			}
+		}
+	}
+	if len(rd.Reasons) > 0 {
+		rd.Status = "degraded"
+	}
+	return rd
+}

@@ -1,0 +1,261 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
+)
+
+// Queued is an instruction waiting in pending or held in flight, as the
+// operations console lists it.
+type Queued struct {
+	OutboxID      uuid.UUID `json:"outbox_id"`
+	InstructionID string    `json:"instruction_id"`
+	ParticipantID string    `json:"participant_id"`
+	SequenceID    int64     `json:"sequence_id"`
+	RailType      string    `json:"rail"`
+	TenantID      string    `json:"tenant_id,omitempty"`
+	EnqueuedAt    time.Time `json:"enqueued_at"`
+	// State is "due" (waiting for a relayer), "retry_wait" (waiting for
+	// its next attempt), "queued" (behind its participant's head, ordering
+	// on), "in_flight", or "stuck" (in flight past its lease: its relayer
+	// died; the reaper will requeue it).
+	State        string     `json:"state"`
+	AttemptCount int        `json:"attempt_count"`        // pending: attempts so far; in flight: this attempt's number
+	NextAttempt  *time.Time `json:"next_attempt_at"`      // pending only; nil while queued behind the head
+	RelayerID    string     `json:"relayer_id,omitempty"` // in flight only
+	ClaimedAt    *time.Time `json:"claimed_at,omitempty"`
+	LeaseUntil   *time.Time `json:"lease_until,omitempty"`
+	ZombieCount  int        `json:"zombie_requeues"` // times the reaper requeued it (a suspect from 2 on)
+}
+
+// QueuedFilter selects queued instructions. Pages are in (enqueued_at,
+// outbox_id) order, which new enqueues only extend: a page boundary never
+// moves under concurrent inserts.
+type QueuedFilter struct {
+	InFlight    bool   // in flight instead of pending
+	Participant string // "" for any
+	Rail        string // "" for any
+	After       Cursor // the last row of the previous page (zero: from the start)
+	Limit       int
+}
+
+// Cursor is a keyset position: the (time, outbox id) of a page's last row.
+type Cursor struct {
+	At time.Time
+	ID uuid.UUID
+}
+
+const listQueuedSQL = `
+SELECT outbox_id, instruction_id, participant_id, sequence_id, rail_type, coalesce(tenant_id, ''), created_at,
+       CASE WHEN next_attempt_at = 'infinity' THEN 'queued' WHEN next_attempt_at <= now() THEN 'due' ELSE 'retry_wait' END,
+       attempt_count, CASE WHEN next_attempt_at = 'infinity' THEN NULL ELSE next_attempt_at END,
+       '', NULL::timestamptz, NULL::timestamptz, zombie_count
+FROM {schema}.pending
+WHERE ($1 = '' OR participant_id = $1) AND ($2 = '' OR rail_type = $2) AND (created_at, outbox_id) > ($3, $4)
+ORDER BY created_at, outbox_id LIMIT $5`
+
+const listInFlightSQL = `
+SELECT outbox_id, instruction_id, participant_id, sequence_id, rail_type, coalesce(tenant_id, ''), created_at,
+       CASE WHEN lease_until < now() THEN 'stuck' ELSE 'in_flight' END,
+       attempt_no, NULL::timestamptz, relayer_id, claimed_at, lease_until, zombie_count
+FROM {schema}.inflight
+WHERE ($1 = '' OR participant_id = $1) AND ($2 = '' OR rail_type = $2) AND (created_at, outbox_id) > ($3, $4)
+ORDER BY created_at, outbox_id LIMIT $5`
+
+// ListQueued returns one page of pending or in-flight instructions.
+func (s *Store) ListQueued(ctx context.Context, db Querier, f QueuedFilter) ([]Queued, error) {
+	q := s.sql.listQueued
+	if f.InFlight {
+		q = s.sql.listInFlight
+	}
+	after := f.After
+	if after.At.IsZero() {
+		after.At = time.Unix(0, 0)
+	}
+	rows, err := db.Query(ctx, q, f.Participant, f.Rail, after.At, after.ID, f.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("list queued: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[Queued])
+}
+
+// ParticipantView says where a participant stands and why it is not
+// moving, if it is not.
+type ParticipantView struct {
+	ParticipantID string `json:"participant_id"`
+	// Allocated is the number of sequence ids handed out, Queued those
+	// pending or in flight (with ordering on).
+	Allocated int64 `json:"allocated"`
+	Queued    int64 `json:"queued"`
+	// Head is the instruction the participant waits on: the one in flight,
+	// else its lowest pending sequence; nil when clear.
+	Head *Queued `json:"head"`
+	// State is Head's state ("in_flight", "stuck", "retry_wait", "due",
+	// "queued" for a stranded head) or "clear".
+	State string `json:"state"`
+	// Reason says it in words, with the times and the relayer.
+	Reason string `json:"reason"`
+	// LastError is the error code of the head's last failed attempt.
+	LastError   string `json:"last_error,omitempty"`
+	DeadLetters int64  `json:"dead_letters"` // unacknowledged
+}
+
+const participantSQL = `
+SELECT coalesce((SELECT next_sequence_id - 1 FROM {schema}.sequences WHERE participant_id = $1), 0),
+       coalesce((SELECT queued FROM {schema}.sequences WHERE participant_id = $1), 0),
+       (SELECT count(*) FROM {schema}.dead_letters WHERE participant_id = $1 AND acknowledged_at IS NULL)`
+
+const lastErrorSQL = `
+SELECT error_code FROM {schema}.archive
+WHERE outbox_id = $1 AND error_code IS NOT NULL ORDER BY created_at DESC, attempt_id DESC LIMIT 1`
+
+// Participant reads a participant's view in one snapshot.
+func (s *Store) Participant(ctx context.Context, db TxBeginner, participant string) (ParticipantView, error) {
+	v := ParticipantView{ParticipantID: participant, State: "clear"}
+	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, s.sql.participant, participant).Scan(&v.Allocated, &v.Queued, &v.DeadLetters); err != nil {
+			return err
+		}
+		inflight, err := s.ListQueued(ctx, tx, QueuedFilter{InFlight: true, Participant: participant, Limit: 1})
+		if err != nil {
+			return err
+		}
+		if len(inflight) == 0 {
+			// Its head: the lowest sequence pending.
+			rows, err := tx.Query(ctx, s.sql.participantHead, participant)
+			if err != nil {
+				return err
+			}
+			if inflight, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Queued]); err != nil {
+				return err
+			}
+		}
+		if len(inflight) == 0 {
+			v.Reason = "nothing pending or in flight"
+			return nil
+		}
+		v.Head = &inflight[0]
+		v.State = v.Head.State
+		if err := tx.QueryRow(ctx, s.sql.lastError, v.Head.OutboxID).Scan(&v.LastError); err != nil && err != pgx.ErrNoRows {
+			return err
+		}
+		v.Reason = reason(v.Head, v.LastError)
+		return nil
+	})
+	if err != nil {
+		return ParticipantView{}, fmt.Errorf("participant %s: %w", participant, err)
+	}
+	return v, nil
+}
+
+const participantHeadSQL = `
+SELECT outbox_id, instruction_id, participant_id, sequence_id, rail_type, coalesce(tenant_id, ''), created_at,
+       CASE WHEN next_attempt_at = 'infinity' THEN 'queued' WHEN next_attempt_at <= now() THEN 'due' ELSE 'retry_wait' END,
+       attempt_count, CASE WHEN next_attempt_at = 'infinity' THEN NULL ELSE next_attempt_at END,
+       '', NULL::timestamptz, NULL::timestamptz, zombie_count
+FROM {schema}.pending WHERE participant_id = $1 ORDER BY sequence_id LIMIT 1`
+
+// reason says why a participant waits on its head.
+func reason(h *Queued, lastError string) string {
+	ts := func(t *time.Time) string { return t.UTC().Format(time.RFC3339) }
+	after := ""
+	if lastError != "" {
+		after = fmt.Sprintf(" (last error %s)", lastError)
+	}
+	switch h.State {
+	case "in_flight":
+		return fmt.Sprintf("sequence %d is in flight on relayer %s since %s, lease until %s", h.SequenceID, h.RelayerID, ts(h.ClaimedAt), ts(h.LeaseUntil))
+	case "stuck":
+		return fmt.Sprintf("sequence %d was claimed by relayer %s at %s and its lease ran out at %s: the relayer is presumed dead, the reaper will requeue it",
+			h.SequenceID, h.RelayerID, ts(h.ClaimedAt), ts(h.LeaseUntil))
+	case "retry_wait":
+		return fmt.Sprintf("sequence %d waits for its next attempt until %s after %d attempts%s", h.SequenceID, ts(h.NextAttempt), h.AttemptCount, after)
+	case "due":
+		return fmt.Sprintf("sequence %d has been due since %s, waiting for a relayer to claim it%s", h.SequenceID, ts(h.NextAttempt), after)
+	default:
+		return fmt.Sprintf("sequence %d is the lowest pending but is not due and nothing is in flight: the participant is stranded (audit verify reports it)", h.SequenceID)
+	}
+}
+
+// RailActivity is a rail's recent outcomes, from the archive.
+type RailActivity struct {
+	RailType   string           `json:"rail"`
+	Dispatched int64            `json:"dispatched"`
+	Retryable  int64            `json:"retryable"`
+	Failed     int64            `json:"failed"`
+	ErrorCodes map[string]int64 `json:"error_codes"` // retryable and failed, by code
+}
+
+const railActivitySQL = `
+SELECT rail_type, coalesce(state, ''), coalesce(error_code, ''), count(*)
+FROM {schema}.attempts
+WHERE created_at > now() - $1::interval AND state IN ('DISPATCHED', 'RETRYABLE', 'FAILED')
+GROUP BY 1, 2, 3`
+
+// RailActivity counts each rail's outcomes over the last `window` (a read
+// of that stretch of the current partition, found by its BRIN index).
+func (s *Store) RailActivity(ctx context.Context, db Querier, window time.Duration) ([]RailActivity, error) {
+	rows, err := db.Query(ctx, s.sql.railActivity, window)
+	if err != nil {
+		return nil, fmt.Errorf("rail activity: %w", err)
+	}
+	byRail := map[string]*RailActivity{}
+	var out []RailActivity
+	var rail, state, code string
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&rail, &state, &code, &n}, func() error {
+		a := byRail[rail]
+		if a == nil {
+			a = &RailActivity{RailType: rail, ErrorCodes: map[string]int64{}}
+			byRail[rail] = a
+		}
+		switch state {
+		case "DISPATCHED":
+			a.Dispatched += n
+		case "RETRYABLE":
+			a.Retryable += n
+		case "FAILED":
+			a.Failed += n
+		}
+		if code != "" {
+			a.ErrorCodes[code] += n
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("rail activity: %w", err)
+	}
+	for _, a := range byRail {
+		out = append(out, *a)
+	}
+	return out, nil
+}
+
+// LiveRelayer is a relayer that wrote to the archive recently.
+type LiveRelayer struct {
+	RelayerID string    `json:"relayer_id"`
+	LastSeen  time.Time `json:"last_seen"`
+	InFlight  int64     `json:"in_flight"`
+}
+
+const liveRelayersSQL = `
+SELECT relayer_id, max(at), sum(n)::bigint FROM (
+  SELECT relayer_id, max(created_at) AS at, 0 AS n FROM {schema}.attempts
+  WHERE created_at > now() - $1::interval GROUP BY relayer_id
+  UNION ALL
+  SELECT relayer_id, max(claimed_at), count(*) FROM {schema}.inflight WHERE lease_until >= now() GROUP BY relayer_id
+) x GROUP BY relayer_id ORDER BY relayer_id`
+
+// LiveRelayers lists the relayers (and reapers) that wrote to the archive
+// within `window` or hold a live lease.
+func (s *Store) LiveRelayers(ctx context.Context, db Querier, window time.Duration) ([]LiveRelayer, error) {
+	rows, err := db.Query(ctx, s.sql.liveRelayers, window)
+	if err != nil {
+		return nil, fmt.Errorf("live relayers: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[LiveRelayer])
+}
