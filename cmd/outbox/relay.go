@@ -9,12 +9,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/ledgerline/outbox/admin"
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/internal/lifecycle"
 	"github.com/ledgerline/outbox/poolconfig"
@@ -47,7 +49,10 @@ type relayFlags struct {
 	reaperBatch        int
 	checkpointInterval time.Duration
 	zombieLimit        int
-	metricsAddr        string
+	adminAddr          string
+	adminTokensFile    string
+	adminTokensEnv     string
+	degradedAfter      time.Duration
 }
 
 func (f *relayFlags) register(fs *flag.FlagSet) {
@@ -75,7 +80,11 @@ func (f *relayFlags) register(fs *flag.FlagSet) {
 		"requeues of an instruction whose relayer died before the reaper dead-letters it (outcome unknown) as a poison instruction (negative: no limit)")
 	fs.DurationVar(&f.checkpointInterval, "checkpoint-interval", reaper.DefaultCheckpointInterval,
 		"least time between two archive checkpoints, taken by the reaper's passes (negative: off; docs/audit.md)")
-	fs.StringVar(&f.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address (e.g. :9464); empty: off")
+	fs.StringVar(&f.adminAddr, "admin-addr", "", "serve the admin address here (e.g. :9464): /metrics, /healthz, /readyz, and the API with --admin-tokens-*; empty: off")
+	fs.StringVar(&f.adminAddr, "metrics-addr", "", "the former name of --admin-addr")
+	fs.StringVar(&f.adminTokensFile, "admin-tokens-file", "", "file of API credentials, one per line: ROLE NAME SECRET (role auditor or operator); without tokens the API is off")
+	fs.StringVar(&f.adminTokensEnv, "admin-tokens-env", "", "name of an environment variable holding API credentials in the same format (lines or ';'-separated)")
+	fs.DurationVar(&f.degradedAfter, "degraded-after", admin.DefaultDegradedAfter, "/readyz says degraded once the oldest due instruction has waited this long")
 }
 
 // loadRails builds the rail set from --rails-config (or the default).
@@ -170,7 +179,7 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 
 	cfg := rf.serviceConfig(db.schema, built.Set, log)
 	var registry *prometheus.Registry
-	if rf.metricsAddr != "" {
+	if rf.adminAddr != "" {
 		registry = prometheus.NewRegistry()
 		cfg.Metrics = registry
 	}
@@ -178,39 +187,91 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	if registry != nil {
-		if err := serveMetrics(ctx, rf.metricsAddr, registry, log); err != nil {
+	if rf.adminAddr != "" {
+		tokens, err := rf.adminTokens(env)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		adm, err := admin.New(admin.Config{Pool: pool, Schema: db.schema, Tokens: tokens, Rails: built.Set,
+			Relayer: svc.Relayer(), DegradedAfter: rf.degradedAfter, Logger: log})
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		shutdown, err := serveAdmin(rf.adminAddr, adm, registry, log)
+		if err != nil {
 			return err
 		}
+		defer shutdown()
+		// Not ready from the moment a stop begins, while in-flight work
+		// finishes.
+		stopped := make(chan struct{})
+		defer close(stopped)
+		go func() {
+			select {
+			case <-ctx.Done():
+				adm.SetStopping()
+			case <-stopped:
+			}
+		}()
 	}
 	// Start checks the database first and refuses errors no retry can fix
 	// (credentials, privileges, schema version): nothing runs then.
 	return svc.Run(ctx)
 }
 
-// serveMetrics serves /metrics (and /healthz) until ctx ends.
-func serveMetrics(ctx context.Context, addr string, registry *prometheus.Registry, log *slog.Logger) error {
+// adminTokens reads the API credentials named by --admin-tokens-file and
+// --admin-tokens-env (none: the API is off).
+func (f *relayFlags) adminTokens(env *environment) ([]admin.Token, error) {
+	var all []admin.Token
+	if f.adminTokensFile != "" {
+		file, err := os.Open(f.adminTokensFile)
+		if err != nil {
+			return nil, err
+		}
+		defer file.Close()
+		if all, err = admin.ParseTokens(file); err != nil {
+			return nil, fmt.Errorf("%s: %w", f.adminTokensFile, err)
+		}
+	}
+	if f.adminTokensEnv != "" {
+		v := env.getenv(f.adminTokensEnv)
+		if v == "" {
+			return nil, fmt.Errorf("--admin-tokens-env: $%s is empty", f.adminTokensEnv)
+		}
+		more, err := admin.ParseTokens(strings.NewReader(strings.ReplaceAll(v, ";", "\n")))
+		if err != nil {
+			return nil, fmt.Errorf("$%s: %w", f.adminTokensEnv, err)
+		}
+		all = append(all, more...)
+	}
+	return all, nil
+}
+
+// serveAdmin serves the admin address (/metrics, the probes and the API)
+// until the returned shutdown is called.
+func serveAdmin(addr string, adm *admin.Server, registry *prometheus.Registry, log *slog.Logger) (shutdown func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.Handle("/", adm.Handler())
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	log.Info("serving metrics", "addr", ln.Addr().String())
+	log.Info("serving the admin address", "addr", ln.Addr().String())
+	done := make(chan struct{})
 	go func() {
-		<-ctx.Done()
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("admin server", "err", err)
+		}
+	}()
+	return func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)
-	}()
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("metrics server", "err", err)
-		}
-	}()
-	return nil
+		<-done
+	}, nil
 }
 
 func runReap(ctx context.Context, env *environment, args []string) error {
