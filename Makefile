@@ -9,16 +9,16 @@ FUZZ      := payment:FuzzParseAmount payment:FuzzParseAmountMinor payment:FuzzDe
              pending:FuzzValidate cmd/outbox:FuzzEnqueueLine
 BENCHTIME ?= 1x
 
-.PHONY: demo test vet lint fuzz bench postgres pgbouncer build
+.PHONY: demo test vet lint fuzz bench postgres pgbouncer promtool build
 
 ## demo: local PostgreSQL, migrations, relayer, sandbox rail, a producer stream, a live summary
 demo: postgres
 	$(GO) run ./cmd/outbox demo $(ARGS)
 
 ## test: go vet, every test with the race detector, then short fuzz runs
-## (the PgBouncer tests must run: a missing pgbouncer fails them)
-test: postgres pgbouncer vet lint
-	OUTBOX_REQUIRE_PGBOUNCER=1 $(GO) test -race -count=1 -timeout 30m ./...
+## (the PgBouncer and promtool tests must run: a missing binary fails them)
+test: postgres pgbouncer promtool vet lint
+	OUTBOX_REQUIRE_PGBOUNCER=1 OUTBOX_REQUIRE_PROMTOOL=1 $(GO) test -race -count=1 -timeout 30m ./...
 	$(MAKE) --no-print-directory fuzz
 
 vet:
@@ -51,6 +51,14 @@ bench: postgres
 
 build:
 	$(GO) build -o bin/outbox ./cmd/outbox
+
+## promtool: make sure promtool exists (the alert rules' tests run it).
+promtool:
+	@if command -v promtool >/dev/null 2>&1; then exit 0; fi; \
+	echo "promtool not found: installing the prometheus package"; \
+	SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus
 
 ## postgres: make sure PostgreSQL server binaries exist (tests and the demo
 ## start their own clusters from them); skipped when a database URL is given.
