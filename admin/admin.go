@@ -64,6 +64,7 @@ type Server struct {
 	store    *store.Store
 	log      *slog.Logger
 	stopping atomic.Bool
+	sessions sessions // the console's
 }
 
 // New validates cfg and returns a Server.
@@ -90,8 +91,8 @@ func New(cfg Config) (*Server, error) {
 func (s *Server) SetStopping() { s.stopping.Store(true) }
 
 // Handler routes the admin address: /healthz and /readyz without
-// credentials (probes), /api/v1/... with them (only when Config.Tokens has
-// some).
+// credentials (probes), /api/v1/... with them and the console under
+// /console/ (only when Config.Tokens has some).
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", s.healthz)
@@ -111,6 +112,7 @@ func (s *Server) Handler() http.Handler {
 	api("GET /api/v1/trail/{id}", RoleAuditor, s.trail)
 	api("GET /api/v1/trail", RoleAuditor, s.trail)
 	api("POST /api/v1/verify", RoleAuditor, s.verify)
+	s.mountConsole(mux)
 	return mux
 }
 

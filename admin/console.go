@@ -1,0 +1,380 @@
+package admin
+
+import (
+	"crypto/rand"
+	"crypto/subtle"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+
+	"github.com/ledgerline/outbox/internal/store"
+)
+
+// The operations console: the API's views as HTML pages, readable without
+// JavaScript, behind a sign-in that turns a token into a session cookie
+// (HttpOnly, SameSite=Strict). Every form that changes something carries
+// the session's CSRF token.
+
+//go:embed console
+var consoleFiles embed.FS
+
+// sessionTTL is how long a console session lasts.
+const sessionTTL = 12 * time.Hour
+
+// sessionCookie names the console's session cookie.
+const sessionCookie = "outbox_session"
+
+// session is a signed-in console user.
+type session struct {
+	who     Token
+	csrf    string
+	expires time.Time
+}
+
+// sessions holds the console's sessions in memory: a restart signs
+// everyone out, and several admin processes behind one address need
+// sticky sessions.
+type sessions struct {
+	mu sync.Mutex
+	m  map[string]*session
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return hex.EncodeToString(b)
+}
+
+func (ss *sessions) create(who Token) (id string, s *session) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.m == nil {
+		ss.m = map[string]*session{}
+	}
+	now := time.Now()
+	for k, v := range ss.m {
+		if now.After(v.expires) {
+			delete(ss.m, k)
+		}
+	}
+	id = randomHex(32)
+	s = &session{who: who, csrf: randomHex(32), expires: now.Add(sessionTTL)}
+	ss.m[id] = s
+	return id, s
+}
+
+func (ss *sessions) get(id string) *session {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	s := ss.m[id]
+	if s == nil || time.Now().After(s.expires) {
+		return nil
+	}
+	return s
+}
+
+func (ss *sessions) delete(id string) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	delete(ss.m, id)
+}
+
+var consoleTemplates = template.Must(template.New("").Funcs(template.FuncMap{
+	"since": func(t time.Time) string { return time.Since(t).Round(time.Second).String() },
+	"ts":    func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000") },
+	"tsp": func(t *time.Time) string {
+		if t == nil {
+			return ""
+		}
+		return t.UTC().Format("2006-01-02 15:04:05.000")
+	},
+	"str": func(s *string) string {
+		if s == nil {
+			return ""
+		}
+		return *s
+	},
+	"pct":   func(f float64) string { return fmt.Sprintf("%.1f%%", f*100) },
+	"lower": strings.ToLower,
+	"query": func(kv ...string) template.URL {
+		v := url.Values{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			if kv[i+1] != "" {
+				v.Set(kv[i], kv[i+1])
+			}
+		}
+		return template.URL(v.Encode())
+	},
+}).ParseFS(consoleFiles, "console/*.html"))
+
+// errBadState is the instructions page's answer to an unknown state.
+var errBadState = errors.New("state must be pending or in_flight")
+
+// page is what every console template gets.
+type page struct {
+	Title    string
+	Nav      string
+	Who      Token
+	Operator bool
+	CSRF     string
+	Refresh  int // seconds; 0: none
+	Error    string
+	Data     any
+}
+
+// mountConsole adds the console's routes to mux.
+func (s *Server) mountConsole(mux *http.ServeMux) {
+	static, _ := fs.Sub(consoleFiles, "console/static") // the directory is embedded
+	mux.Handle("GET /console/static/", http.StripPrefix("/console/static/", http.FileServerFS(static)))
+	mux.HandleFunc("GET /console/signin", s.signinForm)
+	mux.HandleFunc("POST /console/signin", s.signin)
+	mux.Handle("POST /console/signout", s.console(RoleAuditor, true, s.signout))
+	mux.Handle("GET /console/{$}", s.console(RoleAuditor, false, s.pageOverview))
+	mux.Handle("GET /console/instructions", s.console(RoleAuditor, false, s.pageInstructions))
+	mux.Handle("GET /console/participant", s.console(RoleAuditor, false, s.pageParticipant))
+	mux.Handle("GET /console/dead-letters", s.console(RoleAuditor, false, s.pageDeadLetters))
+	mux.Handle("POST /console/dead-letters/{id}/{action}", s.console(RoleOperator, true, s.pageAct))
+	mux.Handle("GET /console/trail", s.console(RoleAuditor, false, s.pageTrail))
+	mux.Handle("POST /console/verify", s.console(RoleAuditor, true, s.pageVerify))
+	mux.HandleFunc("GET /console", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/console/", http.StatusSeeOther)
+	})
+}
+
+// console wraps a console page: no session → the sign-in page; a role too
+// weak → 403; a form without the session's CSRF token → 403.
+func (s *Server) console(need Role, form bool, h func(w http.ResponseWriter, r *http.Request, p *page)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var sess *session
+		if c, err := r.Cookie(sessionCookie); err == nil {
+			sess = s.sessions.get(c.Value)
+		}
+		if sess == nil {
+			if form {
+				s.log.Warn("admin: refused request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "reason", "no session")
+				http.Error(w, "sign in first", http.StatusUnauthorized)
+				return
+			}
+			http.Redirect(w, r, "/console/signin", http.StatusSeeOther)
+			return
+		}
+		if need == RoleOperator && sess.who.Role != RoleOperator {
+			s.log.Warn("admin: refused request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr,
+				"token", sess.who.Name, "reason", "needs the operator role")
+			http.Error(w, "this needs an operator credential", http.StatusForbidden)
+			return
+		}
+		if form && subtle.ConstantTimeCompare([]byte(r.PostFormValue("csrf")), []byte(sess.csrf)) != 1 {
+			s.log.Warn("admin: refused request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr,
+				"token", sess.who.Name, "reason", "missing or wrong CSRF token")
+			http.Error(w, "the form is stale or forged: reload the page", http.StatusForbidden)
+			return
+		}
+		w.Header().Set("Cache-Control", "no-store")
+		w.Header().Set("X-Frame-Options", "DENY")
+		w.Header().Set("Content-Security-Policy", "default-src 'self'; form-action 'self'; frame-ancestors 'none'")
+		h(w, r, &page{Who: sess.who, Operator: sess.who.Role == RoleOperator, CSRF: sess.csrf})
+	})
+}
+
+// render writes a page with its template.
+func (s *Server) render(w http.ResponseWriter, r *http.Request, name string, p *page) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	if err := consoleTemplates.ExecuteTemplate(w, name, p); err != nil {
+		s.log.Error("admin: console template", "page", name, "path", r.URL.Path, "err", err)
+	}
+}
+
+func (s *Server) signinForm(w http.ResponseWriter, r *http.Request) {
+	s.render(w, r, "signin.html", &page{Title: "Sign in"})
+}
+
+func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
+	who, ok := match(s.cfg.Tokens, r.PostFormValue("token"))
+	if !ok {
+		s.log.Warn("admin: refused request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "reason", "unknown credential")
+		w.WriteHeader(http.StatusUnauthorized)
+		s.render(w, r, "signin.html", &page{Title: "Sign in", Error: "That token is not valid."})
+		return
+	}
+	id, _ := s.sessions.create(who)
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: id, Path: "/console", HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: int(sessionTTL.Seconds())})
+	s.log.Info("admin: console sign-in", "token", who.Name, "role", who.Role, "remote", r.RemoteAddr)
+	http.Redirect(w, r, "/console/", http.StatusSeeOther)
+}
+
+func (s *Server) signout(w http.ResponseWriter, r *http.Request, _ *page) {
+	if c, err := r.Cookie(sessionCookie); err == nil {
+		s.sessions.delete(c.Value)
+	}
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/console", HttpOnly: true, SameSite: http.SameSiteStrictMode, MaxAge: -1})
+	http.Redirect(w, r, "/console/signin", http.StatusSeeOther)
+}
+
+func (s *Server) pageOverview(w http.ResponseWriter, r *http.Request, p *page) {
+	ov, err := s.Overview(r.Context())
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	p.Title, p.Nav, p.Refresh, p.Data = "Overview", "overview", 5, ov
+	s.render(w, r, "overview.html", p)
+}
+
+// instructionsPage is the instructions page's data.
+type instructionsPage struct {
+	State, Participant, Rail string
+	Items                    []store.Queued
+	Next                     string
+}
+
+func (s *Server) pageInstructions(w http.ResponseWriter, r *http.Request, p *page) {
+	q := r.URL.Query()
+	d := instructionsPage{State: q.Get("state"), Participant: q.Get("participant"), Rail: q.Get("rail")}
+	after, limit, err := pageParams(r)
+	if err == nil && d.State != "" && d.State != "pending" && d.State != "in_flight" {
+		err = errBadState
+	}
+	if err != nil {
+		p.Error = err.Error()
+	} else {
+		d.Items, err = s.store.ListQueued(r.Context(), s.cfg.Pool, store.QueuedFilter{InFlight: d.State == "in_flight",
+			Participant: d.Participant, Rail: d.Rail, After: after, Limit: limit})
+		if err != nil {
+			s.internalError(w, r, err)
+			return
+		}
+		if len(d.Items) == limit {
+			last := d.Items[len(d.Items)-1]
+			d.Next = encodeCursor(store.Cursor{At: last.EnqueuedAt, ID: last.OutboxID})
+		}
+	}
+	p.Title, p.Nav, p.Data = "Instructions", "instructions", d
+	s.render(w, r, "instructions.html", p)
+}
+
+func (s *Server) pageParticipant(w http.ResponseWriter, r *http.Request, p *page) {
+	p.Title, p.Nav = "Participant", "participant"
+	if id := r.URL.Query().Get("id"); id != "" {
+		v, err := s.store.Participant(r.Context(), s.cfg.Pool, id)
+		if err != nil {
+			s.internalError(w, r, err)
+			return
+		}
+		p.Data, p.Refresh = v, 5
+	}
+	s.render(w, r, "participant.html", p)
+}
+
+// deadLettersPage is the dead letters page's data.
+type deadLettersPage struct {
+	All   bool
+	Items []store.DeadLetter
+	Next  string
+	Done  *ActionResult // the action just taken, if any
+}
+
+func (s *Server) pageDeadLetters(w http.ResponseWriter, r *http.Request, p *page) {
+	after, limit, err := pageParams(r)
+	if err != nil {
+		p.Error = err.Error()
+	}
+	d := deadLettersPage{All: r.URL.Query().Get("all") == "true"}
+	if err == nil {
+		if d.Items, err = s.store.DeadLettersAfter(r.Context(), s.cfg.Pool, d.All, after, limit); err != nil {
+			s.internalError(w, r, err)
+			return
+		}
+		if len(d.Items) == limit {
+			last := d.Items[len(d.Items)-1]
+			d.Next = encodeCursor(store.Cursor{At: last.FailedAt, ID: last.OutboxID})
+		}
+	}
+	p.Title, p.Nav, p.Data = "Dead letters", "dead", d
+	s.render(w, r, "deadletters.html", p)
+}
+
+// pageAct replays or acknowledges a dead letter from the console's form,
+// as the session's token name, for the form's reason.
+func (s *Server) pageAct(w http.ResponseWriter, r *http.Request, p *page) {
+	action := r.PathValue("action")
+	id, err := uuid.FromString(r.PathValue("id"))
+	if err != nil || (action != "replay" && action != "acknowledge") {
+		http.Error(w, "no such action", http.StatusNotFound)
+		return
+	}
+	reason := strings.TrimSpace(r.PostFormValue("reason"))
+	d := deadLettersPage{}
+	if reason == "" {
+		p.Error = "A reason is required: it is recorded in the archive with your name."
+	} else {
+		res, err := s.Act(r.Context(), id, p.Who.Name, action, reason)
+		if err != nil {
+			s.internalError(w, r, err)
+			return
+		}
+		if !res.Done {
+			p.Error = "That dead letter was already replayed or acknowledged."
+		}
+		d.Done = &res
+	}
+	if d.Items, err = s.store.DeadLettersAfter(r.Context(), s.cfg.Pool, false, store.Cursor{}, defaultPageSize); err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	p.Title, p.Nav, p.Data = "Dead letters", "dead", d
+	s.render(w, r, "deadletters.html", p)
+}
+
+// trailPage is the trail page's data.
+type trailPage struct {
+	ID, InstructionID string
+	Attempts          []store.Attempt
+	Searched          bool
+}
+
+func (s *Server) pageTrail(w http.ResponseWriter, r *http.Request, p *page) {
+	q := r.URL.Query()
+	d := trailPage{ID: q.Get("id"), InstructionID: q.Get("instruction_id")}
+	var err error
+	switch {
+	case d.ID != "":
+		id, perr := uuid.FromString(d.ID)
+		if perr != nil {
+			p.Error = "That is not an outbox id."
+			break
+		}
+		d.Searched = true
+		d.Attempts, err = s.store.Trail(r.Context(), s.cfg.Pool, id)
+	case d.InstructionID != "":
+		d.Searched = true
+		d.Attempts, err = s.store.TrailByInstruction(r.Context(), s.cfg.Pool, d.InstructionID)
+	}
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	p.Title, p.Nav, p.Data = "Trail", "trail", d
+	s.render(w, r, "trail.html", p)
+}
+
+func (s *Server) pageVerify(w http.ResponseWriter, r *http.Request, p *page) {
+	rep, err := s.store.Verify(r.Context(), s.cfg.Pool, store.VerifyOptions{Ordered: r.PostFormValue("unordered") == ""})
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	p.Title, p.Nav, p.Data = "Verify", "overview", rep
+	s.render(w, r, "verify.html", p)
+}

@@ -1,0 +1,241 @@
+package admin_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/dom"
+	"github.com/chromedp/chromedp"
+
+	"github.com/ledgerline/outbox/admin"
+	"github.com/ledgerline/outbox/engine"
+	"github.com/ledgerline/outbox/payment"
+	"github.com/ledgerline/outbox/rails"
+	"github.com/ledgerline/outbox/relay"
+)
+
+// chromium returns the headless browser to drive, or skips the test when
+// there is none, unless OUTBOX_REQUIRE_CHROMIUM is set (make test sets it
+// and installs the chromium package).
+func chromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("OUTBOX_REQUIRE_CHROMIUM") != "" {
+		t.Fatal("no chromium (apt-get install chromium, or make test)")
+	}
+	t.Skip("no chromium; make test installs it")
+	return ""
+}
+
+// browser starts a headless Chromium of its own (its own cookies) and
+// returns a context that drives it.
+func browser(t *testing.T, bin string) context.Context {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(bin), chromedp.NoSandbox,
+		chromedp.DisableGPU, chromedp.WindowSize(1400, 1000))
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(alloc)
+	t.Cleanup(func() { cancel(); cancelAlloc() })
+	ctx, cancelTimeout := context.WithTimeout(ctx, 90*time.Second)
+	t.Cleanup(cancelTimeout)
+	return ctx
+}
+
+// css makes an element query use a CSS selector (querySelectorAll)
+// rather than the DevTools search, which also matches text.
+func css(sel string) chromedp.QueryOption {
+	return chromedp.ByFunc(func(ctx context.Context, t *chromedp.Target, n *chromedp.Node) ([]cdp.NodeID, error) {
+		res, err := cdp.Call(ctx, t, dom.QuerySelectorAll, dom.QuerySelectorAllParams{NodeID: n.NodeID, Selector: sel})
+		return res.NodeIDs, err
+	})
+}
+
+// Element actions by CSS selector.
+func waitVisible(sel string) chromedp.Action[chromedp.Void] {
+	return chromedp.WaitVisible(sel, css(sel))
+}
+func click(sel string) chromedp.Action[chromedp.Void]  { return chromedp.Click(sel, css(sel)) }
+func submit(sel string) chromedp.Action[chromedp.Void] { return chromedp.Submit(sel, css(sel)) }
+func sendKeys(sel, keys string) chromedp.Action[chromedp.Void] {
+	return chromedp.SendKeys(sel, keys, css(sel))
+}
+
+// relayWith runs a relay service on b's database with a sandbox rail of
+// opts until stop is called.
+func (b *bundle) relayWith(t *testing.T, opts rails.SandboxOptions) (stop func()) {
+	t.Helper()
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: rails.NewSandbox(opts)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := relay.New(b.pool, relay.Config{Relayer: engine.Config{Rails: set, PollInterval: 50 * time.Millisecond}, NoReaper: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	return func() { _ = svc.Stop(context.Background()) }
+}
+
+// waitFor polls cond (bounded).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// TestConsoleInBrowser drives the console in a real headless Chromium: an
+// operator signs in, sees the dead letters the sandbox rail produced,
+// replays one with a reason, sees it dispatched and its trail show the
+// replay with who and why; an auditor sees no replay button and gets 403
+// when posting a replay anyway. Screenshots of the main pages go to the
+// test's artifact directory (go test -artifacts keeps them).
+func TestConsoleInBrowser(t *testing.T) {
+	t.Parallel()
+	bin := chromium(t)
+	b := setup(t, admin.Config{})
+	shots := t.ArtifactDir()
+
+	// The sandbox rejects every first payment: two dead letters.
+	stop := b.relayWith(t, rails.SandboxOptions{TerminalRate: 1})
+	first, second := b.enqueue(t, "acme-payroll", "k1"), b.enqueue(t, "globex", "k2")
+	waitFor(t, "two dead letters", func() bool {
+		var n int
+		_ = b.pool.QueryRow(b.ctx, "SELECT count(*) FROM outbox.dead_letters").Scan(&n)
+		return n == 2
+	})
+	stop()
+	b.enqueue(t, "initech", "k3") // something pending for the overview
+
+	shot := func(ctx context.Context, name string) {
+		t.Helper()
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(shots, name+".png"), png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	text := func(ctx context.Context) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Text("body", css("body")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	signIn := func(ctx context.Context, secret string) {
+		t.Helper()
+		if err := chromedp.Do(ctx,
+			chromedp.Navigate(b.url+"/console/"),
+			waitVisible("#token"), // not signed in: the sign-in page
+			sendKeys("#token", secret),
+			submit("#token"),
+			waitVisible(".tiles"),
+		); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	op := browser(t, bin)
+	if err := chromedp.Do(op, chromedp.Navigate(b.url+"/console/signin"), waitVisible("#token")); err != nil {
+		t.Fatal(err)
+	}
+	shot(op, "signin")
+	signIn(op, operatorSecret)
+	if s := text(op); !strings.Contains(s, "dead letters") || !strings.Contains(s, "oscar") {
+		t.Fatalf("overview:\n%s", s)
+	}
+	shot(op, "overview")
+	if err := chromedp.Do(op, chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {
+		t.Fatal(err)
+	}
+	if s := text(op); !strings.Contains(s, "RAIL_REJECTED") || !strings.Contains(s, "acme-payroll") {
+		t.Fatalf("dead letters page:\n%s", s)
+	}
+	shot(op, "dead-letters")
+	form := `form[action="/console/dead-letters/` + first.String() + `/replay"]`
+	if err := chromedp.Do(op,
+		sendKeys(form+` input[name="reason"]`, "beneficiary bank fixed the account"),
+		click(form+` button`),
+		waitVisible("p.ok"),
+	); err != nil {
+		t.Fatal(err)
+	}
+	if s := text(op); !strings.Contains(s, "Replayed "+first.String()+" as oscar") {
+		t.Fatalf("after the replay:\n%s", s)
+	}
+	shot(op, "dead-letters-after-replay")
+
+	stop = b.relayWith(t, rails.SandboxOptions{})
+	defer stop()
+	waitFor(t, "the replayed instruction dispatched", func() bool {
+		var n int
+		_ = b.pool.QueryRow(b.ctx, "SELECT count(*) FROM outbox.attempts WHERE outbox_id = $1 AND state = 'DISPATCHED'", first).Scan(&n)
+		return n == 1
+	})
+	if err := chromedp.Do(op, chromedp.Navigate(b.url+"/console/trail?id="+first.String()), waitVisible("ol.timeline")); err != nil {
+		t.Fatal(err)
+	}
+	s := text(op)
+	for _, want := range []string{"FAILED", "REPLAYED", "by oscar", "beneficiary bank fixed the account", "DISPATCHED"} {
+		if !strings.Contains(s, want) {
+			t.Fatalf("trail lacks %q:\n%s", want, s)
+		}
+	}
+	if strings.Index(s, "REPLAYED") > strings.LastIndex(s, "DISPATCHED") {
+		t.Fatalf("trail out of order:\n%s", s)
+	}
+	shot(op, "trail")
+	if err := chromedp.Do(op, chromedp.Navigate(b.url+"/console/participant?id=initech"), waitVisible("section.card")); err != nil {
+		t.Fatal(err)
+	}
+	shot(op, "participant")
+	if err := chromedp.Do(op, chromedp.Navigate(b.url+"/console/instructions?state=pending"), waitVisible("table")); err != nil {
+		t.Fatal(err)
+	}
+	shot(op, "instructions")
+
+	au := browser(t, bin)
+	signIn(au, auditorSecret)
+	if err := chromedp.Do(au, chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {
+		t.Fatal(err)
+	}
+	buttons, err := chromedp.Run(au, chromedp.Evaluate[int](`document.querySelectorAll("button.replay, button.ack").length`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := text(au); buttons != 0 || !strings.Contains(s, "globex") {
+		t.Fatalf("the auditor's dead letters page: %d action buttons\n%s", buttons, s)
+	}
+	shot(au, "dead-letters-auditor")
+	status, err := chromedp.Run(au, chromedp.Evaluate[int](`fetch("/console/dead-letters/`+second.String()+`/replay",
+		{method: "POST", headers: {"Content-Type": "application/x-www-form-urlencoded"}, body: "reason=because&csrf=guess"}).then(r => r.status)`,
+		chromedp.EvalAwaitPromise))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status != 403 {
+		t.Fatalf("an auditor's replay: %d, want 403", status)
+	}
+	var stillDead int
+	if err := b.pool.QueryRow(b.ctx, "SELECT count(*) FROM outbox.dead_letters WHERE outbox_id = $1", second).Scan(&stillDead); err != nil || stillDead != 1 {
+		t.Fatalf("the auditor's replay changed something: %d %v", stillDead, err)
+	}
+	t.Logf("screenshots in %s", shots)
+}
