@@ -9,16 +9,17 @@ FUZZ      := payment:FuzzParseAmount payment:FuzzParseAmountMinor payment:FuzzDe
              pending:FuzzValidate cmd/outbox:FuzzEnqueueLine
 BENCHTIME ?= 1x
 
-.PHONY: demo test vet lint fuzz bench postgres pgbouncer promtool build
+.PHONY: demo test vet lint fuzz bench postgres pgbouncer promtool chromium build
 
 ## demo: local PostgreSQL, migrations, relayer, sandbox rail, a producer stream, a live summary
 demo: postgres
 	$(GO) run ./cmd/outbox demo $(ARGS)
 
 ## test: go vet, every test with the race detector, then short fuzz runs
-## (the PgBouncer and promtool tests must run: a missing binary fails them)
-test: postgres pgbouncer promtool vet lint
-	OUTBOX_REQUIRE_PGBOUNCER=1 OUTBOX_REQUIRE_PROMTOOL=1 $(GO) test -race -count=1 -timeout 30m ./...
+## (the PgBouncer, promtool and browser tests must run: a missing binary
+## fails them)
+test: postgres pgbouncer promtool chromium vet lint
+	OUTBOX_REQUIRE_PGBOUNCER=1 OUTBOX_REQUIRE_PROMTOOL=1 OUTBOX_REQUIRE_CHROMIUM=1 $(GO) test -race -count=1 -timeout 30m ./...
 	$(MAKE) --no-print-directory fuzz
 
 vet:
@@ -51,6 +52,15 @@ bench: postgres
 
 build:
 	$(GO) build -o bin/outbox ./cmd/outbox
+
+## chromium: make sure a headless Chromium exists (the console's browser
+## test drives it).
+chromium:
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then exit 0; fi; \
+	echo "chromium not found: installing the chromium package"; \
+	SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
 
 ## promtool: make sure promtool exists (the alert rules' tests run it).
 promtool:

@@ -2,8 +2,11 @@ package main
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"fmt"
-	"math/rand/v2"
+	"log/slog"
+	mrand "math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,7 +14,9 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ledgerline/outbox/admin"
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/migrations"
@@ -33,6 +38,8 @@ type demoFlags struct {
 	latencyMin    time.Duration
 	latencyMax    time.Duration
 	ordered       bool
+	outage        time.Duration
+	keepConsole   bool
 }
 
 func runDemo(ctx context.Context, env *environment, args []string) error {
@@ -51,6 +58,8 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	fs.DurationVar(&df.latencyMin, "latency-min", 2*time.Millisecond, "sandbox rail: fastest answer")
 	fs.DurationVar(&df.latencyMax, "latency-max", 20*time.Millisecond, "sandbox rail: slowest answer")
 	fs.BoolVar(&df.ordered, "ordered", true, "per-participant ordering (outbox migrate ordering on|off)")
+	fs.DurationVar(&df.outage, "outage", 3*time.Second, "sandbox rail: an outage this long a third of the way through, which opens its breaker once (0: none)")
+	fs.BoolVar(&df.keepConsole, "keep-console", false, "after the summary, keep the console up until Ctrl-C")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "error", "log level of the relayers (the summary is printed regardless)")
 	if _, err := parseFlags(fs, env, args); err != nil {
@@ -82,9 +91,12 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 
 	sandbox := rails.NewSandbox(rails.SandboxOptions{Seed: time.Now().UnixNano(), LatencyMin: df.latencyMin,
 		LatencyMax: df.latencyMax, RetryableRate: df.retryableRate, TerminalRate: df.terminalRate})
+	// Breakers open for 2 s (30 s by default) so the outage's shows and
+	// heals within a demo.
+	breaker := rails.BreakerOptions{OpenFor: 2 * time.Second}
 	set, err := rails.NewSet(
-		rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: sandbox, Timeout: rf.railTimeout},
-		rails.Options{Type: "event", Profile: payment.Event{}, Transport: sandbox, Timeout: rf.railTimeout})
+		rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: sandbox, Timeout: rf.railTimeout, Breaker: breaker},
+		rails.Options{Type: "event", Profile: payment.Event{}, Transport: sandbox, Timeout: rf.railTimeout, Breaker: breaker})
 	if err != nil {
 		return err
 	}
@@ -113,6 +125,15 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 			return err
 		}
 		services = append(services, svc)
+	}
+
+	closeConsole, err := d.console(ctx, pool, db.schema, &rf, set, services[0], log)
+	if err != nil {
+		return err
+	}
+	defer closeConsole()
+	if df.outage > 0 && df.duration > 0 {
+		go d.outage(runCtx, df.duration/3, df.outage)
 	}
 
 	produceCtx := runCtx
@@ -156,7 +177,76 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 		_ = svc.Stop(stopCtx)
 	}
 	d.summary(context.Background(), time.Since(start))
-	return d.final(context.Background(), !df.ordered)
+	err = d.final(context.Background(), !df.ordered)
+	if df.keepConsole && ctx.Err() == nil {
+		fmt.Fprintln(env.stdout, "the console stays up until Ctrl-C")
+		<-ctx.Done()
+	}
+	return err
+}
+
+// console serves the admin address (console, API, probes, metrics) for the
+// demo: on --admin-addr, or a free local port, with the credentials of
+// --admin-tokens-*, or a fresh operator token it prints.
+func (d *demo) console(ctx context.Context, pool *pgxpool.Pool, schema string, rf *relayFlags, set *rails.Set,
+	svc *relay.Service, log *slog.Logger) (func(), error) {
+	tokens, err := rf.adminTokens(d.env)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	secret := ""
+	if len(tokens) == 0 {
+		b := make([]byte, 16)
+		_, _ = crand.Read(b)
+		secret = "demo-" + hex.EncodeToString(b)
+		tok, err := admin.NewToken("demo-operator", admin.RoleOperator, secret)
+		if err != nil {
+			return nil, err
+		}
+		tokens = []admin.Token{tok}
+	}
+	adm, err := admin.New(admin.Config{Pool: pool, Schema: schema, Tokens: tokens, Rails: set, Relayer: svc.Relayer(),
+		DegradedAfter: rf.degradedAfter, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	addr := rf.adminAddr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+	}
+	registry := prometheus.NewRegistry()
+	for _, c := range svc.Collectors() {
+		if err := registry.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	shutdown, bound, err := serveAdmin(addr, adm, registry, log)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(d.env.stdout, "console: http://%s/console/", bound)
+	if secret != "" {
+		fmt.Fprintf(d.env.stdout, "  (sign in with the operator token %s)", secret)
+	}
+	fmt.Fprintln(d.env.stdout)
+	go func() { <-ctx.Done(); adm.SetStopping() }()
+	return shutdown, nil
+}
+
+// outage takes the sandbox rail down for a while, after a delay: its
+// breaker opens, instructions wait in pending, and it heals.
+func (d *demo) outage(ctx context.Context, after, length time.Duration) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(after):
+	}
+	d.sandbox.SetDown(fmt.Errorf("%w: demo outage", rails.ErrUnavailable))
+	select {
+	case <-ctx.Done():
+	case <-time.After(length):
+	}
+	d.sandbox.SetDown(nil)
 }
 
 // demo holds the live counters.
@@ -196,7 +286,7 @@ func (d *demo) observe(recs []engine.Recorded) {
 // every 10 ms.
 func (d *demo) produce(ctx context.Context, df demoFlags) {
 	producer, _ := pending.NewProducer(pending.Config{Schema: d.schema})
-	run := rand.Uint64()
+	run := mrand.Uint64()
 	start := time.Now()
 	n := 0
 	t := time.NewTicker(10 * time.Millisecond)
@@ -215,12 +305,12 @@ func (d *demo) produce(ctx context.Context, df demoFlags) {
 			n++
 			batch = append(batch, pending.Instruction{
 				InstructionID:  fmt.Sprintf("demo-%x-%d", run&0xffffff, n),
-				ParticipantID:  fmt.Sprintf("merchant-%03d", rand.IntN(df.participants)),
+				ParticipantID:  fmt.Sprintf("merchant-%03d", mrand.IntN(df.participants)),
 				IdempotencyKey: pending.DeterministicKey("demo", fmt.Sprint(run), fmt.Sprint(n)),
 				RailType:       "sandbox",
-				AmountMinor:    100 + rand.Int64N(99_900),
+				AmountMinor:    100 + mrand.Int64N(99_900),
 				Currency:       "USD",
-				Destination:    fmt.Sprintf("acct-%06d", rand.IntN(1_000_000)),
+				Destination:    fmt.Sprintf("acct-%06d", mrand.IntN(1_000_000)),
 			})
 		}
 		if len(batch) == 0 {

@@ -197,7 +197,7 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 		if err != nil {
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}
-		shutdown, err := serveAdmin(rf.adminAddr, adm, registry, log)
+		shutdown, _, err := serveAdmin(rf.adminAddr, adm, registry, log)
 		if err != nil {
 			return err
 		}
@@ -247,12 +247,13 @@ func (f *relayFlags) adminTokens(env *environment) ([]admin.Token, error) {
 	return all, nil
 }
 
-// serveAdmin serves the admin address (/metrics, the probes and the API)
-// until the returned shutdown is called.
-func serveAdmin(addr string, adm *admin.Server, registry *prometheus.Registry, log *slog.Logger) (shutdown func(), err error) {
+// serveAdmin serves the admin address (/metrics, the probes, the API and
+// the console) until the returned shutdown is called; bound is the address
+// it listens on.
+func serveAdmin(addr string, adm *admin.Server, registry *prometheus.Registry, log *slog.Logger) (shutdown func(), bound string, err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
@@ -271,7 +272,7 @@ func serveAdmin(addr string, adm *admin.Server, registry *prometheus.Registry, l
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 		<-done
-	}, nil
+	}, ln.Addr().String(), nil
 }
 
 func runReap(ctx context.Context, env *environment, args []string) error {
