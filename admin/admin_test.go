@@ -377,3 +377,55 @@ func TestReadiness(t *testing.T) {
 		t.Fatalf("healthz: %d %v", code, h)
 	}
 }
+
+// TestOutcomeUnknownDeadLetter: an instruction whose last attempt timed out
+// after the request was sent (the sandbox pays, then never answers) is a
+// dead letter marked outcome unknown, and its replay says it reuses the
+// idempotency key; a rejected one is not marked.
+func TestOutcomeUnknownDeadLetter(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Timeout: 100 * time.Millisecond,
+		Transport: rails.NewSandbox(rails.SandboxOptions{TimeoutRate: 1})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := relay.New(b.pool, relay.Config{Relayer: engine.Config{Rails: set, PollInterval: 50 * time.Millisecond, MaxAttempts: 1}, NoReaper: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	timedOut := b.enqueue(t, "p1", "k-timeout")
+	var dls admin.Page[store.DeadLetter]
+	for deadline := time.Now().Add(20 * time.Second); len(dls.Items) == 0; time.Sleep(50 * time.Millisecond) {
+		b.call(t, "GET", "/api/v1/dead-letters", auditorSecret, nil, &dls)
+		if time.Now().After(deadline) {
+			t.Fatal("no dead letter")
+		}
+	}
+	if err := svc.Stop(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	rejected := b.enqueue(t, "p2", "k-rejected")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
+	b.call(t, "GET", "/api/v1/dead-letters", auditorSecret, nil, &dls)
+	marked := map[uuid.UUID]bool{}
+	for _, dl := range dls.Items {
+		marked[dl.OutboxID] = dl.OutcomeUnknown
+	}
+	if len(marked) != 2 || !marked[timedOut] || marked[rejected] {
+		t.Fatalf("outcome unknown: %v (timed out %s, rejected %s)", marked, timedOut, rejected)
+	}
+	var res admin.ActionResult
+	if code := b.call(t, "POST", "/api/v1/dead-letters/"+timedOut.String()+"/replay", operatorSecret,
+		map[string]string{"reason": "asked the rail: not paid"}, &res); code != 200 || !res.OutcomeUnknown || !strings.Contains(res.Note, "idempotency key") {
+		t.Fatalf("replay of an outcome-unknown dead letter: %d %+v", code, res)
+	}
+	res = admin.ActionResult{}
+	if code := b.call(t, "POST", "/api/v1/dead-letters/"+rejected.String()+"/replay", operatorSecret,
+		map[string]string{"reason": "account fixed"}, &res); code != 200 || res.OutcomeUnknown || res.Note != "" {
+		t.Fatalf("replay of a rejected dead letter: %d %+v", code, res)
+	}
+}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gofrs/uuid/v5"
 
+	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/internal/store"
 )
 
@@ -221,10 +222,6 @@ type ActionResult struct {
 	Note           string    `json:"note,omitempty"`
 }
 
-// outcomeUnknownReplay is what a replay of an outcome-unknown dead letter
-// says.
-const outcomeUnknownReplay = "the last attempt's outcome is unknown (the rail may have acted): the replay reuses the instruction's idempotency key, so a rail that did act answers it as a duplicate instead of paying twice"
-
 func (s *Server) replay(w http.ResponseWriter, r *http.Request, who Token) {
 	s.act(w, r, who, "replay")
 }
@@ -274,7 +271,7 @@ func (s *Server) Act(ctx context.Context, id uuid.UUID, operator, action, reason
 	if action == "replay" {
 		res.Done, err = s.store.Replay(ctx, s.cfg.Pool, id, operator, reason)
 		if res.OutcomeUnknown {
-			res.Note = outcomeUnknownReplay
+			res.Note = attempts.OutcomeUnknownReplay
 		}
 	} else {
 		res.Done, err = s.store.Acknowledge(ctx, s.cfg.Pool, id, operator, reason)

@@ -124,6 +124,16 @@ func (a *Archive) DeadLetters(ctx context.Context, db DB, all bool, limit int) (
 	return a.store.DeadLetters(ctx, db, all, limit)
 }
 
+// DeadLetter returns the dead letter of an outbox id, or nil if there is
+// none.
+func (a *Archive) DeadLetter(ctx context.Context, db DB, outboxID uuid.UUID) (*DeadLetter, error) {
+	return a.store.DeadLetter(ctx, db, outboxID)
+}
+
+// OutcomeUnknownReplay is what a replay of a dead letter marked outcome
+// unknown tells the operator.
+const OutcomeUnknownReplay = "the last attempt's outcome is unknown (the rail may have acted): the replay reuses the instruction's idempotency key, so a rail that did act answers it as a duplicate instead of paying twice"
+
 // Replay sends a dead letter back to pending with the same outbox and
 // sequence id and a fresh retry budget, and archives a REPLAYED row naming
 // the operator and the reason. With ordering on it becomes its participant's next

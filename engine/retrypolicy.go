@@ -25,6 +25,18 @@ func countsAgainstBudget(code rails.ErrorCode) bool {
 	return true
 }
 
+// outcomeUnknown: the request may have reached the rail and been acted on,
+// but we cannot know (no answer in time, a broken exchange, an answer we
+// cannot read). Such an attempt that ends an instruction makes a dead
+// letter marked outcome unknown; its replay reuses the idempotency key.
+func outcomeUnknown(code rails.ErrorCode) bool {
+	switch code {
+	case rails.CodeRailTimeout, rails.CodeRailTransport, rails.CodeUnknownRailCode:
+		return true
+	}
+	return false
+}
+
 // outcome turns a decision into what is recorded: backoff for retries,
 // MAX_ATTEMPTS_EXCEEDED on the last allowed attempt.
 func (r *Relayer) outcome(c store.Claimed, d rails.Decision, latency time.Duration) store.Outcome {
@@ -35,7 +47,8 @@ func (r *Relayer) outcome(c store.Claimed, d rails.Decision, latency time.Durati
 		RailReference: rails.CleanText(d.Reference, maxRailTextLength), RailCode: rails.CleanText(d.RailCode, maxRailTextLength),
 		ErrorCode:    string(d.ErrorCode),
 		ErrorMessage: sanitize(d.Message, r.cfg.MaxErrorLength), LatencyMS: int(latency.Milliseconds()),
-		CountAttempt: countsAgainstBudget(d.ErrorCode),
+		CountAttempt:   countsAgainstBudget(d.ErrorCode),
+		OutcomeUnknown: outcomeUnknown(d.ErrorCode),
 	}
 	if d.Field != "" {
 		o.ErrorMessage = sanitize(fmt.Sprintf("field %s: %s", d.Field, d.Message), r.cfg.MaxErrorLength)

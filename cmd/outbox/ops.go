@@ -87,8 +87,11 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 	}
 	missing := 0
 	for _, id := range ids {
+		dl, err := archive.DeadLetter(ctx, pool, id)
+		if err != nil {
+			return err
+		}
 		var ok bool
-		var err error
 		if action == "replay" {
 			ok, err = archive.Replay(ctx, pool, id, *operator, *reason)
 		} else {
@@ -100,7 +103,14 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 		if !ok {
 			missing++
 		}
-		_ = out.Encode(map[string]any{"outbox_id": id, "action": action, "done": ok})
+		line := map[string]any{"outbox_id": id, "action": action, "done": ok}
+		if dl != nil {
+			line["outcome_unknown"] = dl.OutcomeUnknown
+			if dl.OutcomeUnknown && action == "replay" {
+				line["note"] = attempts.OutcomeUnknownReplay
+			}
+		}
+		_ = out.Encode(line)
 	}
 	if missing > 0 {
 		return exitError{code: 1}

@@ -134,7 +134,7 @@ func (r *runner) ceilingDispatch(ctx context.Context, bin, dir string, ordered b
 	script := pgbenchSQL(h.ClaimAsOutcomes, map[int]string{1: ":relayer", 2: ":batch", 3: ":rails", 4: ":leases"}) + " \\gset\n" +
 		"\\startpipeline\n" +
 		pgbenchSQL(h.LockParticipants, map[int]string{1: ":a7"}) + ";\n" +
-		pgbenchSQL(h.Record, numbered("a", 21)) + ";\n" +
+		pgbenchSQL(h.Record, numbered("a", 22)) + ";\n" +
 		pgbenchSQL(h.Handoff, map[int]string{1: ":relayer", 2: ":zero", 3: ":rails", 4: ":leases", 5: ":a7"}) + ";\n" +
 		"\\endpipeline\n"
 	// Claims stop short of the queue's end, so every transaction claims a

@@ -210,9 +210,9 @@ var dispatchingValues = `c.attempt_id, ` + from("c", identityColumns) + `, c.pay
          NULL::uuid, c.claimed_at, NULL::timestamptz, NULL::timestamptz, NULL::text, NULL::text, NULL::text, NULL::text,
          NULL::int, false`
 
-// claimAsOutcomesSQL is claimSQL with its result folded into the 21 arrays
+// claimAsOutcomesSQL is claimSQL with its result folded into the 22 arrays
 // recordSQL takes, as a relayer whose every dispatch succeeded at once
-// would record them (columns a1 to a21): the benchmark's ceiling runs the
+// would record them (columns a1 to a22): the benchmark's ceiling runs the
 // two statements back to back through pgbench, with nothing in between.
 var claimAsOutcomesSQL = claimLockedSQL + claimWritesSQL + `
 SELECT coalesce(array_agg(gen_random_uuid()), '{}') AS a1, coalesce(array_agg(attempt_id), '{}') AS a2,
@@ -225,5 +225,5 @@ SELECT coalesce(array_agg(gen_random_uuid()), '{}') AS a1, coalesce(array_agg(at
        coalesce(array_agg('ref-' || outbox_id), '{}') AS a15, coalesce(array_agg('00'::text), '{}') AS a16,
        coalesce(array_agg(''::text), '{}') AS a17, coalesce(array_agg(''::text), '{}') AS a18,
        coalesce(array_agg(0), '{}') AS a19, coalesce(array_agg(0::bigint), '{}') AS a20,
-       coalesce(array_agg(true), '{}') AS a21
+       coalesce(array_agg(true), '{}') AS a21, coalesce(array_agg(false), '{}') AS a22
 FROM claimed`

@@ -46,6 +46,11 @@ type Outcome struct {
 	// CountAttempt is false when the attempt does not use up the retry
 	// budget (see budget.go).
 	CountAttempt bool
+	// OutcomeUnknown says the rail may have acted on this attempt without
+	// our knowing (a timeout or a broken exchange after the request was
+	// sent, an answer we cannot read). A Failed outcome with it makes a
+	// dead letter marked outcome unknown.
+	OutcomeUnknown bool
 }
 
 // Recorded says what happened to one outcome.
@@ -146,7 +151,7 @@ func recordArgs(outcomes []Outcome) (args []any, terminal []string, err error) {
 		attemptNos, latencies                           = make([]int32, n), make([]int32, n)
 		seqs, delays                                    = make([]int64, n), make([]int64, n)
 		claimedAt                                       = make([]time.Time, n)
-		counts                                          = make([]bool, n)
+		counts, unknown                                 = make([]bool, n), make([]bool, n)
 	)
 	for i, o := range outcomes {
 		switch o.State {
@@ -161,13 +166,13 @@ func recordArgs(outcomes []Outcome) (args []any, terminal []string, err error) {
 		messages[i] = o.ErrorMessage
 		attemptNos[i], latencies[i] = int32(o.AttemptNo), int32(o.LatencyMS)
 		seqs[i], delays[i] = o.SequenceID, o.RetryDelay.Milliseconds()
-		claimedAt[i], counts[i] = o.ClaimedAt, o.CountAttempt
+		claimedAt[i], counts[i], unknown[i] = o.ClaimedAt, o.CountAttempt, o.OutcomeUnknown
 	}
 	ids := wireUUIDs(outcomes, func(o *Outcome) uuid.UUID { return o.AttemptID })
 	claimIDs := wireUUIDs(outcomes, func(o *Outcome) uuid.UUID { return o.ClaimAttemptID })
 	outboxIDs := wireUUIDs(outcomes, func(o *Outcome) uuid.UUID { return o.OutboxID })
 	return []any{ids, claimIDs, outboxIDs, states, attemptNos, instrs, parts, seqs, keys, railTypes, tenants, corrs,
-		relayers, claimedAt, refs, codes, errCodes, messages, latencies, delays, counts}, terminal, nil
+		relayers, claimedAt, refs, codes, errCodes, messages, latencies, delays, counts, unknown}, terminal, nil
 }
 
 // RecordArgs are the outcome statement's arguments, for plan tests.
@@ -232,10 +237,10 @@ var recordSQL = `
 WITH input AS (
   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::int[], $6::text[], $7::text[], $8::bigint[],
                        $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::timestamptz[], $15::text[],
-                       $16::text[], $17::text[], $18::text[], $19::int[], $20::bigint[], $21::bool[])
+                       $16::text[], $17::text[], $18::text[], $19::int[], $20::bigint[], $21::bool[], $22::bool[])
     AS o(attempt_id, claim_attempt_id, outbox_id, state, attempt_no, instruction_id, participant_id, sequence_id,
          idempotency_key, rail_type, tenant_id, correlation_id, relayer_id, claimed_at, rail_reference,
-         rail_code, error_code, error_message, latency_ms, retry_delay_ms, count_attempt)
+         rail_code, error_code, error_message, latency_ms, retry_delay_ms, count_attempt, outcome_unknown)
 ), targets AS (
   SELECT o.*, t.row FROM input o
   CROSS JOIN LATERAL (SELECT f.ctid AS row FROM {schema}.inflight f
@@ -244,7 +249,7 @@ WITH input AS (
   DELETE FROM {schema}.inflight f USING targets o
   WHERE f.ctid = ANY (ARRAY(SELECT row FROM targets)) AND f.ctid = o.row
   RETURNING f.*, o.attempt_id AS outcome_id, o.state, o.rail_reference, o.rail_code, o.error_code, o.error_message,
-            o.latency_ms, o.count_attempt,
+            o.latency_ms, o.count_attempt, o.outcome_unknown,
             CASE WHEN o.state = 'RETRYABLE' THEN now() + o.retry_delay_ms * interval '1 millisecond' END AS due,
             clock_timestamp() AS archived_at
 ), stamped AS (
@@ -271,8 +276,9 @@ WITH input AS (
          zombie_count
   FROM stamped WHERE state = 'RETRYABLE'
 ), dead AS (
-  INSERT INTO {schema}.dead_letters (` + deadLetterColumns + `, chain_head)
-  SELECT ` + identityColumns + `, payload, attempt_no, error_code, nullif(error_message, ''), outcome_id, created_at, hash
+  INSERT INTO {schema}.dead_letters (` + deadLetterColumns + `, chain_head, outcome_unknown)
+  SELECT ` + identityColumns + `, payload, attempt_no, error_code, nullif(error_message, ''), outcome_id, created_at, hash,
+         outcome_unknown
   FROM stamped WHERE state = 'FAILED'
 ), finished AS (
   UPDATE {schema}.sequences s SET queued = s.queued - t.n
