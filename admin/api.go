@@ -112,6 +112,25 @@ type Page[T any] struct {
 	Next  string `json:"next"`
 }
 
+// pageOf makes a page of items: a full page has a next one (which may turn
+// out empty), whose cursor is the last item's position.
+func pageOf[T any](items []T, limit int, position func(T) store.Cursor) Page[T] {
+	p := Page[T]{Items: items}
+	if p.Items == nil {
+		p.Items = []T{}
+	}
+	if len(items) == limit && limit > 0 {
+		p.Next = encodeCursor(position(items[len(items)-1]))
+	}
+	return p
+}
+
+// The listings' keyset positions.
+func queuedCursor(q store.Queued) store.Cursor { return store.Cursor{At: q.EnqueuedAt, ID: q.OutboxID} }
+func deadLetterCursor(d store.DeadLetter) store.Cursor {
+	return store.Cursor{At: d.FailedAt, ID: d.OutboxID}
+}
+
 // encodeCursor and decodeCursor turn a keyset position into an opaque
 // token and back.
 func encodeCursor(c store.Cursor) string {
@@ -173,12 +192,7 @@ func (s *Server) instructions(w http.ResponseWriter, r *http.Request, _ Token) {
 		s.internalError(w, r, err)
 		return
 	}
-	p := Page[store.Queued]{Items: items}
-	if len(items) == limit {
-		last := items[len(items)-1]
-		p.Next = encodeCursor(store.Cursor{At: last.EnqueuedAt, ID: last.OutboxID})
-	}
-	writeJSON(w, http.StatusOK, p)
+	writeJSON(w, http.StatusOK, pageOf(items, limit, queuedCursor))
 }
 
 func (s *Server) participant(w http.ResponseWriter, r *http.Request, _ Token) {
@@ -203,12 +217,7 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request, _ Token) {
 		s.internalError(w, r, err)
 		return
 	}
-	p := Page[store.DeadLetter]{Items: items}
-	if len(items) == limit {
-		last := items[len(items)-1]
-		p.Next = encodeCursor(store.Cursor{At: last.FailedAt, ID: last.OutboxID})
-	}
-	writeJSON(w, http.StatusOK, p)
+	writeJSON(w, http.StatusOK, pageOf(items, limit, deadLetterCursor))
 }
 
 // ActionResult is the answer to a replay or an acknowledgement.

@@ -249,16 +249,14 @@ func (s *Server) pageInstructions(w http.ResponseWriter, r *http.Request, p *pag
 	if err != nil {
 		p.Error = err.Error()
 	} else {
-		d.Items, err = s.store.ListQueued(r.Context(), s.cfg.Pool, store.QueuedFilter{InFlight: d.State == "in_flight",
+		items, err := s.store.ListQueued(r.Context(), s.cfg.Pool, store.QueuedFilter{InFlight: d.State == "in_flight",
 			Participant: d.Participant, Rail: d.Rail, After: after, Limit: limit})
 		if err != nil {
 			s.internalError(w, r, err)
 			return
 		}
-		if len(d.Items) == limit {
-			last := d.Items[len(d.Items)-1]
-			d.Next = encodeCursor(store.Cursor{At: last.EnqueuedAt, ID: last.OutboxID})
-		}
+		pg := pageOf(items, limit, queuedCursor)
+		d.Items, d.Next = pg.Items, pg.Next
 	}
 	p.Title, p.Nav, p.Data = "Instructions", "instructions", d
 	s.render(w, r, "instructions.html", p)
@@ -292,14 +290,13 @@ func (s *Server) pageDeadLetters(w http.ResponseWriter, r *http.Request, p *page
 	}
 	d := deadLettersPage{All: r.URL.Query().Get("all") == "true"}
 	if err == nil {
-		if d.Items, err = s.store.DeadLettersAfter(r.Context(), s.cfg.Pool, d.All, after, limit); err != nil {
+		items, err := s.store.DeadLettersAfter(r.Context(), s.cfg.Pool, d.All, after, limit)
+		if err != nil {
 			s.internalError(w, r, err)
 			return
 		}
-		if len(d.Items) == limit {
-			last := d.Items[len(d.Items)-1]
-			d.Next = encodeCursor(store.Cursor{At: last.FailedAt, ID: last.OutboxID})
-		}
+		pg := pageOf(items, limit, deadLetterCursor)
+		d.Items, d.Next = pg.Items, pg.Next
 	}
 	p.Title, p.Nav, p.Data = "Dead letters", "dead", d
 	s.render(w, r, "deadletters.html", p)

@@ -51,10 +51,13 @@ func (s *Store) DeadLettersAfter(ctx context.Context, db Querier, all bool, afte
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[DeadLetter])
 }
 
-const deadLettersSQL = `
+// deadLetterSelect reads dead_letters rows as DeadLetter, in field order.
+const deadLetterSelect = `
 SELECT outbox_id, instruction_id, participant_id, sequence_id, rail_type, tenant_id, correlation_id,
        attempt_count, error_code, error_message, created_at, failed_at, acknowledged_at, acknowledged_by, outcome_unknown
-FROM {schema}.dead_letters WHERE ($1 OR acknowledged_at IS NULL) AND (failed_at, outbox_id) > ($3, $4)
+FROM {schema}.dead_letters`
+
+const deadLettersSQL = deadLetterSelect + ` WHERE ($1 OR acknowledged_at IS NULL) AND (failed_at, outbox_id) > ($3, $4)
 ORDER BY failed_at, outbox_id LIMIT $2`
 
 // DeadLetter returns the dead letter of an outbox id, or nil if there is
@@ -71,7 +74,4 @@ func (s *Store) DeadLetter(ctx context.Context, db Querier, outboxID uuid.UUID) 
 	return &dls[0], nil
 }
 
-const deadLetterSQL = `
-SELECT outbox_id, instruction_id, participant_id, sequence_id, rail_type, tenant_id, correlation_id,
-       attempt_count, error_code, error_message, created_at, failed_at, acknowledged_at, acknowledged_by, outcome_unknown
-FROM {schema}.dead_letters WHERE outbox_id = $1`
+const deadLetterSQL = deadLetterSelect + ` WHERE outbox_id = $1`
