@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ledgerline/outbox/admin"
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/internal/testdb"
@@ -375,5 +380,54 @@ func TestRelayServiceAsRelayerRole(t *testing.T) {
 	rep, err := b.st.Verify(b.ctx, b.as(t, migrations.RoleAuditor, "*"), store.VerifyOptions{Ordered: true})
 	if err != nil || !rep.OK() || rep.Dispatched != n {
 		t.Fatalf("verify: %+v %v", rep, err)
+	}
+}
+
+// TestAdminAsOperatorRole: the admin address's views and actions work on a
+// connection as outbox_operator across tenants (what --admin-database-url
+// is for): overview, readiness, listings, the participant view, a trail by
+// instruction id, verify, and a replay, archived with the token's name.
+func TestAdminAsOperatorRole(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	producer := b.as(t, migrations.RoleProducer, "acme")
+	relayer := b.as(t, migrations.RoleRelayer, "")
+	operator := b.as(t, migrations.RoleOperator, "*")
+	r, err := b.enqueue(t, producer, "acme", "k-op")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.settle(t, relayer, store.Failed)
+	tok, err := admin.NewToken("olga", admin.RoleOperator, "olga-secret-0123456789")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := admin.New(admin.Config{Pool: operator, Tokens: []admin.Token{tok}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	for _, c := range []struct{ method, path, body, want string }{
+		{"GET", "/readyz", "", `"status":"ready"`},
+		{"GET", "/api/v1/overview", "", `"dead_letters":1`},
+		{"GET", "/api/v1/instructions?state=in_flight", "", `"items":[]`},
+		{"GET", "/api/v1/participants/p-k-op", "", `"state":"clear"`},
+		{"GET", "/api/v1/dead-letters", "", r.OutboxID.String()},
+		{"POST", "/api/v1/dead-letters/" + r.OutboxID.String() + "/replay", `{"reason":"fixed"}`, `"done":true`},
+		{"GET", "/api/v1/trail?instruction_id=ins-k-op", "", `"REPLAYED"`},
+		{"POST", "/api/v1/verify", "", `"ok":true`},
+	} {
+		req, _ := http.NewRequestWithContext(b.ctx, c.method, hs.URL+c.path, strings.NewReader(c.body))
+		req.Header.Set("Authorization", "Bearer olga-secret-0123456789")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), c.want) {
+			t.Errorf("%s %s as %s: %d %s (want %s)", c.method, c.path, migrations.RoleOperator, resp.StatusCode, body, c.want)
+		}
 	}
 }

@@ -52,6 +52,7 @@ type relayFlags struct {
 	adminAddr          string
 	adminTokensFile    string
 	adminTokensEnv     string
+	adminDatabaseURL   string
 	degradedAfter      time.Duration
 }
 
@@ -84,6 +85,7 @@ func (f *relayFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.adminAddr, "metrics-addr", "", "the former name of --admin-addr")
 	fs.StringVar(&f.adminTokensFile, "admin-tokens-file", "", "file of API credentials, one per line: ROLE NAME SECRET (role auditor or operator); without tokens the API is off")
 	fs.StringVar(&f.adminTokensEnv, "admin-tokens-env", "", "name of an environment variable holding API credentials in the same format (lines or ';'-separated)")
+	fs.StringVar(&f.adminDatabaseURL, "admin-database-url", "", "the admin address's own connection (e.g. as outbox_operator with options=-c outbox.tenant=*); empty: the relayer's (which, as outbox_relayer, can neither replay nor read keys)")
 	fs.DurationVar(&f.degradedAfter, "degraded-after", admin.DefaultDegradedAfter, "/readyz says degraded once the oldest due instruction has waited this long")
 }
 
@@ -192,7 +194,18 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 		if err != nil {
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}
-		adm, err := admin.New(admin.Config{Pool: pool, Schema: db.schema, Tokens: tokens, Rails: built.Set,
+		admPool := pool
+		if rf.adminDatabaseURL != "" {
+			adb := db
+			adb.url, adb.settings.ApplicationName = rf.adminDatabaseURL, "outbox-admin "+rf.relayerID
+			p, closeAdmin, err := adb.connect(ctx, log, 4)
+			if err != nil {
+				return err
+			}
+			defer closeAdmin()
+			admPool = p
+		}
+		adm, err := admin.New(admin.Config{Pool: admPool, Schema: db.schema, Tokens: tokens, Rails: built.Set,
 			Relayer: svc.Relayer(), DegradedAfter: rf.degradedAfter, Logger: log})
 		if err != nil {
 			return fmt.Errorf("%w: %v", errUsage, err)
