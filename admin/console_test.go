@@ -119,7 +119,9 @@ func TestConsoleInBrowser(t *testing.T) {
 		return n == 2
 	})
 	stop()
-	b.enqueue(t, "initech", "k3") // something pending for the overview
+	for _, k := range []string{"k3", "k4", "k5"} { // something pending and queued
+		b.enqueue(t, "initech", k)
+	}
 
 	shot := func(ctx context.Context, name string) {
 		t.Helper()
@@ -182,6 +184,23 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	shot(op, "dead-letters-after-replay")
 
+	// Before any relayer runs again: initech's head is due, the rest of
+	// its instructions queued behind it.
+	if err := chromedp.Do(op, chromedp.Navigate(b.url+"/console/participant?id=initech"), waitVisible("section.card")); err != nil {
+		t.Fatal(err)
+	}
+	if s := text(op); !strings.Contains(s, "waiting for a relayer") {
+		t.Fatalf("participant view:\n%s", s)
+	}
+	shot(op, "participant")
+	if err := chromedp.Do(op, chromedp.Navigate(b.url+"/console/instructions?state=pending"), waitVisible("table")); err != nil {
+		t.Fatal(err)
+	}
+	if s := text(op); !strings.Contains(s, "queued") || !strings.Contains(s, "due") {
+		t.Fatalf("instructions page:\n%s", s)
+	}
+	shot(op, "instructions")
+
 	stop = b.relayWith(t, rails.SandboxOptions{})
 	defer stop()
 	waitFor(t, "the replayed instruction dispatched", func() bool {
@@ -202,14 +221,6 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("trail out of order:\n%s", s)
 	}
 	shot(op, "trail")
-	if err := chromedp.Do(op, chromedp.Navigate(b.url+"/console/participant?id=initech"), waitVisible("section.card")); err != nil {
-		t.Fatal(err)
-	}
-	shot(op, "participant")
-	if err := chromedp.Do(op, chromedp.Navigate(b.url+"/console/instructions?state=pending"), waitVisible("table")); err != nil {
-		t.Fatal(err)
-	}
-	shot(op, "instructions")
 
 	au := browser(t, bin)
 	signIn(au, auditorSecret)
