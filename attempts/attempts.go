@@ -190,9 +190,9 @@ func (a *Archive) Partitions(ctx context.Context, db DB, exact bool) ([]Partitio
 }
 
 // Detach moves every attached partition that ends at or before `before`
-// out of the table relayers write to, then retires the idempotency keys
-// first enqueued before it into their compact form (refused forever, but
-// without their original receipt). Nothing is deleted: detached months
+// out of the table relayers write to, then retires the idempotency keys of
+// the instructions those partitions dispatched into their compact form
+// (refused forever, but without their original receipt). Nothing is deleted: detached months
 // stay in the database, append-only, and are still verified and shown in
 // trails. It refuses months the checkpoints do not cover yet and gives up
 // on a partition whose lock it cannot get within lockTimeout rather than
@@ -202,8 +202,23 @@ func (a *Archive) Detach(ctx context.Context, db DB, before time.Time, lockTimeo
 	if err != nil {
 		return detached, 0, err
 	}
-	retired, err = a.store.RetireKeys(ctx, db, before, time.Minute)
-	return detached, retired, err
+	// Every detached partition, not only today's: a run cut short between
+	// the detach and the retirement is finished by the next.
+	parts, err := a.store.Partitions(ctx, db, false)
+	if err != nil {
+		return detached, 0, err
+	}
+	for _, p := range parts {
+		if p.State != "detached" {
+			continue
+		}
+		n, err := a.store.RetireKeys(ctx, db, p.Name, 0)
+		retired += n
+		if err != nil {
+			return detached, retired, err
+		}
+	}
+	return detached, retired, nil
 }
 
 // Export writes one archive partition to w as CSV (a header line, then the

@@ -7,6 +7,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/gofrs/uuid/v5"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -165,59 +166,73 @@ func quoteTime(t time.Time) string {
 	return "'" + t.UTC().Format("2006-01-02 15:04:05.999999Z07:00") + "'"
 }
 
-// retireKeysSQL moves the keys first enqueued in [$1, $2) into their
-// compact form (migration 011), except keys whose instruction is still
-// pending, in flight or a dead letter (it may be dispatched yet, or
-// replayed under its key). A concurrent enqueue of one of these keys waits
-// on its row lock and then either finds the digest or, if its snapshot
-// was older, fails (key_retired_race): it is never enqueued twice.
+// retireKeysSQL moves into their compact form (migration 011) the keys of
+// the next $2 instructions dispatched in an archive partition (%[1]s), in
+// outbox id order after $1 (its outbox id index), except those whose
+// instruction is pending, in flight or a dead letter again (a late
+// outcome's requeued copy, a replay under its key), and returns the last
+// outbox id it looked at and how many keys it moved. A concurrent enqueue
+// of one of these keys waits on its row lock and then either finds the
+// digest or, if its snapshot was older, fails (key_retired_race): it is
+// never enqueued twice.
 const retireKeysSQL = `
-WITH moved AS (
-  DELETE FROM {schema}.idempotency_keys k
-  WHERE k.created_at >= $1 AND k.created_at < $2 AND k.sequence_id IS NOT NULL
+WITH done AS (
+  SELECT DISTINCT outbox_id FROM (
+    SELECT outbox_id FROM %[1]s WHERE outbox_id > $1 AND state = 'DISPATCHED' ORDER BY outbox_id LIMIT $2) x
+), moved AS (
+  DELETE FROM {schema}.idempotency_keys k USING done d
+  WHERE k.outbox_id = d.outbox_id
     AND NOT EXISTS (SELECT 1 FROM {schema}.pending p WHERE p.outbox_id = k.outbox_id)
     AND NOT EXISTS (SELECT 1 FROM {schema}.inflight f WHERE f.outbox_id = k.outbox_id)
-    AND NOT EXISTS (SELECT 1 FROM {schema}.dead_letters d WHERE d.outbox_id = k.outbox_id)
+    AND NOT EXISTS (SELECT 1 FROM {schema}.dead_letters dl WHERE dl.outbox_id = k.outbox_id)
   RETURNING k.tenant_id, k.instruction_id, k.idempotency_key, k.outbox_id, k.participant_id, k.sequence_id, k.created_at
+), retired AS (
+  INSERT INTO {schema}.retired_keys (digest, outbox_id, tenant_id, participant_id, sequence_id, created_at)
+  SELECT {schema}.key_digest(tenant_id, instruction_id, idempotency_key), outbox_id, nullif(tenant_id, ''),
+         participant_id, sequence_id, created_at
+  FROM moved
+  RETURNING 1
 )
-INSERT INTO {schema}.retired_keys (digest, outbox_id, tenant_id, participant_id, sequence_id, created_at)
-SELECT {schema}.key_digest(tenant_id, instruction_id, idempotency_key), outbox_id, nullif(tenant_id, ''),
-       participant_id, sequence_id, created_at
-FROM moved`
+SELECT (SELECT outbox_id FROM done ORDER BY outbox_id DESC LIMIT 1), (SELECT count(*) FROM retired)`
 
-// RetireKeys moves the idempotency keys first enqueued before `before` into
-// their compact form, one window of enqueue time per transaction (a BRIN
-// index finds each window), and returns how many it moved. A retired key
-// is still refused forever (pending.ErrKeyRetired) but no longer returns
-// its original receipt. DetachArchive's caller retires the keys of the
-// months it detached, so the keys' horizon is never shorter than the
-// attached archive's.
-func (s *Store) RetireKeys(ctx context.Context, db Querier, before time.Time, window time.Duration) (int64, error) {
-	if window <= 0 {
-		window = time.Minute
+// RetireKeys moves the idempotency keys of the instructions dispatched in
+// an archive partition into their compact form, batch instructions per
+// transaction, and returns how many it moved. A retired key is still
+// refused forever (pending.ErrKeyRetired) but no longer returns its
+// original receipt. DetachArchive's caller retires the keys of each
+// partition it detached, so a key lives in full as long as the archive
+// month that dispatched its instruction is attached. Finding the keys
+// through the archive keeps the enqueue free of any index on the keys'
+// time.
+func (s *Store) RetireKeys(ctx context.Context, db Querier, partition string, batch int) (int64, error) {
+	if batch <= 0 {
+		batch = 10_000
 	}
-	var from *time.Time
-	// Where the first window starts: a scan of the keys (BRIN cannot give
-	// a minimum), once per call.
-	if err := db.QueryRow(ctx, `SELECT min(created_at) FROM `+s.table("idempotency_keys")+` WHERE created_at < $1`, before).Scan(&from); err != nil {
-		return 0, fmt.Errorf("retire keys: %w", err)
+	parts, err := s.Partitions(ctx, db, false)
+	if err != nil {
+		return 0, err
 	}
-	if from == nil {
-		return 0, nil
+	known := false
+	for _, p := range parts {
+		known = known || p.Name == partition
 	}
-	var n int64
-	for t := *from; t.Before(before); t = t.Add(window) {
-		end := t.Add(window)
-		if end.After(before) {
-			end = before
+	if !known {
+		return 0, fmt.Errorf("%w: %q is not a partition of the archive", ErrArchiveLifecycle, partition)
+	}
+	q := fmt.Sprintf(s.sql.retireKeys, s.table(partition))
+	var total int64
+	for after := uuid.Nil; ; {
+		var last *uuid.UUID
+		var n int64
+		if err := db.QueryRow(ctx, q, after, batch).Scan(&last, &n); err != nil {
+			return total, fmt.Errorf("retire keys of %s after %s: %w", partition, after, err)
 		}
-		tag, err := db.Exec(ctx, s.sql.retireKeys, t, end)
-		if err != nil {
-			return n, fmt.Errorf("retire keys %s..%s: %w", t.Format(time.RFC3339), end.Format(time.RFC3339), err)
+		total += n
+		if last == nil {
+			return total, nil
 		}
-		n += tag.RowsAffected()
+		after = *last
 	}
-	return n, nil
 }
 
 // ExportPartition writes one archive partition (attached or detached) to w

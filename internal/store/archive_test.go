@@ -130,12 +130,15 @@ func TestArchiveDetachRetireExport(t *testing.T) {
 	}
 	b.verifyOK(t)
 
-	retired, err := b.st.RetireKeys(b.ctx, b.pool, boundary, 200*time.Millisecond)
+	retired, err := b.st.RetireKeys(b.ctx, b.pool, old, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if retired != 3 {
 		t.Fatalf("retired %d keys, want the 3 dispatched before the boundary", retired)
+	}
+	if again, err := b.st.RetireKeys(b.ctx, b.pool, old, 0); err != nil || again != 0 {
+		t.Fatalf("retire again: %d %v", again, err)
 	}
 	b.verifyOK(t)
 	var queued int
@@ -210,15 +213,14 @@ func TestRetiredKeyRace(t *testing.T) {
 	b := setupRecord(t)
 	id := b.enqueue(t, "p1", "k-race")
 	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched))
-	horizon := time.Now().Add(time.Millisecond)
-	time.Sleep(5 * time.Millisecond)
+	month := "attempts_" + time.Now().UTC().Format("2006_01")
 
 	tx, err := b.pool.Begin(b.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(b.ctx)
-	if n, err := b.st.RetireKeys(b.ctx, tx, horizon, time.Hour); err != nil || n != 1 {
+	if n, err := b.st.RetireKeys(b.ctx, tx, month, 0); err != nil || n != 1 {
 		t.Fatalf("retire: %d %v", n, err)
 	}
 	done := make(chan error, 1)

@@ -24,7 +24,8 @@ CREATE VIEW {{.schema}}.archive WITH (security_invoker = true) AS
   SELECT * FROM {{.schema}}.attempts_detached;
 
 -- Retired idempotency keys: the compact form a key takes when the archive
--- months of its instruction are detached. The key itself is kept as a
+-- month that dispatched its instruction is detached (found through the
+-- archive, so the enqueue pays for no index on the keys' time). The key itself is kept as a
 -- 16-byte digest of (tenant, instruction id, key), so a replay of it is
 -- still refused forever (pending.ErrKeyRetired: never dispatched twice);
 -- what is lost is the original receipt (the payload hash, to tell a replay
@@ -47,11 +48,15 @@ CREATE TRIGGER retired_keys_no_truncate
   FOR EACH STATEMENT EXECUTE FUNCTION {{.schema}}.reject_change();
 
 -- key_digest is a retired key's identity: an injective encoding (lengths
--- first) of the three parts, hashed, truncated to 128 bits.
+-- first) of the three parts, hashed, truncated to 128 bits. It is STABLE
+-- as its body is (textsend is): declared IMMUTABLE, the planner would not
+-- inline it into the enqueue's statements, and a SQL function that is not
+-- inlined is planned again on every execution, which cost the single
+-- enqueue a fifth of its throughput.
 CREATE FUNCTION {{.schema}}.key_digest(tenant_id text, instruction_id text, idempotency_key text) RETURNS bytea
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-  SELECT substr(sha256(textsend(length(tenant_id) || ':' || tenant_id || length(instruction_id) || ':' || instruction_id
-                                || idempotency_key)), 1, 16)
+LANGUAGE sql STABLE PARALLEL SAFE AS $$
+  SELECT substr(sha256(textsend(length(tenant_id)::text || ':' || tenant_id || length(instruction_id)::text || ':'
+                                || instruction_id || idempotency_key)), 1, 16)
 $$;
 
 -- key_retired_race fails the statement (and so the enqueue's transaction)
@@ -65,8 +70,3 @@ BEGIN
   RAISE EXCEPTION 'outbox: idempotency key of outbox % was retired while this transaction enqueued it', outbox_id
     USING ERRCODE = 'OBKR1';
 END $$;
-
--- Keys are retired by time of first enqueue; a BRIN index finds a time
--- window without a btree's cost on every enqueue (keys arrive in time
--- order).
-CREATE INDEX idempotency_keys_created_brin ON {{.schema}}.idempotency_keys USING brin (created_at);
