@@ -83,7 +83,7 @@ func TestHotPathCostIsPerBatch(t *testing.T) {
 	exec(`PREPARE record AS ` + h.Record)
 	exec(`PREPARE handoff AS ` + h.Handoff)
 	// The generic plans are made now, while the in-flight table is empty.
-	empty := strings.TrimSuffix(strings.Repeat(`'{}', `, 21), ", ")
+	empty := strings.TrimSuffix(strings.Repeat(`'{}', `, 22), ", ")
 	exec(`EXECUTE claim('r', 0, '{sandbox}', '{60000}')`)
 	exec(`EXECUTE lock('{}')`)
 	exec(`EXECUTE record(` + empty + `)`)
