@@ -1006,3 +1006,33 @@ func TestPoisonInstructionIsDeadLettered(t *testing.T) {
 	}
 	b.verifyOK(t)
 }
+
+// TestLateDispatchedSettlesPoisonDeadLetter: a relayer that was presumed
+// dead on a poison instruction's first claim (killed mid-stop, say) records
+// DISPATCHED after the reaper dead-lettered the instruction, outcome
+// unknown: the outcome is known now, the dead letter goes, and the
+// instruction is in exactly one place, dispatched.
+func TestLateDispatchedSettlesPoisonDeadLetter(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	poison := b.enqueue(t, "p1", "k1")
+	var first store.Claimed
+	for i := range reaper.DefaultZombieLimit + 1 {
+		c := b.claimOne(t, fmt.Sprintf("doomed-%d", i), shortLease)
+		if i == 0 {
+			first = c
+		}
+		b.reap(t, c)
+	}
+	if w := b.where(t, poison); !w.dead {
+		t.Fatalf("poison instruction is %+v, want a dead letter", w)
+	}
+	rec := b.record(t, recordOutcome(t, first, "doomed-0", store.Dispatched))
+	if !rec[0].Late {
+		t.Fatalf("the first claim's outcome was not late: %+v", rec[0])
+	}
+	if w := b.where(t, poison); w.dead || w.pending || w.inflight != nil {
+		t.Fatalf("after the late DISPATCHED the instruction is %+v, want dispatched only", w)
+	}
+	b.verifyOK(t)
+}

@@ -55,7 +55,8 @@ func (s *Store) withdraw(ctx context.Context, db Batcher, late []Outcome) (map[u
 
 // withdrawSQL removes the requeued copies of instructions whose late
 // outcome was terminal, if nobody claimed them yet; a FAILED one becomes a
-// dead letter. It is a separate statement so that it sees the reaper's
+// dead letter. A late DISPATCHED also removes the dead letter the reaper
+// made of a poison instruction (outcome unknown): the outcome is known now. It is a separate statement so that it sees the reaper's
 // commit even when recordSQL had to wait for the reaper's lock on the
 // in-flight row (recordSQL's snapshot predates that commit). It is fenced:
 // only a pending row the reaper requeued from this very claim qualifies,
@@ -82,5 +83,12 @@ WITH o AS (
                    WHERE a.attempt_id = o.attempt_id AND a.created_at >= now() - interval '1 day' LIMIT 1), w.chain_head)
   FROM withdrawn w JOIN o USING (outbox_id)
   WHERE o.state = 'FAILED'
+), settled AS (
+  -- A late DISPATCHED settles a poison dead letter's unknown outcome: the
+  -- rail did act on one of the attempts whose relayer died, so the
+  -- instruction is dispatched, not dead. (The reaper already counted it
+  -- finished and moved its participant on.)
+  DELETE FROM {schema}.dead_letters d USING o
+  WHERE d.outbox_id = o.outbox_id AND o.state = 'DISPATCHED' AND d.error_code = 'ZOMBIE_LIMIT' AND d.outcome_unknown
 )
 SELECT claim_attempt_id FROM withdrawn`
