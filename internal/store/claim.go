@@ -46,7 +46,8 @@ type Claimed struct {
 var ErrOrderingConflict = errors.New("claim: participant already has an instruction in flight")
 
 // Claim moves up to p.Limit due instructions from pending to in flight in
-// one statement (one implicit transaction): it deletes them from pending,
+// one statement (one implicit transaction, one round trip; generic plans:
+// see genericplans.go): it deletes them from pending,
 // appends one DISPATCHING attempt each (attempt number: see budget.go) and
 // inserts one in-flight row each with its lease. Rows locked by a
 // concurrent claim are skipped, so relayers never claim the same
@@ -57,7 +58,7 @@ var ErrOrderingConflict = errors.New("claim: participant already has an instruct
 // participants; each candidate is also checked to have no lower pending
 // sequence, and the in-flight row is marked ordered, which the database
 // allows once per participant.
-func (s *Store) Claim(ctx context.Context, db Querier, p ClaimParams) ([]Claimed, error) {
+func (s *Store) Claim(ctx context.Context, db Batcher, p ClaimParams) ([]Claimed, error) {
 	if p.Limit <= 0 || len(p.Leases) == 0 {
 		return nil, nil
 	}
@@ -66,7 +67,26 @@ func (s *Store) Claim(ctx context.Context, db Querier, p ClaimParams) ([]Claimed
 	if p.Suspects {
 		q = s.sql.claimSuspects
 	}
-	rows, err := db.Query(ctx, q, p.RelayerID, p.Limit, railTypes, leaseMS)
+	b := &pgx.Batch{}
+	generic := queueGenericPlans(b, db)
+	b.Queue(q, p.RelayerID, p.Limit, railTypes, leaseMS)
+	br := db.SendBatch(ctx, b)
+	claimed, err := readClaimBatch(br, generic)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = claimError(cerr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return claimed, nil
+}
+
+// readClaimBatch reads the results of Claim's batch.
+func readClaimBatch(br pgx.BatchResults, generic bool) ([]Claimed, error) {
+	if err := skipGenericPlans(br, generic); err != nil {
+		return nil, claimError(err)
+	}
+	rows, err := br.Query()
 	if err != nil {
 		return nil, claimError(err)
 	}

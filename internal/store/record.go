@@ -103,11 +103,12 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 	}
 	railTypes, leaseMS := leaseArrays(h.Leases)
 	b := &pgx.Batch{}
+	generic := queueGenericPlans(b, db)
 	b.Queue(s.sql.lockParticipants, terminal)
 	b.Queue(s.sql.record, args...)
 	b.Queue(s.sql.handoff, h.RelayerID, max(h.Limit, 0), railTypes, leaseMS, terminal)
 	br := db.SendBatch(ctx, b)
-	recorded, claimed, err := readRecordBatch(br)
+	recorded, claimed, err := readRecordBatch(br, generic)
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
@@ -182,7 +183,10 @@ func RecordArgs(outcomes []Outcome) []any {
 }
 
 // readRecordBatch reads the results of Record's three statements.
-func readRecordBatch(br pgx.BatchResults) ([]Recorded, []Claimed, error) {
+func readRecordBatch(br pgx.BatchResults, generic bool) ([]Recorded, []Claimed, error) {
+	if err := skipGenericPlans(br, generic); err != nil {
+		return nil, nil, err
+	}
 	if _, err := br.Exec(); err != nil {
 		return nil, nil, fmt.Errorf("lock participants: %w", err)
 	}
