@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"time"
 
@@ -84,9 +85,9 @@ func (rc *recorder) finish() {
 }
 
 // loop records outcomes as a group commit: a write starts as soon as an
-// outcome arrives if none is in progress, and whatever arrives during a
-// write goes into the next one (up to FlushSize). No timer stands on the
-// critical path. When finish closes quit it records what is queued and
+// outcome arrives if none is in progress (with what gather adds), and
+// whatever arrives during a write goes into the next one (up to
+// FlushSize). No timer stands on the critical path. When finish closes quit it records what is queued and
 // returns.
 func (rc *recorder) loop() {
 	defer close(rc.done)
@@ -94,12 +95,29 @@ func (rc *recorder) loop() {
 	for {
 		select {
 		case o := <-rc.outcomes:
-			rc.flush(rc.takeQueued(append(batch[:0], o), rc.r.cfg.FlushSize))
+			rc.flush(rc.gather(append(batch[:0], o)))
 		case <-rc.quit:
 			rc.flush(rc.takeQueued(batch[:0], -1))
 			return
 		}
 	}
+}
+
+// gather adds to batch the outcomes that arrive while other goroutines are
+// ready to run, up to FlushSize: it yields the processor and takes what was
+// queued meanwhile, until a yield brings nothing new. No clock is involved,
+// so an outcome never waits for one; what it gains is the outcomes of the
+// dispatches a write has just started (a hand-off's successors on a fast
+// rail), which a write that started at once would split into two.
+func (rc *recorder) gather(batch []pendingOutcome) []pendingOutcome {
+	for len(batch) < rc.r.cfg.FlushSize {
+		runtime.Gosched()
+		n := len(batch)
+		if batch = rc.takeQueued(batch, rc.r.cfg.FlushSize); len(batch) == n {
+			break
+		}
+	}
+	return batch
 }
 
 // takeQueued appends the outcomes already queued to batch, up to limit in
