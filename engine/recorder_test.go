@@ -6,9 +6,9 @@ import (
 	"github.com/ledgerline/outbox/internal/store"
 )
 
-// TestGatherTakesWhatIsQueuedUpToFlushSize: gather adds every outcome
-// already queued (and those that arrive while it yields) to the write that
-// starts, and never more than FlushSize, leaving the rest for the next.
+// TestGatherTakesWhatIsQueuedUpToFlushSize: gather adds the outcomes
+// already queued to the write that starts, in arrival order, never more
+// than FlushSize in all, and leaves the rest for the next write.
 func TestGatherTakesWhatIsQueuedUpToFlushSize(t *testing.T) {
 	t.Parallel()
 	const flush = 8
@@ -41,5 +41,4 @@ func TestGatherTakesWhatIsQueuedUpToFlushSize(t *testing.T) {
 	if left := len(rc.outcomes); left != 6 {
 		t.Fatalf("%d outcomes left queued, want 6 for the next write", left)
 	}
-
 }
