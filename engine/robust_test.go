@@ -202,7 +202,9 @@ func TestOutcomeAfterStopGaveUpDoesNotPanic(t *testing.T) {
 	t.Parallel()
 	b := setup(t, rails.SandboxOptions{})
 	release := make(chan struct{})
+	called := make(chan struct{})
 	b.useTransport(t, funcTransport(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
+		close(called)
 		<-release // ignores ctx on purpose
 		return rails.Result{Code: rails.SandboxAccepted, Reference: "ref-" + ins.IdempotencyKey}, nil
 	}), 30*time.Second)
@@ -211,6 +213,15 @@ func TestOutcomeAfterStopGaveUpDoesNotPanic(t *testing.T) {
 	r.testHooks.abandonWait = 50 * time.Millisecond
 	if err := r.Start(b.ctx); err != nil {
 		t.Fatal(err)
+	}
+	// The rail must be in the call when Stop begins: a claim committed
+	// (in flight in the database) whose dispatch starts after Stop is
+	// released without calling the rail, and Stop then has nothing to wait
+	// for.
+	select {
+	case <-called:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the rail was never called")
 	}
 	b.waitInFlight(t, 1)
 
