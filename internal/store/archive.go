@@ -208,16 +208,8 @@ func (s *Store) RetireKeys(ctx context.Context, db Querier, partition string, ba
 	if batch <= 0 {
 		batch = 10_000
 	}
-	parts, err := s.Partitions(ctx, db, false)
-	if err != nil {
+	if err := s.checkPartition(ctx, db, partition); err != nil {
 		return 0, err
-	}
-	known := false
-	for _, p := range parts {
-		known = known || p.Name == partition
-	}
-	if !known {
-		return 0, fmt.Errorf("%w: %q is not a partition of the archive", ErrArchiveLifecycle, partition)
 	}
 	q := fmt.Sprintf(s.sql.retireKeys, s.table(partition))
 	var total int64
@@ -235,20 +227,28 @@ func (s *Store) RetireKeys(ctx context.Context, db Querier, partition string, ba
 	}
 }
 
+// checkPartition refuses a name that is not one of the archive's
+// partitions (attached, detached or default): the name goes into SQL as an
+// identifier, so only names the catalog lists may.
+func (s *Store) checkPartition(ctx context.Context, db Querier, name string) error {
+	parts, err := s.Partitions(ctx, db, false)
+	if err != nil {
+		return err
+	}
+	for _, p := range parts {
+		if p.Name == name {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: %q is not a partition of the archive (outbox archive list)", ErrArchiveLifecycle, name)
+}
+
 // ExportPartition writes one archive partition (attached or detached) to w
 // as CSV with a header line, in (created_at, attempt_id) order, and returns
 // the number of rows.
 func (s *Store) ExportPartition(ctx context.Context, conn *pgx.Conn, name string, w io.Writer) (int64, error) {
-	parts, err := s.Partitions(ctx, conn, false)
-	if err != nil {
+	if err := s.checkPartition(ctx, conn, name); err != nil {
 		return 0, err
-	}
-	known := false
-	for _, p := range parts {
-		known = known || p.Name == name
-	}
-	if !known {
-		return 0, fmt.Errorf("%w: %q is not a partition of the archive (outbox archive list)", ErrArchiveLifecycle, name)
 	}
 	tag, err := conn.PgConn().CopyTo(ctx, w, `COPY (SELECT * FROM `+s.table(name)+` ORDER BY created_at, attempt_id) TO STDOUT WITH (FORMAT csv, HEADER true)`)
 	if err != nil {

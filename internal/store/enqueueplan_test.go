@@ -4,6 +4,9 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/ledgerline/outbox/pending"
 )
 
@@ -30,31 +33,44 @@ func TestSingleEnqueueKeepsGenericPlans(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	rows, err := conn.Query(b.ctx, `SELECT left(regexp_replace(statement, '\s+', ' ', 'g'), 60), generic_plans, custom_plans
-		FROM pg_prepared_statements WHERE statement LIKE '%outbox.idempotency_keys%' AND statement NOT LIKE '%pg_prepared_statements%'`)
+	plans := preparedPlans(t, conn, "outbox.idempotency_keys")
+	for _, p := range plans {
+		if p.custom > 5 {
+			t.Errorf("%q planned for %d of %d calls: want a cached generic plan after the first five", p.stmt, p.custom, calls)
+		}
+	}
+	if len(plans) != 3 {
+		t.Fatalf("%d enqueue statements prepared on the connection, want 3", len(plans))
+	}
+}
+
+// preparedPlan is how often one statement prepared on a connection was
+// planned generically and custom.
+type preparedPlan struct {
+	stmt            string
+	generic, custom int64
+}
+
+// preparedPlans lists the statements prepared on conn that mention table
+// (schema-qualified), with their plan counts, and logs them.
+func preparedPlans(t *testing.T, conn *pgxpool.Conn, table string) []preparedPlan {
+	t.Helper()
+	rows, err := conn.Query(t.Context(), `SELECT left(regexp_replace(statement, '\s+', ' ', 'g'), 70), generic_plans, custom_plans
+		FROM pg_prepared_statements
+		WHERE strpos(statement, $1) > 0 AND statement NOT LIKE '%pg_prepared_statements%'`, table)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rows.Close()
-	seen := 0
-	for rows.Next() {
-		var (
-			stmt            string
-			generic, custom int64
-		)
-		if err := rows.Scan(&stmt, &generic, &custom); err != nil {
-			t.Fatal(err)
-		}
-		seen++
-		t.Logf("%s: %d generic, %d custom", stmt, generic, custom)
-		if custom > 5 {
-			t.Errorf("%q planned for %d of %d calls: want a cached generic plan after the first five", stmt, custom, calls)
-		}
-	}
-	if err := rows.Err(); err != nil {
+	plans, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (preparedPlan, error) {
+		var p preparedPlan
+		err := row.Scan(&p.stmt, &p.generic, &p.custom)
+		return p, err
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if seen != 3 {
-		t.Fatalf("%d enqueue statements prepared on the connection, want 3", seen)
+	for _, p := range plans {
+		t.Logf("%s: %d generic, %d custom", p.stmt, p.generic, p.custom)
 	}
+	return plans
 }

@@ -51,32 +51,13 @@ func TestHotStatementsKeepGenericPlans(t *testing.T) {
 	if dispatched < 20 {
 		t.Fatalf("only %d outcomes recorded: the statements ran too few times to tell", dispatched)
 	}
-	rows, err := conn.Query(b.ctx, `SELECT left(regexp_replace(statement, '\s+', ' ', 'g'), 70), generic_plans, custom_plans
-		FROM pg_prepared_statements
-		WHERE statement LIKE '%outbox.inflight%' AND statement NOT LIKE '%pg_prepared_statements%'`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	seen := 0
-	for rows.Next() {
-		var (
-			stmt            string
-			generic, custom int64
-		)
-		if err := rows.Scan(&stmt, &generic, &custom); err != nil {
-			t.Fatal(err)
-		}
-		seen++
-		t.Logf("%s: %d generic, %d custom", stmt, generic, custom)
-		if custom > 0 || generic == 0 {
-			t.Errorf("%q: %d generic and %d custom plans: want every call on the generic plan", stmt, generic, custom)
+	plans := preparedPlans(t, conn, "outbox.inflight")
+	for _, p := range plans {
+		if p.custom > 0 || p.generic == 0 {
+			t.Errorf("%q: %d generic and %d custom plans: want every call on the generic plan", p.stmt, p.generic, p.custom)
 		}
 	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	if seen != 3 {
-		t.Fatalf("%d hot statements prepared on the connection, want 3 (claim, outcome, hand-off)", seen)
+	if len(plans) != 3 {
+		t.Fatalf("%d hot statements prepared on the connection, want 3 (claim, outcome, hand-off)", len(plans))
 	}
 }

@@ -56,9 +56,10 @@ func (s *Store) withdraw(ctx context.Context, db Batcher, late []Outcome) (map[u
 // withdrawSQL removes the requeued copies of instructions whose late
 // outcome was terminal, if nobody claimed them yet; a FAILED one becomes a
 // dead letter. A late DISPATCHED also removes the dead letter the reaper
-// made of a poison instruction (outcome unknown): the outcome is known now. It is a separate statement so that it sees the reaper's
-// commit even when recordSQL had to wait for the reaper's lock on the
-// in-flight row (recordSQL's snapshot predates that commit). It is fenced:
+// made of a poison instruction (outcome unknown): the outcome is known now.
+// It is a separate statement so that it sees the reaper's commit even when
+// recordSQL had to wait for the reaper's lock on the in-flight row
+// (recordSQL's snapshot predates that commit). It is fenced:
 // only a pending row the reaper requeued from this very claim qualifies,
 // never a later retry of the copy or an operator's replay.
 var withdrawSQL = `
