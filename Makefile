@@ -41,9 +41,10 @@ lint:
 
 ## vulndb: refresh the vulnerability database snapshot of tools/vulndb from
 ## the Go vulnerability database's repository (needs the network).
+VULNDB_REPO ?= https://go.googlesource.com/vulndb
 vulndb:
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
-	git clone -q --depth 1 https://go.googlesource.com/vulndb "$$tmp/vulndb"; \
+	git clone -q --depth 1 $(VULNDB_REPO) "$$tmp/vulndb"; \
 	commit=$$(git -C "$$tmp/vulndb" log -1 --format=%H); day=$$(git -C "$$tmp/vulndb" log -1 --format=%cs); \
 	n=$$(ls "$$tmp/vulndb/data/osv" | grep -c '\.json$$'); \
 	(cd "$$tmp/vulndb/data/osv" && tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="$$day" -cf - *.json) | gzip -n -9 > tools/vulndb/go-vulndb.tar.gz; \
