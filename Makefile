@@ -40,7 +40,8 @@ lint:
 	@./tools/govulncheck.sh $(GO)
 
 ## vulndb: refresh the vulnerability database snapshot of tools/vulndb from
-## the Go vulnerability database's repository (needs the network).
+## the Go vulnerability database's repository (needs the network, or
+## VULNDB_REPO naming a mirror of it).
 VULNDB_REPO ?= https://go.googlesource.com/vulndb
 vulndb:
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
