@@ -11,6 +11,9 @@
 set -u
 GO=${1:-go}
 here=$(cd "$(dirname "$0")" && pwd)
+cd "$here/.." || exit 1
+# What govulncheck prints when the database's host cannot be reached.
+unreachable='no such host|connection refused|i/o timeout|network is unreachable|403 Forbidden'
 
 if [ -n "${GOVULNDB:-}" ]; then
 	echo "govulncheck: database $GOVULNDB (GOVULNDB)"
@@ -20,7 +23,7 @@ fi
 out=$("$GO" tool govulncheck ./... 2>&1)
 rc=$?
 if ! { echo "$out" | grep -q 'fetching vulnerabilities' &&
-	echo "$out" | grep -Eq 'no such host|connection refused|i/o timeout|network is unreachable|403 Forbidden'; }; then
+	echo "$out" | grep -Eq "$unreachable"; }; then
 	echo "govulncheck: database https://vuln.go.dev"
 	echo "$out"
 	exit $rc
@@ -29,6 +32,6 @@ fi
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 tar -xzf "$here/vulndb/go-vulndb.tar.gz" -C "$dir" || exit 1
-echo "govulncheck: vuln.go.dev is unreachable from this machine ($(echo "$out" | grep -Eo 'no such host|connection refused|i/o timeout|network is unreachable|403 Forbidden' | head -1));"
+echo "govulncheck: vuln.go.dev is unreachable from this machine ($(echo "$out" | grep -Eo "$unreachable" | head -1));"
 echo "govulncheck: using the committed snapshot: $(cat "$here/vulndb/VERSION") (refresh: make vulndb)"
 "$GO" tool govulncheck -db "file://$dir" ./...
