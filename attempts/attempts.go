@@ -194,9 +194,9 @@ func (a *Archive) Partitions(ctx context.Context, db DB, exact bool) ([]Partitio
 // the instructions those partitions dispatched into their compact form
 // (refused forever, but without their original receipt). Nothing is
 // deleted: detached months stay in the database, append-only, and are
-// still verified and shown in trails. It refuses months the checkpoints do not cover yet and gives up
-// on a partition whose lock it cannot get within lockTimeout rather than
-// stall relayers. It needs the schema's owner.
+// still verified and shown in trails. It refuses months the checkpoints do
+// not cover yet and gives up on a partition whose lock it cannot get within
+// lockTimeout rather than stall relayers. It needs the schema's owner.
 func (a *Archive) Detach(ctx context.Context, db DB, before time.Time, lockTimeout time.Duration) (detached []string, retired int64, err error) {
 	detached, err = a.store.DetachArchive(ctx, db, before, lockTimeout)
 	if err != nil {

@@ -87,8 +87,8 @@ func (rc *recorder) finish() {
 // loop records outcomes as a group commit: a write starts as soon as an
 // outcome arrives if none is in progress (with what gather adds), and
 // whatever arrives during a write goes into the next one (up to
-// FlushSize). No timer stands on the critical path. When finish closes quit it records what is queued and
-// returns.
+// FlushSize). No timer stands on the critical path. When finish closes
+// quit it records what is queued and returns.
 func (rc *recorder) loop() {
 	defer close(rc.done)
 	batch := make([]pendingOutcome, 0, rc.r.cfg.FlushSize)

@@ -175,11 +175,7 @@ func TestArchiveDetachRetireExport(t *testing.T) {
 	}
 
 	var csv bytes.Buffer
-	conn, err := b.pool.Acquire(b.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
+	conn := b.conn(t)
 	n, err := b.st.ExportPartition(b.ctx, conn.Conn(), old, &csv)
 	if err != nil {
 		t.Fatal(err)

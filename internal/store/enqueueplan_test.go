@@ -19,11 +19,7 @@ import (
 func TestSingleEnqueueKeepsGenericPlans(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
-	conn, err := b.pool.Acquire(b.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
+	conn := b.conn(t)
 	const calls = 20
 	for i := range calls {
 		if _, err := b.producer.Enqueue(b.ctx, conn, pending.Instruction{

@@ -17,11 +17,7 @@ import (
 func TestHotStatementsKeepGenericPlans(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
-	conn, err := b.pool.Acquire(b.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
+	conn := b.conn(t)
 	const participants = 12
 	for i := range 4 * participants {
 		b.enqueue(t, fmt.Sprintf("p-%d", i%participants), fmt.Sprintf("k-%d", i))

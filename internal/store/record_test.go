@@ -48,6 +48,18 @@ func setupRecord(t *testing.T) *recordBundle {
 	return &recordBundle{ctx: t.Context(), pool: pool, producer: producer, st: st, reaper: rp}
 }
 
+// conn acquires one connection of the bundle's pool for the rest of the
+// test (tests that look at what a connection prepared, or need a *pgx.Conn).
+func (b *recordBundle) conn(t *testing.T) *pgxpool.Conn {
+	t.Helper()
+	conn, err := b.pool.Acquire(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(conn.Release)
+	return conn
+}
+
 // Leases: one that runs out almost at once (the relayer is presumed dead)
 // and one that cannot run out during a test.
 const (
