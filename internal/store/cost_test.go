@@ -222,3 +222,71 @@ func arrayLiteral(t *testing.T, v any) string {
 	}
 	return `'{` + strings.Join(elems, ",") + `}'`
 }
+
+// TestOutcomeWriteHoldsOneArchivePartition: an outcome recorded on time
+// locks the archive partition its row goes into and no other, however many
+// months are attached. Only late and resent outcomes read the archive, in
+// archived_attempt (migration 012), which the outcome statement's plan
+// does not contain: when the reads were written into the statement, its
+// plan held every attached partition with its primary key, and each write
+// locked and set up scans of all of them (29 here) to read none.
+func TestOutcomeWriteHoldsOneArchivePartition(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	// Two years of past months attached, as a long-running archive has.
+	if _, err := b.pool.Exec(b.ctx, `DO $$
+	  DECLARE d timestamptz := date_trunc('month', now()) - interval '24 months';
+	  BEGIN
+	    FOR i IN 1..24 LOOP
+	      EXECUTE format('CREATE TABLE outbox.attempts_past_%s PARTITION OF outbox.attempts FOR VALUES FROM (%L) TO (%L)',
+	                     i, d, d + interval '1 month');
+	      d := d + interval '1 month';
+	    END LOOP;
+	  END $$`); err != nil {
+		t.Fatal(err)
+	}
+	var partitions int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox.attempts'::regclass`).
+		Scan(&partitions); err != nil {
+		t.Fatal(err)
+	}
+
+	// held records outcome in a transaction with the generic plan a
+	// relayer's connection uses, and returns the archive partitions the
+	// transaction then holds locks on.
+	held := func(o store.Outcome) []string {
+		t.Helper()
+		tx, err := b.pool.Begin(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(b.ctx) //nolint:errcheck // committed below
+		if _, err := tx.Exec(b.ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := b.st.Record(b.ctx, tx, []store.Outcome{o}, store.HandoffParams{}); err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		if err := tx.QueryRow(b.ctx, `SELECT coalesce(array_agg(DISTINCT l.relation::regclass::text), '{}')
+			FROM pg_locks l JOIN pg_inherits i ON i.inhrelid = l.relation
+			WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND i.inhparent = 'outbox.attempts'::regclass`).
+			Scan(&names); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		return names
+	}
+
+	for i, state := range []store.State{store.Dispatched, store.Retryable} {
+		b.enqueue(t, fmt.Sprintf("p%d", i), fmt.Sprintf("k%d", i))
+		c := b.claimOne(t, "r1", longLease)
+		if names := held(recordOutcome(t, c, "r1", state)); len(names) != 1 {
+			t.Errorf("a %s outcome on time locked %d of the archive's %d partitions, want 1 (its own): %v",
+				state, len(names), partitions, names)
+		}
+	}
+	b.verifyOK(t)
+}

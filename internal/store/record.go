@@ -234,9 +234,11 @@ func (s *Store) RecordSQL() string { return s.sql.record }
 // their claim (the common case); its DELETE returns what the other writes
 // need, so they read it alone, without joining outcomes to rows. The rest
 // (unfenced) are late, or repeats of outcomes already archived (a resend
-// after a lost commit reply): only they probe the archive, by primary key
-// and pruned to recent partitions, and prior_late says how the first one
-// was recorded. Only fresh ones (prior_late NULL) are archived.
+// after a lost commit reply): only they read the archive, by primary key
+// and in recent partitions (archived_attempt, migration 012: a function,
+// so that the plan of this statement holds none of the archive's
+// partitions), and prior_late says how the first one was recorded. Only
+// fresh ones (prior_late NULL) are archived.
 var recordSQL = `
 WITH input AS (
   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::int[], $6::text[], $7::text[], $8::bigint[],
@@ -259,20 +261,16 @@ WITH input AS (
 ), stamped AS (
   SELECT f.*, ` + attemptHash("f.chain_head", outcomeValues, "f.archived_at") + ` AS hash FROM fenced f
 ), unfenced AS (
-  SELECT o.*, (SELECT a.late FROM {schema}.attempts a
-               WHERE a.attempt_id = o.attempt_id AND a.created_at >= o.claimed_at - interval '1 day'
-               LIMIT 1) AS prior_late
+  SELECT o.*, ({schema}.archived_attempt(o.attempt_id, o.claimed_at - interval '1 day')).late AS prior_late
   FROM input o
   WHERE o.claim_attempt_id NOT IN (SELECT attempt_id FROM fenced)
 ), late AS (
   -- A late outcome follows its claim's DISPATCHING row in the chain (the
-  -- in-flight row that carried the head is gone): the one archive read,
-  -- by primary key, on a path taken only after a reaped lease.
+  -- in-flight row that carried the head is gone): an archive read by
+  -- primary key, on a path taken only after a reaped lease.
   SELECT u.*, ` + attemptHash("u.claim_hash", lateValues, "u.archived_at") + ` AS hash
   FROM (SELECT o.*, clock_timestamp() AS archived_at,
-               (SELECT a.hash FROM {schema}.attempts a
-                WHERE a.attempt_id = o.claim_attempt_id AND a.created_at >= o.claimed_at - interval '1 day'
-                LIMIT 1) AS claim_hash
+               ({schema}.archived_attempt(o.claim_attempt_id, o.claimed_at - interval '1 day')).hash AS claim_hash
         FROM unfenced o WHERE o.prior_late IS NULL) u
 ), requeued AS (
   INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head, zombie_count)
