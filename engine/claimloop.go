@@ -10,7 +10,7 @@ import (
 )
 
 // claimLoop claims while there is work and slots, and otherwise waits for a
-// notification, a local wake (an outcome freed a participant) or the poll.
+// notification, a local wake (an outcome batch gave slots back) or the poll.
 func (r *run) claimLoop(ctx context.Context) {
 	defer close(r.loopDone)
 	stopCtx, cancel := context.WithCancel(ctx)

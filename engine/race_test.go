@@ -68,3 +68,31 @@ func TestNoStrandUnderRacingProducers(t *testing.T) {
 		t.Fatal("no hand-off happened: the race this test is about did not take place")
 	}
 }
+
+// TestHandoffsNeedNoClaims: a participant's queue drained by hand-offs
+// alone gives no slot back until its end, so it prompts no claims: a write
+// whose every slot went to a successor used to wake the claim loop anyway,
+// one empty claim per write (about 200 here). What claims remain are the
+// first, the hot polls while nothing else comes (doubling from Debounce)
+// and the one after the last outcome.
+func TestHandoffsNeedNoClaims(t *testing.T) {
+	t.Parallel()
+	const each = 200
+	b := setup(t, rails.SandboxOptions{})
+	b.enqueue(t, each, 1)
+	cfg := b.config("handoffs")
+	cfg.PollOnly, cfg.PollInterval = true, time.Minute
+	r := b.start(t, cfg)
+	b.waitDrained(t, time.Minute)
+	if rep := b.verify(t, true); rep.Dispatched != each {
+		t.Fatalf("report %+v: want %d dispatched", rep, each)
+	}
+	st := r.Stats()
+	if st.Handoffs != each-1 {
+		t.Fatalf("stats %+v: want %d hand-offs (every instruction after the first)", st, each-1)
+	}
+	if st.Claims > each/10 {
+		t.Fatalf("stats %+v: %d claims for %d hand-offs, want at most %d", st, st.Claims, st.Handoffs, each/10)
+	}
+	t.Logf("%d claims, %d hand-offs, %d hot polls", st.Claims, st.Handoffs, st.HotPolls)
+}

@@ -179,8 +179,9 @@ func (rc *recorder) flushChunk(batch []pendingOutcome, scrubbed bool) {
 			if err != nil {
 				r.log.Warn("outcomes recorded, but a late completion could not withdraw its requeued copy", "err", err)
 			}
-			r.slots.Release(int64(len(batch) - handed))
-			rc.afterFlush(batch, recorded)
+			freed := len(batch) - handed
+			r.slots.Release(int64(freed))
+			rc.afterFlush(batch, recorded, freed)
 			return
 		}
 		if code, ok := contentError(err); ok {
@@ -261,7 +262,9 @@ func contentError(err error) (string, bool) {
 	return "", false
 }
 
-func (rc *recorder) afterFlush(batch []pendingOutcome, recorded []store.Recorded) {
+// afterFlush reports a committed batch (logs, counters, OnRecorded) and,
+// if it gave slots back, wakes the claim loop.
+func (rc *recorder) afterFlush(batch []pendingOutcome, recorded []store.Recorded, freed int) {
 	r := rc.r
 	// Keyed by claim, not outbox id: one batch may hold a reaped attempt
 	// and the newer attempt of the same instruction.
@@ -298,7 +301,14 @@ func (rc *recorder) afterFlush(batch []pendingOutcome, recorded []store.Recorded
 	if observed != nil {
 		r.cfg.OnRecorded(observed)
 	}
-	// Recorded outcomes free slots: claim again.
+	// Slots given back: claim again. A batch whose every slot went to a
+	// hand-off freed none, and a claim would find only what NOTIFY and
+	// the polls already bring (a busy participant's successor is claimed
+	// by the hand-off itself): skipping it spares the database one empty
+	// claim per write when a few participants keep the relayer busy.
+	if freed == 0 {
+		return
+	}
 	select {
 	case r.freed <- struct{}{}:
 	default:
