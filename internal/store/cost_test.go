@@ -223,14 +223,15 @@ func arrayLiteral(t *testing.T, v any) string {
 	return `'{` + strings.Join(elems, ",") + `}'`
 }
 
-// TestOutcomeWriteHoldsOneArchivePartition: an outcome recorded on time
-// locks the archive partition its row goes into and no other, however many
-// months are attached. Only late and resent outcomes read the archive, in
-// archived_attempt (migration 012), which the outcome statement's plan
-// does not contain: when the reads were written into the statement, its
-// plan held every attached partition with its primary key, and each write
-// locked and set up scans of all of them (29 here) to read none.
-func TestOutcomeWriteHoldsOneArchivePartition(t *testing.T) {
+// TestRelayerWritesHoldOneArchivePartition: a claim, and an outcome
+// recorded on time with its hand-off, lock the archive partition their rows
+// go into and no other, however many months are attached. Only late and
+// resent outcomes read the archive, in archived_attempt (migration 012),
+// which the outcome statement's plan does not contain: when the reads were
+// written into the statement, its plan held every attached partition with
+// its primary key, and each write locked and set up scans of all of them
+// (29 here) to read none.
+func TestRelayerWritesHoldOneArchivePartition(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
 	// Two years of past months attached, as a long-running archive has.
@@ -251,10 +252,10 @@ func TestOutcomeWriteHoldsOneArchivePartition(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// held records outcome in a transaction with the generic plan a
-	// relayer's connection uses, and returns the archive partitions the
-	// transaction then holds locks on.
-	held := func(o store.Outcome) []string {
+	// held runs write in a transaction with the generic plans a relayer's
+	// connection uses, and returns the archive partitions the transaction
+	// then holds locks on.
+	held := func(write func(tx pgx.Tx) error) []string {
 		t.Helper()
 		tx, err := b.pool.Begin(b.ctx)
 		if err != nil {
@@ -264,7 +265,7 @@ func TestOutcomeWriteHoldsOneArchivePartition(t *testing.T) {
 		if _, err := tx.Exec(b.ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := b.st.Record(b.ctx, tx, []store.Outcome{o}, store.HandoffParams{}); err != nil {
+		if err := write(tx); err != nil {
 			t.Fatal(err)
 		}
 		var names []string
@@ -279,14 +280,33 @@ func TestOutcomeWriteHoldsOneArchivePartition(t *testing.T) {
 		}
 		return names
 	}
-
-	for i, state := range []store.State{store.Dispatched, store.Retryable} {
-		b.enqueue(t, fmt.Sprintf("p%d", i), fmt.Sprintf("k%d", i))
-		c := b.claimOne(t, "r1", longLease)
-		if names := held(recordOutcome(t, c, "r1", state)); len(names) != 1 {
-			t.Errorf("a %s outcome on time locked %d of the archive's %d partitions, want 1 (its own): %v",
-				state, len(names), partitions, names)
+	check := func(what string, names []string) {
+		t.Helper()
+		if len(names) != 1 {
+			t.Errorf("%s locked %d of the archive's %d partitions, want 1 (its own): %v", what, len(names), partitions, names)
 		}
 	}
+
+	leases := map[string]time.Duration{"sandbox": longLease}
+	var c []store.Claimed
+	b.enqueue(t, "p0", "k0")
+	b.enqueue(t, "p0", "k0-next")
+	check("a claim", held(func(tx pgx.Tx) (err error) {
+		c, err = b.st.Claim(b.ctx, tx, store.ClaimParams{RelayerID: "r1", Limit: 1, Leases: leases})
+		return err
+	}))
+	var handed []store.Claimed
+	check("a DISPATCHED outcome on time with its hand-off", held(func(tx pgx.Tx) (err error) {
+		_, handed, err = b.st.Record(b.ctx, tx, []store.Outcome{recordOutcome(t, c[0], "r1", store.Dispatched)},
+			store.HandoffParams{RelayerID: "r1", Limit: 1, Leases: leases})
+		return err
+	}))
+	if len(handed) != 1 {
+		t.Fatalf("handed off %d instructions, want the successor", len(handed))
+	}
+	check("a RETRYABLE outcome on time", held(func(tx pgx.Tx) error {
+		_, _, err := b.st.Record(b.ctx, tx, []store.Outcome{recordOutcome(t, handed[0], "r1", store.Retryable)}, store.HandoffParams{})
+		return err
+	}))
 	b.verifyOK(t)
 }
