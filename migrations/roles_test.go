@@ -130,6 +130,18 @@ func (b *rolesBundle) settle(t *testing.T, db *pgxpool.Pool, state store.State) 
 		if _, _, err := b.st.Record(b.ctx, db, outcomes, store.HandoffParams{}); err != nil {
 			t.Fatalf("record: %v", err)
 		}
+		// Sent again, as after a lost commit reply: the archive is read
+		// (archived_attempt) with db's privileges, and each outcome is
+		// known as recorded on time.
+		again, _, err := b.st.Record(b.ctx, db, outcomes, store.HandoffParams{})
+		if err != nil || len(again) != len(outcomes) {
+			t.Fatalf("record again: %d of %d, %v", len(again), len(outcomes), err)
+		}
+		for _, r := range again {
+			if r.Late {
+				t.Fatalf("a resent outcome was taken for a late one: %+v", r)
+			}
+		}
 	}
 	return claimed
 }
