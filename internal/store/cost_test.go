@@ -295,6 +295,9 @@ func TestRelayerWritesHoldOneArchivePartition(t *testing.T) {
 		c, err = b.st.Claim(b.ctx, tx, store.ClaimParams{RelayerID: "r1", Limit: 1, Leases: leases})
 		return err
 	}))
+	if len(c) != 1 {
+		t.Fatalf("claimed %d instructions, want the head", len(c))
+	}
 	var handed []store.Claimed
 	check("a DISPATCHED outcome on time with its hand-off", held(func(tx pgx.Tx) (err error) {
 		_, handed, err = b.st.Record(b.ctx, tx, []store.Outcome{recordOutcome(t, c[0], "r1", store.Dispatched)},
