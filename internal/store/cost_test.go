@@ -255,27 +255,20 @@ func TestRelayerWritesHoldOneArchivePartition(t *testing.T) {
 	// held runs write in a transaction with the generic plans a relayer's
 	// connection uses, and returns the archive partitions the transaction
 	// then holds locks on.
-	held := func(write func(tx pgx.Tx) error) []string {
+	held := func(write func(tx pgx.Tx) error) (names []string) {
 		t.Helper()
-		tx, err := b.pool.Begin(b.ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(b.ctx) //nolint:errcheck // committed below
-		if _, err := tx.Exec(b.ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
-			t.Fatal(err)
-		}
-		if err := write(tx); err != nil {
-			t.Fatal(err)
-		}
-		var names []string
-		if err := tx.QueryRow(b.ctx, `SELECT coalesce(array_agg(DISTINCT l.relation::regclass::text), '{}')
-			FROM pg_locks l JOIN pg_inherits i ON i.inhrelid = l.relation
-			WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND i.inhparent = 'outbox.attempts'::regclass`).
-			Scan(&names); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Commit(b.ctx); err != nil {
+		if err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(b.ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
+				return err
+			}
+			if err := write(tx); err != nil {
+				return err
+			}
+			return tx.QueryRow(b.ctx, `SELECT coalesce(array_agg(DISTINCT l.relation::regclass::text), '{}')
+				FROM pg_locks l JOIN pg_inherits i ON i.inhrelid = l.relation
+				WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND i.inhparent = 'outbox.attempts'::regclass`).
+				Scan(&names)
+		}); err != nil {
 			t.Fatal(err)
 		}
 		return names

@@ -819,28 +819,31 @@ func TestRecordReadsArchiveByKeyOnly(t *testing.T) {
 	// them, never inside a transaction) after the outcome, less before.
 	reads := func(o store.Outcome) (seq, idx int64, rec store.Recorded) {
 		t.Helper()
-		tx, err := b.pool.Begin(b.ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(b.ctx) //nolint:errcheck // committed below
-		scans := func() (seq, idx int64) {
-			if err := tx.QueryRow(b.ctx, `SELECT coalesce(sum(seq_scan), 0), coalesce(sum(idx_scan), 0)
-				FROM pg_stat_xact_user_tables WHERE schemaname = 'outbox' AND relname = ANY($1)`, filled).Scan(&seq, &idx); err != nil {
-				t.Fatal(err)
+		if err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+			scans := func() (seq, idx int64, err error) {
+				err = tx.QueryRow(b.ctx, `SELECT coalesce(sum(seq_scan), 0), coalesce(sum(idx_scan), 0)
+					FROM pg_stat_xact_user_tables WHERE schemaname = 'outbox' AND relname = ANY($1)`, filled).Scan(&seq, &idx)
+				return seq, idx, err
 			}
-			return seq, idx
-		}
-		seq0, idx0 := scans()
-		recs, _, err := b.st.Record(b.ctx, tx, []store.Outcome{o}, store.HandoffParams{})
-		if err != nil || len(recs) != 1 {
-			t.Fatalf("record: %+v, %v", recs, err)
-		}
-		seq, idx = scans()
-		if err := tx.Commit(b.ctx); err != nil {
+			seq0, idx0, err := scans()
+			if err != nil {
+				return err
+			}
+			recs, _, err := b.st.Record(b.ctx, tx, []store.Outcome{o}, store.HandoffParams{})
+			if err != nil {
+				return err
+			}
+			if len(recs) != 1 {
+				return fmt.Errorf("recorded %d outcomes, want 1", len(recs))
+			}
+			rec = recs[0]
+			seq, idx, err = scans()
+			seq, idx = seq-seq0, idx-idx0
+			return err
+		}); err != nil {
 			t.Fatal(err)
 		}
-		return seq - seq0, idx - idx0, recs[0]
+		return seq, idx, rec
 	}
 	if seq, idx, rec := reads(onTime); seq != 0 || idx == 0 || rec.Late {
 		t.Errorf("resent outcome: %d sequential and %d index scans of the archive, recorded %+v; want 0, at least 1, on time",
