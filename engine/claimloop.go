@@ -206,7 +206,7 @@ func (r *run) claimOnce(ctx context.Context) (n int, full bool, err error) {
 		return 0, false, err
 	}
 	r.stats.claimBatches.Add(1)
-	r.startDispatches(claimed, claimStart)
+	r.startDispatches(claimed, claimStart, 0)
 	return len(claimed), len(claimed) == want, nil
 }
 
@@ -260,7 +260,7 @@ func (r *run) claimSuspect(ctx context.Context) (int, bool, error) {
 	r.stats.claimBatches.Add(1)
 	r.log.Info("dispatching a suspect alone (its relayer died twice while it was in flight)", "outbox_id", claimed[0].OutboxID,
 		"instruction_id", claimed[0].InstructionID, "participant", claimed[0].ParticipantID, "attempt_no", claimed[0].AttemptNo)
-	r.startDispatches(claimed, claimStart)
+	r.startDispatches(claimed, claimStart, 0)
 	return 1, false, nil
 }
 
@@ -311,14 +311,16 @@ func (r *run) leases(types []string) map[string]time.Duration {
 }
 
 // startDispatches starts the dispatches of claimed instructions (each holds
-// a slot already).
-func (r *run) startDispatches(claimed []store.Claimed, claimStart time.Time) {
+// a slot already). handoffOf is the number of the outcome write whose
+// hand-off claimed them, 0 for a claim (see recorder.hold).
+func (r *run) startDispatches(claimed []store.Claimed, claimStart time.Time, handoffOf uint64) {
 	r.stats.claimed.Add(int64(len(claimed)))
 	r.log.Debug("claimed", "count", len(claimed))
 	r.inFlight.Add(int64(len(claimed)))
 	r.dispatches.Add(len(claimed))
+	started := time.Now()
 	for _, c := range claimed {
-		go r.dispatch(c, r.callDeadline(claimStart, c))
+		go r.dispatch(c, r.callDeadline(claimStart, c), handoffOf, started)
 	}
 }
 

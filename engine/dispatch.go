@@ -13,8 +13,10 @@ import (
 
 // dispatch sends one claimed instruction and queues its outcome. The
 // instruction's slot goes back when the recorder has recorded the outcome;
-// here only when there is nothing to record.
-func (r *run) dispatch(c store.Claimed, callDeadline time.Time) {
+// here only when there is nothing to record. handoffOf and started say
+// which write's hand-off claimed it (0: a claim) and when its dispatch
+// started, for the recorder (see recorder.hold).
+func (r *run) dispatch(c store.Claimed, callDeadline time.Time, handoffOf uint64, started time.Time) {
 	defer r.dispatches.Done()
 	defer r.inFlight.Add(-1)
 
@@ -41,7 +43,8 @@ func (r *run) dispatch(c store.Claimed, callDeadline time.Time) {
 			return
 		}
 	}
-	po := pendingOutcome{Outcome: r.outcome(c, d, latency), enqueuedAt: c.EnqueuedAt}
+	po := pendingOutcome{Outcome: r.outcome(c, d, latency), enqueuedAt: c.EnqueuedAt,
+		handoffOf: handoffOf, took: time.Since(started)}
 	if h := r.testHooks.outcome; h != nil {
 		h(&po.Outcome)
 	}

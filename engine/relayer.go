@@ -29,6 +29,7 @@ type Stats struct {
 	ClaimBatches  int64 // claims that returned work
 	Claimed       int64
 	Handoffs      int64 // claimed by the outcome transaction of the participant's previous instruction
+	OutcomeWrites int64 // outcome transactions committed (outcomes recorded / OutcomeWrites = outcomes per write)
 	Dispatched    int64
 	Retried       int64 // RETRYABLE outcomes (back to pending)
 	Dead          int64 // FAILED outcomes (dead letters)
@@ -41,7 +42,7 @@ type Stats struct {
 }
 
 type counters struct {
-	claims, claimBatches, claimed, handoffs, dispatched, retried, dead, released, late, leftInFlight, notifications, polls, hotPolls atomic.Int64
+	claims, claimBatches, claimed, handoffs, outcomeWrites, dispatched, retried, dead, released, late, leftInFlight, notifications, polls, hotPolls atomic.Int64
 }
 
 // count adds one recorded outcome to the counters.
@@ -136,7 +137,7 @@ func (r *Relayer) Health() Health {
 func (r *Relayer) Stats() Stats {
 	s := &r.stats
 	return Stats{
-		Claims: s.claims.Load(), ClaimBatches: s.claimBatches.Load(), Claimed: s.claimed.Load(), Handoffs: s.handoffs.Load(), Dispatched: s.dispatched.Load(),
+		Claims: s.claims.Load(), ClaimBatches: s.claimBatches.Load(), Claimed: s.claimed.Load(), Handoffs: s.handoffs.Load(), OutcomeWrites: s.outcomeWrites.Load(), Dispatched: s.dispatched.Load(),
 		Retried: s.retried.Load(), Dead: s.dead.Load(), Released: s.released.Load(), Late: s.late.Load(),
 		LeftInFlight: s.leftInFlight.Load(), Notifications: s.notifications.Load(), Polls: s.polls.Load(),
 		HotPolls: s.hotPolls.Load(),
