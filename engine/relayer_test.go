@@ -290,7 +290,9 @@ func TestNotifyWakesIdleRelayer(t *testing.T) {
 // registering itself idle: the producer's trigger runs before the
 // registration is visible (so it does not notify) and commits only after
 // the relayer's follow-up claim came back empty. The relayer must still
-// dispatch it without waiting for its 10 s poll.
+// dispatch it without waiting for its 10 s poll, even though an unrelated
+// transaction, running since before the registration, stays open
+// throughout (the relayer cannot tell it from a producer).
 func TestIdleRegistrationLosesNoWakeup(t *testing.T) {
 	t.Parallel()
 	b := setup(t, rails.SandboxOptions{})
@@ -298,6 +300,14 @@ func TestIdleRegistrationLosesNoWakeup(t *testing.T) {
 	cfg.PollInterval = 10 * time.Second
 	r, err := New(b.pool, cfg)
 	if err != nil {
+		t.Fatal(err)
+	}
+	unrelated, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unrelated.Rollback(context.Background()) })
+	if _, err := unrelated.Exec(b.ctx, "SELECT pg_current_xact_id()"); err != nil { // a writer: it has a transaction id
 		t.Fatal(err)
 	}
 	var (

@@ -87,6 +87,8 @@ func (h notifyHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
 //  2. wait for the transactions that were in progress when the
 //     registration committed (they may include such a producer), then claim
 //     again. Producers that start later see the registration and notify.
+//     While some of them are still running, claim now and then as well
+//     (see awaitFinished).
 //
 // found reports that one of these claims returned work.
 func (r *run) goIdle(ctx context.Context) (found bool, err error) {
@@ -111,41 +113,53 @@ func (r *run) goIdle(ctx context.Context) (found bool, err error) {
 	if len(running) == 0 {
 		return false, nil
 	}
-	if !r.awaitFinished(ctx, running) {
-		return false, nil // woken (or the poll interval passed) meanwhile
-	}
-	n, _, err := r.claimOnce(ctx)
-	return n > 0, err
+	return r.awaitFinished(ctx, running)
 }
 
-// awaitFinished polls until the listed transactions have all ended. It
-// gives up (false) after one poll interval or when woken, since the poll
-// and the wake both lead to a claim anyway.
-func (r *run) awaitFinished(ctx context.Context, xids []string) bool {
-	deadline := time.Now().Add(r.cfg.PollInterval)
+// awaitClaimFirst is how long awaitFinished waits before its first claim
+// while listed transactions are still running; the wait doubles after each.
+const awaitClaimFirst = 50 * time.Millisecond
+
+// awaitFinished polls until the listed transactions have all ended, then
+// claims. The list is every writer of the cluster, so one unrelated long
+// transaction (another database's, a report's) can keep it waiting: while
+// any is still running it also claims after awaitClaimFirst, then after
+// doubling waits, so a producer that committed without notifying is found
+// within about twice the time it took to commit, a handful of claims in
+// all. It gives up (found false) after one poll interval or when woken,
+// since the poll and the wake both lead to a claim anyway.
+func (r *run) awaitFinished(ctx context.Context, xids []string) (found bool, err error) {
+	start := time.Now()
+	deadline := start.Add(r.cfg.PollInterval)
+	nextClaim, claimWait := start.Add(awaitClaimFirst), awaitClaimFirst
 	delay := time.Millisecond
 	for time.Now().Before(deadline) {
 		done, err := store.AllFinished(ctx, r.pool, xids)
 		if err != nil {
-			return false
+			return false, nil // the claim loop's next claim reports the database's trouble
 		}
-		if done {
-			return true
+		if done || !time.Now().Before(nextClaim) {
+			n, _, err := r.claimOnce(ctx)
+			if done || err != nil || n > 0 {
+				return n > 0, err
+			}
+			claimWait *= 2
+			nextClaim = time.Now().Add(claimWait)
 		}
-		t := time.NewTimer(delay)
+		t := time.NewTimer(min(delay, time.Until(nextClaim)))
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return false
+			return false, nil
 		case <-r.wake:
 			t.Stop()
 			r.signal() // leave the wake for the claim loop
-			return false
+			return false, nil
 		case <-t.C:
 		}
 		delay = min(2*delay, 50*time.Millisecond)
 	}
-	return false
+	return false, nil
 }
 
 func (r *run) unregisterIdle(ctx context.Context) error {
