@@ -78,16 +78,7 @@ func TestNoStrandUnderRacingProducers(t *testing.T) {
 func TestHandoffsNeedNoClaims(t *testing.T) {
 	t.Parallel()
 	const each = 200
-	b := setup(t, rails.SandboxOptions{})
-	b.enqueue(t, each, 1)
-	cfg := b.config("handoffs")
-	cfg.PollOnly, cfg.PollInterval = true, time.Minute
-	r := b.start(t, cfg)
-	b.waitDrained(t, time.Minute)
-	if rep := b.verify(t, true); rep.Dispatched != each {
-		t.Fatalf("report %+v: want %d dispatched", rep, each)
-	}
-	st := r.Stats()
+	st := drainOnePollOnlyRelayer(t, 1, each)
 	if st.Handoffs != each-1 {
 		t.Fatalf("stats %+v: want %d hand-offs (every instruction after the first)", st, each-1)
 	}
@@ -107,19 +98,28 @@ func TestHandoffsNeedNoClaims(t *testing.T) {
 func TestBusyParticipantsShareWrites(t *testing.T) {
 	t.Parallel()
 	const participants, each = 10, 40
-	b := setup(t, rails.SandboxOptions{})
-	b.enqueue(t, participants*each, participants)
-	cfg := b.config("busy")
-	cfg.PollOnly, cfg.PollInterval = true, time.Minute
-	r := b.start(t, cfg)
-	b.waitDrained(t, time.Minute)
-	if rep := b.verify(t, true); rep.Dispatched != participants*each {
-		t.Fatalf("report %+v: want %d dispatched", rep, participants*each)
-	}
-	st := r.Stats()
+	st := drainOnePollOnlyRelayer(t, participants, each)
 	perWrite := float64(st.Dispatched) / float64(st.OutcomeWrites)
 	t.Logf("%d outcomes in %d writes (%.1f per write), %d hand-offs", st.Dispatched, st.OutcomeWrites, perWrite, st.Handoffs)
 	if perWrite < 0.8*participants {
 		t.Fatalf("stats %+v: %.1f outcomes per write, want at least %.0f of the %d busy participants in each", st, perWrite, 0.8*participants, participants)
 	}
+}
+
+// drainOnePollOnlyRelayer enqueues each instructions for every one of
+// participants, drains them with one relayer that polls only once a minute
+// (so what it claims comes from its own wakeups and hand-offs), checks
+// that all were dispatched in order, and returns the relayer's stats.
+func drainOnePollOnlyRelayer(t *testing.T, participants, each int) Stats {
+	t.Helper()
+	b := setup(t, rails.SandboxOptions{})
+	b.enqueue(t, participants*each, participants)
+	cfg := b.config("drainer")
+	cfg.PollOnly, cfg.PollInterval = true, time.Minute
+	r := b.start(t, cfg)
+	b.waitDrained(t, time.Minute)
+	if rep := b.verify(t, true); rep.Dispatched != int64(participants*each) {
+		t.Fatalf("report %+v: want %d dispatched", rep, participants*each)
+	}
+	return r.Stats()
 }

@@ -48,10 +48,10 @@ type recorder struct {
 // handoffWatch is what the recorder knows of its last write's hand-offs,
 // for hold.
 type handoffWatch struct {
-	write   uint64 // number of the last committed write
-	pending int    // its hand-offs whose outcomes have not arrived yet
-	took    ewma   // how long a hand-off's dispatch takes, start to outcome
-	writes  ewma   // how long a write takes, round trip and commit
+	last        uint64 // number of the last committed write
+	pending     int    // its hand-offs whose outcomes have not arrived yet
+	handoffTime ewma   // how long a hand-off's dispatch takes, start to outcome
+	writeTime   ewma   // how long a write takes, round trip and commit
 }
 
 // ewma is an exponentially weighted moving average of durations (weight
@@ -163,10 +163,10 @@ func (rc *recorder) hold(batch []pendingOutcome) []pendingOutcome {
 		h.arrived(&batch[i])
 	}
 	limit := rc.r.cfg.FlushSize
-	if h.pending <= 0 || len(batch) >= limit || h.took.v >= h.writes.v/2 {
+	if h.pending <= 0 || len(batch) >= limit || h.handoffTime.v >= h.writeTime.v/2 {
 		return batch
 	}
-	t := time.NewTimer(min(2*h.took.v, h.writes.v/2))
+	t := time.NewTimer(min(2*h.handoffTime.v, h.writeTime.v/2))
 	defer t.Stop()
 	for h.pending > 0 && len(batch) < limit {
 		select {
@@ -188,8 +188,8 @@ func (h *handoffWatch) arrived(p *pendingOutcome) {
 	if p.handoffOf == 0 {
 		return
 	}
-	h.took.add(p.took)
-	if p.handoffOf == h.write {
+	h.handoffTime.add(p.took)
+	if p.handoffOf == h.last {
 		h.pending--
 	}
 }
@@ -197,10 +197,10 @@ func (h *handoffWatch) arrived(p *pendingOutcome) {
 // wrote notes a committed write that took d and handed off handed
 // instructions, and returns its number, which their outcomes carry.
 func (h *handoffWatch) wrote(d time.Duration, handed int) uint64 {
-	h.writes.add(d)
-	h.write++
+	h.writeTime.add(d)
+	h.last++
 	h.pending = handed
-	return h.write
+	return h.last
 }
 
 // takeQueued appends the outcomes already queued to batch, up to limit in

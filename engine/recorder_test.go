@@ -61,7 +61,7 @@ func TestHoldWaitsForTheLastWritesHandoffs(t *testing.T) {
 	)
 	newRec := func(pending int, took time.Duration) *recorder {
 		rc := newRecorder(&run{Relayer: &Relayer{cfg: Config{FlushSize: flush, MaxConcurrency: 16}}})
-		rc.handoffs = handoffWatch{write: 3, pending: pending, took: ewma{took}, writes: ewma{write}}
+		rc.handoffs = handoffWatch{last: 3, pending: pending, handoffTime: ewma{took}, writeTime: ewma{write}}
 		return rc
 	}
 	outcome := func(write uint64) pendingOutcome { return pendingOutcome{handoffOf: write, took: took} }
