@@ -164,7 +164,8 @@ WITH locked AS (
 }
 
 // SuspectsDue reports whether suspects (see ClaimParams.Suspects) are due.
-// Relayers ask every so often; it reads the suspects' partial index only.
+// Relayers ask every so often (4 times a second each); it reads the
+// suspects' partial index only.
 func (s *Store) SuspectsDue(ctx context.Context, db Querier) (bool, error) {
 	var due bool
 	if err := db.QueryRow(ctx, s.sql.suspectsDue).Scan(&due); err != nil {
@@ -173,7 +174,16 @@ func (s *Store) SuspectsDue(ctx context.Context, db Querier) (bool, error) {
 	return due, nil
 }
 
-const suspectsDueSQL = `SELECT EXISTS (SELECT 1 FROM {schema}.pending WHERE zombie_count >= ` + suspectAfter + ` AND next_attempt_at <= now())`
+// suspectsDueSQL bounds zombie_count on both sides, which changes nothing
+// in what it finds (zombie_count is an int) but keeps the planner on the
+// suspects' partial index while pending has no statistics yet (a fresh
+// schema, or a backlog loaded since the last ANALYZE): it then takes a
+// one-sided bound to keep a third of the rows, expects EXISTS to stop
+// within the first few, and chose a sequential scan of every pending row,
+// 14 ms at 100,000 due rows, 4 times a second per relayer. A two-sided
+// range is estimated at half a percent, and the partial index wins.
+const suspectsDueSQL = `SELECT EXISTS (SELECT 1 FROM {schema}.pending
+  WHERE zombie_count >= ` + suspectAfter + ` AND zombie_count < 2147483647 AND next_attempt_at <= now())`
 
 // suspectAfter is the zombie count from which an instruction is a suspect:
 // its relayer died with it in flight twice. Once is what a kill -9 does to

@@ -1,0 +1,88 @@
+package store_test
+
+import (
+	"testing"
+)
+
+// TestSuspectsDueReadsOnlySuspects: relayers ask whether suspects are due
+// four times a second each, also while a backlog of plain instructions is
+// waiting. The answer must come from the suspects' partial index, also
+// before pending has statistics (a fresh schema, or a backlog loaded since
+// the last ANALYZE), when the planner once chose to read every pending row.
+func TestSuspectsDueReadsOnlySuspects(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	// Autovacuum stays out of the way, so the first checks run without
+	// statistics, as on a fresh schema.
+	if _, err := b.pool.Exec(b.ctx, `ALTER TABLE outbox.pending SET (autovacuum_enabled = false)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(b.ctx, `
+INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+                            payload, attempt_count, next_attempt_at, created_at)
+SELECT gen_random_uuid(), 'i-' || g, 'p-' || g, 1, 'k-' || g, 'sandbox', '{}', 0, now() - interval '1 minute', now()
+FROM generate_series(1, 20000) AS g`); err != nil {
+		t.Fatal(err)
+	}
+	var analyzed bool
+	if err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stats
+  WHERE schemaname = 'outbox' AND tablename = 'pending' AND attname = 'zombie_count')`).Scan(&analyzed); err != nil {
+		t.Fatal(err)
+	}
+	if analyzed {
+		t.Fatal("pending has statistics already: the check below would not run without them")
+	}
+
+	// check asks once in a transaction of its own and reports the answer
+	// and how many pending rows the statement read from the table itself.
+	check := func(when string) bool {
+		t.Helper()
+		tx, err := b.pool.Begin(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(b.ctx)
+		// The counters also hold what the connection did before and has
+		// not reported yet: the difference is the check's.
+		scans := func() (n, rows int64) {
+			t.Helper()
+			if err := tx.QueryRow(b.ctx, `SELECT seq_scan, seq_tup_read FROM pg_stat_xact_user_tables
+  WHERE schemaname = 'outbox' AND relname = 'pending'`).Scan(&n, &rows); err != nil {
+				t.Fatal(err)
+			}
+			return n, rows
+		}
+		scans0, rows0 := scans()
+		due, err := b.st.SuspectsDue(b.ctx, tx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if scans1, rows1 := scans(); scans1 > scans0 {
+			t.Errorf("%s: %d sequential scans of pending reading %d rows to find suspects", when, scans1-scans0, rows1-rows0)
+		}
+		return due
+	}
+
+	if check("no statistics, no suspects") {
+		t.Fatal("suspects due with none in pending")
+	}
+	if _, err := b.pool.Exec(b.ctx, `UPDATE outbox.pending SET zombie_count = 2, next_attempt_at = now() + interval '1 hour'
+  WHERE instruction_id = 'i-17'`); err != nil {
+		t.Fatal(err)
+	}
+	if check("no statistics, a suspect not yet due") {
+		t.Fatal("suspects due with the only suspect due in an hour")
+	}
+	if _, err := b.pool.Exec(b.ctx, `UPDATE outbox.pending SET next_attempt_at = now() WHERE instruction_id = 'i-17'`); err != nil {
+		t.Fatal(err)
+	}
+	if !check("no statistics, a suspect due") {
+		t.Fatal("suspects not due with a suspect due")
+	}
+	if _, err := b.pool.Exec(b.ctx, `ANALYZE outbox.pending`); err != nil {
+		t.Fatal(err)
+	}
+	if !check("with statistics, a suspect due") {
+		t.Fatal("suspects not due with a suspect due")
+	}
+}
