@@ -78,7 +78,7 @@ func TestNoStrandUnderRacingProducers(t *testing.T) {
 func TestHandoffsNeedNoClaims(t *testing.T) {
 	t.Parallel()
 	const each = 200
-	st := drainOnePollOnlyRelayer(t, 1, each)
+	st := drainOnePollOnlyRelayer(t, 1, each, true)
 	if st.Handoffs != each-1 {
 		t.Fatalf("stats %+v: want %d hand-offs (every instruction after the first)", st, each-1)
 	}
@@ -98,7 +98,7 @@ func TestHandoffsNeedNoClaims(t *testing.T) {
 func TestBusyParticipantsShareWrites(t *testing.T) {
 	t.Parallel()
 	const participants, each = 10, 40
-	st := drainOnePollOnlyRelayer(t, participants, each)
+	st := drainOnePollOnlyRelayer(t, participants, each, true)
 	perWrite := float64(st.Dispatched) / float64(st.OutcomeWrites)
 	t.Logf("%d outcomes in %d writes (%.1f per write), %d hand-offs", st.Dispatched, st.OutcomeWrites, perWrite, st.Handoffs)
 	if perWrite < 0.8*participants {
@@ -106,19 +106,42 @@ func TestBusyParticipantsShareWrites(t *testing.T) {
 	}
 }
 
+// TestUnorderedDrainRefillsInItsWrites: with ordering off, the write that
+// records a batch's outcomes claims the next batch for the slots it frees
+// (the hand-off's refill), so a queue is drained one transaction per batch:
+// the claims left are those that fill the relayer's slots at the start
+// and the hot polls at the end, however long the queue. Without the refill
+// every write was followed by a claim (about 40 here).
+func TestUnorderedDrainRefillsInItsWrites(t *testing.T) {
+	t.Parallel()
+	const participants, each = 100, 40
+	st := drainOnePollOnlyRelayer(t, participants, each, false)
+	t.Logf("%d claims, %d outcome writes, %d hand-offs", st.Claims, st.OutcomeWrites, st.Handoffs)
+	if st.Handoffs < participants*each/2 {
+		t.Fatalf("stats %+v: %d of %d instructions handed off by writes, want most", st, st.Handoffs, participants*each)
+	}
+	if st.Claims > st.OutcomeWrites/3 {
+		t.Fatalf("stats %+v: %d claims for %d outcome writes, want the writes to claim", st, st.Claims, st.OutcomeWrites)
+	}
+}
+
 // drainOnePollOnlyRelayer enqueues each instructions for every one of
 // participants, drains them with one relayer that polls only once a minute
 // (so what it claims comes from its own wakeups and hand-offs), checks
-// that all were dispatched in order, and returns the relayer's stats.
-func drainOnePollOnlyRelayer(t *testing.T, participants, each int) Stats {
+// that all were dispatched (in order, if ordered), and returns the
+// relayer's stats.
+func drainOnePollOnlyRelayer(t *testing.T, participants, each int, ordered bool) Stats {
 	t.Helper()
 	b := setup(t, rails.SandboxOptions{})
+	if !ordered {
+		b.unordered(t)
+	}
 	b.enqueue(t, participants*each, participants)
 	cfg := b.config("drainer")
 	cfg.PollOnly, cfg.PollInterval = true, time.Minute
 	r := b.start(t, cfg)
 	b.waitDrained(t, time.Minute)
-	if rep := b.verify(t, true); rep.Dispatched != int64(participants*each) {
+	if rep := b.verify(t, ordered); rep.Dispatched != int64(participants*each) {
 		t.Fatalf("report %+v: want %d dispatched", rep, participants*each)
 	}
 	return r.Stats()

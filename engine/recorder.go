@@ -251,9 +251,10 @@ func (rc *recorder) flushChunk(batch []pendingOutcome, scrubbed bool) {
 			terminal++
 		}
 	}
+	handoff := true
 	for {
 		ctx, cancel := context.WithTimeout(rc.ctx, 30*time.Second)
-		recorded, handed, err := rc.record(ctx, outcomes, terminal)
+		recorded, handed, err := rc.record(ctx, outcomes, terminal, handoff)
 		cancel()
 		if recorded != nil {
 			rc.failures.Succeeded()
@@ -266,6 +267,13 @@ func (rc *recorder) flushChunk(batch []pendingOutcome, scrubbed bool) {
 			r.slots.Release(int64(freed))
 			rc.afterFlush(batch, recorded, freed)
 			return
+		}
+		if errors.Is(err, store.ErrOrderingConflict) && handoff {
+			// A hand-off's claim, not the outcomes, was refused: record
+			// them at once without it; the claim loop claims as usual.
+			r.log.Warn("hand-off refused by the database; recording the outcomes without it", "err", err)
+			handoff = false
+			continue
 		}
 		if code, ok := contentError(err); ok {
 			rc.unrecordable(batch, scrubbed, code, err)
@@ -284,12 +292,13 @@ func (rc *recorder) flushChunk(batch []pendingOutcome, scrubbed bool) {
 	}
 }
 
-// record writes one batch of outcomes. Unless the relayer is stopping, the
-// slots of its terminal outcomes may carry their participants' next
-// instructions, which the same transaction claims (hand-off, rails with a
-// closed breaker only) and which record starts dispatching at once. It
-// returns how many were handed off.
-func (rc *recorder) record(ctx context.Context, outcomes []store.Outcome, terminal int) ([]store.Recorded, int, error) {
+// record writes one batch of outcomes. Unless the relayer is stopping (or
+// handoff is false), the slots of its terminal outcomes may carry new
+// work, which the same transaction claims (hand-off: their participants'
+// next instructions first, then any due ones; rails with a closed breaker
+// only) and which record starts dispatching at once. It returns how many
+// were handed off.
+func (rc *recorder) record(ctx context.Context, outcomes []store.Outcome, terminal int, handoff bool) ([]store.Recorded, int, error) {
 	r := rc.r
 	// Stop closes stopping under the write lock: a hand-off either
 	// finishes (its dispatches counted) before Stop waits for dispatches,
@@ -297,7 +306,7 @@ func (rc *recorder) record(ctx context.Context, outcomes []store.Outcome, termin
 	r.handoffMu.RLock()
 	defer r.handoffMu.RUnlock()
 	h := store.HandoffParams{RelayerID: r.cfg.RelayerID}
-	if !r.isStopping() && !r.isolating.Load() {
+	if handoff && !r.isStopping() && !r.isolating.Load() {
 		closed, _ := r.cfg.Rails.Claimable()
 		h.Limit, h.Leases = terminal, r.leases(closed)
 	}

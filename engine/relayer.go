@@ -28,7 +28,7 @@ type Stats struct {
 	Claims        int64 // claim statements run, including those that found nothing
 	ClaimBatches  int64 // claims that returned work
 	Claimed       int64
-	Handoffs      int64 // claimed by the outcome transaction of the participant's previous instruction
+	Handoffs      int64 // claimed by a transaction that recorded outcomes: freed participants' successors, then refills of freed slots
 	OutcomeWrites int64 // outcome transactions committed (outcomes recorded / OutcomeWrites = outcomes per write)
 	Dispatched    int64
 	Retried       int64 // RETRYABLE outcomes (back to pending)

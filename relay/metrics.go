@@ -64,7 +64,7 @@ func newMetrics(pool *pgxpool.Pool, r *engine.Relayer, rp *reaper.Reaper, cfg en
 	}
 	counter("outbox_claim_batches_total", "Claims that returned work.", func(s engine.Stats) int64 { return s.ClaimBatches })
 	counter("outbox_claimed_total", "Instructions claimed.", func(s engine.Stats) int64 { return s.Claimed })
-	counter("outbox_handoffs_total", "Instructions claimed by the outcome transaction of their participant's previous instruction (hand-offs).", func(s engine.Stats) int64 { return s.Handoffs })
+	counter("outbox_handoffs_total", "Instructions claimed by a transaction that recorded outcomes (hand-offs: the freed participants' next instructions, then refills of the freed slots).", func(s engine.Stats) int64 { return s.Handoffs })
 	counter("outbox_outcome_writes_total", "Outcome transactions committed (outcomes recorded per write: outbox_attempts_total / this).", func(s engine.Stats) int64 { return s.OutcomeWrites })
 	counter("outbox_notify_wakeups_total", "Wakeups by NOTIFY.", func(s engine.Stats) int64 { return s.Notifications })
 	counter("outbox_poll_wakeups_total", "Wakeups by the fallback poll.", func(s engine.Stats) int64 { return s.Polls })

@@ -130,11 +130,17 @@ func deref(s *string) string {
 }
 
 func claimError(err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "inflight_ordered_participant_idx" {
+	if isOrderingConflict(err) {
 		return fmt.Errorf("%w: %v", ErrOrderingConflict, err)
 	}
 	return fmt.Errorf("claim: %w", err)
+}
+
+// isOrderingConflict reports whether err is the database refusing a
+// second ordered in-flight row for a participant.
+func isOrderingConflict(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "inflight_ordered_participant_idx"
 }
 
 // claimSQL picks due rows in the due index's order, skipping rows other
@@ -153,14 +159,23 @@ var claimSuspectsSQL = claimLocked("p.zombie_count >= "+suspectAfter) + claimTai
 // match which.
 func claimLocked(which string) string {
 	return `
-WITH locked AS (
+WITH locked AS (` + dueRows(which, "$2") + `
+),`
+}
+
+// dueRows selects and locks the row ids of up to limit due pending rows
+// that match which, oldest due first, skipping rows other claims hold: a
+// claim's choice, also made by the hand-off's refill (handoff.go). With
+// ordering on, only heads are due (see enqueue.go); each candidate is also
+// checked to have no lower pending sequence.
+func dueRows(which, limit string) string {
+	return `
   SELECT p.ctid AS row FROM {schema}.pending p
   WHERE p.next_attempt_at <= now() AND p.rail_type = ANY($3::text[]) AND ` + which + `
     AND (NOT ` + orderedSQL + ` OR NOT EXISTS (
       SELECT 1 FROM {schema}.pending q WHERE q.participant_id = p.participant_id AND q.sequence_id < p.sequence_id))
   ORDER BY p.next_attempt_at, p.created_at
-  LIMIT $2 FOR UPDATE SKIP LOCKED
-),`
+  LIMIT ` + limit + ` FOR UPDATE SKIP LOCKED`
 }
 
 // SuspectsDue reports whether suspects (see ClaimParams.Suspects) are due.

@@ -16,7 +16,7 @@ import (
 )
 
 // TestHotPathCostIsPerBatch proves the bound of the ordered claim, the
-// outcome and the hand-off: with 100,000 participants with pending work
+// outcome and the hand-off (successors, then its refill): with 100,000 participants with pending work
 // (each a due head and a waiting successor), each statement touches a
 // number of buffers within a constant factor of its batch, not of the
 // participants. The plans are the generic ones a relayer's connection
@@ -87,7 +87,7 @@ func TestHotPathCostIsPerBatch(t *testing.T) {
 	exec(`EXECUTE claim('r', 0, '{sandbox}', '{60000}')`)
 	exec(`EXECUTE lock('{}')`)
 	exec(`EXECUTE record(` + empty + `)`)
-	exec(`EXECUTE handoff('r', 0, '{sandbox}', '{60000}', '{}')`)
+	exec(`EXECUTE handoff('r', 0, '{sandbox}', '{60000}', '{}', '{}')`)
 	exec(`INSERT INTO outbox.inflight (outbox_id, attempt_id, attempt_no, relayer_id, ordered, claimed_at, lease_until,
 			instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload, created_at)
 		SELECT gen_random_uuid(), gen_random_uuid(), 1, 'churn', false, now(), now(), 'churn', 'churn', n, 'churn', 'sandbox',
@@ -115,39 +115,58 @@ func TestHotPathCostIsPerBatch(t *testing.T) {
 	}
 	measure("claim", `EXECUTE claim('r', 100, '{sandbox}', '{60000}')`, batch)
 
-	rows, err := tx.Query(ctx, `SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-		attempt_id, attempt_no, claimed_at FROM outbox.inflight WHERE relayer_id = 'r'`)
-	if err != nil {
+	// recordHeld records what relayer r holds, DISPATCHED, with a hand-off
+	// of up to a batch, measuring each statement, and reports how many
+	// successors of the freed participants the hand-off claimed.
+	recordHeld := func(handoff string) (successors int) {
+		t.Helper()
+		rows, err := tx.Query(ctx, `SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+			attempt_id, attempt_no, claimed_at FROM outbox.inflight WHERE relayer_id = 'r'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		outcomes, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Outcome, error) {
+			o := store.Outcome{State: store.Dispatched, RelayerID: "r", CountAttempt: true, AttemptID: uuid.Must(uuid.NewV7())}
+			err := r.Scan(&o.OutboxID, &o.InstructionID, &o.ParticipantID, &o.SequenceID, &o.IdempotencyKey, &o.RailType,
+				&o.ClaimAttemptID, &o.AttemptNo, &o.ClaimedAt)
+			return o, err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(outcomes) != batch {
+			t.Fatalf("relayer r holds %d, want %d", len(outcomes), batch)
+		}
+		args := store.RecordArgs(outcomes)
+		literals := make([]string, len(args))
+		for i, a := range args {
+			literals[i] = arrayLiteral(t, a)
+		}
+		parts := literals[6] // participant ids
+		measure("lock", `EXECUTE lock(`+parts+`)`, batch)
+		measure("outcome", `EXECUTE record(`+strings.Join(literals, ", ")+`)`, batch)
+		measure(handoff, `EXECUTE handoff('r', 100, '{sandbox}', '{60000}', `+parts+`, `+literals[2]+`)`, batch)
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM outbox.inflight WHERE relayer_id = 'r' AND participant_id = ANY($1::text[])`,
+			args[6]).Scan(&successors); err != nil {
+			t.Fatal(err)
+		}
+		return successors
+	}
+	if n := recordHeld("hand-off"); n != batch {
+		t.Errorf("the hand-off claimed %d successors, want %d", n, batch)
+	}
+	// The successors' participants have nothing left: the hand-off fills
+	// its slots from the due heads of the others (its refill), which must
+	// cost no more than a claim.
+	if n := recordHeld("hand-off refilling"); n != 0 {
+		t.Errorf("the hand-off claimed %d successors of participants with nothing left", n)
+	}
+	var held int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM outbox.inflight WHERE relayer_id = 'r'`).Scan(&held); err != nil {
 		t.Fatal(err)
 	}
-	outcomes, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.Outcome, error) {
-		o := store.Outcome{State: store.Dispatched, RelayerID: "r", CountAttempt: true, AttemptID: uuid.Must(uuid.NewV7())}
-		err := r.Scan(&o.OutboxID, &o.InstructionID, &o.ParticipantID, &o.SequenceID, &o.IdempotencyKey, &o.RailType,
-			&o.ClaimAttemptID, &o.AttemptNo, &o.ClaimedAt)
-		return o, err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(outcomes) != batch {
-		t.Fatalf("claimed %d, want %d", len(outcomes), batch)
-	}
-	args := store.RecordArgs(outcomes)
-	literals := make([]string, len(args))
-	for i, a := range args {
-		literals[i] = arrayLiteral(t, a)
-	}
-	parts := literals[6] // participant ids
-	measure("lock", `EXECUTE lock(`+parts+`)`, batch)
-	measure("outcome", `EXECUTE record(`+strings.Join(literals, ", ")+`)`, batch)
-	measure("hand-off", `EXECUTE handoff('r', 100, '{sandbox}', '{60000}', `+parts+`)`, batch)
-
-	var handed int
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM outbox.inflight WHERE relayer_id = 'r'`).Scan(&handed); err != nil {
-		t.Fatal(err)
-	}
-	if handed != batch {
-		t.Errorf("the hand-off claimed %d successors, want %d", handed, batch)
+	if held != batch {
+		t.Errorf("the refill claimed %d heads, want %d", held, batch)
 	}
 }
 

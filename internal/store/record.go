@@ -77,9 +77,12 @@ type Recorded struct {
 // terminal failures to the dead letters and, with ordering on, counts the
 // terminal ones out of their participants' queued (under the participants'
 // row locks, taken first in participant order). The hand-off statement
-// that follows claims the next instruction of the participants it freed,
-// up to h.Limit, and returns those claims for the caller to dispatch (see
-// handoff.go).
+// that follows claims up to h.Limit instructions, the next instruction of
+// the participants it freed first, then any due one, and returns those
+// claims for the caller to dispatch (see handoff.go). If the database
+// refuses one of those claims (ErrOrderingConflict, which only a broken
+// ordering invariant can cause), nothing is written; the same outcomes can
+// be recorded again with h.Limit 0.
 //
 // An outcome whose in-flight row is gone or owned by a newer attempt is
 // late: it is archived with late = true, and if it is DISPATCHED or FAILED
@@ -106,13 +109,18 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 	generic := queueGenericPlans(b, db)
 	b.Queue(s.sql.lockParticipants, terminal)
 	b.Queue(s.sql.record, args...)
-	b.Queue(s.sql.handoff, h.RelayerID, max(h.Limit, 0), railTypes, leaseMS, terminal)
+	b.Queue(s.sql.handoff, h.RelayerID, max(h.Limit, 0), railTypes, leaseMS, terminal, args[2])
 	br := db.SendBatch(ctx, b)
 	recorded, claimed, err := readRecordBatch(br, generic)
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = cerr
 	}
 	if err != nil {
+		if isOrderingConflict(err) {
+			// Only the hand-off claims: nothing was written, and the same
+			// outcomes without it can be.
+			return nil, nil, fmt.Errorf("record: hand-off: %w: %w", ErrOrderingConflict, err)
+		}
 		return nil, nil, fmt.Errorf("record: %w", err)
 	}
 
