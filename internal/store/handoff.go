@@ -38,13 +38,12 @@ FOR UPDATE`
 //     'infinity'), that instruction; those beyond $2 are made due now
 //     instead. With ordering off nothing waits.
 //   - refill: the slots left are filled from the due queue, as Claim fills
-//     them (dueRows), except with the instructions of this batch's
-//     outcomes ($6 outbox ids): a late outcome's requeued copy, which the
-//     reaper made due, is withdrawn after this statement (Record), not
-//     dispatched again by the transaction that records it was paid. A
-//     relayer draining a queue then needs one transaction per batch
-//     instead of two, a claim and an outcome write: +30% on the unordered
-//     100,000-instruction drain.
+//     them (dueRows), but never with an instruction of this batch's
+//     outcomes ($6 outbox ids): the reaper's requeued copy of a late
+//     DISPATCHED outcome is due, and Record withdraws it after this
+//     statement; the transaction that records the payment must not send
+//     it again. A relayer draining a queue then needs one transaction per
+//     batch instead of two, a claim and an outcome write.
 //
 // Successor lookups are per freed participant, through an index (the
 // LATERAL ... LIMIT 1 forms keep the planner from hashing the whole
