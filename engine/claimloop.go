@@ -202,6 +202,9 @@ func (r *run) claimOnce(ctx context.Context) (n int, full bool, err error) {
 	claimed, err := r.claim(claimCtx, want)
 	cancel()
 	r.slots.Release(int64(want - len(claimed)))
+	if err == nil {
+		r.backlog.Store(len(claimed) == want)
+	}
 	if err != nil || len(claimed) == 0 {
 		return 0, false, err
 	}

@@ -295,9 +295,9 @@ func (rc *recorder) flushChunk(batch []pendingOutcome, scrubbed bool) {
 // record writes one batch of outcomes. Unless the relayer is stopping (or
 // handoff is false), the slots of its terminal outcomes may carry new
 // work, which the same transaction claims (hand-off: their participants'
-// next instructions first, then any due ones; rails with a closed breaker
-// only) and which record starts dispatching at once. It returns how many
-// were handed off.
+// next instructions first, then, while draining a backlog, any due ones;
+// rails with a closed breaker only) and which record starts dispatching at
+// once. It returns how many were handed off.
 func (rc *recorder) record(ctx context.Context, outcomes []store.Outcome, terminal int, handoff bool) ([]store.Recorded, int, error) {
 	r := rc.r
 	// Stop closes stopping under the write lock: a hand-off either
@@ -308,7 +308,7 @@ func (rc *recorder) record(ctx context.Context, outcomes []store.Outcome, termin
 	h := store.HandoffParams{RelayerID: r.cfg.RelayerID}
 	if handoff && !r.isStopping() && !r.isolating.Load() {
 		closed, _ := r.cfg.Rails.Claimable()
-		h.Limit, h.Leases = terminal, r.leases(closed)
+		h.Limit, h.Leases, h.Refill = terminal, r.leases(closed), r.backlog.Load()
 	}
 	claimStart := time.Now()
 	recorded, handed, err := r.store.Record(ctx, r.pool, outcomes, h)
@@ -316,6 +316,9 @@ func (rc *recorder) record(ctx context.Context, outcomes []store.Outcome, termin
 		return nil, 0, err
 	}
 	r.stats.outcomeWrites.Add(1)
+	if h.Refill && len(handed) < h.Limit {
+		r.backlog.Store(false) // the due queue ran dry
+	}
 	write := rc.handoffs.wrote(time.Since(claimStart), len(handed))
 	if len(handed) > 0 {
 		r.stats.handoffs.Add(int64(len(handed)))

@@ -238,6 +238,10 @@ type run struct {
 	// isolating is set while the claim loop dispatches suspects alone (or
 	// waits to): no hand-offs.
 	isolating atomic.Bool
+	// backlog is set while the queue holds more than this relayer takes:
+	// its last claim, or its last write's refill, came back full. Outcome
+	// writes then refill their freed slots (store.HandoffParams.Refill).
+	backlog atomic.Bool
 	// lastSuspectCheck is when the claim loop last asked for suspects.
 	lastSuspectCheck time.Time
 	// handoffMu orders hand-offs before Stop's wait for dispatches.

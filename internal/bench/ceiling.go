@@ -135,7 +135,7 @@ func (r *runner) ceilingDispatch(ctx context.Context, bin, dir string, ordered b
 		"\\startpipeline\n" +
 		pgbenchSQL(h.LockParticipants, map[int]string{1: ":a7"}) + ";\n" +
 		pgbenchSQL(h.Record, numbered("a", 22)) + ";\n" +
-		pgbenchSQL(h.Handoff, map[int]string{1: ":relayer", 2: ":zero", 3: ":rails", 4: ":leases", 5: ":a7", 6: ":a3"}) + ";\n" +
+		pgbenchSQL(h.Handoff, map[int]string{1: ":relayer", 2: ":zero", 3: ":rails", 4: ":leases", 5: ":a7", 6: ":a3", 7: "false"}) + ";\n" +
 		"\\endpipeline\n"
 	// Claims stop short of the queue's end, so every transaction claims a
 	// full batch or close to it (an empty queue would make them free).

@@ -87,7 +87,7 @@ func TestHotPathCostIsPerBatch(t *testing.T) {
 	exec(`EXECUTE claim('r', 0, '{sandbox}', '{60000}')`)
 	exec(`EXECUTE lock('{}')`)
 	exec(`EXECUTE record(` + empty + `)`)
-	exec(`EXECUTE handoff('r', 0, '{sandbox}', '{60000}', '{}', '{}')`)
+	exec(`EXECUTE handoff('r', 0, '{sandbox}', '{60000}', '{}', '{}', false)`)
 	exec(`INSERT INTO outbox.inflight (outbox_id, attempt_id, attempt_no, relayer_id, ordered, claimed_at, lease_until,
 			instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload, created_at)
 		SELECT gen_random_uuid(), gen_random_uuid(), 1, 'churn', false, now(), now(), 'churn', 'churn', n, 'churn', 'sandbox',
@@ -145,7 +145,7 @@ func TestHotPathCostIsPerBatch(t *testing.T) {
 		parts := literals[6] // participant ids
 		measure("lock", `EXECUTE lock(`+parts+`)`, batch)
 		measure("outcome", `EXECUTE record(`+strings.Join(literals, ", ")+`)`, batch)
-		measure(handoff, `EXECUTE handoff('r', 100, '{sandbox}', '{60000}', `+parts+`, `+literals[2]+`)`, batch)
+		measure(handoff, `EXECUTE handoff('r', 100, '{sandbox}', '{60000}', `+parts+`, `+literals[2]+`, true)`, batch)
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM outbox.inflight WHERE relayer_id = 'r' AND participant_id = ANY($1::text[])`,
 			args[6]).Scan(&successors); err != nil {
 			t.Fatal(err)

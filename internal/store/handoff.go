@@ -14,6 +14,12 @@ type HandoffParams struct {
 	Limit int
 	// Leases are the claimable rail types and their leases, as for Claim.
 	Leases map[string]time.Duration
+	// Refill fills the slots the freed participants' successors leave from
+	// the due queue. Relayers ask for it while draining a backlog (their
+	// claims come back full): there it saves a claim transaction per
+	// batch. At a steady rate their hot polls find new work anyway, and a
+	// refill in every write only lengthens the write.
+	Refill bool
 }
 
 // lockParticipantsSQL locks the sequences rows of the participants whose
@@ -37,8 +43,8 @@ FOR UPDATE`
 //     next instruction (lowest pending sequence) waits (next_attempt_at =
 //     'infinity'), that instruction; those beyond $2 are made due now
 //     instead. With ordering off nothing waits.
-//   - refill: the slots left are filled from the due queue, as Claim fills
-//     them (dueRows), but never with an instruction of this batch's
+//   - refill, if $7: the slots left are filled from the due queue, as
+//     Claim fills them (dueRows), but never with an instruction of this batch's
 //     outcomes ($6 outbox ids): the reaper's requeued copy of a late
 //     DISPATCHED outcome is due, and Record withdraws it after this
 //     statement; the transaction that records the payment must not send
@@ -71,7 +77,7 @@ WITH freed AS (
   WHERE w.rail_type = ANY($3::text[])
   ORDER BY w.created_at
   LIMIT $2
-), refill AS (` + dueRows("p.zombie_count < "+suspectAfter+" AND p.outbox_id <> ALL($6::uuid[])", "$2 - (SELECT count(*) FROM successors)") + `
+), refill AS (` + dueRows("p.zombie_count < "+suspectAfter+" AND p.outbox_id <> ALL($6::uuid[])", "CASE WHEN $7::bool THEN $2 - (SELECT count(*) FROM successors) ELSE 0 END") + `
 ), locked AS (
   SELECT row FROM successors UNION ALL SELECT row FROM refill
 ), promoted AS (

@@ -78,7 +78,7 @@ type Recorded struct {
 // terminal ones out of their participants' queued (under the participants'
 // row locks, taken first in participant order). The hand-off statement
 // that follows claims up to h.Limit instructions, the next instruction of
-// the participants it freed first, then any due one, and returns those
+// the participants it freed first, then (h.Refill) any due one, and returns those
 // claims for the caller to dispatch (see handoff.go). If the database
 // refuses one of those claims (ErrOrderingConflict, which only a broken
 // ordering invariant can cause), nothing is written; the same outcomes can
@@ -109,7 +109,7 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 	generic := queueGenericPlans(b, db)
 	b.Queue(s.sql.lockParticipants, terminal)
 	b.Queue(s.sql.record, args...)
-	b.Queue(s.sql.handoff, h.RelayerID, max(h.Limit, 0), railTypes, leaseMS, terminal, args[2])
+	b.Queue(s.sql.handoff, h.RelayerID, max(h.Limit, 0), railTypes, leaseMS, terminal, args[2], h.Refill)
 	br := db.SendBatch(ctx, b)
 	recorded, claimed, err := readRecordBatch(br, generic)
 	if cerr := br.Close(); err == nil && cerr != nil {

@@ -913,7 +913,7 @@ func TestHandoffUnderReaperAndLateCompletion(t *testing.T) {
 		)
 		record := func() {
 			rec, handed, recErr = b.st.Record(b.ctx, b.pool, outcomes,
-				store.HandoffParams{RelayerID: "r-0", Limit: 100, Leases: map[string]time.Duration{"sandbox": longLease}})
+				store.HandoffParams{RelayerID: "r-0", Limit: 100, Leases: map[string]time.Duration{"sandbox": longLease}, Refill: true})
 		}
 		reap := func() { requeued, reapErr = b.reaper.RunOnce(b.ctx) }
 		switch order {

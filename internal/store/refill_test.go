@@ -21,7 +21,7 @@ func (b *recordBundle) handOff(t *testing.T, limit int, claims ...store.Claimed)
 		outcomes[i] = recordOutcome(t, c, "r-1", store.Dispatched)
 	}
 	_, handed, err := b.st.Record(b.ctx, b.pool, outcomes,
-		store.HandoffParams{RelayerID: "r-1", Limit: limit, Leases: map[string]time.Duration{"sandbox": longLease}})
+		store.HandoffParams{RelayerID: "r-1", Limit: limit, Leases: map[string]time.Duration{"sandbox": longLease}, Refill: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,8 +48,8 @@ func sameIDs(cs []store.Claimed, want ...uuid.UUID) bool {
 }
 
 // TestHandoffRefillsFreedSlots: with ordering off, the transaction that
-// records outcomes fills the slots they free from the due queue, as a claim
-// would: oldest due first, up to the limit, never a row that is not due, a
+// records outcomes fills the slots they free from the due queue (when
+// asked to: HandoffParams.Refill), as a claim would: oldest due first, up to the limit, never a row that is not due, a
 // suspect or on a rail the relayer does not claim.
 func TestHandoffRefillsFreedSlots(t *testing.T) {
 	t.Parallel()
@@ -73,13 +73,20 @@ func TestHandoffRefillsFreedSlots(t *testing.T) {
 	if first.OutboxID != due[0] {
 		t.Fatalf("claimed %s first, want the oldest %s", first.OutboxID, due[0])
 	}
-	handed := b.handOff(t, 2, first)
-	if !sameIDs(handed, due[1:3]...) {
-		t.Fatalf("refilled %v, want the two oldest due %v", outboxIDs(handed), due[1:3])
+	// Without Refill (a relayer that is not draining a backlog) the
+	// hand-off only takes successors, and there are none.
+	_, handed, err := b.st.Record(b.ctx, b.pool, []store.Outcome{recordOutcome(t, first, "r-1", store.Dispatched)},
+		store.HandoffParams{RelayerID: "r-1", Limit: 2, Leases: map[string]time.Duration{"sandbox": longLease}})
+	if err != nil || len(handed) != 0 {
+		t.Fatalf("hand-off without refill: claimed %v (%v), want nothing", outboxIDs(handed), err)
+	}
+	handed = b.handOff(t, 2, b.claimOne(t, "r-1", longLease))
+	if !sameIDs(handed, due[2:4]...) {
+		t.Fatalf("refilled %v, want the two oldest due %v", outboxIDs(handed), due[2:4])
 	}
 	handed = b.handOff(t, 10, handed...)
-	if !sameIDs(handed, due[3:]...) {
-		t.Fatalf("refilled %v, want the rest of the due ones %v and nothing else", outboxIDs(handed), due[3:])
+	if !sameIDs(handed, due[4:]...) {
+		t.Fatalf("refilled %v, want the rest of the due ones %v and nothing else", outboxIDs(handed), due[4:])
 	}
 	if handed = b.handOff(t, 10, handed...); len(handed) != 0 {
 		t.Fatalf("refilled %v with nothing claimable left", outboxIDs(handed))
@@ -161,7 +168,7 @@ func TestHandoffRefusedWritesNothing(t *testing.T) {
 	}
 	outcome := recordOutcome(t, pb, "r-1", store.Dispatched)
 	_, _, err = b.st.Record(b.ctx, b.pool, []store.Outcome{outcome},
-		store.HandoffParams{RelayerID: "r-1", Limit: 1, Leases: map[string]time.Duration{"sandbox": longLease}})
+		store.HandoffParams{RelayerID: "r-1", Limit: 1, Leases: map[string]time.Duration{"sandbox": longLease}, Refill: true})
 	if !errors.Is(err, store.ErrOrderingConflict) {
 		t.Fatalf("record with the refill offered p-a's second instruction: %v, want ErrOrderingConflict", err)
 	}

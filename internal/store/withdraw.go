@@ -26,7 +26,7 @@ func (s *Store) withdraw(ctx context.Context, db Batcher, late []Outcome) (map[u
 	b := &pgx.Batch{}
 	b.Queue(s.sql.lockParticipants, participants)
 	b.Queue(s.sql.withdraw, ids, attemptIDs, states, codes, messages, attemptNos, claimIDs)
-	b.Queue(s.sql.handoff, "", 0, []string{}, []int64{}, participants, []string{})
+	b.Queue(s.sql.handoff, "", 0, []string{}, []int64{}, participants, []string{}, false)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
