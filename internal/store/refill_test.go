@@ -40,10 +40,10 @@ func outboxIDs(cs []store.Claimed) []uuid.UUID {
 // in any order (a hand-off returns its claims in due order, and a
 // successor was not due).
 func sameIDs(cs []store.Claimed, want ...uuid.UUID) bool {
-	got := outboxIDs(cs)
-	slices.SortFunc(got, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
-	want = slices.Clone(want)
-	slices.SortFunc(want, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
+	byBytes := func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) }
+	got, want := outboxIDs(cs), slices.Clone(want)
+	slices.SortFunc(got, byBytes)
+	slices.SortFunc(want, byBytes)
 	return slices.Equal(got, want)
 }
 
