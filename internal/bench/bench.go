@@ -94,7 +94,9 @@ type Result struct {
 	P999         *float64 `json:"p999_ms,omitempty"`
 	// EnqueueP50 and EnqueueP99 are the producer's own share: from the
 	// call to Enqueue to its commit returning (two of the commits on the
-	// way to the rail call are the producer's and the claim's).
+	// way to the rail call are the producer's and the claim's). On the
+	// ceiling's "enqueue at rate" and "commit at rate" lines, the same for
+	// pgbench's transactions at the latency workload's rate.
 	EnqueueP50 *float64 `json:"enqueue_p50_ms,omitempty"`
 	EnqueueP99 *float64 `json:"enqueue_p99_ms,omitempty"`
 
@@ -201,12 +203,16 @@ func (r *runner) emit(res Result) {
 func (res Result) text() string {
 	s := fmt.Sprintf("%-8s ordered=%-5v participants=%-6d instructions=%-7d %9.0f msgs/s  rss %5.1f MiB  %6.2fs",
 		res.Workload, res.Ordered, res.Participants, res.Instructions, res.MsgsPerSec, res.RSSMiB, res.Seconds)
-	if res.Rate != nil {
+	if res.CallP50 != nil {
 		s += fmt.Sprintf("\n         rate %.0f/s achieved %.0f/s; enqueue→rail call p50 %.2f ms p99 %.2f ms p99.9 %.2f ms; enqueue→outcome committed p50 %.2f ms p99 %.2f ms p99.9 %.2f ms; enqueue→its commit p50 %.2f ms p99 %.2f ms",
 			*res.Rate, *res.AchievedRate, *res.CallP50, *res.CallP99, *res.CallP999, *res.P50, *res.P99, *res.P999, *res.EnqueueP50, *res.EnqueueP99)
 	}
 	if res.Statements != "" {
 		s += fmt.Sprintf("  [%s, %d pgbench clients]", res.Statements, res.Clients)
+	}
+	if res.CallP50 == nil && res.EnqueueP50 != nil {
+		s += fmt.Sprintf("\n         rate %.0f/s achieved %.0f/s; transaction→its commit p50 %.2f ms p99 %.2f ms",
+			*res.Rate, *res.AchievedRate, *res.EnqueueP50, *res.EnqueueP99)
 	}
 	if res.Soak != nil {
 		s += "\n         " + res.Soak.String()

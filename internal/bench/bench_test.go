@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,7 +36,8 @@ func TestEveryWorkloadReports(t *testing.T) {
 	}
 	// The soak prints a line per report (about three in a second at 300
 	// ms) and its summary: counted apart.
-	want := map[string]int{"drain": 2, "latency": 1, "enqueue": 1, "ceiling": 3, "notify": 2}
+	want := map[string]int{"drain": 2, "latency": 1, "enqueue": 1, "ceiling": 5, "notify": 2}
+	atRate := map[string]bool{}
 	got := map[string]int{}
 	sc := bufio.NewScanner(&out)
 	lines := 0
@@ -64,6 +67,19 @@ func TestEveryWorkloadReports(t *testing.T) {
 				t.Errorf("latency line %q: the rail call comes after its outcome", sc.Text())
 			}
 		}
+		if st, _ := m["statements"].(string); w == "ceiling" && strings.HasSuffix(st, " at rate") {
+			// A latency floor: pgbench's own transactions at the latency
+			// workload's rate, timed from its per-transaction log.
+			atRate[st] = true
+			for _, f := range []string{"rate", "achieved_rate", "enqueue_p50_ms", "enqueue_p99_ms"} {
+				if v, ok := m[f].(float64); !ok || v <= 0 {
+					t.Errorf("ceiling line %q: %s missing or zero", sc.Text(), f)
+				}
+			}
+			if m["enqueue_p50_ms"].(float64) > m["enqueue_p99_ms"].(float64) {
+				t.Errorf("ceiling line %q: p50 above p99", sc.Text())
+			}
+		}
 		if w == "drain" && m["rss_mib"].(float64) <= 0 {
 			t.Errorf("drain line %q: no RSS", sc.Text())
 		}
@@ -76,10 +92,17 @@ func TestEveryWorkloadReports(t *testing.T) {
 			t.Errorf("%d %s lines, want %d", got[w], w, n)
 		}
 	}
+	if !atRate["enqueue at rate"] || !atRate["commit at rate"] {
+		t.Errorf("latency floors reported: %v, want the enqueue's and a bare commit's", atRate)
+	}
 	if lines != len(results) {
 		t.Errorf("%d lines printed, %d results returned", lines, len(results))
 	}
-	for _, line := range bench.Summary(results) {
+	summary := bench.Summary(results)
+	for _, line := range summary {
 		t.Log(line)
+	}
+	if !slices.ContainsFunc(summary, func(l string) bool { return strings.HasPrefix(l, "latency: ") }) {
+		t.Errorf("summary %q does not set the latency beside its floor", summary)
 	}
 }

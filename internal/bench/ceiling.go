@@ -14,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/HdrHistogram/hdrhistogram-go"
+
 	"github.com/ledgerline/outbox/internal/pglocal"
 	"github.com/ledgerline/outbox/internal/store"
 )
@@ -35,6 +37,13 @@ import (
 //     them, with a fresh key each.
 //
 // Each runs at every client count of Config.Clients; the best is reported.
+//
+// Then the latency floor, at the latency workload's rate and producer
+// count (see ceilingAtRate): the enqueue statements alone, and a bare
+// durable commit (one row into a table without indexes). No instruction
+// reaches a rail before its enqueue commits, so the first bounds what the
+// latency workload's enqueue→rail call can be on this machine in this
+// run; the second is what any durable write at that rate waits.
 func (r *runner) ceiling(ctx context.Context) ([]Result, error) {
 	bin, err := r.pgbench()
 	if err != nil {
@@ -78,8 +87,23 @@ func (r *runner) ceiling(ctx context.Context) ([]Result, error) {
 		}
 	}
 	r.emit(best)
-	return append(out, best), nil
+	out = append(out, best)
+	for _, statements := range []string{statementsEnqueue, statementsCommit} {
+		res, err := r.ceilingAtRate(ctx, bin, dir, statements)
+		if err != nil {
+			return out, err
+		}
+		r.emit(res)
+		out = append(out, res)
+	}
+	return out, nil
 }
+
+// The statements of the ceiling's latency floors (Result.Statements).
+const (
+	statementsEnqueue = "enqueue at rate"
+	statementsCommit  = "commit at rate"
+)
 
 func (r *runner) clients(def []int) []int {
 	if len(r.cfg.Clients) > 0 {
@@ -166,22 +190,8 @@ func (r *runner) ceilingEnqueue(ctx context.Context, bin, dir string, clients in
 	if err != nil {
 		return Result{}, err
 	}
-	h := st.HotPath()
-	// One instruction per transaction, its ids made from a random number
-	// (the outbox id is their md5, so all three statements agree on it).
-	id := `'ceiling-' || :client_id || '-' || :n`
-	uuid := `ARRAY[md5(` + id + `)::uuid]`
-	payload := `'{"amount_minor":1000,"currency":"USD","destination":"acct-1"}'`
-	part := `ARRAY['p' || :p]`
-	script := fmt.Sprintf("\\set n random(1, 1000000000000)\n\\set p random(0, %d)\n", r.cfg.Participants-1) +
-		"\\startpipeline\n" +
-		pgbenchSQL(h.InsertKeys, map[int]string{1: `ARRAY['']`, 2: `ARRAY[` + id + `]`, 3: `ARRAY[` + id + `]`, 4: uuid, 5: part, 6: `ARRAY['\x00'::bytea]`}) + ";\n" +
-		pgbenchSQL(h.InsertPending, map[int]string{1: uuid, 2: `ARRAY[0]`, 3: `ARRAY[` + id + `]`, 4: part, 5: `ARRAY[` + id + `]`,
-			6: `ARRAY['sandbox']`, 7: `ARRAY['']`, 8: `ARRAY['']`, 9: `ARRAY[` + payload + `]`}) + ";\n" +
-		pgbenchSQL(h.LookupKeys, map[int]string{1: `ARRAY['']`, 2: `ARRAY[` + id + `]`, 3: `ARRAY[` + id + `]`, 4: `ARRAY[0]`}) + ";\n" +
-		"\\endpipeline\n"
 	secs := max(1, int(r.cfg.Duration.Seconds()/2))
-	run, err := r.runPgBench(ctx, bin, dir, script, clients, []string{"-T", strconv.Itoa(secs)})
+	run, err := r.runPgBench(ctx, bin, dir, r.enqueueScript(st), clients, []string{"-T", strconv.Itoa(secs)})
 	if err != nil {
 		return Result{}, err
 	}
@@ -191,6 +201,115 @@ func (r *runner) ceilingEnqueue(ctx context.Context, bin, dir string, clients in
 	}
 	return Result{Workload: "ceiling", Ordered: true, Participants: r.cfg.Participants, Instructions: int(committed),
 		MsgsPerSec: run.tps, Seconds: run.seconds(), Statements: "enqueue", Clients: clients}, nil
+}
+
+// enqueueScript is a pgbench transaction of the producer's three
+// statements for one instruction, its ids made from a random number (the
+// outbox id is their md5, so all three statements agree on it).
+func (r *runner) enqueueScript(st *store.Store) string {
+	h := st.HotPath()
+	id := `'ceiling-' || :client_id || '-' || :n`
+	uuid := `ARRAY[md5(` + id + `)::uuid]`
+	payload := `'{"amount_minor":1000,"currency":"USD","destination":"acct-1"}'`
+	part := `ARRAY['p' || :p]`
+	return fmt.Sprintf("\\set n random(1, 1000000000000)\n\\set p random(0, %d)\n", r.cfg.Participants-1) +
+		"\\startpipeline\n" +
+		pgbenchSQL(h.InsertKeys, map[int]string{1: `ARRAY['']`, 2: `ARRAY[` + id + `]`, 3: `ARRAY[` + id + `]`, 4: uuid, 5: part, 6: `ARRAY['\x00'::bytea]`}) + ";\n" +
+		pgbenchSQL(h.InsertPending, map[int]string{1: uuid, 2: `ARRAY[0]`, 3: `ARRAY[` + id + `]`, 4: part, 5: `ARRAY[` + id + `]`,
+			6: `ARRAY['sandbox']`, 7: `ARRAY['']`, 8: `ARRAY['']`, 9: `ARRAY[` + payload + `]`}) + ";\n" +
+		pgbenchSQL(h.LookupKeys, map[int]string{1: `ARRAY['']`, 2: `ARRAY[` + id + `]`, 3: `ARRAY[` + id + `]`, 4: `ARRAY[0]`}) + ";\n" +
+		"\\endpipeline\n"
+}
+
+// ceilingAtRate runs statements (statementsEnqueue or statementsCommit)
+// through pgbench at the latency workload's rate (Config.Rate) for half of
+// Config.Duration, with as many clients as that workload has producers,
+// on a fresh schema, and reports each transaction's own time as the
+// latency workload reports its enqueue (EnqueueP50, EnqueueP99: from the
+// start of the transaction to its commit returning). pgbench's schedule
+// lag, the wait for a free client, is left out as the latency workload
+// leaves out a producer's wait for its turn: at this rate and client count
+// it is small, and the line's note gives its p99.
+func (r *runner) ceilingAtRate(ctx context.Context, bin, dir, statements string) (Result, error) {
+	schema, drop, err := r.freshSchema(ctx, true)
+	if err != nil {
+		return Result{}, err
+	}
+	defer drop()
+	r.settle(ctx)
+	st, err := store.New(schema)
+	if err != nil {
+		return Result{}, err
+	}
+	script := r.enqueueScript(st)
+	if statements == statementsCommit {
+		if _, err := r.cfg.Pool.Exec(ctx, "CREATE TABLE "+schema+".ceiling_commits (n bigint)"); err != nil {
+			return Result{}, err
+		}
+		script = "INSERT INTO " + schema + ".ceiling_commits VALUES (:client_id);\n"
+	}
+	clients := max(r.cfg.Producers, latencyProducers)
+	secs := max(1, int(r.cfg.Duration.Seconds()/2))
+	prefix := filepath.Join(dir, fmt.Sprintf("txlog-%x", rand.Uint32()))
+	run, err := r.runPgBench(ctx, bin, dir, script, clients,
+		[]string{"-T", strconv.Itoa(secs), "-R", strconv.Itoa(r.cfg.Rate), "-l", "--log-prefix", prefix})
+	if err != nil {
+		return Result{}, err
+	}
+	own, lag, err := readTxLogs(prefix)
+	if err != nil {
+		return Result{}, err
+	}
+	achieved := float64(run.transactions) / float64(secs)
+	return Result{Workload: "ceiling", Ordered: true, Participants: r.cfg.Participants, Instructions: int(run.transactions),
+		MsgsPerSec: run.tps, Rate: ptr(float64(r.cfg.Rate)), AchievedRate: ptr(achieved),
+		EnqueueP50: ms(own, 50), EnqueueP99: ms(own, 99), Seconds: float64(secs), Statements: statements, Clients: clients,
+		Note: fmt.Sprintf("pgbench schedule lag p99 %.2f ms", *ms(lag, 99))}, nil
+}
+
+// warmTransactions is how many transactions of each pgbench client
+// readTxLogs leaves out, as the latency workload leaves out its warm-up:
+// a fresh connection prepares its statements on first use, and PostgreSQL
+// plans them afresh for their first five executions.
+const warmTransactions = 5
+
+// readTxLogs reads pgbench's per-transaction logs (-l, with -R) written
+// under prefix: each line "client transaction latency script epoch µs lag",
+// latency counted from the scheduled start, so a transaction's own time is
+// latency - lag (µs). Each client's first warmTransactions are left out.
+func readTxLogs(prefix string) (own, lag *hdrhistogram.Histogram, err error) {
+	files, err := filepath.Glob(prefix + ".*")
+	if err != nil {
+		return nil, nil, err
+	}
+	own, lag = newHistogram(), newHistogram()
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			fields := strings.Fields(line)
+			if len(fields) < 7 {
+				return nil, nil, fmt.Errorf("pgbench log %s: %q is not a transaction with its schedule lag", f, line)
+			}
+			seq, err0 := strconv.Atoi(fields[1])
+			total, err1 := strconv.ParseInt(fields[2], 10, 64)
+			behind, err2 := strconv.ParseInt(fields[6], 10, 64)
+			if err := errors.Join(err0, err1, err2); err != nil {
+				return nil, nil, fmt.Errorf("pgbench log %s: %q: %w", f, line, err)
+			}
+			if seq < warmTransactions {
+				continue
+			}
+			_ = own.RecordValue(max(1, total-behind))
+			_ = lag.RecordValue(max(1, behind))
+		}
+	}
+	if own.TotalCount() == 0 {
+		return nil, nil, fmt.Errorf("pgbench logged no transaction after its clients' first %d under %s", warmTransactions, prefix)
+	}
+	return own, lag, nil
 }
 
 // pgbenchRun is what pgbench reported.

@@ -3,9 +3,10 @@ package bench
 import "fmt"
 
 // Summary states the ratios a reader of results looks for: ordered against
-// unordered drains of the same participants, and each drain and the
-// enqueue figure as a share of the ceiling of the same statements measured
-// in the same run.
+// unordered drains of the same participants, each drain and the enqueue
+// figure as a share of the ceiling of the same statements measured in the
+// same run, and the latency beside its floor (the enqueue statements and
+// a bare durable commit at the same rate).
 func Summary(results []Result) []string {
 	var lines []string
 	find := func(workload string, ordered bool, statements string) (Result, bool) {
@@ -35,6 +36,14 @@ func Summary(results []Result) []string {
 	if ok1 && ok2 {
 		lines = append(lines, fmt.Sprintf("enqueue: %.0f%% of the ceiling of its statements (%.0f / %.0f per second at %d pgbench clients)",
 			100*e.MsgsPerSec/c.MsgsPerSec, e.MsgsPerSec, c.MsgsPerSec, c.Clients))
+	}
+	l, ok1 := find("latency", true, "")
+	floor, ok2 := find("ceiling", true, statementsEnqueue)
+	bare, ok3 := find("ceiling", true, statementsCommit)
+	if ok1 && ok2 && ok3 {
+		lines = append(lines, fmt.Sprintf("latency: enqueue→rail call p50 %.2f ms, the enqueue's own commit p50 %.2f ms; "+
+			"at %.0f/s on an otherwise idle database the enqueue statements alone commit in p50 %.2f ms, a bare durable commit in p50 %.2f ms",
+			*l.CallP50, *l.EnqueueP50, *floor.Rate, *floor.EnqueueP50, *bare.EnqueueP50))
 	}
 	return lines
 }
