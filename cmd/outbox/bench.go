@@ -30,6 +30,7 @@ func runBench(ctx context.Context, env *environment, args []string) error {
 	fs.DurationVar(&cfg.Report, "report", bench.DefaultSoakReport, "soak: interval between reports of table sizes, dead tuples, RSS, goroutines and p99")
 	fs.IntVar(&cfg.Producers, "producers", 16, "enqueue and notify: concurrent producers (one instruction per transaction); latency uses at least 32")
 	fs.IntVar(&cfg.Pairs, "pairs", 3, "notify: trigger on/off run pairs")
+	fs.IntVar(&cfg.Rounds, "rounds", 1, "run the workloads this many times; every result says its round, drains alternate which ordering runs first, and the summary gives each ratio per round and its median")
 	fs.DurationVar(&cfg.RailLatency, "rail-latency", 0, "sandbox rail latency per call")
 	fs.IntVar(&cfg.MaxConcurrency, "max-concurrency", engine.DefaultMaxConcurrency, "each relayer's max concurrency")
 	fs.IntVar(&cfg.BatchSize, "batch-size", engine.DefaultBatchSize, "each relayer's claim batch (and the ceiling's)")
@@ -60,8 +61,8 @@ func runBench(ctx context.Context, env *environment, args []string) error {
 		}
 		cfg.Clients = append(cfg.Clients, n)
 	}
-	if cfg.Pairs < 1 || cfg.Rate < 1 || cfg.Producers < 1 || cfg.Duration < 0 || cfg.Report <= 0 || cfg.Instructions < 1 || cfg.Participants < 1 {
-		return fmt.Errorf("%w: --instructions, --participants, --pairs, --rate, --producers and --duration must be positive", errUsage)
+	if cfg.Pairs < 1 || cfg.Rounds < 1 || cfg.Rate < 1 || cfg.Producers < 1 || cfg.Duration < 0 || cfg.Report <= 0 || cfg.Instructions < 1 || cfg.Participants < 1 {
+		return fmt.Errorf("%w: --instructions, --participants, --pairs, --rounds, --rate, --producers and --duration must be positive", errUsage)
 	}
 	workloads := fs.Args()
 	for _, w := range workloads {

@@ -57,6 +57,13 @@ type Config struct {
 	Report    time.Duration
 	Producers int // enqueue and notify: concurrent producers
 	Pairs     int // notify: trigger on/off pairs
+	// Rounds runs the workloads this many times, one after the other
+	// (default 1). This machine's speed drifts within minutes, so a ratio
+	// is only worth what the runs it compares were: with several rounds
+	// every result says its round, the drains alternate which ordering
+	// mode runs first (the second of two back-to-back runs tends to be the
+	// faster), and Summary gives each ratio per round and their median.
+	Rounds int
 
 	RailLatency    time.Duration // the sandbox rail's latency per call
 	MaxConcurrency int           // each relayer's (0: the engine's default)
@@ -117,6 +124,9 @@ type Result struct {
 	Soak *SoakSample `json:"soak,omitempty"`
 	// Note says what a reader must know to read the line right.
 	Note string `json:"note,omitempty"`
+	// Round is the round of a run of several (Config.Rounds), from 1;
+	// zero when there is one.
+	Round int `json:"round,omitempty"`
 }
 
 // Run runs the workloads (DefaultWorkloads if none) and returns every
@@ -133,28 +143,36 @@ func Run(ctx context.Context, cfg Config, workloads []string) ([]Result, error) 
 	}
 	r := &runner{cfg: cfg, runID: rand.Uint32()}
 	var all []Result
-	for _, w := range workloads {
-		var (
-			rs  []Result
-			err error
-		)
-		switch w {
-		case "drain":
-			rs, err = r.drain(ctx)
-		case "latency":
-			rs, err = r.latency(ctx)
-		case "enqueue":
-			rs, err = r.enqueue(ctx)
-		case "ceiling":
-			rs, err = r.ceiling(ctx)
-		case "notify":
-			rs, err = r.notify(ctx)
-		case "soak":
-			rs, err = r.soak(ctx)
+	for round := 1; round <= cfg.Rounds; round++ {
+		if cfg.Rounds > 1 {
+			r.round = round
 		}
-		all = append(all, rs...)
-		if err != nil {
-			return all, fmt.Errorf("bench %s: %w", w, err)
+		for _, w := range workloads {
+			var (
+				rs  []Result
+				err error
+			)
+			switch w {
+			case "drain":
+				rs, err = r.drain(ctx)
+			case "latency":
+				rs, err = r.latency(ctx)
+			case "enqueue":
+				rs, err = r.enqueue(ctx)
+			case "ceiling":
+				rs, err = r.ceiling(ctx)
+			case "notify":
+				rs, err = r.notify(ctx)
+			case "soak":
+				rs, err = r.soak(ctx)
+			}
+			for i := range rs {
+				rs[i].Round = r.round
+			}
+			all = append(all, rs...)
+			if err != nil {
+				return all, fmt.Errorf("bench %s: %w", w, err)
+			}
 		}
 	}
 	return all, nil
@@ -172,6 +190,7 @@ func (c *Config) defaults() {
 	def(&c.Rate, 1000)
 	def(&c.Producers, 16)
 	def(&c.Pairs, 3)
+	def(&c.Rounds, 1)
 	if c.durationSet = c.Duration > 0; !c.durationSet {
 		c.Duration = 20 * time.Second
 	}
@@ -187,10 +206,12 @@ func (c *Config) defaults() {
 type runner struct {
 	cfg   Config
 	runID uint32 // tells this run's instruction ids from other runs'
+	round int    // the round under way (Result.Round)
 }
 
 // emit prints one result.
 func (r *runner) emit(res Result) {
+	res.Round = r.round
 	if r.cfg.JSON {
 		b, _ := json.Marshal(res)
 		fmt.Fprintf(r.cfg.Out, "%s\n", b)
@@ -222,6 +243,9 @@ func (res Result) text() string {
 	}
 	if res.Note != "" {
 		s += "  (" + res.Note + ")"
+	}
+	if res.Round > 0 {
+		s += fmt.Sprintf("  [round %d]", res.Round)
 	}
 	return s
 }

@@ -106,3 +106,63 @@ func TestEveryWorkloadReports(t *testing.T) {
 		t.Errorf("summary %q does not set the latency beside its floor", summary)
 	}
 }
+
+// TestRoundsAlternateDrainOrder runs two rounds of a tiny drain: every
+// result says its round, and the second round runs the ordering modes the
+// other way round (the second of two back-to-back runs tends to be the
+// faster, so a ratio from one order alone is biased).
+func TestRoundsAlternateDrainOrder(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	var out bytes.Buffer
+	results, err := bench.Run(t.Context(), bench.Config{
+		Pool: pool, Out: &out, Instructions: 100, Participants: 5, Rounds: 2, MaxConcurrency: 16, BatchSize: 20,
+	}, []string{"drain"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type run struct {
+		round   int
+		ordered bool
+	}
+	var got []run
+	for _, r := range results {
+		got = append(got, run{r.Round, r.Ordered})
+	}
+	want := []run{{1, true}, {1, false}, {2, false}, {2, true}}
+	if !slices.Equal(got, want) {
+		t.Errorf("runs %v, want %v", got, want)
+	}
+	if n := strings.Count(out.String(), "[round 2]"); n != 2 {
+		t.Errorf("%d text lines say round 2, want 2:\n%s", n, out.String())
+	}
+}
+
+// TestSummaryPerRound checks the summary's arithmetic: one round states
+// its ratios as they are; several are compared within each round, and
+// each ratio gets its values and their median.
+func TestSummaryPerRound(t *testing.T) {
+	t.Parallel()
+	drains := func(round int, on, off float64) []bench.Result {
+		return []bench.Result{
+			{Workload: "drain", Ordered: true, Participants: 1000, MsgsPerSec: on, Round: round},
+			{Workload: "drain", Ordered: false, Participants: 1000, MsgsPerSec: off, Round: round},
+		}
+	}
+	one := bench.Summary(drains(0, 500, 1000))
+	if want := []string{"drain: ordered/unordered 0.50 (500 / 1000 msgs/s, 1000 participants)"}; !slices.Equal(one, want) {
+		t.Errorf("one round: %q, want %q", one, want)
+	}
+	// Round 2's unordered figure must not be compared with round 1's
+	// ordered one: 0.50, 0.90 and 0.60, never 400/1000 or 900/500.
+	three := bench.Summary(slices.Concat(drains(1, 500, 1000), drains(2, 900, 1000), drains(3, 300, 500)))
+	want := []string{
+		"round 1: drain: ordered/unordered 0.50 (500 / 1000 msgs/s, 1000 participants)",
+		"round 2: drain: ordered/unordered 0.90 (900 / 1000 msgs/s, 1000 participants)",
+		"round 3: drain: ordered/unordered 0.60 (300 / 500 msgs/s, 1000 participants)",
+		"drain ordered/unordered: 0.50, 0.90, 0.60 (median 0.60 over 3 rounds)",
+	}
+	if !slices.Equal(three, want) {
+		t.Errorf("three rounds:\n%s\nwant\n%s", strings.Join(three, "\n"), strings.Join(want, "\n"))
+	}
+}

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -15,7 +16,11 @@ import (
 // committed. Once per ordering mode.
 func (r *runner) drain(ctx context.Context) ([]Result, error) {
 	var out []Result
-	for _, ordered := range r.cfg.Ordered {
+	modes := slices.Clone(r.cfg.Ordered)
+	if r.round%2 == 0 { // every other round, the other mode first
+		slices.Reverse(modes)
+	}
+	for _, ordered := range modes {
 		res, err := r.drainOnce(ctx, ordered)
 		if err != nil {
 			return out, err
