@@ -180,16 +180,11 @@ func (r *runner) ceilingDispatch(ctx context.Context, bin, dir string, ordered b
 
 // ceilingEnqueue measures the enqueue statements at one client count.
 func (r *runner) ceilingEnqueue(ctx context.Context, bin, dir string, clients int) (Result, error) {
-	schema, drop, err := r.freshSchema(ctx, true)
+	schema, st, drop, err := r.enqueueSchema(ctx)
 	if err != nil {
 		return Result{}, err
 	}
 	defer drop()
-	r.settle(ctx)
-	st, err := store.New(schema)
-	if err != nil {
-		return Result{}, err
-	}
 	secs := max(1, int(r.cfg.Duration.Seconds()/2))
 	run, err := r.runPgBench(ctx, bin, dir, r.enqueueScript(st), clients, []string{"-T", strconv.Itoa(secs)})
 	if err != nil {
@@ -201,6 +196,21 @@ func (r *runner) ceilingEnqueue(ctx context.Context, bin, dir string, clients in
 	}
 	return Result{Workload: "ceiling", Ordered: true, Participants: r.cfg.Participants, Instructions: int(committed),
 		MsgsPerSec: run.tps, Seconds: run.seconds(), Statements: "enqueue", Clients: clients}, nil
+}
+
+// enqueueSchema is a fresh, empty schema with ordering on, for pgbench's
+// enqueues, after the database settled; drop removes it.
+func (r *runner) enqueueSchema(ctx context.Context) (schema string, st *store.Store, drop func(), err error) {
+	schema, drop, err = r.freshSchema(ctx, true)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	r.settle(ctx)
+	if st, err = store.New(schema); err != nil {
+		drop()
+		return "", nil, nil, err
+	}
+	return schema, st, drop, nil
 }
 
 // enqueueScript is a pgbench transaction of the producer's three
@@ -232,16 +242,11 @@ func (r *runner) enqueueScript(st *store.Store) string {
 // p99, which grows large when the statements cannot keep up with the
 // rate (their p50 then understates what an open stream would see).
 func (r *runner) ceilingAtRate(ctx context.Context, bin, dir, statements string) (Result, error) {
-	schema, drop, err := r.freshSchema(ctx, true)
+	schema, st, drop, err := r.enqueueSchema(ctx)
 	if err != nil {
 		return Result{}, err
 	}
 	defer drop()
-	r.settle(ctx)
-	st, err := store.New(schema)
-	if err != nil {
-		return Result{}, err
-	}
 	script := r.enqueueScript(st)
 	if statements == statementsCommit {
 		if _, err := r.cfg.Pool.Exec(ctx, "CREATE TABLE "+schema+".ceiling_commits (n bigint)"); err != nil {
