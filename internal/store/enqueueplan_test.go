@@ -1,12 +1,17 @@
 package store_test
 
 import (
+	"errors"
+	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ledgerline/outbox/migrations"
 	"github.com/ledgerline/outbox/pending"
 )
 
@@ -69,4 +74,119 @@ func preparedPlans(t *testing.T, conn *pgxpool.Conn, table string) []preparedPla
 		t.Logf("%s: %d generic, %d custom", p.stmt, p.generic, p.custom)
 	}
 	return plans
+}
+
+// TestSingleAndBatchEnqueueAgree holds the one-instruction statements to
+// the batch statements' semantics: the same instructions enqueued one per
+// call (participant "one") and in batches of two (participant "two") leave
+// the same rows, row for row: sequence ids without gaps, the head due and
+// the rest waiting (all due with ordering off), duplicates using no
+// sequence id and answered with the first receipt, tenant and correlation
+// ids stored alike, and the same queued counts.
+func TestSingleAndBatchEnqueueAgree(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	ins := func(participant string, n int, payloadAmount int64) pending.Instruction {
+		in := pending.Instruction{
+			InstructionID: fmt.Sprintf("%s-%d", participant, n), ParticipantID: participant, IdempotencyKey: fmt.Sprintf("k-%d", n),
+			RailType: "sandbox", AmountMinor: payloadAmount, Currency: "USD", Destination: "acct-1",
+		}
+		if n%2 == 0 {
+			in.TenantID, in.CorrelationID = "tenant-a", fmt.Sprintf("corr-%d", n)
+		}
+		return in
+	}
+	rows := func(who string) []string {
+		t.Helper()
+		r, err := b.pool.Query(b.ctx, `
+			SELECT format('%s seq %s key %s rail %s tenant %s corr %s payload %s attempts %s due %s zombie %s %s key-seq %s',
+			              substr(p.instruction_id, length($1) + 1), p.sequence_id, p.idempotency_key, p.rail_type,
+			              coalesce(p.tenant_id, '-'), coalesce(p.correlation_id, '-'), p.payload, p.attempt_count,
+			              CASE WHEN p.next_attempt_at = 'infinity' THEN 'waits' WHEN p.next_attempt_at <= now() THEN 'now' ELSE 'later' END,
+			              p.zombie_count, coalesce(p.zombie_attempt_id::text, '-'), k.sequence_id)
+			FROM outbox.pending p JOIN outbox.idempotency_keys k USING (outbox_id)
+			WHERE p.participant_id = $1 ORDER BY p.sequence_id`, who)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := pgx.CollectRows(r, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s string
+		if err := b.pool.QueryRow(b.ctx, `SELECT format('next %s queued %s', next_sequence_id, queued) FROM outbox.sequences WHERE participant_id = $1`, who).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return append(out, s)
+	}
+	// Each step is what one participant gets; "one" enqueues it call by
+	// call, "two" in one batch (a lone step too, with a twin of an earlier
+	// instruction, so the batch path runs).
+	steps := [][]int{{1, 2}, {2, 3}, {1}, {4}}
+	receipts := map[string][]pending.Receipt{}
+	for i, step := range steps {
+		if i == 3 {
+			// With ordering on: the head due, the others waiting.
+			one, two := rows("one"), rows("two")
+			if !slices.Equal(one, two) {
+				t.Errorf("rows differ with ordering on:\none\n%s\ntwo\n%s", strings.Join(one, "\n"), strings.Join(two, "\n"))
+			}
+			if len(one) != 4 || !strings.Contains(one[0], "due now") || !strings.Contains(one[1], "due waits") || !strings.Contains(one[2], "due waits") {
+				t.Errorf("want three rows, the head due and the others waiting, then the sequence: %q", one)
+			}
+			if err := migrations.SetOrdered(b.ctx, b.pool, "outbox", false); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, n := range step {
+			r, err := b.producer.Enqueue(b.ctx, b.pool, ins("one", n, 100))
+			if err != nil {
+				t.Fatalf("one %d: %v", n, err)
+			}
+			receipts["one"] = append(receipts["one"], r)
+		}
+		batch := make([]pending.Instruction, 0, 2)
+		for _, n := range step {
+			batch = append(batch, ins("two", n, 100))
+		}
+		if len(batch) == 1 {
+			batch = append(batch, ins("two", 1, 100)) // a duplicate: changes nothing
+		}
+		rs, err := b.producer.EnqueueBatch(b.ctx, b.pool, batch)
+		if err != nil {
+			t.Fatalf("two %v: %v", step, err)
+		}
+		receipts["two"] = append(receipts["two"], rs[:len(step)]...)
+	}
+	// A mismatch writes nothing on either path.
+	if _, err := b.producer.Enqueue(b.ctx, b.pool, ins("one", 1, 999)); !errors.As(err, new(*pending.MismatchError)) {
+		t.Fatalf("one: mismatch gave %v, want a MismatchError", err)
+	}
+	if _, err := b.producer.EnqueueBatch(b.ctx, b.pool, []pending.Instruction{ins("two", 5, 100), ins("two", 1, 999)}); !errors.As(err, new(*pending.MismatchError)) {
+		t.Fatalf("two: mismatch gave %v, want a MismatchError", err)
+	}
+
+	seqs := func(who string) []string {
+		var out []string
+		for _, r := range receipts[who] {
+			out = append(out, fmt.Sprintf("seq %d duplicate %v", r.SequenceID, r.Duplicate))
+		}
+		return out
+	}
+	if one, two := seqs("one"), seqs("two"); !slices.Equal(one, two) {
+		t.Errorf("receipts differ:\none %v\ntwo %v", one, two)
+	}
+	if want := []string{"seq 1 duplicate false", "seq 2 duplicate false", "seq 2 duplicate true", "seq 3 duplicate false", "seq 1 duplicate true", "seq 4 duplicate false"}; !slices.Equal(seqs("one"), want) {
+		t.Errorf("receipts %v, want %v", seqs("one"), want)
+	}
+	one, two := rows("one"), rows("two")
+	for _, l := range one {
+		t.Log(l)
+	}
+	if !slices.Equal(one, two) {
+		t.Errorf("rows differ:\none\n%s\ntwo\n%s", strings.Join(one, "\n"), strings.Join(two, "\n"))
+	}
+	if len(one) != 5 || !strings.Contains(one[3], "seq 4") || !strings.Contains(one[3], "due now") || !strings.HasSuffix(one[4], "next 5 queued 4") {
+		t.Errorf("want four rows, all due with ordering off, then the sequence: %q", one)
+	}
 }
