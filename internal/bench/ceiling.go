@@ -218,16 +218,15 @@ func (r *runner) enqueueSchema(ctx context.Context) (schema string, st *store.St
 // outbox id is their md5, so all three statements agree on it).
 func (r *runner) enqueueScript(st *store.Store) string {
 	h := st.HotPath()
-	id := `'ceiling-' || :client_id || '-' || :n`
-	uuid := `ARRAY[md5(` + id + `)::uuid]`
+	id := `('ceiling-' || :client_id || '-' || :n)`
+	uuid := `(md5` + id + `::uuid)`
 	payload := `'{"amount_minor":1000,"currency":"USD","destination":"acct-1"}'`
-	part := `ARRAY['p' || :p]`
+	part := `('p' || :p)`
 	return fmt.Sprintf("\\set n random(1, 1000000000000)\n\\set p random(0, %d)\n", r.cfg.Participants-1) +
 		"\\startpipeline\n" +
-		pgbenchSQL(h.InsertKeys, map[int]string{1: `ARRAY['']`, 2: `ARRAY[` + id + `]`, 3: `ARRAY[` + id + `]`, 4: uuid, 5: part, 6: `ARRAY['\x00'::bytea]`}) + ";\n" +
-		pgbenchSQL(h.InsertPending, map[int]string{1: uuid, 2: `ARRAY[0]`, 3: `ARRAY[` + id + `]`, 4: part, 5: `ARRAY[` + id + `]`,
-			6: `ARRAY['sandbox']`, 7: `ARRAY['']`, 8: `ARRAY['']`, 9: `ARRAY[` + payload + `]`}) + ";\n" +
-		pgbenchSQL(h.LookupKeys, map[int]string{1: `ARRAY['']`, 2: `ARRAY[` + id + `]`, 3: `ARRAY[` + id + `]`, 4: `ARRAY[0]`}) + ";\n" +
+		pgbenchSQL(h.InsertKey, map[int]string{1: `''`, 2: id, 3: id, 4: uuid, 5: part, 6: `'\x00'::bytea`}) + ";\n" +
+		pgbenchSQL(h.InsertPending, map[int]string{1: uuid, 2: id, 3: part, 4: id, 5: `'sandbox'`, 6: `''`, 7: `''`, 8: payload}) + ";\n" +
+		pgbenchSQL(h.LookupKey, map[int]string{1: `''`, 2: id, 3: id}) + ";\n" +
 		"\\endpipeline\n"
 }
 

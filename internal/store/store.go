@@ -165,8 +165,9 @@ func renderStatements(schema string) statements {
 // for the benchmark's ceiling (pgbench runs them as they are) and for plan
 // tests. Parameters are as the methods that run them bind them.
 type HotPath struct {
-	// Enqueue's three statements, in order.
-	InsertKeys, InsertPending, LookupKeys string
+	// Enqueue's three statements for one instruction (the common case:
+	// one per business transaction), in order.
+	InsertKey, InsertPending, LookupKey string
 	// Claim's statement.
 	Claim string
 	// ClaimAsOutcomes is Claim with its result folded into Record's
@@ -180,7 +181,7 @@ type HotPath struct {
 // HotPath returns the hot-path statements for this store's schema.
 func (s *Store) HotPath() HotPath {
 	return HotPath{
-		InsertKeys: s.sql.insertKeys, InsertPending: s.sql.insertPending, LookupKeys: s.sql.lookupKeys,
+		InsertKey: s.sql.insertKeysOne, InsertPending: s.sql.insertPendingOne, LookupKey: s.sql.lookupKeysOne,
 		Claim:            s.sql.claim,
 		ClaimAsOutcomes:  qualify(s.schema, claimAsOutcomesSQL),
 		LockParticipants: s.sql.lockParticipants, Record: s.sql.record, Handoff: s.sql.handoff,
