@@ -246,12 +246,15 @@ func (r *runner) ceilingAtRate(ctx context.Context, bin, dir, statements string)
 		return Result{}, err
 	}
 	defer drop()
-	script := r.enqueueScript(st)
-	if statements == statementsCommit {
+	var script string
+	switch statements {
+	case statementsCommit:
 		if _, err := r.cfg.Pool.Exec(ctx, "CREATE TABLE "+schema+".ceiling_commits (n bigint)"); err != nil {
 			return Result{}, err
 		}
 		script = "INSERT INTO " + schema + ".ceiling_commits VALUES (:client_id);\n"
+	default:
+		script = r.enqueueScript(st)
 	}
 	clients := max(r.cfg.Producers, latencyProducers)
 	secs := max(1, int(r.cfg.Duration.Seconds()/2))
