@@ -29,6 +29,7 @@ const (
 	DefaultMaxAttempts    = 10
 	DefaultMaxErrorLength = 2000
 	DefaultFlushSize      = 100
+	DefaultOutcomeWriters = 2
 	DefaultIdleRefresh    = 3 * time.Second
 	DefaultReconnectDelay = time.Second
 	DefaultStopTimeout    = 30 * time.Second
@@ -103,13 +104,23 @@ type Config struct {
 	// commit: one starts as soon as an outcome arrives if none is in
 	// progress, and takes everything that arrived meanwhile.
 	FlushSize int
+	// OutcomeWriters is how many outcome writes may be in progress at
+	// once, each on its own connection of the pool. A write that is not
+	// full waits for the one in progress (what arrives meanwhile joins
+	// it); a full one (FlushSize outcomes) starts at once if a writer is
+	// free. Draining a backlog, the database then works on two writes at
+	// once, and a write held up by a lock or a slow commit holds up at
+	// most one more write's worth of outcomes. One makes every write wait
+	// for the one before it.
+	OutcomeWriters int
 	// StopTimeout is Run's grace period for in-flight dispatches on stop.
 	StopTimeout time.Duration
 
 	// Logger receives one line per claim batch and per failed attempt.
 	Logger *slog.Logger
 	// OnRecorded, if set, is called after each outcome batch is committed,
-	// from the relayer's single recording goroutine (keep it fast).
+	// for one batch at a time (never concurrently; keep it fast: the
+	// writer that committed the batch waits for it).
 	OnRecorded func([]Recorded)
 }
 
@@ -178,6 +189,7 @@ func (c *Config) setDefaults() error {
 	def(&c.MaxAttempts, DefaultMaxAttempts)
 	def(&c.MaxErrorLength, DefaultMaxErrorLength)
 	def(&c.FlushSize, DefaultFlushSize)
+	def(&c.OutcomeWriters, DefaultOutcomeWriters)
 	defDur(&c.PollInterval, DefaultPollInterval)
 	defDur(&c.Debounce, DefaultDebounce)
 	defDur(&c.IdleRefresh, DefaultIdleRefresh)

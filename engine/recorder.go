@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gofrs/uuid/v5"
@@ -23,8 +24,8 @@ type pendingOutcome struct {
 	took       time.Duration // from the start of its dispatch to its outcome
 }
 
-// recorder records the outcomes of one run in batches, on one goroutine,
-// as a group commit (see loop).
+// recorder records the outcomes of one run in batches, as a group commit
+// with OutcomeWriters writes in progress at most (see loop).
 // Recording never gives up while the relayer runs; Stop gives it
 // StopRecordTimeout to flush, then abandons what is left (in flight, for
 // the reaper).
@@ -39,10 +40,20 @@ type recorder struct {
 	// ctx is cancelled when finish gives up on recording (the database is
 	// unreachable): the loop stops retrying, and what it could not record
 	// stays in flight for the reaper.
-	ctx      context.Context
-	abandon  context.CancelFunc
-	failures *retry.Loop  // the loop goroutine's own
-	handoffs handoffWatch // the loop goroutine's own
+	ctx     context.Context
+	abandon context.CancelFunc
+	// writers holds the writers not writing: a write takes one for its
+	// duration, so at most OutcomeWriters are in progress (see loop). Each
+	// is the failure tracker of its own retries.
+	writers chan *retry.Loop
+	writes  sync.WaitGroup // writes in progress
+	wrote   chan struct{}  // a write ended (capacity 1; a missed send means one is pending)
+	// handoffMu guards handoffs: the loop reads it (hold), writers update
+	// it as their writes commit.
+	handoffMu sync.Mutex
+	handoffs  handoffWatch
+	// observeMu keeps OnRecorded to one batch at a time.
+	observeMu sync.Mutex
 }
 
 // handoffWatch is what the recorder knows of its last write's hand-offs,
@@ -67,12 +78,17 @@ func (e *ewma) add(d time.Duration) {
 }
 
 func newRecorder(r *run) *recorder {
+	n := max(r.cfg.OutcomeWriters, 1)
 	rc := &recorder{
 		r:        r,
 		outcomes: make(chan pendingOutcome, 2*r.cfg.MaxConcurrency),
 		quit:     make(chan struct{}),
 		done:     make(chan struct{}),
-		failures: &retry.Loop{Log: r.log, What: "record outcomes", Min: 20 * time.Millisecond, Max: 2 * time.Second},
+		writers:  make(chan *retry.Loop, n),
+		wrote:    make(chan struct{}, 1),
+	}
+	for range n {
+		rc.writers <- &retry.Loop{Log: r.log, What: "record outcomes", Min: 20 * time.Millisecond, Max: 2 * time.Second}
 	}
 	rc.ctx, rc.abandon = context.WithCancel(context.Background())
 	return rc
@@ -109,20 +125,69 @@ func (rc *recorder) finish() {
 }
 
 // loop records outcomes as a group commit: a write starts as soon as an
-// outcome arrives if none is in progress (with what gather adds, and what
-// hold waits for), and whatever arrives during a write goes into the next
-// one (up to FlushSize). No fixed timer stands on the critical path. When
-// finish closes quit it records what is queued and returns.
+// outcome arrives if no write is in progress (with what gather adds, and
+// what hold waits for), and whatever arrives during a write goes into the
+// next one. No fixed timer stands on the critical path. When finish
+// closes quit it records what is queued, waits for the writes in progress
+// and returns.
+//
+// The next write waits for the one in progress unless it is full
+// (FlushSize outcomes): then it starts at once if one of the
+// OutcomeWriters is free. A relayer draining a backlog keeps the
+// database working on two full writes at once instead of one, and a
+// write held up by a lock or a slow commit holds up one more write's worth
+// of outcomes at most, not all of them. Writes that are not full still
+// follow one another, so that what arrives during one joins the next: a
+// few busy participants stay in one write per cycle (see hold) instead of
+// splitting into cohorts that each pay for a write. The writes are
+// independent: each outcome is in one write, and its instruction's
+// in-flight row fences it, as between two relayers.
 func (rc *recorder) loop() {
 	defer close(rc.done)
-	batch := make([]pendingOutcome, 0, rc.r.cfg.FlushSize)
 	for {
 		select {
 		case o := <-rc.outcomes:
-			rc.flush(rc.hold(rc.gather(append(batch[:0], o))))
+			batch := make([]pendingOutcome, 1, rc.r.cfg.FlushSize)
+			batch[0] = o
+			w, batch := rc.writer(batch)
+			batch = rc.hold(rc.gather(batch))
+			rc.writes.Add(1)
+			go func() {
+				defer rc.writes.Done()
+				rc.flush(w, batch)
+				rc.writers <- w
+				select {
+				case rc.wrote <- struct{}{}:
+				default:
+				}
+			}()
 		case <-rc.quit:
-			rc.flush(rc.takeQueued(batch[:0], -1))
+			w := <-rc.writers
+			rc.flush(w, rc.takeQueued(nil, -1))
+			rc.writers <- w
+			rc.writes.Wait()
 			return
+		}
+	}
+}
+
+// writer returns a writer for the write batch starts, once it may start:
+// at once if no write is in progress; otherwise when the write in
+// progress ends, or as soon as batch is full (outcomes arriving meanwhile
+// join it) and a writer is free. At stop it waits only for a free writer.
+func (rc *recorder) writer(batch []pendingOutcome) (*retry.Loop, []pendingOutcome) {
+	for {
+		// Only this goroutine takes writers, so all of them being free
+		// stays true until it takes one.
+		if len(rc.writers) == cap(rc.writers) || len(batch) >= rc.r.cfg.FlushSize {
+			return <-rc.writers, batch
+		}
+		select {
+		case o := <-rc.outcomes:
+			batch = append(batch, o)
+		case <-rc.wrote:
+		case <-rc.quit:
+			return <-rc.writers, batch
 		}
 	}
 }
@@ -158,20 +223,26 @@ func (rc *recorder) gather(batch []pendingOutcome) []pendingOutcome {
 // each; holding about 0.2 ms for the hand-offs' outcomes makes one write of
 // all ten (docs/architecture.md, "Group commit").
 func (rc *recorder) hold(batch []pendingOutcome) []pendingOutcome {
+	rc.handoffMu.Lock()
 	h := &rc.handoffs
 	for i := range batch {
 		h.arrived(&batch[i])
 	}
+	pending, handoffTime, writeTime := h.pending, h.handoffTime.v, h.writeTime.v
+	rc.handoffMu.Unlock()
 	limit := rc.r.cfg.FlushSize
-	if h.pending <= 0 || len(batch) >= limit || h.handoffTime.v >= h.writeTime.v/2 {
+	if pending <= 0 || len(batch) >= limit || handoffTime >= writeTime/2 {
 		return batch
 	}
-	t := time.NewTimer(min(2*h.handoffTime.v, h.writeTime.v/2))
+	t := time.NewTimer(min(2*handoffTime, writeTime/2))
 	defer t.Stop()
-	for h.pending > 0 && len(batch) < limit {
+	for pending > 0 && len(batch) < limit {
 		select {
 		case o := <-rc.outcomes:
+			rc.handoffMu.Lock()
 			h.arrived(&o)
+			pending = h.pending
+			rc.handoffMu.Unlock()
 			batch = append(batch, o)
 		case <-t.C:
 			return batch
@@ -217,11 +288,11 @@ func (rc *recorder) takeQueued(batch []pendingOutcome, limit int) []pendingOutco
 	return batch
 }
 
-// flush records outcomes in chunks of at most FlushSize.
-func (rc *recorder) flush(batch []pendingOutcome) {
+// flush records outcomes in chunks of at most FlushSize, with writer w.
+func (rc *recorder) flush(w *retry.Loop, batch []pendingOutcome) {
 	for len(batch) > 0 {
 		n := min(len(batch), rc.r.cfg.FlushSize)
-		rc.flushChunk(batch[:n], false)
+		rc.flushChunk(w, batch[:n], false)
 		batch = batch[n:]
 	}
 }
@@ -238,7 +309,7 @@ func (rc *recorder) flush(batch []pendingOutcome) {
 // offending outcome is alone, so one bad outcome cannot block the others.
 // That one is recorded once more with the rail's text removed; if even that
 // fails it is left in flight.
-func (rc *recorder) flushChunk(batch []pendingOutcome, scrubbed bool) {
+func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed bool) {
 	r := rc.r
 	if len(batch) == 0 {
 		return
@@ -257,7 +328,7 @@ func (rc *recorder) flushChunk(batch []pendingOutcome, scrubbed bool) {
 		recorded, handed, err := rc.record(ctx, outcomes, terminal, handoff)
 		cancel()
 		if recorded != nil {
-			rc.failures.Succeeded()
+			w.Succeeded()
 			// Archived; an error here is about withdrawing a requeued copy,
 			// which then is dispatched again under the same key.
 			if err != nil {
@@ -276,7 +347,7 @@ func (rc *recorder) flushChunk(batch []pendingOutcome, scrubbed bool) {
 			continue
 		}
 		if code, ok := contentError(err); ok {
-			rc.unrecordable(batch, scrubbed, code, err)
+			rc.unrecordable(w, batch, scrubbed, code, err)
 			return
 		}
 		if rc.ctx.Err() != nil {
@@ -286,7 +357,7 @@ func (rc *recorder) flushChunk(batch []pendingOutcome, scrubbed bool) {
 			return
 		}
 		select {
-		case <-time.After(rc.failures.Failed(err)):
+		case <-time.After(w.Failed(err)):
 		case <-rc.ctx.Done():
 		}
 	}
@@ -319,7 +390,9 @@ func (rc *recorder) record(ctx context.Context, outcomes []store.Outcome, termin
 	if h.Refill && len(handed) < h.Limit {
 		r.backlog.Store(false) // the due queue ran dry
 	}
+	rc.handoffMu.Lock()
 	write := rc.handoffs.wrote(time.Since(claimStart), len(handed))
+	rc.handoffMu.Unlock()
 	if len(handed) > 0 {
 		r.stats.handoffs.Add(int64(len(handed)))
 		r.startDispatches(handed, claimStart, write)
@@ -328,12 +401,12 @@ func (rc *recorder) record(ctx context.Context, outcomes []store.Outcome, termin
 }
 
 // unrecordable handles a batch the database refused for its content.
-func (rc *recorder) unrecordable(batch []pendingOutcome, scrubbed bool, code string, err error) {
+func (rc *recorder) unrecordable(w *retry.Loop, batch []pendingOutcome, scrubbed bool, code string, err error) {
 	r := rc.r
 	if len(batch) > 1 {
 		half := len(batch) / 2
-		rc.flushChunk(batch[:half], scrubbed)
-		rc.flushChunk(batch[half:], scrubbed)
+		rc.flushChunk(w, batch[:half], scrubbed)
+		rc.flushChunk(w, batch[half:], scrubbed)
 		return
 	}
 	o := batch[0]
@@ -342,7 +415,7 @@ func (rc *recorder) unrecordable(batch []pendingOutcome, scrubbed bool, code str
 			"attempt_no", o.AttemptNo, "sqlstate", code, "err", err)
 		o.RailReference, o.RailCode = "", ""
 		o.ErrorMessage = fmt.Sprintf("the rail's reference, code and message could not be stored (SQLSTATE %s) and were removed", code)
-		rc.flushChunk([]pendingOutcome{o}, true)
+		rc.flushChunk(w, []pendingOutcome{o}, true)
 		return
 	}
 	r.slots.Release(1)
@@ -399,7 +472,9 @@ func (rc *recorder) afterFlush(batch []pendingOutcome, recorded []store.Recorded
 		}
 	}
 	if observed != nil {
+		rc.observeMu.Lock()
 		r.cfg.OnRecorded(observed)
+		rc.observeMu.Unlock()
 	}
 	// Slots given back: claim again. A batch whose every slot went to a
 	// hand-off freed none, and a claim would find only what NOTIFY and

@@ -1,12 +1,17 @@
 package engine
 
 import (
+	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/rails"
 )
 
 // TestGatherTakesWhatIsQueuedUpToFlushSize: gather adds the outcomes
@@ -105,6 +110,133 @@ func TestHoldWaitsForTheLastWritesHandoffs(t *testing.T) {
 					t.Fatalf("hold returned %d outcomes after %v, want %d after %v", len(got), waited, c.want, c.wantWait)
 				}
 			})
+		})
+	}
+}
+
+// TestNextWriteWaitsUnlessFull: while a write is in progress, the next
+// one waits for it, taking what arrives meanwhile, unless it fills up
+// (FlushSize) and a writer is free; with no write in progress it starts
+// at once. Time is the synctest bubble's: "waits" means durably blocked.
+func TestNextWriteWaitsUnlessFull(t *testing.T) {
+	t.Parallel()
+	const flush = 3
+	synctest.Test(t, func(t *testing.T) {
+		rc := newRecorder(&run{Relayer: &Relayer{cfg: Config{FlushSize: flush, MaxConcurrency: 16, OutcomeWriters: 2}}})
+		outcome := pendingOutcome{}
+		start := func() (got chan int) {
+			got = make(chan int, 1)
+			go func() {
+				w, batch := rc.writer([]pendingOutcome{outcome})
+				rc.writers <- w
+				got <- len(batch)
+			}()
+			return got
+		}
+
+		// No write in progress: at once, alone.
+		if n := <-start(); n != 1 {
+			t.Fatalf("with no write in progress the write started with %d outcomes, want 1", n)
+		}
+
+		// One in progress: a write that is not full waits, and takes what
+		// arrives, until it is full.
+		inProgress := <-rc.writers
+		got := start()
+		synctest.Wait()
+		select {
+		case n := <-got:
+			t.Fatalf("a write of %d outcomes (FlushSize %d) started beside the one in progress", n, flush)
+		default:
+		}
+		rc.outcomes <- outcome
+		synctest.Wait()
+		if len(got) != 0 {
+			t.Fatal("a write of 2 outcomes started beside the one in progress")
+		}
+		rc.outcomes <- outcome
+		if n := <-got; n != flush {
+			t.Fatalf("the full write started with %d outcomes, want %d", n, flush)
+		}
+
+		// One in progress: a write that is not full starts when it ends.
+		got = start()
+		synctest.Wait()
+		if len(got) != 0 {
+			t.Fatal("a write of 1 outcome started beside the one in progress")
+		}
+		rc.writers <- inProgress
+		rc.wrote <- struct{}{}
+		if n := <-got; n != 1 {
+			t.Fatalf("after the write in progress ended the next started with %d outcomes, want 1", n)
+		}
+	})
+}
+
+// TestWriteHeldUpByALockHoldsUpOnlyItsOwnOutcomes: with two outcome
+// writers, a write waiting for a participant's lock (here a transaction
+// holding its sequences row) does not keep a full write (FlushSize 1: one
+// outcome) of another participant from being recorded; with one writer it
+// does, until the lock goes.
+func TestWriteHeldUpByALockHoldsUpOnlyItsOwnOutcomes(t *testing.T) {
+	t.Parallel()
+	for _, writers := range []int{1, 2} {
+		t.Run(fmt.Sprintf("%d writers", writers), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rails.SandboxOptions{})
+			enqueue := func(participant string) {
+				t.Helper()
+				if err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+					_, err := b.producer.Enqueue(b.ctx, tx, instruction(participant, 0))
+					return err
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			enqueue("held")
+			lock, err := b.pool.Begin(b.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer lock.Rollback(context.WithoutCancel(b.ctx))
+			if _, err := lock.Exec(b.ctx, `SELECT 1 FROM outbox.sequences WHERE participant_id = 'held' FOR UPDATE`); err != nil {
+				t.Fatal(err)
+			}
+
+			cfg := b.config("writers")
+			cfg.OutcomeWriters, cfg.FlushSize = writers, 1
+			r := b.start(t, cfg)
+			// The outcome of "held" is paid, and its write waits for the lock.
+			waitFor(t, 10*time.Second, "the write of the held participant's outcome to wait for its lock", func() bool {
+				var waiting bool
+				err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+					WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting)
+				return err == nil && waiting && b.sandbox.Stats().Payments == 1
+			})
+
+			enqueue("free")
+			waitFor(t, 10*time.Second, "the free participant's instruction to be paid", func() bool {
+				return b.sandbox.Stats().Payments == 2
+			})
+			if writers == 1 {
+				// Its outcome waits behind the held write: nothing recorded.
+				time.Sleep(300 * time.Millisecond)
+				if got := r.Stats().Dispatched; got != 0 {
+					t.Fatalf("%d outcomes recorded while the only writer waits for a lock, want 0", got)
+				}
+			} else {
+				waitFor(t, 3*time.Second, "the free participant's outcome to be recorded while the other write waits", func() bool {
+					return r.Stats().Dispatched == 1
+				})
+			}
+			if err := lock.Rollback(b.ctx); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 10*time.Second, "both outcomes recorded once the lock is gone", func() bool {
+				return r.Stats().Dispatched == 2
+			})
+			b.waitDrained(t, 10*time.Second)
+			b.verify(t, true)
 		})
 	}
 }

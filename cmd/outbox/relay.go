@@ -41,6 +41,7 @@ type relayFlags struct {
 	maxAttempts        int
 	maxErrorLength     int
 	flushSize          int
+	outcomeWriters     int
 	stopTimeout        time.Duration
 	railTimeout        time.Duration
 	railMaxConcurrency int
@@ -71,6 +72,7 @@ func (f *relayFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.maxAttempts, "max-attempts", engine.DefaultMaxAttempts, "attempts before an instruction is dead-lettered")
 	fs.IntVar(&f.maxErrorLength, "max-error-length", engine.DefaultMaxErrorLength, "stored error text is truncated to this many bytes")
 	fs.IntVar(&f.flushSize, "flush-size", engine.DefaultFlushSize, "outcome batch size")
+	fs.IntVar(&f.outcomeWriters, "outcome-writers", engine.DefaultOutcomeWriters, "outcome writes in progress at once (a full write does not wait for the one before it)")
 	fs.DurationVar(&f.stopTimeout, "stop-timeout", engine.DefaultStopTimeout, "on SIGTERM, how long in-flight dispatches may finish")
 	fs.DurationVar(&f.railTimeout, "rail-timeout", 0, "hard timeout of every rail without its own (default 30s)")
 	fs.IntVar(&f.railMaxConcurrency, "rail-max-concurrency", 0, "concurrency cap of every rail without its own (default 32)")
@@ -117,7 +119,7 @@ func (f *relayFlags) engineConfig(schema string, set *rails.Set, log *slog.Logge
 		MaxConcurrency: f.maxConcurrency, PollInterval: f.pollInterval,
 		Debounce: f.debounce, PollOnly: f.pollOnly, IdleRefresh: f.idleRefresh, LeaseGrace: f.leaseGrace,
 		BackoffBase: f.backoffBase, BackoffCap: f.backoffCap, MaxAttempts: f.maxAttempts,
-		MaxErrorLength: f.maxErrorLength, FlushSize: f.flushSize,
+		MaxErrorLength: f.maxErrorLength, FlushSize: f.flushSize, OutcomeWriters: f.outcomeWriters,
 		StopTimeout: f.stopTimeout, Logger: log,
 	}
 }
