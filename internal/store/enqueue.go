@@ -73,9 +73,9 @@ func (s *Store) Enqueue(ctx context.Context, db Batcher, ins []NewInstruction) (
 	ids := wireUUIDs(ins, func(in *NewInstruction) uuid.UUID { return in.OutboxID })
 	b := &pgx.Batch{}
 	if n == 1 { // the common case: one instruction per business transaction
-		b.Queue(s.sql.insertKeysOne, tenants[0], instrIDs[0], keys[0], ids[0], participants[0], hashes[0])
+		b.Queue(s.sql.insertKeyOne, tenants[0], instrIDs[0], keys[0], ids[0], participants[0], hashes[0])
 		b.Queue(s.sql.insertPendingOne, ids[0], instrIDs[0], participants[0], keys[0], railTypes[0], tenants[0], correlats[0], payloads[0])
-		b.Queue(s.sql.lookupKeysOne, tenants[0], instrIDs[0], keys[0])
+		b.Queue(s.sql.lookupKeyOne, tenants[0], instrIDs[0], keys[0])
 	} else {
 		b.Queue(s.sql.insertKeys, tenants, instrIDs, keys, ids, participants, hashes)
 		b.Queue(s.sql.insertPending, ids, ords, instrIDs, participants, keys, railTypes, tenants, correlats, payloads)

@@ -87,7 +87,7 @@ func qualify(schema, query string) string { return strings.ReplaceAll(query, "{s
 type statements struct {
 	insertKeys, insertPending, lookupKeys string
 	// The same three for one instruction (see single).
-	insertKeysOne, insertPendingOne, lookupKeysOne string
+	insertKeyOne, insertPendingOne, lookupKeyOne   string
 	claim, claimSuspects, suspectsDue, handoff     string
 	record, withdraw, lockParticipants             string
 	reap, reapLock                                 string
@@ -114,9 +114,9 @@ func renderStatements(schema string) statements {
 		insertKeys:       q(insertKeysSQL),
 		insertPending:    q(insertPendingSQL),
 		lookupKeys:       q(lookupKeysSQL),
-		insertKeysOne:    q(insertKeyOneSQL),
+		insertKeyOne:     q(insertKeyOneSQL),
 		insertPendingOne: q(insertPendingOneSQL),
-		lookupKeysOne:    q(lookupKeyOneSQL),
+		lookupKeyOne:     q(lookupKeyOneSQL),
 		claim:            q(claimSQL),
 		claimSuspects:    q(claimSuspectsSQL),
 		suspectsDue:      q(suspectsDueSQL),
@@ -181,7 +181,7 @@ type HotPath struct {
 // HotPath returns the hot-path statements for this store's schema.
 func (s *Store) HotPath() HotPath {
 	return HotPath{
-		InsertKey: s.sql.insertKeysOne, InsertPending: s.sql.insertPendingOne, LookupKey: s.sql.lookupKeysOne,
+		InsertKey: s.sql.insertKeyOne, InsertPending: s.sql.insertPendingOne, LookupKey: s.sql.lookupKeyOne,
 		Claim:            s.sql.claim,
 		ClaimAsOutcomes:  qualify(s.schema, claimAsOutcomesSQL),
 		LockParticipants: s.sql.lockParticipants, Record: s.sql.record, Handoff: s.sql.handoff,
