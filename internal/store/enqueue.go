@@ -195,11 +195,13 @@ ON CONFLICT DO NOTHING`
 	// insertPendingOneSQL is insertPendingSQL for one instruction: only if
 	// its key row carries its own, still unsequenced, outbox id ($1) is a
 	// sequence id allocated (the condition gates the call) and the row
-	// inserted, due at once if it is its participant's head.
+	// inserted, due at once if it is its participant's head. It calls
+	// allocate_sequence, not allocate_sequences: the array form's own
+	// statement was replanned on every call (migration 013).
 	insertPendingOneSQL = `
 WITH firsts AS (
   SELECT b.first_sequence_id, b.queued_before
-  FROM {schema}.allocate_sequences(ARRAY[$3::text], ARRAY[1]) b
+  FROM {schema}.allocate_sequence($3::text) b
   WHERE EXISTS (SELECT 1 FROM {schema}.idempotency_keys k WHERE k.outbox_id = $1::uuid AND k.sequence_id IS NULL)
 ), inserted AS (
   INSERT INTO {schema}.pending (` + pendingColumns + `)

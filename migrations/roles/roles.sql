@@ -47,8 +47,10 @@ END $$;
 -- allocation (so producers need no access to sequences) and the relayers'
 -- partition upkeep (DDL, which relayers may not do themselves).
 ALTER FUNCTION {{schema}}.allocate_sequences(text[], int[]) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION {{schema}}.allocate_sequence(text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION {{schema}}.ensure_attempt_partitions(int) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 REVOKE ALL ON FUNCTION {{schema}}.allocate_sequences(text[], int[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION {{schema}}.allocate_sequence(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {{schema}}.ensure_attempt_partitions(int) FROM PUBLIC;
 
 -- Start from nothing, then grant what each role needs.
@@ -56,14 +58,14 @@ REVOKE ALL ON ALL TABLES IN SCHEMA {{schema}} FROM outbox_producer, outbox_relay
 GRANT USAGE ON SCHEMA {{schema}} TO outbox_producer, outbox_relayer, outbox_auditor, outbox_operator;
 GRANT SELECT ON {{schema}}.schema_version, {{schema}}.settings TO outbox_producer, outbox_relayer, outbox_auditor, outbox_operator;
 
--- Producer: enqueue (keys, pending; sequences through allocate_sequences),
+-- Producer: enqueue (keys, pending; sequences through allocate_sequence(s)),
 -- and read its own receipts (keys, under its tenant).
 GRANT SELECT, INSERT ON {{schema}}.idempotency_keys TO outbox_producer;
 GRANT SELECT ON {{schema}}.retired_keys TO outbox_producer; -- a retired key is refused, not enqueued again
 GRANT UPDATE (sequence_id) ON {{schema}}.idempotency_keys TO outbox_producer;
 GRANT INSERT ON {{schema}}.pending TO outbox_producer;
 GRANT SELECT ON {{schema}}.relayer_idle TO outbox_producer; -- the adaptive NOTIFY trigger reads it
-GRANT EXECUTE ON FUNCTION {{schema}}.allocate_sequences(text[], int[]) TO outbox_producer;
+GRANT EXECUTE ON FUNCTION {{schema}}.allocate_sequences(text[], int[]), {{schema}}.allocate_sequence(text) TO outbox_producer;
 
 -- Relayer: claim, record, hand off, reap, register idle, checkpoint,
 -- partition upkeep. The archive and the checkpoints only grow.
