@@ -113,8 +113,17 @@ func MigrateWith(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 		}
 	}()
 
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+schema); err != nil {
-		return fmt.Errorf("migrate: create schema %s: %w", schema, err)
+	// CREATE SCHEMA IF NOT EXISTS needs the CREATE privilege on the
+	// database even when the schema exists, which outbox_owner, who
+	// upgrades an installation set up with --create-roles, does not have.
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", schema).Scan(&exists); err != nil {
+		return fmt.Errorf("migrate: look up schema %s: %w", schema, err)
+	}
+	if !exists {
+		if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+schema); err != nil {
+			return fmt.Errorf("migrate: create schema %s: %w", schema, err)
+		}
 	}
 	m, err := newMigrator(ctx, conn.Conn(), schema)
 	if err != nil {

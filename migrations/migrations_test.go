@@ -345,8 +345,9 @@ func TestNotifyTrigger(t *testing.T) {
 // TestNoSingleSequenceAllocator: nothing in the schema hands out a
 // sequence id without an instruction behind it (bump_sequence went in
 // migration 4; allocate_sequences, which replaced bump_sequences in
-// migration 5, is only called by the enqueue statement, for the
-// instructions it inserts).
+// migration 5, and allocate_sequence, its one-participant form of
+// migration 13, are only called by the enqueue statements, for the
+// instructions they insert).
 func TestNoSingleSequenceAllocator(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

@@ -173,6 +173,58 @@ var archiveTampering = []string{
 	`DELETE FROM outbox.checkpoints`,
 }
 
+// TestUpgradeByTheOwnerKeepsProducersEnqueueing: a schema with the roles
+// in place, upgraded by outbox_owner alone (no second --create-roles),
+// still lets producers enqueue. Migration 13 moved the one-instruction
+// enqueue to allocate_sequence: created by the owner, it must run as the
+// owner, as allocate_sequences does, since producers may not touch
+// sequences; and it must not be open to every role.
+func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	const schema = "upgraded"
+	if err := migrations.MigrateWith(b.ctx, b.admin, migrations.Options{Schema: schema, TargetVersion: 12}); err != nil {
+		t.Fatal(err)
+	}
+	// The roles as the version-12 build set them up: today's statements
+	// without those for allocate_sequence, which did not exist yet.
+	sql, err := migrations.RolesSQL(schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v12 []string
+	for _, line := range strings.Split(sql, "\n") {
+		if !strings.Contains(line, "allocate_sequence(text)") {
+			v12 = append(v12, line)
+		}
+	}
+	if _, err := b.admin.Exec(b.ctx, strings.Join(v12, "\n")); err != nil {
+		t.Fatalf("roles at version 12: %v", err)
+	}
+	if err := migrations.MigrateWith(b.ctx, b.as(t, migrations.RoleOwner, ""), migrations.Options{Schema: schema}); err != nil {
+		t.Fatalf("upgrade as the owner: %v", err)
+	}
+	producer, err := pending.NewProducer(pending.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := producer.Enqueue(b.ctx, b.as(t, migrations.RoleProducer, ""), pending.Instruction{
+		InstructionID: "ins-1", ParticipantID: "p-1", IdempotencyKey: "k-1",
+		RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
+	})
+	if err != nil || r.SequenceID != 1 {
+		t.Fatalf("enqueue as producer after the upgrade: %+v, %v", r, err)
+	}
+	var definer, auditorMay bool
+	if err := b.admin.QueryRow(b.ctx, `SELECT prosecdef, has_function_privilege($1, oid, 'EXECUTE')
+		FROM pg_proc WHERE oid = 'upgraded.allocate_sequence(text)'::regprocedure`, migrations.RoleAuditor).Scan(&definer, &auditorMay); err != nil {
+		t.Fatal(err)
+	}
+	if !definer || auditorMay {
+		t.Fatalf("allocate_sequence: security definer %v (want true), executable by the auditor %v (want false)", definer, auditorMay)
+	}
+}
+
 // TestRolesDoTheirJobAndNothingElse connects as each role: each does its
 // work, and every forbidden action fails.
 func TestRolesDoTheirJobAndNothingElse(t *testing.T) {

@@ -65,7 +65,8 @@ GRANT SELECT ON {{schema}}.retired_keys TO outbox_producer; -- a retired key is 
 GRANT UPDATE (sequence_id) ON {{schema}}.idempotency_keys TO outbox_producer;
 GRANT INSERT ON {{schema}}.pending TO outbox_producer;
 GRANT SELECT ON {{schema}}.relayer_idle TO outbox_producer; -- the adaptive NOTIFY trigger reads it
-GRANT EXECUTE ON FUNCTION {{schema}}.allocate_sequences(text[], int[]), {{schema}}.allocate_sequence(text) TO outbox_producer;
+GRANT EXECUTE ON FUNCTION {{schema}}.allocate_sequences(text[], int[]) TO outbox_producer;
+GRANT EXECUTE ON FUNCTION {{schema}}.allocate_sequence(text) TO outbox_producer;
 
 -- Relayer: claim, record, hand off, reap, register idle, checkpoint,
 -- partition upkeep. The archive and the checkpoints only grow.
