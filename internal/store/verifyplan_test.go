@@ -3,6 +3,7 @@ package store_test
 import (
 	"encoding/json"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,12 +54,33 @@ func TestVerifyPlansIgnoreStaleStatistics(t *testing.T) {
 		if bad := badNestedLoop(root[0].Plan); bad != "" {
 			t.Errorf("check %d: nested loop over %s:\n%s", i, bad, plan)
 		}
+		if bad := partialKeyJoin(root[0].Plan); bad != "" {
+			t.Errorf("check %d: %s with a join filter (each group of its keys read again for every row of the other side):\n%s", i, bad, plan)
+		}
 	}
 }
 
 type planNode struct {
-	NodeType string     `json:"Node Type"`
-	Plans    []planNode `json:"Plans"`
+	NodeType   string     `json:"Node Type"`
+	JoinFilter string     `json:"Join Filter"`
+	Plans      []planNode `json:"Plans"`
+}
+
+// partialKeyJoin returns the type of the first merge or hash join that
+// matches on only some of its equality conditions and filters on the rest:
+// "dispatch order" joined each sequence to its predecessor by participant
+// alone, and with a few participants compared every sequence with every
+// other (12.7 s for 50,000 instructions over 10 participants, quadratic).
+func partialKeyJoin(n planNode) string {
+	if (n.NodeType == "Merge Join" || n.NodeType == "Hash Join") && strings.Contains(n.JoinFilter, " = ") {
+		return n.NodeType
+	}
+	for _, c := range n.Plans {
+		if bad := partialKeyJoin(c); bad != "" {
+			return bad
+		}
+	}
+	return ""
 }
 
 // badNestedLoop returns the inner node type of the first nested loop
