@@ -56,8 +56,8 @@ type Requeued struct {
 // Only inflight is read (the whole table: it holds what is in flight, and
 // an index on the lease would cost every claim more than it saves a pass
 // a minute, migration 014); the archive is only inserted into, so the cost
-// does not grow with the archive. A row
-// requeued once is no longer in flight, which makes reaping idempotent.
+// does not grow with the archive. A row requeued once is no longer in
+// flight, which makes reaping idempotent.
 func (s *Store) Reap(ctx context.Context, db Batcher, limit int, reaperID string, zombieLimit int) ([]Requeued, error) {
 	if zombieLimit <= 0 {
 		zombieLimit = math.MaxInt32

@@ -3,6 +3,6 @@
 -- an entry in it and the table's vacuum for removing it. inflight holds
 -- what is in flight, a few hundred rows per relayer, so a pass reads the
 -- table itself instead (the reaper still reads nothing but inflight).
--- Dropping it made the 100,000-instruction drain 3 to 4% faster, ordered
+-- Dropping it made the 100,000-instruction drain about 4% faster, ordered
 -- and unordered (`outbox bench drain`, docs/architecture.md).
 DROP INDEX {{.schema}}.inflight_lease_idx;
