@@ -175,16 +175,28 @@ func quoteTime(t time.Time) string {
 // of one of these keys waits on its row lock and then either finds the
 // digest or, if its snapshot was older, fails (key_retired_race): it is
 // never enqueued twice.
+//
+// Each key is found by its outbox id (a LATERAL lookup per instruction,
+// the queue checked the same way) and deleted by row id. Joined to the
+// batch as a whole, the keys table and the queue were hashed whole for
+// every batch (the planner's choice for 10,000 rows, until the keys table
+// is many times larger than a batch): at 1,000,000 keys, 256 ms a batch
+// against 138 ms by key, and more with every key enqueued since.
 const retireKeysSQL = `
 WITH done AS (
   SELECT DISTINCT outbox_id FROM (
     SELECT outbox_id FROM %[1]s WHERE outbox_id > $1 AND state = 'DISPATCHED' ORDER BY outbox_id LIMIT $2) x
+), targets AS (
+  SELECT k.row FROM done d
+  CROSS JOIN LATERAL (
+    SELECT k.ctid AS row FROM {schema}.idempotency_keys k
+    WHERE k.outbox_id = d.outbox_id
+      AND NOT EXISTS (SELECT 1 FROM {schema}.pending p WHERE p.outbox_id = k.outbox_id)
+      AND NOT EXISTS (SELECT 1 FROM {schema}.inflight f WHERE f.outbox_id = k.outbox_id)
+      AND NOT EXISTS (SELECT 1 FROM {schema}.dead_letters dl WHERE dl.outbox_id = k.outbox_id)
+    LIMIT 1) k
 ), moved AS (
-  DELETE FROM {schema}.idempotency_keys k USING done d
-  WHERE k.outbox_id = d.outbox_id
-    AND NOT EXISTS (SELECT 1 FROM {schema}.pending p WHERE p.outbox_id = k.outbox_id)
-    AND NOT EXISTS (SELECT 1 FROM {schema}.inflight f WHERE f.outbox_id = k.outbox_id)
-    AND NOT EXISTS (SELECT 1 FROM {schema}.dead_letters dl WHERE dl.outbox_id = k.outbox_id)
+  DELETE FROM {schema}.idempotency_keys k WHERE k.ctid = ANY (ARRAY(SELECT row FROM targets))
   RETURNING k.tenant_id, k.instruction_id, k.idempotency_key, k.outbox_id, k.participant_id, k.sequence_id, k.created_at
 ), retired AS (
   INSERT INTO {schema}.retired_keys (digest, outbox_id, tenant_id, participant_id, sequence_id, created_at)
@@ -211,7 +223,7 @@ func (s *Store) RetireKeys(ctx context.Context, db Querier, partition string, ba
 	if err := s.checkPartition(ctx, db, partition); err != nil {
 		return 0, err
 	}
-	q := fmt.Sprintf(s.sql.retireKeys, s.table(partition))
+	q := s.RetireKeysSQL(partition)
 	var total int64
 	for after := uuid.Nil; ; {
 		var last *uuid.UUID
@@ -225,6 +237,11 @@ func (s *Store) RetireKeys(ctx context.Context, db Querier, partition string, ba
 		}
 		after = *last
 	}
+}
+
+// RetireKeysSQL is RetireKeys' statement for partition, for plan tests.
+func (s *Store) RetireKeysSQL(partition string) string {
+	return fmt.Sprintf(s.sql.retireKeys, s.table(partition))
 }
 
 // checkPartition refuses a name that is not one of the archive's

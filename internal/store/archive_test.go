@@ -18,6 +18,7 @@ import (
 
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
@@ -349,4 +350,59 @@ func TestFleetThroughPartitionBoundary(t *testing.T) {
 		t.Fatalf("detach: %v %v", detached, err)
 	}
 	b.verifyOK(t)
+}
+
+// TestRetireKeysLooksUpEachKey: retiring a month's keys reads the keys
+// table (which only grows) and the queue by outbox id, never whole. Joined
+// to the batch as a whole, they were hashed whole for every batch of
+// 10,000 (the old statement fails here: a sequential scan of 30,000 keys,
+// full index scans of pending and inflight).
+func TestRetireKeysLooksUpEachKey(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	const n = 30_000
+	if _, err := b.pool.Exec(b.ctx, `
+		INSERT INTO outbox.idempotency_keys (instruction_id, idempotency_key, outbox_id, participant_id, sequence_id, payload_hash)
+		SELECT 'bulk-' || g, 'bulk-k' || g, ('00000000-0000-7000-8000-' || lpad(to_hex(g), 12, '0'))::uuid,
+		       'bulk-p' || (g % 100), g / 100 + 1, '\x00'
+		FROM generate_series(1, $1::int) g`, n); err != nil {
+		t.Fatal(err)
+	}
+	var partition string
+	if err := b.pool.QueryRow(b.ctx, `
+		WITH a AS (
+		  INSERT INTO outbox.attempts (attempt_id, outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
+		                               rail_type, attempt_no, state, relayer_id, claimed_at, completed_at, created_at)
+		  SELECT outbox.uuidv7(), ('00000000-0000-7000-8000-' || lpad(to_hex(g), 12, '0'))::uuid, 'bulk-' || g,
+		         'bulk-p' || (g % 100), g / 100 + 1, 'bulk-k' || g, 'sandbox', 1, 'DISPATCHED', 'bulk', now(), now(), now()
+		  FROM generate_series(1, $1::int) g
+		  RETURNING tableoid)
+		SELECT DISTINCT c.relname FROM a JOIN pg_class c ON c.oid = a.tableoid`, n).Scan(&partition); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(b.ctx, `ANALYZE outbox.idempotency_keys, outbox.attempts, outbox.pending, outbox.inflight, outbox.dead_letters`); err != nil {
+		t.Fatal(err)
+	}
+
+	nodes, plan := testdb.Explain(t, b.pool, b.st.RetireKeysSQL(partition), uuid.Nil, 10_000)
+	for _, node := range nodes {
+		switch {
+		case node.NodeType == "Hash Join" || node.NodeType == "Merge Join":
+			t.Errorf("retiring keys joins whole relations (%s):\n%s", node.NodeType, plan)
+		case node.NodeType == "Seq Scan" && node.Relation != "dead_letters": // empty here: read whole until it has a few pages
+			t.Errorf("retiring keys reads %s whole:\n%s", node.Relation, plan)
+		}
+	}
+
+	retired, err := b.st.RetireKeys(b.ctx, b.pool, partition, 10_000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.idempotency_keys WHERE instruction_id LIKE 'bulk-%'`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if retired != n || left != 0 {
+		t.Fatalf("retired %d keys, %d left; want %d and 0", retired, left, n)
+	}
 }
