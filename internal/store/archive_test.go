@@ -389,7 +389,7 @@ func TestRetireKeysLooksUpEachKey(t *testing.T) {
 		switch {
 		case node.NodeType == "Hash Join" || node.NodeType == "Merge Join":
 			t.Errorf("retiring keys joins whole relations (%s):\n%s", node.NodeType, plan)
-		case node.NodeType == "Seq Scan" && node.Relation != "dead_letters": // empty here: read whole until it has a few pages
+		case node.NodeType == "Seq Scan" && (node.Relation == "idempotency_keys" || node.Relation == "pending" || node.Relation == "inflight"):
 			t.Errorf("retiring keys reads %s whole:\n%s", node.Relation, plan)
 		}
 	}
