@@ -72,30 +72,38 @@ type planNode struct {
 // alone, and with a few participants compared every sequence with every
 // other (7.4 s after a drain of 50,000 instructions over 10 participants).
 func partialKeyJoin(n planNode) string {
-	if (n.NodeType == "Merge Join" || n.NodeType == "Hash Join") && strings.Contains(n.JoinFilter, " = ") {
-		return n.NodeType
-	}
-	for _, c := range n.Plans {
-		if bad := partialKeyJoin(c); bad != "" {
-			return bad
+	return firstBad(n, func(n planNode) string {
+		if (n.NodeType == "Merge Join" || n.NodeType == "Hash Join") && strings.Contains(n.JoinFilter, " = ") {
+			return n.NodeType
 		}
-	}
-	return ""
+		return ""
+	})
 }
 
 // badNestedLoop returns the inner node type of the first nested loop
 // whose inner side is not an index lookup (or a one-row result).
 func badNestedLoop(n planNode) string {
-	if n.NodeType == "Nested Loop" && len(n.Plans) == 2 {
-		switch inner := n.Plans[1].NodeType; inner {
-		case "Index Scan", "Index Only Scan", "Result":
-		default:
-			return inner
+	return firstBad(n, func(n planNode) string {
+		if n.NodeType == "Nested Loop" && len(n.Plans) == 2 {
+			switch inner := n.Plans[1].NodeType; inner {
+			case "Index Scan", "Index Only Scan", "Result":
+			default:
+				return inner
+			}
 		}
+		return ""
+	})
+}
+
+// firstBad returns what bad says of the first node of the plan, depth
+// first, of which it says anything.
+func firstBad(n planNode, bad func(planNode) string) string {
+	if b := bad(n); b != "" {
+		return b
 	}
 	for _, c := range n.Plans {
-		if bad := badNestedLoop(c); bad != "" {
-			return bad
+		if b := firstBad(c, bad); b != "" {
+			return b
 		}
 	}
 	return ""
