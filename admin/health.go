@@ -85,9 +85,11 @@ func (s *Server) Readiness(ctx context.Context) Readiness {
 		}
 	}
 	rd.Status = "ready"
-	if snap, err := s.store.Snapshot(ctx, s.cfg.Pool); err == nil && snap.OldestPendingAge > s.cfg.DegradedAfter {
-		rd.Reasons = append(rd.Reasons, fmt.Sprintf("the oldest due instruction has waited %s (threshold %s)",
-			snap.OldestPendingAge.Round(time.Second), s.cfg.DegradedAfter))
+	// Not the Snapshot, which reads the whole queue: probes come every few
+	// seconds, backlog or not.
+	if late, err := s.store.DueOlderThan(ctx, s.cfg.Pool, s.cfg.DegradedAfter); err == nil && late {
+		rd.Reasons = append(rd.Reasons, fmt.Sprintf("the oldest due instruction was enqueued more than %s ago (the threshold)",
+			s.cfg.DegradedAfter))
 	}
 	if set := s.cfg.Rails; set != nil {
 		for _, t := range set.Types() {

@@ -42,13 +42,45 @@ func (s *Store) Snapshot(ctx context.Context, db Querier) (Snapshot, error) {
 	return sn, nil
 }
 
+// snapshotSQL reads pending in one pass for its three figures (the due
+// ones filter it rather than scan it again). Every scrape of every
+// process's metrics and every console overview reads it, also during a
+// backlog: at 1,000,000 pending rows, 50,000 or all of them due, three
+// passes took 65-276 ms after a vacuum and 665-1,571 ms before one; one
+// pass takes 44-59 and 127-191 ms.
 const snapshotSQL = `
-SELECT (SELECT count(*) FROM {schema}.pending),
-       (SELECT count(*) FROM {schema}.pending WHERE next_attempt_at <= now()),
-       coalesce((SELECT extract(epoch FROM now() - min(created_at)) FROM {schema}.pending WHERE next_attempt_at <= now()), 0),
+SELECT p.n, p.due, coalesce(extract(epoch FROM now() - p.oldest), 0),
        (SELECT count(*) FROM {schema}.inflight),
        (SELECT count(*) FROM {schema}.inflight WHERE lease_until < now()),
        (SELECT count(*) FROM {schema}.dead_letters WHERE acknowledged_at IS NULL),
-       pg_is_in_recovery()`
+       pg_is_in_recovery()
+FROM (SELECT count(*) AS n, count(*) FILTER (WHERE next_attempt_at <= now()) AS due,
+             min(created_at) FILTER (WHERE next_attempt_at <= now()) AS oldest
+      FROM {schema}.pending) p`
 
 const idleRelayersSQL = `SELECT count(*) FROM {schema}.relayer_idle WHERE idle_since > clock_timestamp() - interval '10 seconds'`
+
+// DueOlderThan reports whether some due instruction was enqueued more than
+// age ago, which is whether the oldest due instruction (Snapshot's
+// OldestPendingAge) is older than age, without finding the oldest:
+// readiness probes ask it every few seconds, and during a backlog the
+// Snapshot reads the whole queue. It reads the due index up to the first
+// such instruction.
+func (s *Store) DueOlderThan(ctx context.Context, db Querier, age time.Duration) (bool, error) {
+	var late bool
+	if err := db.QueryRow(ctx, s.sql.dueOlderThan, age).Scan(&late); err != nil {
+		return false, fmt.Errorf("due older than %s: %w", age, err)
+	}
+	return late, nil
+}
+
+// dueOlderThanSQL asks for the first match in the due index's order,
+// which only that index gives without a sort. Asked as an EXISTS, the
+// planner read pending whole once it had statistics
+// (TestDueOlderThanReadsOnlyDue): it expected an old, due row among the
+// first few rows (it takes the two conditions for independent, while the
+// old rows were mostly the ones not due), and where there is none that
+// reads every row.
+const dueOlderThanSQL = `SELECT (SELECT true FROM {schema}.pending
+  WHERE next_attempt_at <= now() AND created_at < now() - $1::interval
+  ORDER BY next_attempt_at LIMIT 1) IS NOT NULL`

@@ -95,7 +95,7 @@ type statements struct {
 	trailByOutbox, trailByInstruction              string
 	deadLetters                                    string
 	listPending                                    string
-	snapshot, idleRelayers                         string
+	snapshot, idleRelayers, dueOlderThan           string
 	verifyCounts                                   string
 	verifyChecks                                   []string
 	registerIdle, unregisterIdle                   string
@@ -136,6 +136,7 @@ func renderStatements(schema string) statements {
 		listPending:        q(listPendingSQL),
 		snapshot:           q(snapshotSQL),
 		idleRelayers:       q(idleRelayersSQL),
+		dueOlderThan:       q(dueOlderThanSQL),
 		verifyCounts:       q(verifyCountsSQL),
 		registerIdle:       q(registerIdleSQL),
 		unregisterIdle:     q(unregisterIdleSQL),

@@ -1,0 +1,142 @@
+package store_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// TestDueOlderThanReadsOnlyDue: readiness probes ask whether a due
+// instruction is older than their threshold every few seconds, also while a
+// backlog waits. The answer must come from the due index, and from no more
+// of it than the due instructions, with or without statistics; old
+// instructions waiting for their turn or for a retry are not due.
+func TestDueOlderThanReadsOnlyDue(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	// Autovacuum stays out of the way, so the first checks run without
+	// statistics, as on a fresh schema or after a backlog was loaded.
+	if _, err := b.pool.Exec(b.ctx, `ALTER TABLE outbox.pending SET (autovacuum_enabled = false)`); err != nil {
+		t.Fatal(err)
+	}
+	const due = 1000
+	if _, err := b.pool.Exec(b.ctx, `
+INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+                            payload, attempt_count, next_attempt_at, created_at)
+SELECT gen_random_uuid(), 'i-' || g, 'p-' || (g % 500), g, 'k-' || g, 'sandbox', '{}', 0,
+       CASE WHEN g <= $1 THEN now() - interval '1 minute'   -- due, enqueued just now
+            WHEN g <= 3000 THEN now() + interval '1 hour'   -- waiting for a retry
+            ELSE 'infinity' END,                            -- waiting for its turn
+       CASE WHEN g <= $1 THEN now() ELSE now() - interval '1 day' END
+FROM generate_series(1, 20000) AS g`, due); err != nil {
+		t.Fatal(err)
+	}
+
+	// check asks once in a transaction of its own and fails the test if the
+	// statement read pending other than through the due index, or more of
+	// that index than the due instructions.
+	check := func(when string, age time.Duration) bool {
+		t.Helper()
+		tx, err := b.pool.Begin(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(b.ctx)
+		// The counters also hold what the connection did before and has
+		// not reported yet: the difference is the check's.
+		type reads struct{ seqScans, otherIndexScans, dueEntries int64 }
+		count := func() (r reads) {
+			t.Helper()
+			if err := tx.QueryRow(b.ctx, `
+SELECT pg_stat_get_xact_numscans('outbox.pending'::regclass),
+       (SELECT coalesce(sum(pg_stat_get_xact_numscans(indexrelid)), 0) FROM pg_index
+        WHERE indrelid = 'outbox.pending'::regclass AND indexrelid <> 'outbox.pending_due_idx'::regclass),
+       pg_stat_get_xact_tuples_returned('outbox.pending_due_idx'::regclass)`).
+				Scan(&r.seqScans, &r.otherIndexScans, &r.dueEntries); err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		before := count()
+		late, err := b.st.DueOlderThan(b.ctx, tx, age)
+		if err != nil {
+			t.Fatal(err)
+		}
+		after := count()
+		if after.seqScans > before.seqScans || after.otherIndexScans > before.otherIndexScans {
+			t.Errorf("%s: %d sequential scans and %d scans of other indexes of pending", when,
+				after.seqScans-before.seqScans, after.otherIndexScans-before.otherIndexScans)
+		}
+		if n := after.dueEntries - before.dueEntries; n > due {
+			t.Errorf("%s: read %d entries of the due index, %d instructions are due", when, n, due)
+		}
+		return late
+	}
+
+	var analyzed bool
+	if err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stats
+  WHERE schemaname = 'outbox' AND tablename = 'pending')`).Scan(&analyzed); err != nil {
+		t.Fatal(err)
+	}
+	if analyzed {
+		t.Fatal("pending has statistics already: the checks below would not run without them")
+	}
+	if check("no statistics, every due instruction enqueued just now", time.Minute) {
+		t.Fatal("late, with 19,000 old instructions that are not due and 1,000 due ones enqueued just now")
+	}
+	if _, err := b.pool.Exec(b.ctx, `UPDATE outbox.pending SET created_at = now() - interval '2 minutes' WHERE instruction_id = 'i-500'`); err != nil {
+		t.Fatal(err)
+	}
+	if !check("no statistics, one due instruction enqueued 2 minutes ago", time.Minute) {
+		t.Fatal("not late after a minute, with a due instruction enqueued 2 minutes ago")
+	}
+	if check("no statistics, one due instruction enqueued 2 minutes ago", time.Hour) {
+		t.Fatal("late after an hour, with the oldest due instruction enqueued 2 minutes ago")
+	}
+	if _, err := b.pool.Exec(b.ctx, `ANALYZE outbox.pending`); err != nil {
+		t.Fatal(err)
+	}
+	if !check("with statistics, one due instruction enqueued 2 minutes ago", time.Minute) {
+		t.Fatal("not late after a minute, with a due instruction enqueued 2 minutes ago")
+	}
+}
+
+// TestSnapshotReadsPendingOnce: every scrape reads the snapshot, during a
+// backlog too, so its three figures of pending (all, due, oldest due) come
+// from one scan of it, not one each.
+func TestSnapshotReadsPendingOnce(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	for i := range 3 {
+		b.enqueue(t, "p1", fmt.Sprintf("k%d", i))
+	}
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx)
+	// Scans of the table and of each of its indexes, in this transaction.
+	scans := func() int64 {
+		t.Helper()
+		var n int64
+		if err := tx.QueryRow(b.ctx, `
+SELECT pg_stat_get_xact_numscans('outbox.pending'::regclass) +
+       (SELECT coalesce(sum(pg_stat_get_xact_numscans(indexrelid)), 0) FROM pg_index WHERE indrelid = 'outbox.pending'::regclass)`).
+			Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := scans()
+	snap, err := b.st.Snapshot(b.ctx, tx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := scans() - before; n != 1 {
+		t.Errorf("the snapshot scanned pending %d times, want once", n)
+	}
+	// p1's head is due, its two successors wait for their turn.
+	if snap.Pending != 3 || snap.Due != 1 || snap.OldestPendingAge <= 0 {
+		t.Fatalf("snapshot %+v, want 3 pending, 1 due, an oldest due age", snap)
+	}
+}
