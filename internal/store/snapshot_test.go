@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // TestDueOlderThanReadsOnlyDue: readiness probes ask whether a due
@@ -42,27 +44,12 @@ FROM generate_series(1, 20000) AS g`, due); err != nil {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(b.ctx)
-		// The counters also hold what the connection did before and has
-		// not reported yet: the difference is the check's.
-		type reads struct{ seqScans, otherIndexScans, dueEntries int64 }
-		count := func() (r reads) {
-			t.Helper()
-			if err := tx.QueryRow(b.ctx, `
-SELECT pg_stat_get_xact_numscans('outbox.pending'::regclass),
-       (SELECT coalesce(sum(pg_stat_get_xact_numscans(indexrelid)), 0) FROM pg_index
-        WHERE indrelid = 'outbox.pending'::regclass AND indexrelid <> 'outbox.pending_due_idx'::regclass),
-       pg_stat_get_xact_tuples_returned('outbox.pending_due_idx'::regclass)`).
-				Scan(&r.seqScans, &r.otherIndexScans, &r.dueEntries); err != nil {
-				t.Fatal(err)
-			}
-			return r
-		}
-		before := count()
+		before := readsOfPending(t, tx)
 		late, err := b.st.DueOlderThan(b.ctx, tx, age)
 		if err != nil {
 			t.Fatal(err)
 		}
-		after := count()
+		after := readsOfPending(t, tx)
 		if after.seqScans > before.seqScans || after.otherIndexScans > before.otherIndexScans {
 			t.Errorf("%s: %d sequential scans and %d scans of other indexes of pending", when,
 				after.seqScans-before.seqScans, after.otherIndexScans-before.otherIndexScans)
@@ -115,28 +102,45 @@ func TestSnapshotReadsPendingOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(b.ctx)
-	// Scans of the table and of each of its indexes, in this transaction.
-	scans := func() int64 {
-		t.Helper()
-		var n int64
-		if err := tx.QueryRow(b.ctx, `
-SELECT pg_stat_get_xact_numscans('outbox.pending'::regclass) +
-       (SELECT coalesce(sum(pg_stat_get_xact_numscans(indexrelid)), 0) FROM pg_index WHERE indrelid = 'outbox.pending'::regclass)`).
-			Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	before := scans()
+	before := readsOfPending(t, tx)
 	snap, err := b.st.Snapshot(b.ctx, tx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := scans() - before; n != 1 {
+	after := readsOfPending(t, tx)
+	if n := after.scans() - before.scans(); n != 1 {
 		t.Errorf("the snapshot scanned pending %d times, want once", n)
 	}
 	// p1's head is due, its two successors wait for their turn.
 	if snap.Pending != 3 || snap.Due != 1 || snap.OldestPendingAge <= 0 {
 		t.Fatalf("snapshot %+v, want 3 pending, 1 due, an oldest due age", snap)
 	}
+}
+
+// pendingReads are the reads of pending counted so far in a transaction.
+type pendingReads struct {
+	seqScans        int64 // sequential scans of the table
+	dueScans        int64 // scans of the due index
+	otherIndexScans int64 // scans of its other indexes
+	dueEntries      int64 // entries the due index returned
+}
+
+// scans is how many times pending was scanned, whichever way.
+func (r pendingReads) scans() int64 { return r.seqScans + r.dueScans + r.otherIndexScans }
+
+// readsOfPending reads tx's counters of pending, which also hold what the
+// connection did before the transaction and has not reported yet: only
+// differences between two readings in one transaction mean anything.
+func readsOfPending(t *testing.T, tx pgx.Tx) (r pendingReads) {
+	t.Helper()
+	if err := tx.QueryRow(t.Context(), `
+SELECT pg_stat_get_xact_numscans('outbox.pending'::regclass),
+       pg_stat_get_xact_numscans('outbox.pending_due_idx'::regclass),
+       (SELECT coalesce(sum(pg_stat_get_xact_numscans(indexrelid)), 0) FROM pg_index
+        WHERE indrelid = 'outbox.pending'::regclass AND indexrelid <> 'outbox.pending_due_idx'::regclass),
+       pg_stat_get_xact_tuples_returned('outbox.pending_due_idx'::regclass)`).
+		Scan(&r.seqScans, &r.dueScans, &r.otherIndexScans, &r.dueEntries); err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

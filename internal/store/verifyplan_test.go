@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/internal/testdb"
 )
 
 // TestVerifyPlansIgnoreStaleStatistics: audit verify reads whole tables.
@@ -47,7 +48,7 @@ func TestVerifyPlansIgnoreStaleStatistics(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, plan := range plans {
-		var root []struct{ Plan planNode }
+		var root []struct{ Plan testdb.PlanNode }
 		if err := json.Unmarshal(plan, &root); err != nil {
 			t.Fatal(err)
 		}
@@ -60,19 +61,13 @@ func TestVerifyPlansIgnoreStaleStatistics(t *testing.T) {
 	}
 }
 
-type planNode struct {
-	NodeType   string     `json:"Node Type"`
-	JoinFilter string     `json:"Join Filter"`
-	Plans      []planNode `json:"Plans"`
-}
-
 // partialKeyJoin returns the type of the first merge or hash join that
 // matches on only some of its equality conditions and filters on the rest:
 // "dispatch order" joined each sequence to its predecessor by participant
 // alone, and with a few participants compared every sequence with every
 // other (7.4 s after a drain of 50,000 instructions over 10 participants).
-func partialKeyJoin(n planNode) string {
-	return firstBad(n, func(n planNode) string {
+func partialKeyJoin(n testdb.PlanNode) string {
+	return firstBad(n, func(n testdb.PlanNode) string {
 		if (n.NodeType == "Merge Join" || n.NodeType == "Hash Join") && strings.Contains(n.JoinFilter, " = ") {
 			return n.NodeType
 		}
@@ -82,8 +77,8 @@ func partialKeyJoin(n planNode) string {
 
 // badNestedLoop returns the inner node type of the first nested loop
 // whose inner side is not an index lookup (or a one-row result).
-func badNestedLoop(n planNode) string {
-	return firstBad(n, func(n planNode) string {
+func badNestedLoop(n testdb.PlanNode) string {
+	return firstBad(n, func(n testdb.PlanNode) string {
 		if n.NodeType == "Nested Loop" && len(n.Plans) == 2 {
 			switch inner := n.Plans[1].NodeType; inner {
 			case "Index Scan", "Index Only Scan", "Result":
@@ -97,7 +92,7 @@ func badNestedLoop(n planNode) string {
 
 // firstBad returns what bad says of the first node of the plan, depth
 // first, of which it says anything.
-func firstBad(n planNode, bad func(planNode) string) string {
+func firstBad(n testdb.PlanNode, bad func(testdb.PlanNode) string) string {
 	if b := bad(n); b != "" {
 		return b
 	}

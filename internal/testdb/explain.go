@@ -11,10 +11,11 @@ import (
 // PlanNode is the part of an EXPLAIN (FORMAT JSON) plan node that plan
 // tests read.
 type PlanNode struct {
-	NodeType  string     `json:"Node Type"`
-	Relation  string     `json:"Relation Name"`
-	Operation string     `json:"Operation"`
-	Plans     []PlanNode `json:"Plans"`
+	NodeType   string     `json:"Node Type"`
+	Relation   string     `json:"Relation Name"`
+	Operation  string     `json:"Operation"`
+	JoinFilter string     `json:"Join Filter"`
+	Plans      []PlanNode `json:"Plans"`
 }
 
 // Explain plans query with args on db and returns every node of the plan,
