@@ -44,7 +44,11 @@ func (s *Store) DeadLettersAfter(ctx context.Context, db Querier, all bool, afte
 	if after.At.IsZero() {
 		after.At = time.Unix(0, 0)
 	}
-	rows, err := db.Query(ctx, s.sql.deadLetters, all, limit, after.At, after.ID)
+	q := s.sql.openDeadLetters
+	if all {
+		q = s.sql.allDeadLetters
+	}
+	rows, err := db.Query(ctx, q, limit, after.At, after.ID)
 	if err != nil {
 		return nil, fmt.Errorf("dead letters: %w", err)
 	}
@@ -57,8 +61,16 @@ SELECT outbox_id, instruction_id, participant_id, sequence_id, rail_type, tenant
        attempt_count, error_code, error_message, created_at, failed_at, acknowledged_at, acknowledged_by, outcome_unknown
 FROM {schema}.dead_letters`
 
-const deadLettersSQL = deadLetterSelect + ` WHERE ($1 OR acknowledged_at IS NULL) AND (failed_at, outbox_id) > ($3, $4)
-ORDER BY failed_at, outbox_id LIMIT $2`
+// The open and the whole list are two statements, each with an index in
+// its order (dead_letters_open_idx, partial, and dead_letters_failed_idx):
+// one statement with the choice as a parameter could use neither index in
+// a generic plan, and sorted the table for every page.
+const (
+	openDeadLettersSQL = deadLetterSelect + ` WHERE acknowledged_at IS NULL AND (failed_at, outbox_id) > ($2, $3)
+ORDER BY failed_at, outbox_id LIMIT $1`
+	allDeadLettersSQL = deadLetterSelect + ` WHERE (failed_at, outbox_id) > ($2, $3)
+ORDER BY failed_at, outbox_id LIMIT $1`
+)
 
 // DeadLetter returns the dead letter of an outbox id, or nil if there is
 // none.

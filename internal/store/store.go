@@ -93,7 +93,7 @@ type statements struct {
 	reap, reapLock                                 string
 	replay, acknowledge                            string
 	trailByOutbox, trailByInstruction              string
-	deadLetters                                    string
+	openDeadLetters, allDeadLetters                string
 	listPending                                    string
 	snapshot, idleRelayers, dueOlderThan           string
 	verifyCounts                                   string
@@ -132,7 +132,8 @@ func renderStatements(schema string) statements {
 		// Through the keys' instruction index: the archive keeps no index
 		// by instruction id (migration 005).
 		trailByInstruction: q(trailSQL("outbox_id IN (SELECT outbox_id FROM {schema}.idempotency_keys WHERE instruction_id = $1)")),
-		deadLetters:        q(deadLettersSQL),
+		openDeadLetters:    q(openDeadLettersSQL),
+		allDeadLetters:     q(allDeadLettersSQL),
 		listPending:        q(listPendingSQL),
 		snapshot:           q(snapshotSQL),
 		idleRelayers:       q(idleRelayersSQL),
