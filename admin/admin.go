@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerline/outbox/engine"
+	"github.com/ledgerline/outbox/internal/sharedread"
 	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/rails"
 )
@@ -65,6 +66,8 @@ type Server struct {
 	log      *slog.Logger
 	stopping atomic.Bool
 	sessions sessions // the console's
+	// overviewReads shares the overview's database reads among callers.
+	overviewReads *sharedread.Value[overviewReads]
 }
 
 // New validates cfg and returns a Server.
@@ -83,7 +86,9 @@ func New(cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{cfg: cfg, store: st, log: log}, nil
+	s := &Server{cfg: cfg, store: st, log: log}
+	s.overviewReads = sharedread.New(overviewMaxAge, s.readOverview)
+	return s, nil
 }
 
 // SetStopping makes /readyz answer 503 from now on: the process is

@@ -429,3 +429,33 @@ func TestOutcomeUnknownDeadLetter(t *testing.T) {
 		t.Fatalf("replay of a rejected dead letter: %d %+v", code, res)
 	}
 }
+
+// TestOverviewReadsAreShared: the overview's figures cost a pass over the
+// queue and over the archive's last minutes, and every open console
+// refreshes it. Callers within its max age share one read; past it, the
+// next caller reads again.
+func TestOverviewReadsAreShared(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	admin.SetOverviewMaxAge(b.srv, time.Hour)
+	pendingNow := func() int64 {
+		t.Helper()
+		var ov admin.Overview
+		if code := b.call(t, "GET", "/api/v1/overview", auditorSecret, nil, &ov); code != http.StatusOK {
+			t.Fatalf("overview: %d", code)
+		}
+		return ov.Queue.Pending
+	}
+	b.enqueue(t, "p1", "k1")
+	if n := pendingNow(); n != 1 {
+		t.Fatalf("first overview: %d pending, want 1", n)
+	}
+	b.enqueue(t, "p1", "k2")
+	if n := pendingNow(); n != 1 {
+		t.Fatalf("overview within its max age: %d pending, want the shared read's 1", n)
+	}
+	admin.SetOverviewMaxAge(b.srv, time.Nanosecond)
+	if n := pendingNow(); n != 2 {
+		t.Fatalf("overview past its max age: %d pending, want 2", n)
+	}
+}

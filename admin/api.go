@@ -54,17 +54,41 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request, _ Token) {
 	writeJSON(w, http.StatusOK, ov)
 }
 
-// Overview reads the queue's overview.
+// overviewMaxAge is how old the overview's figures may be. The console's
+// overview refreshes itself every 5 s; every open console and every API
+// caller of this process shares one read per period (see sharedread).
+const overviewMaxAge = 5 * time.Second
+
+// overviewReads are the overview's database reads. Each costs a pass over
+// a queue table or over the archive's last five minutes, so they are
+// shared (Server.overviewReads); what callers get is read-only.
+type overviewReads struct {
+	queue    store.Snapshot
+	activity []store.RailActivity
+	relayers []store.LiveRelayer
+}
+
+func (s *Server) readOverview(ctx context.Context) (r overviewReads, err error) {
+	if r.queue, err = s.store.Snapshot(ctx, s.cfg.Pool); err != nil {
+		return r, err
+	}
+	if r.activity, err = s.store.RailActivity(ctx, s.cfg.Pool, activityWindow); err != nil {
+		return r, err
+	}
+	r.relayers, err = s.store.LiveRelayers(ctx, s.cfg.Pool, activityWindow)
+	return r, err
+}
+
+// Overview reads the queue's overview. Its figures may be up to 5 s old:
+// one read serves every caller in that time.
 func (s *Server) Overview(ctx context.Context) (Overview, error) {
 	ov := Overview{Window: activityWindow.String()}
-	var err error
-	if ov.Queue, err = s.store.Snapshot(ctx, s.cfg.Pool); err != nil {
-		return ov, err
-	}
-	activity, err := s.store.RailActivity(ctx, s.cfg.Pool, activityWindow)
+	reads, err := s.overviewReads.Get(ctx)
 	if err != nil {
 		return ov, err
 	}
+	ov.Queue, ov.Relayers = reads.queue, reads.relayers
+	activity := reads.activity
 	byRail := map[string]store.RailActivity{}
 	for _, a := range activity {
 		byRail[a.RailType] = a
@@ -92,8 +116,7 @@ func (s *Server) Overview(ctx context.Context) (Overview, error) {
 		}
 		ov.Rails = append(ov.Rails, ro)
 	}
-	ov.Relayers, err = s.store.LiveRelayers(ctx, s.cfg.Pool, activityWindow)
-	return ov, err
+	return ov, nil
 }
 
 func contains(list []string, s string) bool {

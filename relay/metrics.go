@@ -9,14 +9,16 @@ import (
 
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/engine"
+	"github.com/ledgerline/outbox/internal/sharedread"
 	"github.com/ledgerline/outbox/rails"
 	"github.com/ledgerline/outbox/reaper"
 )
 
 // Metrics are the service's Prometheus collectors. Counters come from the
 // relayer's and reaper's own counts; queue gauges from a snapshot of the
-// hot tables taken at scrape time (never the archive); latencies and error
-// codes from the relayer's outcome hook. The metric names:
+// hot tables (never the archive) taken at scrape time, at most once per
+// Config.QueueGaugesMaxAge however many scrapers there are; latencies and error codes from the
+// relayer's outcome hook. The metric names:
 //
 //	outbox_pending_depth, outbox_due_depth, outbox_oldest_pending_age_seconds,
 //	outbox_inflight, outbox_stuck_dispatching_count, outbox_dlq_depth,
@@ -37,7 +39,8 @@ type Metrics struct {
 	all      []prometheus.Collector
 }
 
-func newMetrics(pool *pgxpool.Pool, r *engine.Relayer, rp *reaper.Reaper, cfg engine.Config) (*Metrics, error) {
+func newMetrics(pool *pgxpool.Pool, r *engine.Relayer, rp *reaper.Reaper, svc Config) (*Metrics, error) {
+	cfg := svc.Relayer
 	archive, err := attempts.New(cfg.Schema)
 	if err != nil {
 		return nil, err
@@ -56,7 +59,7 @@ func newMetrics(pool *pgxpool.Pool, r *engine.Relayer, rp *reaper.Reaper, cfg en
 		}, []string{"rail", "error_code"}),
 	}
 	m.all = []prometheus.Collector{m.latency, m.railTime, m.errors,
-		snapshotCollector{pool: pool, archive: archive},
+		newSnapshotCollector(pool, archive, svc.QueueGaugesMaxAge),
 		breakerCollector{set: cfg.Rails}}
 	counter := func(name, help string, f func(engine.Stats) int64) {
 		m.all = append(m.all, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
@@ -109,10 +112,21 @@ func (m *Metrics) observe(recs []engine.Recorded) {
 	}
 }
 
+// DefaultQueueGaugesMaxAge is Config.QueueGaugesMaxAge's default.
+const DefaultQueueGaugesMaxAge = 5 * time.Second
+
 // snapshotCollector reads the queue gauges at scrape time.
 type snapshotCollector struct {
-	pool    *pgxpool.Pool
-	archive *attempts.Archive
+	snapshot *sharedread.Value[attempts.Snapshot]
+}
+
+func newSnapshotCollector(pool *pgxpool.Pool, archive *attempts.Archive, maxAge time.Duration) snapshotCollector {
+	if maxAge <= 0 {
+		maxAge = DefaultQueueGaugesMaxAge
+	}
+	return snapshotCollector{snapshot: sharedread.New(maxAge, func(ctx context.Context) (attempts.Snapshot, error) {
+		return archive.Snapshot(ctx, pool)
+	})}
 }
 
 var (
@@ -134,7 +148,7 @@ func (snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	s, err := c.archive.Snapshot(ctx, c.pool)
+	s, err := c.snapshot.Get(ctx)
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(descUp, prometheus.GaugeValue, 0)
 		return

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -96,5 +97,67 @@ func TestMetricsReflectTheQueue(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("scrape:\n%s", body)
+	}
+}
+
+// TestScrapesShareQueueGauges: the queue gauges count the whole queue, so
+// the scrapes within QueueGaugesMaxAge, concurrent or not, share one read:
+// what was enqueued after it shows only once the read is older than that.
+func TestScrapesShareQueueGauges(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := testdb.New(t)
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scrape := func(maxAge time.Duration) func() string {
+		reg := prometheus.NewRegistry()
+		// Not started: nothing leaves the queue.
+		if _, err := relay.New(pool, relay.Config{Relayer: engine.Config{Rails: set}, Metrics: reg, QueueGaugesMaxAge: maxAge}); err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		t.Cleanup(srv.Close)
+		return func() string {
+			resp, err := srv.Client().Get(srv.URL)
+			if err != nil {
+				t.Error(err)
+				return ""
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			return string(body)
+		}
+	}
+	producer, _ := pending.NewProducer(pending.Config{})
+	enqueue := func(from, to int) {
+		for i := from; i < to; i++ {
+			in := pending.Instruction{InstructionID: fmt.Sprint("m", i), ParticipantID: fmt.Sprint("p", i), IdempotencyKey: fmt.Sprint("k", i),
+				RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1"}
+			if _, err := producer.Enqueue(ctx, pool, in); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	kept, fresh := scrape(time.Hour), scrape(time.Nanosecond)
+	enqueue(0, 3)
+	for _, first := range []func() string{kept, fresh} {
+		if body := first(); !strings.Contains(body, "outbox_pending_depth 3\n") {
+			t.Fatalf("first scrape:\n%s", body)
+		}
+	}
+	enqueue(3, 5)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			if body := kept(); !strings.Contains(body, "outbox_pending_depth 3\n") {
+				t.Errorf("a scrape within the gauges' max age read the queue again:\n%s", body)
+			}
+		})
+	}
+	wg.Wait()
+	if body := fresh(); !strings.Contains(body, "outbox_pending_depth 5\n") {
+		t.Fatalf("a scrape past the gauges' max age:\n%s", body)
 	}
 }

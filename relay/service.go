@@ -38,6 +38,11 @@ type Config struct {
 	// Metrics, if set, gets the service's collectors (see
 	// [Service.Collectors]) registered by [New].
 	Metrics prometheus.Registerer
+	// QueueGaugesMaxAge is how old the queue gauges (outbox_pending_depth
+	// and the others read from the queue snapshot) may be at a scrape
+	// (0: 5 s). The snapshot counts the whole queue, so one read serves
+	// every scrape of this process in that time.
+	QueueGaugesMaxAge time.Duration
 }
 
 // Service runs a relayer and its reaper. Create it with [New]; run it with
@@ -75,7 +80,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 			return nil, fmt.Errorf("relay: %w", err)
 		}
 	}
-	if s.metrics, err = newMetrics(pool, s.relayer, s.reaper, cfg.Relayer); err != nil {
+	if s.metrics, err = newMetrics(pool, s.relayer, s.reaper, cfg); err != nil {
 		return nil, fmt.Errorf("relay: %w", err)
 	}
 	if cfg.Metrics != nil {

@@ -1,0 +1,87 @@
+// Package sharedread shares one read among the callers that want it at
+// about the same time. Queue-wide figures (the queue snapshot, the rails'
+// recent activity) cost the database a pass over the queue or a stretch
+// of the archive, and every metrics scrape and every open console page
+// asks for them: during a backlog, which is when they cost most, more
+// people look. Behind a [Value], a process reads them at most once per
+// MaxAge however many callers there are.
+package sharedread
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// Value is a read whose result is shared: callers that ask while a read
+// is in progress wait for it, and callers that ask within MaxAge of a
+// successful read's start get its result. A failed read is not kept: the
+// next caller reads again. The zero Value is not usable; create one with
+// [New].
+type Value[T any] struct {
+	read   func(context.Context) (T, error)
+	maxAge time.Duration
+	now    func() time.Time
+
+	mu       sync.Mutex
+	val      T
+	at       time.Time // when the kept read started; zero: none kept
+	inFlight *call[T]
+}
+
+// call is a read in progress.
+type call[T any] struct {
+	done chan struct{} // closed when val and err are set
+	val  T
+	err  error
+}
+
+// New returns a Value that reads with read and keeps a result for maxAge.
+func New[T any](maxAge time.Duration, read func(context.Context) (T, error)) *Value[T] {
+	return &Value[T]{read: read, maxAge: maxAge, now: time.Now}
+}
+
+// Get returns the kept result if its read started less than MaxAge ago;
+// otherwise it waits for the read in progress or starts one, on ctx. A
+// caller whose ctx ends while it waits for another caller's read returns
+// ctx's error; the read goes on for the others.
+func (v *Value[T]) Get(ctx context.Context) (T, error) {
+	v.mu.Lock()
+	if !v.at.IsZero() && v.now().Sub(v.at) < v.maxAge {
+		val := v.val
+		v.mu.Unlock()
+		return val, nil
+	}
+	if c := v.inFlight; c != nil {
+		v.mu.Unlock()
+		select {
+		case <-c.done:
+			return c.val, c.err
+		case <-ctx.Done():
+			var zero T
+			return zero, ctx.Err()
+		}
+	}
+	c := &call[T]{done: make(chan struct{})}
+	v.inFlight = c
+	start := v.now()
+	v.mu.Unlock()
+
+	// Deferred, so that waiters are released even if read panics.
+	defer func() {
+		v.mu.Lock()
+		v.inFlight = nil
+		if c.err == nil {
+			v.val, v.at = c.val, start
+		}
+		v.mu.Unlock()
+		close(c.done)
+	}()
+	c.err = errPanicked
+	c.val, c.err = v.read(ctx)
+	return c.val, c.err
+}
+
+// errPanicked is what waiters get from a read that panicked.
+var errPanicked = errors.New("sharedread: the read panicked")
