@@ -190,3 +190,105 @@ func TestSingleAndBatchEnqueueAgree(t *testing.T) {
 		t.Errorf("want four rows, all due with ordering off, then the sequence: %q", one)
 	}
 }
+
+// TestEnqueueReadsKeysPerInstruction: an enqueue, batch or single, reaches the
+// idempotency keys (and the retired ones) by key, one lookup per
+// instruction, whatever the statistics say. The keys table starts
+// pre-sized and empty (migration 006), and the first vacuum records it as
+// empty (no rows, 200 pages): until the next ANALYZE, PostgreSQL then
+// estimates one row however many it holds. Plans made on that joined the
+// batch to a whole scan of the keys per row, on custom and generic plans
+// alike (enqueue.go has the numbers).
+func TestEnqueueReadsKeysPerInstruction(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	for _, table := range []string{"idempotency_keys", "retired_keys"} {
+		if _, err := b.pool.Exec(b.ctx, `ALTER TABLE outbox.`+table+` SET (autovacuum_enabled = false)`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.pool.Exec(b.ctx, `VACUUM outbox.`+table); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const held = 20000
+	if _, err := b.pool.Exec(b.ctx, `
+INSERT INTO outbox.idempotency_keys (tenant_id, instruction_id, idempotency_key, outbox_id, participant_id, sequence_id, payload_hash)
+SELECT '', 'old-' || g, 'old-' || g, gen_random_uuid(), 'old-' || (g % 100), g, '\x00' FROM generate_series(1, $1) AS g;
+`, held); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(b.ctx, `
+INSERT INTO outbox.retired_keys (digest, outbox_id, participant_id, sequence_id, created_at)
+SELECT outbox.key_digest('', 'gone-' || g, 'gone-' || g), gen_random_uuid(), 'gone', g, now() FROM generate_series(1, $1) AS g`, held); err != nil {
+		t.Fatal(err)
+	}
+	var tuples float64
+	if err := b.pool.QueryRow(b.ctx, `SELECT reltuples FROM pg_class WHERE oid = 'outbox.idempotency_keys'::regclass`).Scan(&tuples); err != nil {
+		t.Fatal(err)
+	}
+	if tuples != 0 {
+		t.Fatalf("the keys table's statistics say %v rows, want the vacuumed empty table's 0", tuples)
+	}
+
+	conn := b.conn(t)
+	for round, plans := range []string{"force_custom_plan", "force_generic_plan", "auto", "auto", "auto", "auto", "auto", "auto"} {
+		// Batches of 100, then one instruction (its own statements).
+		batch := 100
+		if round%2 == 1 {
+			batch = 1
+		}
+		ins := make([]pending.Instruction, batch)
+		for i := range ins {
+			n := strconv.Itoa(round*batch + i)
+			ins[i] = pending.Instruction{InstructionID: "ins-" + n, ParticipantID: "p-" + strconv.Itoa(i%10), IdempotencyKey: "k-" + n,
+				RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1"}
+		}
+		ins[batch-1].InstructionID, ins[batch-1].IdempotencyKey = "old-1", "old-1" // a duplicate
+		tx, err := conn.Begin(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(b.ctx, `SELECT set_config('plan_cache_mode', $1, true)`, plans); err != nil {
+			t.Fatal(err)
+		}
+		before := readsOfKeys(t, tx)
+		_, err = b.producer.EnqueueBatch(b.ctx, tx, ins)
+		after := readsOfKeys(t, tx)
+		if rerr := tx.Rollback(b.ctx); err == nil {
+			err = rerr
+		}
+		if !errors.As(err, new(*pending.MismatchError)) {
+			t.Fatalf("round %d: %v, want the duplicate's mismatch (its payload differs)", round, err)
+		}
+		for i, table := range []string{"idempotency_keys", "retired_keys"} {
+			if n := after[i].seqTuples - before[i].seqTuples; n > 0 {
+				t.Errorf("round %d (%s plans): sequential scans read %d rows of %s for a batch of %d", round, plans, n, table, batch)
+			}
+			if n := after[i].indexEntries - before[i].indexEntries; n > int64(4*batch) {
+				t.Errorf("round %d (%s plans): %s's indexes returned %d entries for a batch of %d", round, plans, table, n, batch)
+			}
+		}
+	}
+}
+
+// tableReads are a table's reads counted so far in a transaction (only
+// differences between two readings in one transaction mean something; see
+// readsOfPending).
+type tableReads struct {
+	seqTuples    int64 // rows read by sequential scans
+	indexEntries int64 // entries its indexes returned
+}
+
+// readsOfKeys reads tx's counters of idempotency_keys and retired_keys.
+func readsOfKeys(t *testing.T, tx pgx.Tx) (r [2]tableReads) {
+	t.Helper()
+	for i, table := range []string{"outbox.idempotency_keys", "outbox.retired_keys"} {
+		if err := tx.QueryRow(t.Context(), `
+SELECT pg_stat_get_xact_tuples_returned($1::regclass),
+       (SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(indexrelid)), 0) FROM pg_index WHERE indrelid = $1::regclass)`,
+			table).Scan(&r[i].seqTuples, &r[i].indexEntries); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return r
+}
