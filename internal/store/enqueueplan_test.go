@@ -251,9 +251,9 @@ SELECT outbox.key_digest('', 'gone-' || g, 'gone-' || g), gen_random_uuid(), 'go
 		if _, err := tx.Exec(b.ctx, `SELECT set_config('plan_cache_mode', $1, true)`, plans); err != nil {
 			t.Fatal(err)
 		}
-		before := readsOfKeys(t, tx)
+		before := readsOf(t, tx, "outbox.idempotency_keys", "outbox.retired_keys")
 		_, err = b.producer.EnqueueBatch(b.ctx, tx, ins)
-		after := readsOfKeys(t, tx)
+		after := readsOf(t, tx, "outbox.idempotency_keys", "outbox.retired_keys")
 		if rerr := tx.Rollback(b.ctx); err == nil {
 			err = rerr
 		}
@@ -279,10 +279,11 @@ type tableReads struct {
 	indexEntries int64 // entries its indexes returned
 }
 
-// readsOfKeys reads tx's counters of idempotency_keys and retired_keys.
-func readsOfKeys(t *testing.T, tx pgx.Tx) (r [2]tableReads) {
+// readsOf reads tx's counters of each table (schema-qualified).
+func readsOf(t *testing.T, tx pgx.Tx, tables ...string) []tableReads {
 	t.Helper()
-	for i, table := range []string{"outbox.idempotency_keys", "outbox.retired_keys"} {
+	r := make([]tableReads, len(tables))
+	for i, table := range tables {
 		if err := tx.QueryRow(t.Context(), `
 SELECT pg_stat_get_xact_tuples_returned($1::regclass),
        (SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(indexrelid)), 0) FROM pg_index WHERE indrelid = $1::regclass)`,

@@ -57,7 +57,11 @@ type Requeued struct {
 // an index on the lease would cost every claim more than it saves a pass
 // a minute, migration 014); the archive is only inserted into, so the cost
 // does not grow with the archive. A row requeued once is no longer in
-// flight, which makes reaping idempotent.
+// flight, which makes reaping idempotent. The expired rows are deleted by
+// row id, and a poison instruction's successor is found by its
+// participant's key: joins the planner chose read the whole in-flight
+// table per expired row, and every waiting row of pending, on a drained
+// queue's statistics (TestReapReadsByKey).
 func (s *Store) Reap(ctx context.Context, db Batcher, limit int, reaperID string, zombieLimit int) ([]Requeued, error) {
 	if zombieLimit <= 0 {
 		zombieLimit = math.MaxInt32
@@ -101,14 +105,13 @@ FOR UPDATE`
 
 var reapSQL = `
 WITH expired AS (
-  SELECT outbox_id FROM {schema}.inflight
+  SELECT ctid AS row FROM {schema}.inflight
   WHERE lease_until < now()
   ORDER BY lease_until
   LIMIT $1
   FOR UPDATE SKIP LOCKED
 ), reaped AS (
-  DELETE FROM {schema}.inflight f USING expired e
-  WHERE f.outbox_id = e.outbox_id
+  DELETE FROM {schema}.inflight f WHERE f.ctid = ANY (ARRAY(SELECT row FROM expired))
   RETURNING f.*, {schema}.uuidv7() AS zombie_id, clock_timestamp() AS archived_at, f.zombie_count >= $3 AS poisoned
 ), stamped AS (
   SELECT r.*, ` + attemptHash("r.chain_head", zombieValues, "r.archived_at") + ` AS hash FROM reaped r
@@ -129,10 +132,14 @@ WITH expired AS (
   -- The dead-lettered instruction was its participant's one ordered
   -- instruction in flight (the unique index allows no other), so the
   -- participant's lowest pending row is its head now.
+  -- (The row is picked by id alone: a condition on next_attempt_at here
+  -- let the planner read the due index's waiting rows instead.)
   UPDATE {schema}.pending p SET next_attempt_at = now()
-  FROM (SELECT DISTINCT participant_id FROM reaped WHERE poisoned AND ordered) t
-  WHERE p.participant_id = t.participant_id AND p.next_attempt_at = 'infinity' AND ` + orderedSQL + `
-    AND p.sequence_id = (SELECT min(q.sequence_id) FROM {schema}.pending q WHERE q.participant_id = t.participant_id)
+  WHERE p.ctid = ANY (ARRAY(
+      SELECT h.row FROM (SELECT DISTINCT participant_id FROM reaped WHERE poisoned AND ordered) t
+      CROSS JOIN LATERAL (SELECT q.ctid AS row, q.next_attempt_at FROM {schema}.pending q
+                          WHERE q.participant_id = t.participant_id ORDER BY q.sequence_id LIMIT 1) h
+      WHERE h.next_attempt_at = 'infinity' AND ` + orderedSQL + `))
 ), zombie AS (
   INSERT INTO {schema}.attempts (` + chainedArchiveColumns + `)
   SELECT ` + zombieValues + `, archived_at, chain_head, hash

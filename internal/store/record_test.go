@@ -1082,3 +1082,97 @@ func TestLateDispatchedSettlesPoisonDeadLetter(t *testing.T) {
 	}
 	b.verifyOK(t)
 }
+
+// TestLateOutcomesReadTheQueueByKey: late outcomes come in numbers when
+// leases run out during an incident, which is also when a backlog builds.
+// Withdrawing the reaper's requeued copies must find them by key, not scan
+// pending, also when pending's statistics are those of the vacuumed empty
+// table (0 rows on its pages: PostgreSQL then estimates one row whatever
+// it holds). A join the planner chose read all 20,000 rows for one
+// withdrawal.
+func TestLateOutcomesReadTheQueueByKey(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	for _, q := range []string{
+		`ALTER TABLE outbox.pending SET (autovacuum_enabled = false)`,
+		`ALTER TABLE outbox.dead_letters SET (autovacuum_enabled = false)`,
+		`VACUUM outbox.pending`,
+	} {
+		if _, err := b.pool.Exec(b.ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := []uuid.UUID{b.enqueue(t, "p1", "k1"), b.enqueue(t, "p2", "k2")}
+	var claims []store.Claimed
+	for range ids {
+		claims = append(claims, b.claimOne(t, "slow", shortLease))
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var expired bool
+		if err := b.pool.QueryRow(b.ctx, `SELECT $1 < now() AND $2 < now()`, claims[0].LeaseUntil, claims[1].LeaseUntil).Scan(&expired); err != nil {
+			t.Fatal(err)
+		}
+		if expired {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("timed out waiting for the leases to expire")
+		}
+	}
+	if requeued, err := b.reaper.RunOnce(b.ctx); err != nil || len(requeued) != 2 {
+		t.Fatalf("reaper requeued %+v (%v), want both", requeued, err)
+	}
+	// The backlog, and dead letters of years past.
+	if _, err := b.pool.Exec(b.ctx, `
+INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+                            payload, attempt_count, next_attempt_at, created_at)
+SELECT gen_random_uuid(), 'i-' || g, 'other-' || (g % 500), g, 'k-' || g, 'sandbox', '{}', 0,
+       CASE WHEN g <= 500 THEN now() ELSE 'infinity' END, now()
+FROM generate_series(1, 20000) AS g`); err != nil {
+		t.Fatal(err)
+	}
+	var tuples float64
+	if err := b.pool.QueryRow(b.ctx, `SELECT reltuples FROM pg_class WHERE oid = 'outbox.pending'::regclass`).Scan(&tuples); err != nil {
+		t.Fatal(err)
+	}
+	if tuples != 0 {
+		t.Fatalf("pending's statistics say %v rows, want the vacuumed empty table's 0", tuples)
+	}
+
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx)
+	tables := []string{"outbox.pending", "outbox.dead_letters"}
+	before := readsOf(t, tx, tables...)
+	rec, _, err := b.st.Record(b.ctx, tx, []store.Outcome{
+		recordOutcome(t, claims[0], "slow", store.Dispatched), recordOutcome(t, claims[1], "slow", store.Failed),
+	}, store.HandoffParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := readsOf(t, tx, tables...)
+	for i, r := range rec {
+		if !r.Late || !r.Withdrew {
+			t.Errorf("outcome %d recorded %+v, want late and withdrawn", i, r)
+		}
+	}
+	for i, table := range tables {
+		if n := after[i].seqTuples - before[i].seqTuples; n > 0 {
+			t.Errorf("sequential scans read %d rows of %s to record two late outcomes", n, table)
+		}
+		if n := after[i].indexEntries - before[i].indexEntries; n > 20 {
+			t.Errorf("%s's indexes returned %d entries to record two late outcomes", table, n)
+		}
+	}
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if w := b.where(t, ids[0]); w.pending || w.dead || w.inflight != nil {
+		t.Errorf("late DISPATCHED: %+v, want nowhere", w)
+	}
+	if w := b.where(t, ids[1]); w.pending || !w.dead || w.inflight != nil {
+		t.Errorf("late FAILED: %+v, want only a dead letter", w)
+	}
+}

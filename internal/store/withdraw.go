@@ -62,14 +62,24 @@ func (s *Store) withdraw(ctx context.Context, db Batcher, late []Outcome) (map[u
 // (recordSQL's snapshot predates that commit). It is fenced:
 // only a pending row the reaper requeued from this very claim qualifies,
 // never a later retry of the copy or an operator's replay.
+//
+// Rows are found by key (LATERAL lookups) and deleted by row id, like the
+// outcome statement's: late outcomes come in numbers when leases run out
+// during an incident, when a backlog builds too, and a join the planner
+// chose on a drained queue's statistics (0 rows) read the whole queue for
+// each write (TestLateOutcomesReadTheQueueByKey).
 var withdrawSQL = `
 WITH o AS (
   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int[], $7::uuid[])
     AS o(outbox_id, attempt_id, state, error_code, error_message, attempt_no, claim_attempt_id)
+), copies AS (
+  SELECT o.claim_attempt_id, c.row FROM o
+  CROSS JOIN LATERAL (SELECT p.ctid AS row FROM {schema}.pending p
+                      WHERE p.outbox_id = o.outbox_id AND p.zombie_attempt_id = o.claim_attempt_id LIMIT 1) c
 ), withdrawn AS (
-  DELETE FROM {schema}.pending p USING o
-  WHERE p.outbox_id = o.outbox_id AND p.zombie_attempt_id = o.claim_attempt_id
-  RETURNING p.*, o.claim_attempt_id
+  DELETE FROM {schema}.pending p USING copies c
+  WHERE p.ctid = ANY (ARRAY(SELECT row FROM copies)) AND p.ctid = c.row
+  RETURNING p.*, c.claim_attempt_id
 ), finished AS (
   UPDATE {schema}.sequences s SET queued = s.queued - t.n
   FROM (SELECT participant_id, count(*) AS n FROM withdrawn GROUP BY participant_id) t
@@ -89,7 +99,10 @@ WITH o AS (
   -- rail did act on one of the attempts whose relayer died, so the
   -- instruction is dispatched, not dead. (The reaper already counted it
   -- finished and moved its participant on.)
-  DELETE FROM {schema}.dead_letters d USING o
-  WHERE d.outbox_id = o.outbox_id AND o.state = 'DISPATCHED' AND d.error_code = 'ZOMBIE_LIMIT' AND d.outcome_unknown
+  DELETE FROM {schema}.dead_letters d
+  WHERE d.ctid = ANY (ARRAY(
+    SELECT x.ctid FROM o CROSS JOIN LATERAL (SELECT x.ctid FROM {schema}.dead_letters x WHERE x.outbox_id = o.outbox_id LIMIT 1) x
+    WHERE o.state = 'DISPATCHED'))
+    AND d.error_code = 'ZOMBIE_LIMIT' AND d.outcome_unknown
 )
 SELECT claim_attempt_id FROM withdrawn`
