@@ -49,34 +49,57 @@ type Cursor struct {
 	ID uuid.UUID
 }
 
-const listQueuedSQL = `
+// The listings' columns, as Queued reads them.
+const (
+	queuedPendingColumns = `
 SELECT outbox_id, instruction_id, participant_id, sequence_id, rail_type, coalesce(tenant_id, ''), created_at,
        CASE WHEN next_attempt_at = 'infinity' THEN 'queued' WHEN next_attempt_at <= now() THEN 'due' ELSE 'retry_wait' END,
        attempt_count, CASE WHEN next_attempt_at = 'infinity' THEN NULL ELSE next_attempt_at END,
-       '', NULL::timestamptz, NULL::timestamptz, zombie_count
-FROM {schema}.pending
-WHERE ($1 = '' OR participant_id = $1) AND ($2 = '' OR rail_type = $2) AND (created_at, outbox_id) > ($3, $4)
-ORDER BY created_at, outbox_id LIMIT $5`
-
-const listInFlightSQL = `
+       '', NULL::timestamptz, NULL::timestamptz, zombie_count`
+	queuedInFlightColumns = `
 SELECT outbox_id, instruction_id, participant_id, sequence_id, rail_type, coalesce(tenant_id, ''), created_at,
        CASE WHEN lease_until < now() THEN 'stuck' ELSE 'in_flight' END,
-       attempt_no, NULL::timestamptz, relayer_id, claimed_at, lease_until, zombie_count
-FROM {schema}.inflight
-WHERE ($1 = '' OR participant_id = $1) AND ($2 = '' OR rail_type = $2) AND (created_at, outbox_id) > ($3, $4)
-ORDER BY created_at, outbox_id LIMIT $5`
+       attempt_no, NULL::timestamptz, relayer_id, claimed_at, lease_until, zombie_count`
+)
+
+// queuedPageSQL lists one page of table: the rows after the keyset
+// position ($2, $3), of a rail ($1; empty for any), $4 at most; with
+// byParticipant, only participant $5's. A participant's rows are read
+// through its index in a subquery the rest cannot reach into (OFFSET 0):
+// as one query, on a drained queue's statistics (0 rows: PostgreSQL then
+// estimates one row whatever the table holds) the planner read the due
+// index whole instead, 200,000 entries for a participant's 400 rows
+// (TestListQueuedByParticipantReadsItsRows).
+func queuedPageSQL(columns, table string, byParticipant bool) string {
+	from := "{schema}." + table
+	if byParticipant {
+		from = "(SELECT * FROM {schema}." + table + " WHERE participant_id = $5 OFFSET 0) q"
+	}
+	return columns + `
+FROM ` + from + `
+WHERE ($1 = '' OR rail_type = $1) AND (created_at, outbox_id) > ($2, $3)
+ORDER BY created_at, outbox_id LIMIT $4`
+}
 
 // ListQueued returns one page of pending or in-flight instructions.
 func (s *Store) ListQueued(ctx context.Context, db Querier, f QueuedFilter) ([]Queued, error) {
-	q := s.sql.listQueued
-	if f.InFlight {
-		q = s.sql.listInFlight
-	}
 	after := f.After
 	if after.At.IsZero() {
 		after.At = time.Unix(0, 0)
 	}
-	rows, err := db.Query(ctx, q, f.Participant, f.Rail, after.At, after.ID, f.Limit)
+	args := []any{f.Rail, after.At, after.ID, f.Limit}
+	var q string
+	switch {
+	case f.InFlight && f.Participant != "":
+		q, args = s.sql.listInFlightOf, append(args, f.Participant)
+	case f.InFlight:
+		q = s.sql.listInFlight
+	case f.Participant != "":
+		q, args = s.sql.listQueuedOf, append(args, f.Participant)
+	default:
+		q = s.sql.listQueued
+	}
+	rows, err := db.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list queued: %w", err)
 	}
@@ -152,11 +175,7 @@ func (s *Store) Participant(ctx context.Context, db TxBeginner, participant stri
 	return v, nil
 }
 
-const participantHeadSQL = `
-SELECT outbox_id, instruction_id, participant_id, sequence_id, rail_type, coalesce(tenant_id, ''), created_at,
-       CASE WHEN next_attempt_at = 'infinity' THEN 'queued' WHEN next_attempt_at <= now() THEN 'due' ELSE 'retry_wait' END,
-       attempt_count, CASE WHEN next_attempt_at = 'infinity' THEN NULL ELSE next_attempt_at END,
-       '', NULL::timestamptz, NULL::timestamptz, zombie_count
+const participantHeadSQL = queuedPendingColumns + `
 FROM {schema}.pending WHERE participant_id = $1 ORDER BY sequence_id LIMIT 1`
 
 // reason says why a participant waits on its head.

@@ -102,7 +102,8 @@ type statements struct {
 	ensurePartitions                               string
 	takeCheckpoint, checkpoints                    string
 	retireKeys                                     string
-	listQueued, listInFlight, participant          string
+	listQueued, listQueuedOf                       string
+	listInFlight, listInFlightOf, participant      string
 	participantHead, lastError                     string
 	railActivity, liveRelayers, deadLetter         string
 	verifyChains, verifyCheckpoints, verifyDigests string
@@ -144,8 +145,10 @@ func renderStatements(schema string) statements {
 		ensurePartitions:   q(ensurePartitionsSQL),
 		takeCheckpoint:     q(takeCheckpointSQL),
 		retireKeys:         q(retireKeysSQL),
-		listQueued:         q(listQueuedSQL),
-		listInFlight:       q(listInFlightSQL),
+		listQueued:         q(queuedPageSQL(queuedPendingColumns, "pending", false)),
+		listQueuedOf:       q(queuedPageSQL(queuedPendingColumns, "pending", true)),
+		listInFlight:       q(queuedPageSQL(queuedInFlightColumns, "inflight", false)),
+		listInFlightOf:     q(queuedPageSQL(queuedInFlightColumns, "inflight", true)),
 		participant:        q(participantSQL),
 		participantHead:    q(participantHeadSQL),
 		lastError:          q(lastErrorSQL),
