@@ -132,13 +132,15 @@ WITH expired AS (
   -- The dead-lettered instruction was its participant's one ordered
   -- instruction in flight (the unique index allows no other), so the
   -- participant's lowest pending row is its head now.
-  -- (The row is picked by id alone: a condition on next_attempt_at here
-  -- let the planner read the due index's waiting rows instead.)
+  -- (The row is locked as it is found and picked by id alone: a
+  -- condition on next_attempt_at here let the planner read the due
+  -- index's waiting rows instead.)
   UPDATE {schema}.pending p SET next_attempt_at = now()
   WHERE p.ctid = ANY (ARRAY(
       SELECT h.row FROM (SELECT DISTINCT participant_id FROM reaped WHERE poisoned AND ordered) t
       CROSS JOIN LATERAL (SELECT q.ctid AS row, q.next_attempt_at FROM {schema}.pending q
-                          WHERE q.participant_id = t.participant_id ORDER BY q.sequence_id LIMIT 1) h
+                          WHERE q.participant_id = t.participant_id ORDER BY q.sequence_id LIMIT 1
+                          FOR UPDATE) h
       WHERE h.next_attempt_at = 'infinity' AND ` + orderedSQL + `))
 ), zombie AS (
   INSERT INTO {schema}.attempts (` + chainedArchiveColumns + `)

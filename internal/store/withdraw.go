@@ -63,8 +63,8 @@ func (s *Store) withdraw(ctx context.Context, db Batcher, late []Outcome) (map[u
 // only a pending row the reaper requeued from this very claim qualifies,
 // never a later retry of the copy or an operator's replay.
 //
-// Rows are found by key (LATERAL lookups) and deleted by row id, like the
-// outcome statement's: late outcomes come in numbers when leases run out
+// Rows are found by key (LATERAL lookups, or the primary key) and
+// deleted by row id or key, like the outcome statement's: late outcomes come in numbers when leases run out
 // during an incident, when a backlog builds too, and a join the planner
 // chose on a drained queue's statistics (0 rows) read the whole queue for
 // each write (TestLateOutcomesReadTheQueueByKey).
@@ -73,9 +73,14 @@ WITH o AS (
   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int[], $7::uuid[])
     AS o(outbox_id, attempt_id, state, error_code, error_message, attempt_no, claim_attempt_id)
 ), copies AS (
+  -- Locked as they are found, so that the row ids are those of the rows'
+  -- latest versions, whatever changed them since this statement's
+  -- snapshot, and stay so until the delete (as a join's delete would
+  -- have rechecked them).
   SELECT o.claim_attempt_id, c.row FROM o
   CROSS JOIN LATERAL (SELECT p.ctid AS row FROM {schema}.pending p
-                      WHERE p.outbox_id = o.outbox_id AND p.zombie_attempt_id = o.claim_attempt_id LIMIT 1) c
+                      WHERE p.outbox_id = o.outbox_id AND p.zombie_attempt_id = o.claim_attempt_id LIMIT 1
+                      FOR UPDATE) c
 ), withdrawn AS (
   DELETE FROM {schema}.pending p USING copies c
   WHERE p.ctid = ANY (ARRAY(SELECT row FROM copies)) AND p.ctid = c.row
@@ -100,9 +105,7 @@ WITH o AS (
   -- instruction is dispatched, not dead. (The reaper already counted it
   -- finished and moved its participant on.)
   DELETE FROM {schema}.dead_letters d
-  WHERE d.ctid = ANY (ARRAY(
-    SELECT x.ctid FROM o CROSS JOIN LATERAL (SELECT x.ctid FROM {schema}.dead_letters x WHERE x.outbox_id = o.outbox_id LIMIT 1) x
-    WHERE o.state = 'DISPATCHED'))
+  WHERE d.outbox_id = ANY (ARRAY(SELECT outbox_id FROM o WHERE state = 'DISPATCHED'))
     AND d.error_code = 'ZOMBIE_LIMIT' AND d.outcome_unknown
 )
 SELECT claim_attempt_id FROM withdrawn`
