@@ -15,9 +15,8 @@ import (
 func TestListQueuedByParticipantReadsItsRows(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
-	for _, q := range []string{
-		`ALTER TABLE outbox.pending SET (autovacuum_enabled = false)`,
-		`VACUUM outbox.pending`, `
+	statisticsOfEmpty(t, b.pool, "pending")
+	for _, q := range []string{`
 INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
                             payload, attempt_count, next_attempt_at, created_at)
 SELECT gen_random_uuid(), 'i-' || g, CASE WHEN g % 400 = 0 THEN 'p1' ELSE 'other-' || (g % 500) END, g, 'k-' || g, 'sandbox', '{}', 0,
@@ -28,6 +27,7 @@ FROM generate_series(1, 20000) AS g`,
 			t.Fatal(err)
 		}
 	}
+	wantStatisticsOfEmpty(t, b.pool, "pending")
 	const mine, limit = 50, 20 // p1 has 50 rows, listed in pages of 20
 	conn := b.conn(t)
 	for round, plans := range []string{"force_custom_plan", "force_generic_plan", "auto", "auto", "auto", "auto", "auto", "auto", "auto"} {

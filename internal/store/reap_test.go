@@ -2,7 +2,6 @@ package store_test
 
 import (
 	"testing"
-	"time"
 
 	"github.com/ledgerline/outbox/internal/store"
 )
@@ -18,15 +17,7 @@ import (
 func TestReapReadsByKey(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
-	for _, q := range []string{
-		`ALTER TABLE outbox.pending SET (autovacuum_enabled = false)`,
-		`ALTER TABLE outbox.inflight SET (autovacuum_enabled = false)`,
-		`VACUUM outbox.pending, outbox.inflight`,
-	} {
-		if _, err := b.pool.Exec(b.ctx, q); err != nil {
-			t.Fatal(err)
-		}
-	}
+	statisticsOfEmpty(t, b.pool, "pending", "inflight")
 	poison := b.enqueue(t, "p1", "k1")
 	successor := b.enqueue(t, "p1", "k2")
 	b.enqueue(t, "p2", "k3")
@@ -53,27 +44,8 @@ FROM generate_series(1, 20000) AS g`} {
 			t.Fatal(err)
 		}
 	}
-	for _, table := range []string{"pending", "inflight"} {
-		var tuples float64
-		if err := b.pool.QueryRow(b.ctx, `SELECT reltuples FROM pg_class WHERE oid = $1::regclass`, "outbox."+table).Scan(&tuples); err != nil {
-			t.Fatal(err)
-		}
-		if tuples != 0 {
-			t.Fatalf("%s's statistics say %v rows, want the vacuumed empty table's 0", table, tuples)
-		}
-	}
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		var expired bool
-		if err := b.pool.QueryRow(b.ctx, `SELECT $1 < now() AND $2 < now()`, claims[0].LeaseUntil, claims[1].LeaseUntil).Scan(&expired); err != nil {
-			t.Fatal(err)
-		}
-		if expired {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("timed out waiting for the leases to expire")
-		}
-	}
+	wantStatisticsOfEmpty(t, b.pool, "pending", "inflight")
+	b.waitExpired(t, claims...)
 
 	tx, err := b.pool.Begin(b.ctx)
 	if err != nil {
