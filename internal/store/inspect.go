@@ -32,9 +32,12 @@ type Queued struct {
 	ZombieCount  int        `json:"zombie_requeues"` // times the reaper requeued it (a suspect from 2 on)
 }
 
-// QueuedFilter selects queued instructions. Pages are in (enqueued_at,
-// outbox_id) order, which new enqueues only extend: a page boundary never
-// moves under concurrent inserts.
+// QueuedFilter selects queued instructions. Pages are in outbox id order.
+// Outbox ids are UUIDv7, whose leading bits are the enqueue's time (the
+// producer's clock, to the millisecond), so that is enqueue order, which
+// new enqueues only extend (a page boundary does not move under concurrent
+// inserts, producers' clocks allowing), and the order of the tables'
+// primary keys: a page reads its rows, not the queue.
 type QueuedFilter struct {
 	InFlight    bool   // in flight instead of pending
 	Participant string // "" for any
@@ -44,6 +47,7 @@ type QueuedFilter struct {
 }
 
 // Cursor is a keyset position: the (time, outbox id) of a page's last row.
+// Queue listings (QueuedFilter) page by the outbox id alone.
 type Cursor struct {
 	At time.Time
 	ID uuid.UUID
@@ -62,32 +66,28 @@ SELECT outbox_id, instruction_id, participant_id, sequence_id, rail_type, coales
        attempt_no, NULL::timestamptz, relayer_id, claimed_at, lease_until, zombie_count`
 )
 
-// queuedPageSQL lists one page of table: the rows after the keyset
-// position ($2, $3), of a rail ($1; empty for any), $4 at most; with
-// byParticipant, only participant $5's. A participant's rows are read
-// through its index in a subquery the rest cannot reach into (OFFSET 0):
-// as one query, on a drained queue's statistics (0 rows: PostgreSQL then
-// estimates one row whatever the table holds) the planner read the due
-// index whole instead, 200,000 entries for a participant's 400 rows
-// (TestListQueuedByParticipantReadsItsRows).
+// queuedPageSQL lists one page of table: the rows after outbox id $2, of
+// a rail ($1; empty for any), $3 at most, in outbox id order (the primary
+// key's: TestListQueuedReadsItsPage); with byParticipant, only participant
+// $4's. A participant's rows are read through its index in a subquery the
+// rest cannot reach into (OFFSET 0): as one query, on a drained queue's
+// statistics (0 rows: PostgreSQL then estimates one row whatever the table
+// holds) the planner read the due index whole instead, 200,000 entries for
+// a participant's 400 rows (TestListQueuedByParticipantReadsItsRows).
 func queuedPageSQL(columns, table string, byParticipant bool) string {
 	from := "{schema}." + table
 	if byParticipant {
-		from = "(SELECT * FROM {schema}." + table + " WHERE participant_id = $5 OFFSET 0) q"
+		from = "(SELECT * FROM {schema}." + table + " WHERE participant_id = $4 OFFSET 0) q"
 	}
 	return columns + `
 FROM ` + from + `
-WHERE ($1 = '' OR rail_type = $1) AND (created_at, outbox_id) > ($2, $3)
-ORDER BY created_at, outbox_id LIMIT $4`
+WHERE ($1 = '' OR rail_type = $1) AND outbox_id > $2
+ORDER BY outbox_id LIMIT $3`
 }
 
 // ListQueued returns one page of pending or in-flight instructions.
 func (s *Store) ListQueued(ctx context.Context, db Querier, f QueuedFilter) ([]Queued, error) {
-	after := f.After
-	if after.At.IsZero() {
-		after.At = time.Unix(0, 0)
-	}
-	args := []any{f.Rail, after.At, after.ID, f.Limit}
+	args := []any{f.Rail, f.After.ID, f.Limit}
 	var q string
 	switch {
 	case f.InFlight && f.Participant != "":
