@@ -142,7 +142,7 @@ func TestTrickleLeavesClaimsToTheClaimLoop(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	b.waitDrained(t, time.Minute)
-	st := r.Stats()
+	st := statsOnceDispatched(t, r, n)
 	t.Logf("%d claims, %d outcome writes, %d hand-offs", st.Claims, st.OutcomeWrites, st.Handoffs)
 	if st.Dispatched != n || st.Handoffs != 0 {
 		t.Fatalf("stats %+v: want %d dispatched, all claimed by the claim loop", st, n)
@@ -168,5 +168,5 @@ func drainOnePollOnlyRelayer(t *testing.T, participants, each int, ordered bool)
 	if rep := b.verify(t, ordered); rep.Dispatched != int64(participants*each) {
 		t.Fatalf("report %+v: want %d dispatched", rep, participants*each)
 	}
-	return r.Stats()
+	return statsOnceDispatched(t, r, int64(participants*each))
 }

@@ -146,6 +146,22 @@ func (b *testBundle) waitDrained(t *testing.T, timeout time.Duration) {
 	}
 }
 
+// statsOnceDispatched returns r's stats once they count n dispatched
+// (bounded): a write's commit, which waitDrained sees, comes a moment
+// before the relayer counts it.
+func statsOnceDispatched(t *testing.T, r *Relayer, n int64) Stats {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		st := r.Stats()
+		if st.Dispatched >= n {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v: %d dispatched, want %d", st, st.Dispatched, n)
+		}
+	}
+}
+
 func (b *testBundle) verify(t *testing.T, ordered bool) attempts.Report {
 	t.Helper()
 	r, err := b.archive.Verify(b.ctx, b.pool, attempts.VerifyOptions{Ordered: ordered})
