@@ -175,10 +175,12 @@ var archiveTampering = []string{
 
 // TestUpgradeByTheOwnerKeepsProducersEnqueueing: a schema with the roles
 // in place, upgraded by outbox_owner alone (no second --create-roles),
-// still lets producers enqueue. Migration 13 moved the one-instruction
-// enqueue to allocate_sequence: created by the owner, it must run as the
-// owner, as allocate_sequences does, since producers may not touch
-// sequences; and it must not be open to every role.
+// still lets producers enqueue and relayers settle poison dead letters.
+// Migration 13 moved the one-instruction enqueue to allocate_sequence:
+// created by the owner, it must run as the owner, as allocate_sequences
+// does, since producers may not touch sequences; and it must not be open
+// to every role. Migration 16's settle_poison_dead_letters likewise, for
+// relayers, who may not delete dead letters.
 func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 	t.Parallel()
 	b := setupRoles(t)
@@ -187,14 +189,15 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The roles as the version-12 build set them up: today's statements
-	// without those for allocate_sequence, which did not exist yet.
+	// without those for allocate_sequence and settle_poison_dead_letters,
+	// which did not exist yet.
 	sql, err := migrations.RolesSQL(schema)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var v12 []string
 	for _, line := range strings.Split(sql, "\n") {
-		if !strings.Contains(line, "allocate_sequence(text)") {
+		if !strings.Contains(line, "allocate_sequence(text)") && !strings.Contains(line, "settle_poison_dead_letters") {
 			v12 = append(v12, line)
 		}
 	}
@@ -215,13 +218,23 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 	if err != nil || r.SequenceID != 1 {
 		t.Fatalf("enqueue as producer after the upgrade: %+v, %v", r, err)
 	}
-	var definer, auditorMay bool
-	if err := b.admin.QueryRow(b.ctx, `SELECT prosecdef, has_function_privilege($1, oid, 'EXECUTE')
-		FROM pg_proc WHERE oid = 'upgraded.allocate_sequence(text)'::regprocedure`, migrations.RoleAuditor).Scan(&definer, &auditorMay); err != nil {
-		t.Fatal(err)
+	for fn, runner := range map[string]string{
+		"upgraded.allocate_sequence(text)":            migrations.RoleProducer,
+		"upgraded.settle_poison_dead_letters(uuid[])": migrations.RoleRelayer,
+	} {
+		var definer, runnerMay, auditorMay bool
+		if err := b.admin.QueryRow(b.ctx, `SELECT prosecdef, has_function_privilege($2, oid, 'EXECUTE'), has_function_privilege($3, oid, 'EXECUTE')
+			FROM pg_proc WHERE oid = $1::regprocedure`, fn, runner, migrations.RoleAuditor).Scan(&definer, &runnerMay, &auditorMay); err != nil {
+			t.Fatal(err)
+		}
+		if !definer || !runnerMay || auditorMay {
+			t.Errorf("%s: security definer %v (want true), executable by %s %v (want true), by the auditor %v (want false)",
+				fn, definer, runner, runnerMay, auditorMay)
+		}
 	}
-	if !definer || auditorMay {
-		t.Fatalf("allocate_sequence: security definer %v (want true), executable by the auditor %v (want false)", definer, auditorMay)
+	var settled int64
+	if err := b.as(t, migrations.RoleRelayer, "").QueryRow(b.ctx, `SELECT upgraded.settle_poison_dead_letters('{}')`).Scan(&settled); err != nil {
+		t.Errorf("settle poison dead letters as relayer after the upgrade: %v", err)
 	}
 }
 
@@ -492,6 +505,55 @@ func TestAdminAsOperatorRole(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != 200 || !strings.Contains(string(body), c.want) {
 			t.Errorf("%s %s as %s: %d %s (want %s)", c.method, c.path, migrations.RoleOperator, resp.StatusCode, body, c.want)
+		}
+	}
+}
+
+// TestLateOutcomesAsRelayerRole: a relayer presumed dead reports its
+// outcomes after the reaper requeued them (a late DISPATCHED withdraws the
+// copy, a late FAILED makes it a dead letter) with nothing but the
+// relayer's privileges.
+func TestLateOutcomesAsRelayerRole(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	producer := b.as(t, migrations.RoleProducer, "")
+	relayer := b.as(t, migrations.RoleRelayer, "")
+	for _, key := range []string{"k1", "k2"} {
+		if _, err := b.enqueue(t, producer, "", key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claimed, err := b.st.Claim(b.ctx, relayer, store.ClaimParams{RelayerID: "slow", Limit: 10,
+		Leases: map[string]time.Duration{"sandbox": time.Millisecond}})
+	if err != nil || len(claimed) != 2 {
+		t.Fatalf("claim as relayer: %d claimed, %v", len(claimed), err)
+	}
+	for reaped, deadline := 0, time.Now().Add(20*time.Second); reaped < len(claimed); time.Sleep(10 * time.Millisecond) {
+		r, err := b.st.Reap(b.ctx, relayer, 10, "reaper-1", 3)
+		if err != nil {
+			t.Fatalf("reap as relayer: %v", err)
+		}
+		if reaped += len(r); time.Now().After(deadline) {
+			t.Fatal("the leases did not run out")
+		}
+	}
+	var outcomes []store.Outcome
+	for i, c := range claimed {
+		id, _ := uuid.NewV7()
+		o := store.Outcome{Identity: c.Identity, AttemptID: id, ClaimAttemptID: c.AttemptID, AttemptNo: c.AttemptNo,
+			RelayerID: "slow", ClaimedAt: c.ClaimedAt, State: store.Dispatched, CountAttempt: true}
+		if i == 1 {
+			o.State, o.ErrorCode = store.Failed, "RAIL_REJECTED"
+		}
+		outcomes = append(outcomes, o)
+	}
+	rec, _, err := b.st.Record(b.ctx, relayer, outcomes, store.HandoffParams{})
+	if err != nil {
+		t.Fatalf("late outcomes as relayer: %v", err)
+	}
+	for i, r := range rec {
+		if !r.Late || !r.Withdrew {
+			t.Errorf("late outcome %d recorded %+v, want late and withdrawn", i, r)
 		}
 	}
 }

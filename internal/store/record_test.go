@@ -1110,14 +1110,21 @@ func TestLateOutcomesReadTheQueueByKey(t *testing.T) {
 	if requeued, err := b.reaper.RunOnce(b.ctx); err != nil || len(requeued) != 2 {
 		t.Fatalf("reaper requeued %+v (%v), want both", requeued, err)
 	}
-	// The backlog.
-	if _, err := b.pool.Exec(b.ctx, `
+	// The backlog, and dead letters of years past.
+	for _, q := range []string{`
 INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
                             payload, attempt_count, next_attempt_at, created_at)
 SELECT gen_random_uuid(), 'i-' || g, 'other-' || (g % 500), g, 'k-' || g, 'sandbox', '{}', 0,
        CASE WHEN g <= 500 THEN now() ELSE 'infinity' END, now()
-FROM generate_series(1, 20000) AS g`); err != nil {
-		t.Fatal(err)
+FROM generate_series(1, 20000) AS g`, `
+INSERT INTO outbox.dead_letters (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+                                 payload, attempt_count, error_code, attempt_id, created_at, failed_at, acknowledged_at)
+SELECT gen_random_uuid(), 'old-' || g, 'old-' || (g % 500), g, 'old-' || g, 'sandbox', '{}', 1, 'RAIL_REJECTED',
+       gen_random_uuid(), now() - interval '1 year', now() - interval '1 year', now() - interval '1 year'
+FROM generate_series(1, 20000) AS g`, `ANALYZE outbox.dead_letters`} {
+		if _, err := b.pool.Exec(b.ctx, q); err != nil {
+			t.Fatal(err)
+		}
 	}
 	wantStatisticsOfEmpty(t, b.pool, "pending")
 

@@ -89,7 +89,8 @@ type statements struct {
 	// The same three for one instruction (see single).
 	insertKeyOne, insertPendingOne, lookupKeyOne   string
 	claim, claimSuspects, suspectsDue, handoff     string
-	record, withdraw, lockParticipants             string
+	record, withdraw, settlePoison                 string
+	lockParticipants                               string
 	reap, reapLock                                 string
 	replay, acknowledge                            string
 	trailByOutbox, trailByInstruction              string
@@ -124,6 +125,7 @@ func renderStatements(schema string) statements {
 		handoff:          q(handoffSQL),
 		record:           q(recordSQL),
 		withdraw:         q(withdrawSQL),
+		settlePoison:     q(settlePoisonSQL),
 		lockParticipants: q(lockParticipantsSQL),
 		reap:             q(reapSQL),
 		reapLock:         q(reapLockSQL),

@@ -8,7 +8,11 @@ import (
 )
 
 // withdraw runs withdrawSQL for late terminal outcomes and returns the
-// claim attempt ids whose requeued copy it withdrew. Record calls it. A
+// claim attempt ids whose requeued copy it withdrew. A late DISPATCHED
+// also settles a poison instruction's dead letter (settlePoisonSQL): the
+// rail did act on one of the attempts whose relayer died, so the
+// instruction is dispatched, not dead (the reaper already counted it
+// finished and moved its participant on). Record calls it. A
 // withdrawn copy is its instruction's end, so, as for a terminal outcome,
 // the participant's queued count drops (under its lock) and its next
 // instruction is made due (handoffSQL with no claims).
@@ -21,12 +25,19 @@ func (s *Store) withdraw(ctx context.Context, db Batcher, late []Outcome) (map[u
 		participants[i] = o.ParticipantID
 	}
 	ids := wireUUIDs(late, func(o *Outcome) uuid.UUID { return o.OutboxID })
+	var dispatched []uuid.UUID
+	for _, o := range late {
+		if o.State == Dispatched {
+			dispatched = append(dispatched, o.OutboxID)
+		}
+	}
 	attemptIDs := wireUUIDs(late, func(o *Outcome) uuid.UUID { return o.AttemptID })
 	claimIDs := wireUUIDs(late, func(o *Outcome) uuid.UUID { return o.ClaimAttemptID })
 	b := &pgx.Batch{}
 	b.Queue(s.sql.lockParticipants, participants)
 	b.Queue(s.sql.withdraw, ids, attemptIDs, states, codes, messages, attemptNos, claimIDs)
 	b.Queue(s.sql.handoff, "", 0, []string{}, []int64{}, participants, []string{}, false)
+	b.Queue(s.sql.settlePoison, dispatched)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
 	if _, err := br.Exec(); err != nil {
@@ -38,6 +49,9 @@ func (s *Store) withdraw(ctx context.Context, db Batcher, late []Outcome) (map[u
 	}
 	withdrawn, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	if err != nil {
+		return nil, err
+	}
+	if _, err := br.Exec(); err != nil {
 		return nil, err
 	}
 	if _, err := br.Exec(); err != nil {
@@ -55,9 +69,7 @@ func (s *Store) withdraw(ctx context.Context, db Batcher, late []Outcome) (map[u
 
 // withdrawSQL removes the requeued copies of instructions whose late
 // outcome was terminal, if nobody claimed them yet; a FAILED one becomes a
-// dead letter. A late DISPATCHED also removes the dead letter the reaper
-// made of a poison instruction (outcome unknown): the outcome is known now.
-// It is a separate statement so that it sees the reaper's commit even when
+// dead letter. It is a separate statement so that it sees the reaper's commit even when
 // recordSQL had to wait for the reaper's lock on the in-flight row
 // (recordSQL's snapshot predates that commit). It is fenced:
 // only a pending row the reaper requeued from this very claim qualifies,
@@ -99,13 +111,11 @@ WITH o AS (
                    WHERE a.attempt_id = o.attempt_id AND a.created_at >= now() - interval '1 day' LIMIT 1), w.chain_head)
   FROM withdrawn w JOIN o USING (outbox_id)
   WHERE o.state = 'FAILED'
-), settled AS (
-  -- A late DISPATCHED settles a poison dead letter's unknown outcome: the
-  -- rail did act on one of the attempts whose relayer died, so the
-  -- instruction is dispatched, not dead. (The reaper already counted it
-  -- finished and moved its participant on.)
-  DELETE FROM {schema}.dead_letters d
-  WHERE d.outbox_id = ANY (ARRAY(SELECT outbox_id FROM o WHERE state = 'DISPATCHED'))
-    AND d.error_code = 'ZOMBIE_LIMIT' AND d.outcome_unknown
 )
 SELECT claim_attempt_id FROM withdrawn`
+
+// settlePoisonSQL removes the dead letters the reaper made of poison
+// instructions (outcome unknown) among $1, whose late DISPATCHED outcome
+// is archived. It is a function (migration 16) because the relayer role
+// may not delete dead letters otherwise.
+const settlePoisonSQL = `SELECT {schema}.settle_poison_dead_letters($1::uuid[])`

@@ -44,14 +44,18 @@ BEGIN
 END $$;
 
 -- What runs as the owner on behalf of others: the producer's sequence
--- allocation (so producers need no access to sequences) and the relayers'
--- partition upkeep (DDL, which relayers may not do themselves).
+-- allocation (so producers need no access to sequences), the relayers'
+-- partition upkeep (DDL, which relayers may not do themselves) and their
+-- settling of a poison instruction's dead letter by its late DISPATCHED
+-- outcome (relayers may not delete dead letters otherwise).
 ALTER FUNCTION {{schema}}.allocate_sequences(text[], int[]) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION {{schema}}.allocate_sequence(text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION {{schema}}.ensure_attempt_partitions(int) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION {{schema}}.settle_poison_dead_letters(uuid[]) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 REVOKE ALL ON FUNCTION {{schema}}.allocate_sequences(text[], int[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {{schema}}.allocate_sequence(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {{schema}}.ensure_attempt_partitions(int) FROM PUBLIC;
+REVOKE ALL ON FUNCTION {{schema}}.settle_poison_dead_letters(uuid[]) FROM PUBLIC;
 
 -- Start from nothing, then grant what each role needs.
 REVOKE ALL ON ALL TABLES IN SCHEMA {{schema}} FROM outbox_producer, outbox_relayer, outbox_auditor, outbox_operator;
@@ -75,6 +79,7 @@ GRANT SELECT, UPDATE ON {{schema}}.sequences TO outbox_relayer;
 GRANT SELECT, INSERT ON {{schema}}.attempts, {{schema}}.dead_letters, {{schema}}.checkpoints TO outbox_relayer;
 GRANT SELECT, INSERT, UPDATE, DELETE ON {{schema}}.relayer_idle TO outbox_relayer;
 GRANT EXECUTE ON FUNCTION {{schema}}.ensure_attempt_partitions(int) TO outbox_relayer;
+GRANT EXECUTE ON FUNCTION {{schema}}.settle_poison_dead_letters(uuid[]) TO outbox_relayer;
 
 -- Auditor: reads everything (verify checks the queue against the archive),
 -- writes nothing.
