@@ -557,3 +557,43 @@ func TestLateOutcomesAsRelayerRole(t *testing.T) {
 		}
 	}
 }
+
+// TestBatchEnqueueAsProducerRole: a batch (with a duplicate of an earlier
+// instruction and a twin inside the batch) enqueues with nothing but the
+// producer's privileges, under its tenant.
+func TestBatchEnqueueAsProducerRole(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	producer := b.as(t, migrations.RoleProducer, "acme")
+	if _, err := b.enqueue(t, producer, "acme", "k0"); err != nil {
+		t.Fatal(err)
+	}
+	var batch []pending.Instruction
+	for _, key := range []string{"k0", "k1", "k2", "k1"} {
+		participant := "p-1"
+		if key == "k0" {
+			participant = "p-k0" // as b.enqueue made it
+		}
+		batch = append(batch, pending.Instruction{InstructionID: "ins-" + key, ParticipantID: participant, IdempotencyKey: key, TenantID: "acme",
+			RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1"})
+	}
+	var receipts []pending.Receipt
+	err := pgx.BeginFunc(b.ctx, producer, func(tx pgx.Tx) error {
+		var err error
+		receipts, err = b.producer.EnqueueBatch(b.ctx, tx, batch)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("batch enqueue as producer: %v", err)
+	}
+	var got []string
+	for _, r := range receipts {
+		got = append(got, fmt.Sprintf("seq %d duplicate %v", r.SequenceID, r.Duplicate))
+	}
+	// k0 was p-k0's first; k1 and k2 are p-1's first two; the second k1 is
+	// the first's twin.
+	want := []string{"seq 1 duplicate true", "seq 1 duplicate false", "seq 2 duplicate false", "seq 1 duplicate true"}
+	if strings.Join(got, ", ") != strings.Join(want, ", ") {
+		t.Fatalf("receipts %v, want %v", got, want)
+	}
+}
