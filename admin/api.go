@@ -68,7 +68,14 @@ type overviewReads struct {
 	relayers []store.LiveRelayer
 }
 
+// overviewTimeout bounds the overview's reads. They run on behalf of
+// every caller waiting for them, so the first caller leaving (its request
+// cancelled) does not stop them.
+const overviewTimeout = 30 * time.Second
+
 func (s *Server) readOverview(ctx context.Context) (r overviewReads, err error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), overviewTimeout)
+	defer cancel()
 	if r.queue, err = s.store.Snapshot(ctx, s.cfg.Pool); err != nil {
 		return r, err
 	}

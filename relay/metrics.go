@@ -17,8 +17,8 @@ import (
 // Metrics are the service's Prometheus collectors. Counters come from the
 // relayer's and reaper's own counts; queue gauges from a snapshot of the
 // hot tables (never the archive) taken at scrape time, at most once per
-// Config.QueueGaugesMaxAge however many scrapers there are; latencies and error codes from the
-// relayer's outcome hook. The metric names:
+// Config.QueueGaugesMaxAge however many scrapers there are; latencies and
+// error codes from the relayer's outcome hook. The metric names:
 //
 //	outbox_pending_depth, outbox_due_depth, outbox_oldest_pending_age_seconds,
 //	outbox_inflight, outbox_stuck_dispatching_count, outbox_dlq_depth,

@@ -25,12 +25,13 @@ func (s *Store) withdraw(ctx context.Context, db Batcher, late []Outcome) (map[u
 		participants[i] = o.ParticipantID
 	}
 	ids := wireUUIDs(late, func(o *Outcome) uuid.UUID { return o.OutboxID })
-	var dispatched []uuid.UUID
+	var settling []Outcome
 	for _, o := range late {
 		if o.State == Dispatched {
-			dispatched = append(dispatched, o.OutboxID)
+			settling = append(settling, o)
 		}
 	}
+	dispatched := wireUUIDs(settling, func(o *Outcome) uuid.UUID { return o.OutboxID })
 	attemptIDs := wireUUIDs(late, func(o *Outcome) uuid.UUID { return o.AttemptID })
 	claimIDs := wireUUIDs(late, func(o *Outcome) uuid.UUID { return o.ClaimAttemptID })
 	b := &pgx.Batch{}
