@@ -70,17 +70,17 @@ func (s *Store) withdraw(ctx context.Context, db Batcher, late []Outcome) (map[u
 
 // withdrawSQL removes the requeued copies of instructions whose late
 // outcome was terminal, if nobody claimed them yet; a FAILED one becomes a
-// dead letter. It is a separate statement so that it sees the reaper's commit even when
-// recordSQL had to wait for the reaper's lock on the in-flight row
-// (recordSQL's snapshot predates that commit). It is fenced:
-// only a pending row the reaper requeued from this very claim qualifies,
-// never a later retry of the copy or an operator's replay.
+// dead letter. It is a separate statement so that it sees the reaper's
+// commit even when recordSQL had to wait for the reaper's lock on the
+// in-flight row (recordSQL's snapshot predates that commit). It is
+// fenced: only a pending row the reaper requeued from this very claim
+// qualifies, never a later retry of the copy or an operator's replay.
 //
-// Rows are found by key (LATERAL lookups, or the primary key) and
-// deleted by row id or key, like the outcome statement's: late outcomes come in numbers when leases run out
-// during an incident, when a backlog builds too, and a join the planner
-// chose on a drained queue's statistics (0 rows) read the whole queue for
-// each write (TestLateOutcomesReadTheQueueByKey).
+// The copies are found by key (LATERAL lookups) and deleted by row id,
+// like the outcome statement's rows: late outcomes come in numbers when
+// leases run out during an incident, when a backlog builds too, and a
+// join the planner chose on a drained queue's statistics (0 rows) read the
+// whole queue for each write (TestLateOutcomesReadTheQueueByKey).
 var withdrawSQL = `
 WITH o AS (
   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int[], $7::uuid[])
