@@ -22,7 +22,6 @@ import (
 type Value[T any] struct {
 	read   func(context.Context) (T, error)
 	maxAge time.Duration
-	now    func() time.Time
 
 	mu       sync.Mutex
 	val      T
@@ -39,7 +38,7 @@ type call[T any] struct {
 
 // New returns a Value that reads with read and keeps a result for maxAge.
 func New[T any](maxAge time.Duration, read func(context.Context) (T, error)) *Value[T] {
-	return &Value[T]{read: read, maxAge: maxAge, now: time.Now}
+	return &Value[T]{read: read, maxAge: maxAge}
 }
 
 // Get returns the kept result if its read started less than MaxAge ago;
@@ -48,7 +47,7 @@ func New[T any](maxAge time.Duration, read func(context.Context) (T, error)) *Va
 // ctx's error; the read goes on for the others.
 func (v *Value[T]) Get(ctx context.Context) (T, error) {
 	v.mu.Lock()
-	if !v.at.IsZero() && v.now().Sub(v.at) < v.maxAge {
+	if !v.at.IsZero() && time.Since(v.at) < v.maxAge {
 		val := v.val
 		v.mu.Unlock()
 		return val, nil
@@ -65,7 +64,7 @@ func (v *Value[T]) Get(ctx context.Context) (T, error) {
 	}
 	c := &call[T]{done: make(chan struct{})}
 	v.inFlight = c
-	start := v.now()
+	start := time.Now()
 	v.mu.Unlock()
 
 	// Deferred, so that waiters are released even if read panics.

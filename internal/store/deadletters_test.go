@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/gofrs/uuid/v5"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/ledgerline/outbox/internal/store"
 )
@@ -61,12 +60,12 @@ FROM generate_series(1, 20000) AS g`); err != nil {
 					last  store.DeadLetter
 				)
 				for page := 0; ; page++ {
-					before := readsOfDeadLetters(t, tx)
+					before := readsOf(t, tx, "outbox.dead_letters")[0]
 					items, err := b.st.DeadLettersAfter(b.ctx, tx, all, after, limit)
 					if err != nil {
 						t.Fatal(err)
 					}
-					reads := readsOfDeadLetters(t, tx)
+					reads := readsOf(t, tx, "outbox.dead_letters")[0]
 					if n := reads.seqScans - before.seqScans; n > 0 {
 						t.Fatalf("all=%v, %s plans, statistics %v, page %d: %d sequential scans of dead_letters",
 							all, plans, analyzed, page, n)
@@ -110,23 +109,4 @@ FROM generate_series(1, 20000) AS g`); err != nil {
 			}
 		}
 	}
-}
-
-// deadLetterReads are the reads of dead_letters counted so far in a
-// transaction (differences between two readings in one transaction mean
-// something; see readsOfPending).
-type deadLetterReads struct {
-	seqScans     int64 // sequential scans of the table
-	indexEntries int64 // entries its indexes returned
-}
-
-func readsOfDeadLetters(t *testing.T, tx pgx.Tx) (r deadLetterReads) {
-	t.Helper()
-	if err := tx.QueryRow(t.Context(), `
-SELECT pg_stat_get_xact_numscans('outbox.dead_letters'::regclass),
-       (SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(indexrelid)), 0) FROM pg_index
-        WHERE indrelid = 'outbox.dead_letters'::regclass)`).Scan(&r.seqScans, &r.indexEntries); err != nil {
-		t.Fatal(err)
-	}
-	return r
 }

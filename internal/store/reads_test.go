@@ -11,6 +11,7 @@ import (
 // differences between two readings in one transaction mean something; see
 // readsOfPending).
 type tableReads struct {
+	seqScans     int64 // sequential scans of the table
 	seqTuples    int64 // rows read by sequential scans
 	indexEntries int64 // entries its indexes returned
 }
@@ -21,9 +22,9 @@ func readsOf(t *testing.T, tx pgx.Tx, tables ...string) []tableReads {
 	r := make([]tableReads, len(tables))
 	for i, table := range tables {
 		if err := tx.QueryRow(t.Context(), `
-SELECT pg_stat_get_xact_tuples_returned($1::regclass),
+SELECT pg_stat_get_xact_numscans($1::regclass), pg_stat_get_xact_tuples_returned($1::regclass),
        (SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(indexrelid)), 0) FROM pg_index WHERE indrelid = $1::regclass)`,
-			table).Scan(&r[i].seqTuples, &r[i].indexEntries); err != nil {
+			table).Scan(&r[i].seqScans, &r[i].seqTuples, &r[i].indexEntries); err != nil {
 			t.Fatal(err)
 		}
 	}
