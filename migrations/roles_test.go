@@ -180,7 +180,8 @@ var archiveTampering = []string{
 // created by the owner, it must run as the owner, as allocate_sequences
 // does, since producers may not touch sequences; and it must not be open
 // to every role. Migration 16's settle_poison_dead_letters likewise, for
-// relayers, who may not delete dead letters.
+// relayers, who may not delete dead letters. Migration 17 replaces the
+// operators' replay_dead_letter, which must keep its standing.
 func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 	t.Parallel()
 	b := setupRoles(t)
@@ -219,8 +220,9 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 		t.Fatalf("enqueue as producer after the upgrade: %+v, %v", r, err)
 	}
 	for fn, runner := range map[string]string{
-		"upgraded.allocate_sequence(text)":            migrations.RoleProducer,
-		"upgraded.settle_poison_dead_letters(uuid[])": migrations.RoleRelayer,
+		"upgraded.allocate_sequence(text)":              migrations.RoleProducer,
+		"upgraded.settle_poison_dead_letters(uuid[])":   migrations.RoleRelayer,
+		"upgraded.replay_dead_letter(uuid, text, text)": migrations.RoleOperator,
 	} {
 		var definer, runnerMay, auditorMay bool
 		if err := b.admin.QueryRow(b.ctx, `SELECT prosecdef, has_function_privilege($2, oid, 'EXECUTE'), has_function_privilege($3, oid, 'EXECUTE')
@@ -235,6 +237,10 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 	var settled int64
 	if err := b.as(t, migrations.RoleRelayer, "").QueryRow(b.ctx, `SELECT upgraded.settle_poison_dead_letters('{}')`).Scan(&settled); err != nil {
 		t.Errorf("settle poison dead letters as relayer after the upgrade: %v", err)
+	}
+	var replayed int64
+	if err := b.as(t, migrations.RoleOperator, "*").QueryRow(b.ctx, `SELECT upgraded.replay_dead_letter(gen_random_uuid(), 'olga', 'upgrade test')`).Scan(&replayed); err != nil || replayed != 0 {
+		t.Errorf("replay as operator after the upgrade: %d, %v", replayed, err)
 	}
 }
 
