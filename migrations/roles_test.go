@@ -469,7 +469,8 @@ func TestRelayServiceAsRelayerRole(t *testing.T) {
 // TestAdminAsOperatorRole: the admin address's views and actions work on a
 // connection as outbox_operator across tenants (what --admin-database-url
 // is for): overview, readiness, listings, the participant view, a trail by
-// instruction id, verify, and a replay, archived with the token's name.
+// instruction id, verify, a replay and an acknowledgement, archived with
+// the token's name.
 func TestAdminAsOperatorRole(t *testing.T) {
 	t.Parallel()
 	b := setupRoles(t)
@@ -477,6 +478,11 @@ func TestAdminAsOperatorRole(t *testing.T) {
 	relayer := b.as(t, migrations.RoleRelayer, "")
 	operator := b.as(t, migrations.RoleOperator, "*")
 	r, err := b.enqueue(t, producer, "acme", "k-op")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.settle(t, relayer, store.Failed)
+	r2, err := b.enqueue(t, producer, "acme", "k-op2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -493,12 +499,14 @@ func TestAdminAsOperatorRole(t *testing.T) {
 	defer hs.Close()
 	for _, c := range []struct{ method, path, body, want string }{
 		{"GET", "/readyz", "", `"status":"ready"`},
-		{"GET", "/api/v1/overview", "", `"dead_letters":1`},
+		{"GET", "/api/v1/overview", "", `"dead_letters":2`},
 		{"GET", "/api/v1/instructions?state=in_flight", "", `"items":[]`},
 		{"GET", "/api/v1/participants/p-k-op", "", `"state":"clear"`},
 		{"GET", "/api/v1/dead-letters", "", r.OutboxID.String()},
 		{"POST", "/api/v1/dead-letters/" + r.OutboxID.String() + "/replay", `{"reason":"fixed"}`, `"done":true`},
 		{"GET", "/api/v1/trail?instruction_id=ins-k-op", "", `"REPLAYED"`},
+		{"POST", "/api/v1/dead-letters/" + r2.OutboxID.String() + "/acknowledge", `{"reason":"refunded"}`, `"done":true`},
+		{"GET", "/api/v1/trail?instruction_id=ins-k-op2", "", `"ACKNOWLEDGED"`},
 		{"POST", "/api/v1/verify", "", `"ok":true`},
 	} {
 		req, _ := http.NewRequestWithContext(b.ctx, c.method, hs.URL+c.path, strings.NewReader(c.body))
