@@ -2,6 +2,11 @@
 # what they need (PostgreSQL server binaries) and work as root.
 
 GO        ?= go
+# go.mod names the toolchain (a Go patch release without the standard
+# library's known vulnerabilities) and requires at least the release that
+# fixed them. With auto, an older installed Go fetches it through the
+# module proxy once; a GOTOOLCHAIN set in the environment wins.
+export GOTOOLCHAIN ?= auto
 # package:target:executions run by `make fuzz` (and so by `make test`),
 # each about 5 s on a 2-core machine. Budgets are counts, not durations:
 # Go 1.26's fuzzing coordinator can report its own -fuzztime deadline as a
@@ -33,23 +38,25 @@ vet:
 
 ## lint: staticcheck and govulncheck, pinned as tools in go.mod (fetched
 ## through the module proxy). govulncheck checks against GOVULNDB when set,
-## else vuln.go.dev, else (that host unreachable) the snapshot of the Go
-## vulnerability database in tools/vulndb, and says which it used.
+## else vuln.go.dev, else (that host unreachable) the newest
+## golang.org/x/vulndb module through the module proxy, else the snapshot
+## of it in tools/vulndb, and says which it used.
 lint:
 	$(GO) tool staticcheck ./...
 	@./tools/govulncheck.sh $(GO)
 
-## vulndb: refresh the vulnerability database snapshot of tools/vulndb from
-## the Go vulnerability database's repository (needs the network, or
-## VULNDB_REPO naming a mirror of it).
-VULNDB_REPO ?= https://go.googlesource.com/vulndb
+## vulndb: refresh the vulnerability database snapshot of tools/vulndb
+## from the newest golang.org/x/vulndb module (the repository vuln.go.dev
+## is built from) through the Go module proxy (GOPROXY may name a mirror).
 vulndb:
 	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
-	git clone -q --depth 1 $(VULNDB_REPO) "$$tmp/vulndb"; \
-	commit=$$(git -C "$$tmp/vulndb" log -1 --format=%H); day=$$(git -C "$$tmp/vulndb" log -1 --format=%cs); \
-	n=$$(ls "$$tmp/vulndb/data/osv" | grep -c '\.json$$'); \
-	(cd "$$tmp/vulndb/data/osv" && tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="$$day" -cf - *.json) | gzip -n -9 > tools/vulndb/go-vulndb.tar.gz; \
-	echo "golang/vulndb data/osv at commit $$commit ($$day), $$n entries" > tools/vulndb/VERSION; \
+	dl=$$(cd "$$tmp" && $(GO) mod download -json golang.org/x/vulndb@latest); \
+	dir=$$(echo "$$dl" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p'); \
+	version=$$(echo "$$dl" | sed -n 's/^[[:space:]]*"Version": "\(.*\)",$$/\1/p'); \
+	day=$$(echo "$$version" | sed -n 's/^v0\.0\.0-\([0-9]\{4\}\)\([0-9]\{2\}\)\([0-9]\{2\}\).*/\1-\2-\3/p'); \
+	n=$$(ls "$$dir/data/osv" | grep -c '\.json$$'); \
+	(cd "$$dir/data/osv" && tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="$$day" -cf - *.json) | gzip -n -9 > tools/vulndb/go-vulndb.tar.gz; \
+	echo "golang.org/x/vulndb $$version data/osv ($$day), $$n entries" > tools/vulndb/VERSION; \
 	cat tools/vulndb/VERSION
 
 fuzz:
