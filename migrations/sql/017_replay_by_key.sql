@@ -3,12 +3,12 @@
 -- due instructions wait again; that update joined pending to the replayed
 -- dead letter, and on a drained queue's statistics (pending vacuumed
 -- empty, then a backlog: one row estimated whatever it holds) the planner
--- walked the whole due index for it: 80 ms per replay at 218,000 pending
--- instructions, each holding the participant's lock meanwhile. The
--- participant and sequence now come from scalar subqueries of the one
--- dead letter, so every plan, custom or generic, is an index range of
--- that participant. Same statements otherwise; CREATE OR REPLACE keeps
--- the function's owner and grants.
+-- walked the whole (participant, sequence) index of pending for it: 80 ms
+-- per replay at 218,000 pending instructions, each holding the
+-- participant's lock meanwhile. The participant and sequence now come from
+-- scalar subqueries of the one dead letter, so every plan, custom or
+-- generic, is an index range of that participant. Same statements
+-- otherwise; CREATE OR REPLACE keeps the function's owner and grants.
 CREATE OR REPLACE FUNCTION {{.schema}}.replay_dead_letter(p_outbox_id uuid, p_operator text, p_reason text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
