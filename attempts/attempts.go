@@ -124,6 +124,18 @@ func (a *Archive) DeadLetters(ctx context.Context, db DB, all bool, limit int) (
 	return a.store.DeadLetters(ctx, db, all, limit)
 }
 
+// DeadLettersAfter is the page of [Archive.DeadLetters] that follows after,
+// the last dead letter of the previous page (nil for the first page). Each
+// page reads only its own rows, so a caller can walk any number of dead
+// letters page by page.
+func (a *Archive) DeadLettersAfter(ctx context.Context, db DB, all bool, after *DeadLetter, limit int) ([]DeadLetter, error) {
+	var c store.Cursor
+	if after != nil {
+		c = store.Cursor{At: after.FailedAt, ID: after.OutboxID}
+	}
+	return a.store.DeadLettersAfter(ctx, db, all, c, limit)
+}
+
 // DeadLetter returns the dead letter of an outbox id, or nil if there is
 // none.
 func (a *Archive) DeadLetter(ctx context.Context, db DB, outboxID uuid.UUID) (*DeadLetter, error) {

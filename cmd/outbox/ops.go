@@ -42,7 +42,7 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 	var db dbFlags
 	db.register(fs, poolconfig.Operator("dlq"))
 	all := fs.Bool("all", false, "list: include acknowledged dead letters")
-	limit := fs.Int("limit", 100, "list: at most this many")
+	limit := fs.Int("limit", 100, "list: at most this many (0: every one, read a page at a time)")
 	operator := fs.String("operator", defaultOperator(), "replay/ack: who is acting (recorded in the archive)")
 	reason := fs.String("reason", "", "replay/ack: why (required; recorded in the archive)")
 	if _, err := parseFlags(fs, env, args); err != nil {
@@ -66,6 +66,9 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 	default:
 		return fmt.Errorf("%w: usage: dlq list | replay OUTBOX_ID [OUTBOX_ID ...] | ack OUTBOX_ID [OUTBOX_ID ...]", errUsage)
 	}
+	if *limit < 0 {
+		return fmt.Errorf("%w: dlq list --limit %d: want 0 (every one) or more", errUsage, *limit)
+	}
 	if action != "list" && strings.TrimSpace(*reason) == "" {
 		return fmt.Errorf("%w: dlq %s needs --reason (it is archived with who acted)", errUsage, action)
 	}
@@ -76,14 +79,7 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 	defer cleanup()
 	out := json.NewEncoder(env.stdout)
 	if action == "list" {
-		dls, err := archive.DeadLetters(ctx, pool, *all, *limit)
-		if err != nil {
-			return err
-		}
-		for _, d := range dls {
-			_ = out.Encode(d)
-		}
-		return nil
+		return listDeadLetters(ctx, archive, pool, *all, *limit, out)
 	}
 	missing := 0
 	for _, id := range ids {
@@ -114,6 +110,38 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 	}
 	if missing > 0 {
 		return exitError{code: 1}
+	}
+	return nil
+}
+
+// dlqPage is how many dead letters `dlq list` reads per query: a list of
+// any length (an outage's worth) streams in pages instead of being held in
+// memory.
+var dlqPage = 1000
+
+// listDeadLetters prints up to limit dead letters (0: every one), oldest
+// failure first, a page at a time.
+func listDeadLetters(ctx context.Context, archive *attempts.Archive, pool *pgxpool.Pool, all bool, limit int, out *json.Encoder) error {
+	var last *attempts.DeadLetter
+	for printed := 0; limit == 0 || printed < limit; {
+		n := dlqPage
+		if limit > 0 {
+			n = min(n, limit-printed)
+		}
+		page, err := archive.DeadLettersAfter(ctx, pool, all, last, n)
+		if err != nil {
+			return err
+		}
+		for _, d := range page {
+			if err := out.Encode(d); err != nil {
+				return err
+			}
+		}
+		printed += len(page)
+		if len(page) < n {
+			return nil
+		}
+		last = &page[len(page)-1]
 	}
 	return nil
 }

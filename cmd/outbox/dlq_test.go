@@ -1,0 +1,139 @@
+package main
+
+import (
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/pending"
+)
+
+// TestDLQListPages: `dlq list` prints dead letters oldest failure first,
+// a page at a time: --limit 0 prints every one (here 2.5 pages, with a run
+// of equal failure times across a page boundary), a limit prints that
+// prefix, and a negative limit is a usage error.
+func TestDLQListPages(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	const n = 2500
+	// The first 1,500 failed at the same instant (the outbox id orders
+	// them), the rest a millisecond apart.
+	if _, err := b.pool.Exec(b.ctx, `
+INSERT INTO outbox.dead_letters (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+                                 payload, attempt_count, error_code, attempt_id, created_at, failed_at)
+SELECT gen_random_uuid(), 'i-' || g, 'p-' || g, 1, 'k-' || g, 'sandbox', '{}', 5, 'MAX_ATTEMPTS_EXCEEDED',
+       gen_random_uuid(), now(), timestamptz '2026-11-24 10:00:00+00' + greatest(g - 1500, 0) * interval '1 millisecond'
+FROM generate_series(1, $1) AS g`, n); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	rows, err := b.pool.Query(b.ctx, `SELECT outbox_id::text FROM outbox.dead_letters ORDER BY failed_at, outbox_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, id)
+	}
+	if err := rows.Err(); err != nil || len(want) != n {
+		t.Fatalf("read %d dead letters back: %v", len(want), err)
+	}
+	list := func(limit string) []string {
+		t.Helper()
+		args := []string{"list"}
+		if limit != "" {
+			args = append([]string{"--limit", limit}, args...)
+		}
+		r := b.cli(t, "", "dlq", args...)
+		requireExit(t, r, 0)
+		var ids []string
+		for _, line := range stdoutLines(t, r.stdout) {
+			var d store.DeadLetter
+			if err := json.Unmarshal([]byte(line), &d); err != nil {
+				t.Fatalf("%q: %v", line, err)
+			}
+			ids = append(ids, d.OutboxID.String())
+		}
+		return ids
+	}
+	for _, c := range []struct {
+		limit string
+		n     int
+	}{{"0", n}, {"", 100}, {"1200", 1200}, {"1000", 1000}, {"3000", n}} {
+		if got := list(c.limit); !slices.Equal(got, want[:c.n]) {
+			t.Errorf("dlq list --limit %q: %d dead letters, want the first %d in failure order", c.limit, len(got), c.n)
+		}
+	}
+	requireExit(t, b.cli(t, "", "dlq", "--limit", "-1", "list"), 2)
+}
+
+// TestDLQReplayAndAck: replay and ack print a line per outbox id and need a
+// reason; an id that is not an open dead letter (already replayed,
+// unknown) says "done": false and makes the exit status 1, without
+// undoing the others.
+func TestDLQReplayAndAck(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	producer, err := pending.NewProducer(pending.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"k1", "k2"} {
+		if _, err := producer.Enqueue(b.ctx, b.pool, pending.Instruction{
+			InstructionID: "ins-" + key, ParticipantID: "p-" + key, IdempotencyKey: key,
+			RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claimed, err := st.Claim(b.ctx, b.pool, store.ClaimParams{RelayerID: "r1", Limit: 10, Leases: map[string]time.Duration{"sandbox": time.Hour}})
+	if err != nil || len(claimed) != 2 {
+		t.Fatalf("claimed %d: %v", len(claimed), err)
+	}
+	var outcomes []store.Outcome
+	for _, c := range claimed {
+		outcomes = append(outcomes, store.Outcome{Identity: c.Identity, AttemptID: uuidV7(t), ClaimAttemptID: c.AttemptID,
+			AttemptNo: c.AttemptNo, RelayerID: "r1", ClaimedAt: c.ClaimedAt, State: store.Failed,
+			ErrorCode: "RAIL_REJECTED", CountAttempt: true})
+	}
+	if _, _, err := st.Record(b.ctx, b.pool, outcomes, store.HandoffParams{}); err != nil {
+		t.Fatal(err)
+	}
+	first, second := claimed[0].OutboxID.String(), claimed[1].OutboxID.String()
+	unknown := uuidV7(t).String()
+
+	requireExit(t, b.cli(t, "", "dlq", "replay", first), 2) // no reason
+	r := b.cli(t, "", "dlq", "--operator", "alice", "--reason", "rail fixed", "replay", first, unknown)
+	requireExit(t, r, 1)
+	lines := stdoutLines(t, r.stdout)
+	if len(lines) != 2 || !strings.Contains(lines[0], `"done":true`) || !strings.Contains(lines[0], first) ||
+		!strings.Contains(lines[1], `"done":false`) || !strings.Contains(lines[1], unknown) {
+		t.Fatalf("replay of a dead letter and an unknown id:\n%s", r)
+	}
+	r = b.cli(t, "", "dlq", "--operator", "bob", "--reason", "refunded by hand", "ack", first, second)
+	requireExit(t, r, 1) // first is pending again, not a dead letter
+	if lines := stdoutLines(t, r.stdout); len(lines) != 2 || !strings.Contains(lines[0], `"done":false`) ||
+		!strings.Contains(lines[1], `"done":true`) {
+		t.Fatalf("ack of a replayed and an open dead letter:\n%s", r)
+	}
+	var replayed, acknowledged int
+	if err := b.pool.QueryRow(b.ctx, `
+SELECT count(*) FILTER (WHERE state = 'REPLAYED' AND relayer_id = 'alice'),
+       count(*) FILTER (WHERE state = 'ACKNOWLEDGED' AND relayer_id = 'bob')
+FROM outbox.attempts`).Scan(&replayed, &acknowledged); err != nil || replayed != 1 || acknowledged != 1 {
+		t.Fatalf("archive: %d replayed by alice, %d acknowledged by bob (%v), want 1 and 1", replayed, acknowledged, err)
+	}
+	if ids := stdoutLines(t, b.cli(t, "", "dlq", "list").stdout); len(ids) != 0 {
+		t.Fatalf("open dead letters left: %v", ids)
+	}
+}
