@@ -21,35 +21,7 @@ import (
 func TestAuditCheckpointsExportAndVerify(t *testing.T) {
 	t.Parallel()
 	b := setupCLI(t)
-	producer, err := pending.NewProducer(pending.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.New("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, key := range []string{"k1", "k2", "k3"} {
-		if _, err := producer.Enqueue(b.ctx, b.pool, pending.Instruction{
-			InstructionID: "ins-" + key, ParticipantID: "p-" + key, IdempotencyKey: key,
-			RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	claimed, err := st.Claim(b.ctx, b.pool, store.ClaimParams{RelayerID: "r1", Limit: 10, Leases: map[string]time.Duration{"sandbox": time.Hour}})
-	if err != nil || len(claimed) != 3 {
-		t.Fatalf("claimed %d: %v", len(claimed), err)
-	}
-	var outcomes []store.Outcome
-	for i, c := range claimed {
-		outcomes = append(outcomes, store.Outcome{Identity: c.Identity, AttemptID: uuidV7(t), ClaimAttemptID: c.AttemptID,
-			AttemptNo: c.AttemptNo, RelayerID: "r1", ClaimedAt: c.ClaimedAt, State: store.Dispatched,
-			RailReference: "ref-" + string(rune('a'+i)), CountAttempt: true})
-	}
-	if _, _, err := st.Record(b.ctx, b.pool, outcomes, store.HandoffParams{}); err != nil {
-		t.Fatal(err)
-	}
+	b.settle(t, store.Dispatched, "k1", "k2", "k3")
 	time.Sleep(5 * time.Millisecond)
 
 	r := b.cli(t, "", "audit", "--settle", "1ms", "checkpoint")
@@ -105,6 +77,50 @@ func anyStrings(v any) []string {
 		out = append(out, x.(string))
 	}
 	return out
+}
+
+// settle enqueues an instruction per key (participant "p-"+key), claims
+// them all and records state for each, as a relayer would (a rail
+// reference when dispatched, RAIL_REJECTED when failed); it returns the
+// claims.
+func (b *cliBundle) settle(t *testing.T, state store.State, keys ...string) []store.Claimed {
+	t.Helper()
+	producer, err := pending.NewProducer(pending.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range keys {
+		if _, err := producer.Enqueue(b.ctx, b.pool, pending.Instruction{
+			InstructionID: "ins-" + key, ParticipantID: "p-" + key, IdempotencyKey: key,
+			RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claimed, err := st.Claim(b.ctx, b.pool, store.ClaimParams{RelayerID: "r1", Limit: len(keys) + 1, Leases: map[string]time.Duration{"sandbox": time.Hour}})
+	if err != nil || len(claimed) != len(keys) {
+		t.Fatalf("claimed %d of %d: %v", len(claimed), len(keys), err)
+	}
+	var outcomes []store.Outcome
+	for i, c := range claimed {
+		o := store.Outcome{Identity: c.Identity, AttemptID: uuidV7(t), ClaimAttemptID: c.AttemptID,
+			AttemptNo: c.AttemptNo, RelayerID: "r1", ClaimedAt: c.ClaimedAt, State: state, CountAttempt: true}
+		switch state {
+		case store.Dispatched:
+			o.RailReference = "ref-" + string(rune('a'+i))
+		case store.Failed:
+			o.ErrorCode = "RAIL_REJECTED"
+		}
+		outcomes = append(outcomes, o)
+	}
+	if _, _, err := st.Record(b.ctx, b.pool, outcomes, store.HandoffParams{}); err != nil {
+		t.Fatal(err)
+	}
+	return claimed
 }
 
 func uuidV7(t *testing.T) uuid.UUID {

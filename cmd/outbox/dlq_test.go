@@ -5,10 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/ledgerline/outbox/internal/store"
-	"github.com/ledgerline/outbox/pending"
 )
 
 // TestDLQListPages: `dlq list` prints dead letters oldest failure first,
@@ -80,35 +78,7 @@ FROM generate_series(1, $1) AS g`, n); err != nil {
 func TestDLQReplayAndAck(t *testing.T) {
 	t.Parallel()
 	b := setupCLI(t)
-	producer, err := pending.NewProducer(pending.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := store.New("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, key := range []string{"k1", "k2"} {
-		if _, err := producer.Enqueue(b.ctx, b.pool, pending.Instruction{
-			InstructionID: "ins-" + key, ParticipantID: "p-" + key, IdempotencyKey: key,
-			RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	claimed, err := st.Claim(b.ctx, b.pool, store.ClaimParams{RelayerID: "r1", Limit: 10, Leases: map[string]time.Duration{"sandbox": time.Hour}})
-	if err != nil || len(claimed) != 2 {
-		t.Fatalf("claimed %d: %v", len(claimed), err)
-	}
-	var outcomes []store.Outcome
-	for _, c := range claimed {
-		outcomes = append(outcomes, store.Outcome{Identity: c.Identity, AttemptID: uuidV7(t), ClaimAttemptID: c.AttemptID,
-			AttemptNo: c.AttemptNo, RelayerID: "r1", ClaimedAt: c.ClaimedAt, State: store.Failed,
-			ErrorCode: "RAIL_REJECTED", CountAttempt: true})
-	}
-	if _, _, err := st.Record(b.ctx, b.pool, outcomes, store.HandoffParams{}); err != nil {
-		t.Fatal(err)
-	}
+	claimed := b.settle(t, store.Failed, "k1", "k2")
 	first, second := claimed[0].OutboxID.String(), claimed[1].OutboxID.String()
 	unknown := uuidV7(t).String()
 

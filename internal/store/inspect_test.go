@@ -94,12 +94,7 @@ func TestListQueuedReadsItsPage(t *testing.T) {
 		enqueued = append(enqueued, b.enqueue(t, fmt.Sprintf("p%d", i%2), fmt.Sprintf("k%d", i)))
 		time.Sleep(2 * time.Millisecond)
 	}
-	if _, err := b.pool.Exec(b.ctx, `
-INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-                            payload, attempt_count, next_attempt_at, created_at)
-SELECT outbox.uuidv7(), 'i-' || g, 'other-' || (g % 500), g, 'k-' || g, 'sandbox', '{}', 0,
-       CASE WHEN g <= 500 THEN now() ELSE 'infinity' END, now()
-FROM generate_series(1, 20000) AS g`); err != nil {
+	if _, err := b.pool.Exec(b.ctx, otherBacklogSQL); err != nil {
 		t.Fatal(err)
 	}
 	wantStatisticsOfEmpty(t, b.pool, "pending")

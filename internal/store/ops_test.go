@@ -117,12 +117,7 @@ func TestReplayReadsByKey(t *testing.T) {
 		b.record(t, recordOutcome(t, c, "r1", store.Failed))
 	}
 	// The rest of the backlog: due instructions and waiting ones.
-	if _, err := b.pool.Exec(b.ctx, `
-INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-                            payload, attempt_count, next_attempt_at, created_at)
-SELECT gen_random_uuid(), 'w-' || g, 'other-' || (g % 500), g, 'w-' || g, 'sandbox', '{}', 0,
-       CASE WHEN g <= 500 THEN now() ELSE 'infinity' END, now()
-FROM generate_series(1, 20000) AS g`); err != nil {
+	if _, err := b.pool.Exec(b.ctx, otherBacklogSQL); err != nil {
 		t.Fatal(err)
 	}
 	wantStatisticsOfEmpty(t, b.pool, "pending")

@@ -65,3 +65,15 @@ func wantStatisticsOfEmpty(t *testing.T, db *pgxpool.Pool, tables ...string) {
 		}
 	}
 }
+
+// otherBacklogSQL fills pending with the backlog of participants a test
+// does not look at: 20,000 instructions over 500 participants
+// ("other-N"), the first 500 due and the rest waiting, enqueue-ordered
+// outbox ids. A statement that reaches its own rows by key reads none of
+// them.
+const otherBacklogSQL = `
+INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+                            payload, attempt_count, next_attempt_at, created_at)
+SELECT outbox.uuidv7(), 'w-' || g, 'other-' || (g % 500), g, 'w-' || g, 'sandbox', '{}', 0,
+       CASE WHEN g <= 500 THEN now() ELSE 'infinity' END, now()
+FROM generate_series(1, 20000) AS g`

@@ -34,12 +34,7 @@ INSERT INTO outbox.inflight (outbox_id, attempt_id, attempt_no, relayer_id, orde
                              instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload, created_at)
 SELECT gen_random_uuid(), gen_random_uuid(), 1, 'alive', false, now(), now() + interval '1 hour',
        'i-' || g, 'busy-' || g, 1, 'k-' || g, 'sandbox', '{}', now()
-FROM generate_series(1, 5000) AS g`, `
-INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-                            payload, attempt_count, next_attempt_at, created_at)
-SELECT gen_random_uuid(), 'w-' || g, 'other-' || (g % 500), g, 'w-' || g, 'sandbox', '{}', 0,
-       CASE WHEN g <= 500 THEN now() ELSE 'infinity' END, now()
-FROM generate_series(1, 20000) AS g`} {
+FROM generate_series(1, 5000) AS g`, otherBacklogSQL} {
 		if _, err := b.pool.Exec(b.ctx, q); err != nil {
 			t.Fatal(err)
 		}

@@ -1111,12 +1111,7 @@ func TestLateOutcomesReadTheQueueByKey(t *testing.T) {
 		t.Fatalf("reaper requeued %+v (%v), want both", requeued, err)
 	}
 	// The backlog, and dead letters of years past.
-	for _, q := range []string{`
-INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-                            payload, attempt_count, next_attempt_at, created_at)
-SELECT gen_random_uuid(), 'i-' || g, 'other-' || (g % 500), g, 'k-' || g, 'sandbox', '{}', 0,
-       CASE WHEN g <= 500 THEN now() ELSE 'infinity' END, now()
-FROM generate_series(1, 20000) AS g`, `
+	for _, q := range []string{otherBacklogSQL, `
 INSERT INTO outbox.dead_letters (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
                                  payload, attempt_count, error_code, attempt_id, created_at, failed_at, acknowledged_at)
 SELECT gen_random_uuid(), 'old-' || g, 'old-' || (g % 500), g, 'old-' || g, 'sandbox', '{}', 1, 'RAIL_REJECTED',
