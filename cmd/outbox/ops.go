@@ -117,7 +117,7 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 // dlqPage is how many dead letters `dlq list` reads per query: a list of
 // any length (an outage's worth) streams in pages instead of being held in
 // memory.
-var dlqPage = 1000
+const dlqPage = 1000
 
 // listDeadLetters prints up to limit dead letters (0: every one), oldest
 // failure first, a page at a time.
