@@ -90,7 +90,7 @@ func railInstruction(c store.Claimed) (payment.Instruction, error) {
 	ins := payment.Instruction{
 		OutboxID: c.OutboxID, InstructionID: c.InstructionID, ParticipantID: c.ParticipantID,
 		SequenceID: c.SequenceID, IdempotencyKey: c.IdempotencyKey, RailType: c.RailType,
-		TenantID: c.TenantID, CorrelationID: c.CorrelationID, AttemptNo: c.AttemptNo,
+		TenantID: c.TenantID, CorrelationID: c.CorrelationID, AttemptNo: c.AttemptNo, AttemptID: c.AttemptID,
 	}
 	var p payment.Payload
 	if err := json.Unmarshal(c.Payload, &p); err != nil {

@@ -22,8 +22,8 @@ type Payment struct {
 }
 
 // Instruction is what a rail validates and dispatches. Producers fill the
-// identity and payment fields; the relayer adds OutboxID, SequenceID and
-// AttemptNo when it dispatches.
+// identity and payment fields; the relayer adds OutboxID, SequenceID,
+// AttemptNo and AttemptID when it dispatches.
 type Instruction struct {
 	OutboxID       uuid.UUID
 	InstructionID  string
@@ -34,6 +34,10 @@ type Instruction struct {
 	TenantID       string
 	CorrelationID  string
 	AttemptNo      int
+	// AttemptID is the id of the dispatch's DISPATCHING row in the
+	// archive (uuid.Nil outside a relayer): what `outbox audit trail`
+	// shows for this attempt.
+	AttemptID uuid.UUID
 
 	// Payment is nil for event payment.
 	Payment *Payment

@@ -68,6 +68,12 @@ type SandboxOptions struct {
 	// or weeks); a long soak needs the bound, or the rail's memory is
 	// what it measures.
 	Remember int `json:"remember,omitempty"`
+	// RecordAttempts keeps the id of every attempt the sandbox was called
+	// for ([payment.Instruction].AttemptID; [Sandbox.AttemptIDs], GET
+	// /attempts of the HTTP server), so that a test can check that the
+	// outbox's archive holds every attempt that reached the rail. Its
+	// memory grows with every attempt.
+	RecordAttempts bool `json:"record_attempts,omitempty"`
 }
 
 // SandboxCrashExit is the exit status of a process a CrashKeys call ended.
@@ -108,6 +114,7 @@ type Sandbox struct {
 	recent   []string          // with Remember: the last Remember keys paid, a ring
 	next     int               // the ring's oldest entry
 	stats    SandboxStats
+	attempts map[uuid.UUID]struct{} // with RecordAttempts
 }
 
 // NewSandbox returns a sandbox transport.
@@ -117,6 +124,7 @@ func NewSandbox(opts SandboxOptions) *Sandbox {
 		byKey:    make(map[string]sandboxPayment),
 		byOutbox: make(map[string]string),
 		rejected: make(map[string]bool),
+		attempts: make(map[uuid.UUID]struct{}),
 	}
 }
 
@@ -157,6 +165,19 @@ func (s *Sandbox) Stats() SandboxStats {
 	return s.stats
 }
 
+// AttemptIDs returns the ids of the attempts the sandbox was called for,
+// in no particular order: every one since it started with
+// RecordAttempts, none without.
+func (s *Sandbox) AttemptIDs() []uuid.UUID {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := make([]uuid.UUID, 0, len(s.attempts))
+	for id := range s.attempts {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
 // Paid reports whether a payment was made under a tenant's idempotency key
 // (tenantID is empty for instructions without one). Keys are scoped per
 // tenant, as in [Sandbox.Pay].
@@ -194,6 +215,9 @@ func (s *Sandbox) latency(ins payment.Instruction) time.Duration {
 func (s *Sandbox) Send(ctx context.Context, ins payment.Instruction) (Result, error) {
 	s.mu.Lock()
 	s.stats.Calls++
+	if s.opts.RecordAttempts && ins.AttemptID != uuid.Nil {
+		s.attempts[ins.AttemptID] = struct{}{}
+	}
 	down := s.down
 	s.mu.Unlock()
 	if down != nil {

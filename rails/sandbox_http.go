@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gofrs/uuid/v5"
+
 	"github.com/ledgerline/outbox/internal/strictjson"
 	"github.com/ledgerline/outbox/payment"
 )
@@ -53,20 +55,24 @@ const (
 // an in-memory [Sandbox], so the rail can live in its own process and
 // outlive the relayers that call it (crash tests, `outbox sandbox serve`).
 //
-//   - POST to any path other than the two below: verify the signature with
-//     secret (401 on failure; an empty secret rejects everything), decode
-//     the body (400 if malformed or if the Idempotency-Key header is not
-//     exactly the body's idempotency_key, both checked by
+//   - POST to any path other than the three below: verify the signature
+//     with secret (401 on failure; an empty secret rejects everything),
+//     decode the body (400 if malformed or if the Idempotency-Key header is
+//     not exactly the body's idempotency_key, both checked by
 //     [VerifySignature]; 400 too if the X-Outbox-Attempt header is present
-//     but not a positive number), then s.Send with the request's context
-//     and the attempt number of the header (0 without one; it seeds the
-//     sandbox's choices as in-process), so injected latency, hangs and
+//     but not a positive number, or the X-Outbox-Attempt-Id header is
+//     present but not a UUID), then s.Send with the request's context and
+//     the attempt's number and id of the headers (0 and uuid.Nil without
+//     them; the number seeds the sandbox's choices as in-process), so
+//     injected latency, hangs and
 //     paid-then-silent timeouts last until the client gives up, exactly as
 //     in-process. Answers:
 //     ACCEPTED 200, DUPLICATE 409, REJECTED 422, TEMPORARILY_UNAVAILABLE
 //     503, RATE_LIMITED 429 with Retry-After: 1; body {"reference",
 //     "code", "message"}.
 //   - GET /stats: [SandboxStatsResponse].
+//   - GET /attempts: [SandboxAttemptsResponse] (404 unless the sandbox
+//     records attempts, [SandboxOptions].RecordAttempts).
 //   - GET /healthz: 200.
 func NewSandboxHandler(s *Sandbox, secret []byte) http.Handler {
 	key := bytes.Clone(secret)
@@ -78,6 +84,7 @@ func NewSandboxHandler(s *Sandbox, secret []byte) http.Handler {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /stats", h.stats)
+	mux.HandleFunc("GET /attempts", h.attempts)
 	mux.HandleFunc("GET /healthz", h.healthz)
 	mux.HandleFunc("POST /", h.pay)
 	return mux
@@ -91,7 +98,7 @@ type sandboxHandler struct {
 }
 
 func (h *sandboxHandler) pay(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path == "/stats" || r.URL.Path == "/healthz" {
+	if r.URL.Path == "/stats" || r.URL.Path == "/attempts" || r.URL.Path == "/healthz" {
 		// "POST /" would otherwise take these paths and pay.
 		w.Header().Set("Allow", "GET, HEAD")
 		sandboxWriteJSON(w, http.StatusMethodNotAllowed, sandboxAnswer{Code: sandboxHTTPNotAllowed, Message: "use GET"})
@@ -134,6 +141,10 @@ func (h *sandboxHandler) pay(w http.ResponseWriter, r *http.Request) {
 		sandboxWriteJSON(w, http.StatusBadRequest, sandboxAnswer{Code: sandboxHTTPBadRequest, Message: err.Error()})
 		return
 	}
+	if ins.AttemptID, err = parseAttemptIDHeader(r.Header); err != nil {
+		sandboxWriteJSON(w, http.StatusBadRequest, sandboxAnswer{Code: sandboxHTTPBadRequest, Message: err.Error()})
+		return
+	}
 
 	res, err := h.sandbox.Send(r.Context(), ins)
 	if err != nil {
@@ -173,6 +184,23 @@ func parseAttemptHeader(h http.Header) (int, error) {
 	return n, nil
 }
 
+// parseAttemptIDHeader reads the [HeaderAttemptID] header: uuid.Nil when
+// absent, otherwise a UUID in its canonical form.
+func parseAttemptIDHeader(h http.Header) (uuid.UUID, error) {
+	vs := h.Values(HeaderAttemptID)
+	switch {
+	case len(vs) == 0:
+		return uuid.Nil, nil
+	case len(vs) > 1:
+		return uuid.Nil, fmt.Errorf("more than one %s header", HeaderAttemptID)
+	}
+	id, err := uuid.FromString(vs[0])
+	if err != nil || len(vs[0]) != 36 || id == uuid.Nil {
+		return uuid.Nil, fmt.Errorf("malformed %s header", HeaderAttemptID)
+	}
+	return id, nil
+}
+
 // sandboxHTTPStatus maps a sandbox answer code to the status whose
 // [WebhookCodes] rule matches the code's [SandboxCodes] rule.
 func sandboxHTTPStatus(code string) int {
@@ -195,6 +223,21 @@ func sandboxHTTPStatus(code string) int {
 
 func (h *sandboxHandler) stats(w http.ResponseWriter, _ *http.Request) {
 	sandboxWriteJSON(w, http.StatusOK, SandboxStatsResponse(h.sandbox.Stats()))
+}
+
+// SandboxAttemptsResponse is the JSON body of GET /attempts: the ids of
+// the attempts the sandbox was called for ([Sandbox.AttemptIDs]).
+type SandboxAttemptsResponse struct {
+	AttemptIDs []uuid.UUID `json:"attempt_ids"`
+}
+
+func (h *sandboxHandler) attempts(w http.ResponseWriter, _ *http.Request) {
+	if !h.sandbox.opts.RecordAttempts {
+		sandboxWriteJSON(w, http.StatusNotFound, sandboxAnswer{Code: "NOT_RECORDING",
+			Message: "this sandbox does not record attempts (record_attempts, outbox sandbox serve --record-attempts)"})
+		return
+	}
+	sandboxWriteJSON(w, http.StatusOK, SandboxAttemptsResponse{AttemptIDs: h.sandbox.AttemptIDs()})
 }
 
 func (h *sandboxHandler) healthz(w http.ResponseWriter, _ *http.Request) {

@@ -6,9 +6,12 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/gofrs/uuid/v5"
 
 	"github.com/ledgerline/outbox/payment"
 )
@@ -322,33 +325,100 @@ func TestSandboxHandlerUsesAttemptHeader(t *testing.T) {
 
 func TestSandboxHandlerBadAttemptHeader(t *testing.T) {
 	t.Parallel()
-	s, srv, _ := sandboxServer(t, SandboxOptions{})
+	s, srv, _ := sandboxServer(t, SandboxOptions{RecordAttempts: true})
 	body, err := json.Marshal(NewWebhookRequest(testInstruction(t, "key-bad-attempt")))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, values := range [][]string{{"0"}, {"-1"}, {"+2"}, {"two"}, {""}, {"1234567890"}, {"1", "2"}} {
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, bytes.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
+	bad := map[string][][]string{
+		HeaderAttempt: {{"0"}, {"-1"}, {"+2"}, {"two"}, {""}, {"1234567890"}, {"1", "2"}},
+		HeaderAttemptID: {{"x"}, {""}, {uuid.Nil.String()}, {"0195f3c2a1b27c3d8e9fa0b1c2d3e4f5"},
+			{"{0195f3c2-a1b2-7c3d-8e9f-a0b1c2d3e4f5}"}, {"0195f3c2-a1b2-7c3d-8e9f-a0b1c2d3e4f5", "0195f3c2-a1b2-7c3d-8e9f-a0b1c2d3e4f6"}},
+	}
+	for header, cases := range bad {
+		for _, values := range cases {
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL, bytes.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts := strconv.FormatInt(time.Now().Unix(), 10)
+			req.Header.Set(HeaderIdempotencyKey, "key-bad-attempt")
+			req.Header.Set(HeaderTimestamp, ts)
+			req.Header.Set(HeaderSignature, Sign(testWebhookSecret, ts, body))
+			req.Header[header] = values
+			resp, err := srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Errorf("%s %q: status %d, want 400", header, values, resp.StatusCode)
+			}
 		}
-		ts := strconv.FormatInt(time.Now().Unix(), 10)
-		req.Header.Set(HeaderIdempotencyKey, "key-bad-attempt")
-		req.Header.Set(HeaderTimestamp, ts)
-		req.Header.Set(HeaderSignature, Sign(testWebhookSecret, ts, body))
-		req.Header[HeaderAttempt] = values
-		resp, err := srv.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusBadRequest {
-			t.Errorf("%s %q: status %d, want 400", HeaderAttempt, values, resp.StatusCode)
-		}
+	}
+	if ids := s.AttemptIDs(); len(ids) != 0 {
+		t.Errorf("bad requests recorded attempts %v", ids)
 	}
 	if st := s.Stats(); st.Calls != 0 {
 		t.Fatalf("stats = %+v: a bad request reached the ledger", st)
 	}
+}
+
+// TestSandboxHandlerRecordsAttempts: the webhook sends each attempt's id
+// in the X-Outbox-Attempt-Id header, and a sandbox that records attempts
+// serves the ids it was called for at GET /attempts, each once however
+// often it was called for it; one that does not answers 404.
+func TestSandboxHandlerRecordsAttempts(t *testing.T) {
+	t.Parallel()
+	s, srv, w := sandboxServer(t, SandboxOptions{RecordAttempts: true})
+	first, second := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+	ins := testInstruction(t, "key-record")
+	for i, id := range []uuid.UUID{first, first, second, uuid.Nil} {
+		ins.AttemptNo, ins.AttemptID = i+1, id
+		if _, err := w.Send(t.Context(), ins); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got SandboxAttemptsResponse
+	if status := getJSON(t, srv, "/attempts", &got); status != http.StatusOK {
+		t.Fatalf("GET /attempts: status %d", status)
+	}
+	slices.SortFunc(got.AttemptIDs, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
+	if want := []uuid.UUID{first, second}; !slices.Equal(got.AttemptIDs, want) {
+		t.Errorf("GET /attempts = %v, want %v", got.AttemptIDs, want)
+	}
+	if st := s.Stats(); st.Calls != 4 {
+		t.Errorf("calls = %d, want 4", st.Calls)
+	}
+
+	quiet, quietSrv, quietHook := sandboxServer(t, SandboxOptions{})
+	ins.AttemptID = first
+	if _, err := quietHook.Send(t.Context(), ins); err != nil {
+		t.Fatal(err)
+	}
+	if status := getJSON(t, quietSrv, "/attempts", &got); status != http.StatusNotFound {
+		t.Errorf("GET /attempts without RecordAttempts: status %d, want 404", status)
+	}
+	if ids := quiet.AttemptIDs(); len(ids) != 0 {
+		t.Errorf("a sandbox without RecordAttempts kept %v", ids)
+	}
+}
+
+// getJSON GETs path from srv, decodes a 200 answer into v and returns the
+// status.
+func getJSON(t *testing.T, srv *httptest.Server, path string, v any) int {
+	t.Helper()
+	resp, err := srv.Client().Get(srv.URL + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+	}
+	return resp.StatusCode
 }
 
 // TestSandboxHandlerRefusesUnpayable: a correctly signed body that no rail

@@ -21,6 +21,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gofrs/uuid/v5"
+
 	"github.com/ledgerline/outbox/internal/strictjson"
 	"github.com/ledgerline/outbox/payment"
 )
@@ -128,10 +130,11 @@ func (o WebhookOptions) LogValue() slog.Value { return slog.StringValue(o.String
 //	X-Outbox-Timestamp: <unix seconds>
 //	X-Outbox-Signature: v1=<lowercase hex HMAC-SHA256(secret, timestamp + "." + body)>
 //	X-Outbox-Attempt: <attempt number, 1, 2, ...; informational, not signed>
+//	X-Outbox-Attempt-Id: <the attempt's id in the archive; informational, not signed>
 //
 // with a [WebhookRequest] as the JSON body. The body of every attempt of one
-// instruction is byte-identical (the attempt number is only in the
-// X-Outbox-Attempt header), so a receiver that fingerprints the payload per
+// instruction is byte-identical (the attempt's number and id are only in
+// the X-Outbox-Attempt headers), so a receiver that fingerprints the payload per
 // idempotency key sees a retry as the same request. The receiver verifies
 // the signature, the timestamp and that the Idempotency-Key header names
 // the body's idempotency_key (see [VerifySignature]), and must honour the
@@ -349,6 +352,9 @@ func (w *Webhook) Send(ctx context.Context, ins payment.Instruction) (Result, er
 	req.Header.Set(HeaderSignature, w.sign(ts, body))
 	if ins.AttemptNo > 0 {
 		req.Header.Set(HeaderAttempt, strconv.Itoa(ins.AttemptNo))
+	}
+	if ins.AttemptID != uuid.Nil {
+		req.Header.Set(HeaderAttemptID, ins.AttemptID.String())
 	}
 
 	resp, err := w.client.Do(req)

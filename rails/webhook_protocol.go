@@ -39,6 +39,12 @@ const (
 	// dead-letter an instruction that was in fact paid. It is not signed and
 	// must never decide anything on the receiving side.
 	HeaderAttempt = "X-Outbox-Attempt"
+	// HeaderAttemptID carries the id of the dispatch's DISPATCHING row in
+	// the outbox's archive (what `outbox audit trail` lists), so that the
+	// receiver's logs name the attempt an auditor finds there. A header
+	// for the same reason as HeaderAttempt, and like it informational and
+	// not signed.
+	HeaderAttemptID = "X-Outbox-Attempt-Id"
 )
 
 // DefaultSignatureTolerance is how far a request's timestamp may be from the

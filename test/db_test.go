@@ -254,6 +254,29 @@ var archive = func() *attempts.Archive {
 	return a
 }()
 
+// checkRailAttemptsArchived checks that every attempt that reached the rail
+// (the X-Outbox-Attempt-Id of its requests) is a DISPATCHING row of the
+// archive. A relayer calls the rail only once its claim, which writes that
+// row, has committed; an attempt the rail saw and the archive lacks is a
+// payment the auditors cannot see (a claim lost after the rail was called).
+func checkRailAttemptsArchived(t *testing.T, pool *pgxpool.Pool, sb *sandboxServer) {
+	t.Helper()
+	called := sb.attemptIDs(t)
+	if len(called) == 0 {
+		t.Error("the sandbox recorded no attempt: nothing to compare with the archive")
+		return
+	}
+	ids := make([]string, len(called))
+	for i, id := range called {
+		ids[i] = id.String()
+	}
+	v := mustInts(t, pool, `SELECT count(*) FROM unnest($1::uuid[]) AS c(id)
+		WHERE NOT EXISTS (SELECT 1 FROM outbox.attempts a WHERE a.attempt_id = c.id AND a.state = 'DISPATCHING')`, ids)
+	if v[0] > 0 {
+		t.Errorf("%d of the %d attempts that reached the rail have no DISPATCHING row in the archive", v[0], len(called))
+	}
+}
+
 // checkEnd runs the checks every scenario ends with, after the drain and
 // the fleet's graceful stop: invariants 1-5 (Verify, ordered), nothing left
 // pending or in flight, every enqueue accounted for, no overlapping claims,
@@ -289,6 +312,7 @@ func checkEnd(t *testing.T, pool *pgxpool.Pool, sb *sandboxServer, want int64) e
 		t.Errorf("the sandbox made %d payments, but %d instructions ended dispatched: each must be paid exactly once (stats %+v)",
 			s.sandbox.Payments, r.Dispatched, s.sandbox)
 	}
+	checkRailAttemptsArchived(t, pool, sb)
 	v := mustInts(t, pool, `SELECT
 		count(*) FILTER (WHERE late),
 		count(*) FILTER (WHERE state = 'ZOMBIE_REQUEUE'),

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gofrs/uuid/v5"
+
 	"github.com/ledgerline/outbox/rails"
 )
 
@@ -250,8 +252,10 @@ type sandboxFlags struct {
 	slowLatency            time.Duration
 }
 
+// args are the server's flags. It always records attempts: checkEnd
+// compares them with the archive.
 func (f sandboxFlags) args() []string {
-	args := []string{"--seed", fmt.Sprint(f.seed)}
+	args := []string{"--seed", fmt.Sprint(f.seed), "--record-attempts"}
 	add := func(name string, v any, set bool) {
 		if set {
 			args = append(args, "--"+name, fmt.Sprint(v))
@@ -298,17 +302,31 @@ func startSandbox(t *testing.T, f sandboxFlags) *sandboxServer {
 // stats reads GET /stats.
 func (s *sandboxServer) stats(t *testing.T) rails.SandboxStatsResponse {
 	t.Helper()
+	var st rails.SandboxStatsResponse
+	s.get(t, "/stats", &st)
+	return st
+}
+
+// attemptIDs reads GET /attempts: every attempt the rail was called for.
+func (s *sandboxServer) attemptIDs(t *testing.T) []uuid.UUID {
+	t.Helper()
+	var a rails.SandboxAttemptsResponse
+	s.get(t, "/attempts", &a)
+	return a.AttemptIDs
+}
+
+// get decodes the JSON answer of GET path, which must be 200.
+func (s *sandboxServer) get(t *testing.T, path string, v any) {
+	t.Helper()
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := client.Get(s.url + "/stats")
+	resp, err := client.Get(s.url + path)
 	if err != nil {
-		t.Fatalf("sandbox stats: %v", err)
+		t.Fatalf("sandbox %s: %v", path, err)
 	}
 	defer resp.Body.Close()
-	var st rails.SandboxStatsResponse
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("sandbox stats: status %d, decode error %v", resp.StatusCode, err)
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("sandbox %s: status %d, decode error %v", path, resp.StatusCode, err)
 	}
-	return st
 }
 
 // writeRailsConfig writes the relayers' rail configuration: the "sandbox"

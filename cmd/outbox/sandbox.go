@@ -22,7 +22,7 @@ func runSandbox(ctx context.Context, env *environment, args []string) error {
 	if len(args) == 0 || args[0] != "serve" {
 		return fmt.Errorf("%w: usage: outbox sandbox serve [flags]", errUsage)
 	}
-	fs := newFlagSet(env, "sandbox serve", "sandbox serve [flags]   (POST / webhook protocol, signed; GET /stats and GET /healthz are unauthenticated: this is a test double, its counters are not secret)")
+	fs := newFlagSet(env, "sandbox serve", "sandbox serve [flags]   (POST / webhook protocol, signed; GET /stats, /attempts and /healthz are unauthenticated: this is a test double, its counters are not secret)")
 	addr := fs.String("addr", "127.0.0.1:0", "listen address (port 0: pick one; the address is printed on stdout)")
 	secretFile := fs.String("secret-file", "", "file holding the HMAC secret that requests must be signed with")
 	secretEnv := fs.String("secret-env", "", "environment variable holding the HMAC secret (name, not value)")
@@ -39,6 +39,7 @@ func runSandbox(ctx context.Context, env *environment, args []string) error {
 	fs.Float64Var(&o.TerminalRate, "terminal-rate", 0, "share of payments rejected with 422")
 	fs.Float64Var(&o.TimeoutRate, "timeout-rate", 0, "share of calls that pay and then never answer")
 	fs.Float64Var(&o.HangRate, "hang-rate", 0, "share of calls that never answer and do not pay")
+	fs.BoolVar(&o.RecordAttempts, "record-attempts", false, "keep the id of every attempt called for, served at GET /attempts (memory grows with every attempt)")
 	if _, err := parseFlags(fs, env, args[1:]); err != nil {
 		return err
 	}

@@ -294,6 +294,83 @@ func (c *Cluster) Restart(ctx context.Context, mode string) error {
 	return c.waitReady(ctx)
 }
 
+// Crash stops the server the way a crash does (pg_ctl stop -m immediate:
+// every process exits at once, nothing is checkpointed) and leaves it
+// stopped; its directories stay until Stop.
+func (c *Cluster) Crash(ctx context.Context) error {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return errors.New("pglocal: crash of a stopped cluster")
+	}
+	return c.pgctl(ctx, "stop", "-m", "immediate")
+}
+
+// RequireSynchronousStandby makes every commit on c wait until a standby
+// has the commit's WAL (synchronous_standby_names = '*', written with
+// ALTER SYSTEM), and waits until one of c's standbys is synchronous.
+func (c *Cluster) RequireSynchronousStandby(ctx context.Context) error {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, c.ConnString("postgres"))
+	if err != nil {
+		return fmt.Errorf("pglocal: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = '*'"); err != nil {
+		return fmt.Errorf("pglocal: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+		return fmt.Errorf("pglocal: %w", err)
+	}
+	for {
+		var sync bool
+		if err := conn.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_replication WHERE sync_state = 'sync')").Scan(&sync); err != nil {
+			return fmt.Errorf("pglocal: %w", err)
+		}
+		if sync {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pglocal: no synchronous standby: %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Promote makes a standby (see StartReplica) a primary (pg_ctl promote)
+// and waits until it accepts writes.
+func (c *Cluster) Promote(ctx context.Context) error {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return errors.New("pglocal: promotion of a stopped cluster")
+	}
+	if err := c.pgctl(ctx, "promote"); err != nil {
+		return err
+	}
+	// pg_ctl promote -w returns once the server has left recovery; a
+	// connection that sees it is the proof.
+	conn, err := pgx.Connect(ctx, c.ConnString("postgres"))
+	if err != nil {
+		return fmt.Errorf("pglocal: connect after promotion: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var recovering bool
+	if err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&recovering); err != nil {
+		return fmt.Errorf("pglocal: after promotion: %w", err)
+	}
+	if recovering {
+		return errors.New("pglocal: still in recovery after pg_ctl promote")
+	}
+	return nil
+}
+
 // Stop shuts the server down (pg_ctl stop -m fast) and, for ephemeral
 // clusters, removes their directories. Stopping a stopped cluster, or one
 // whose server is already gone, is not an error.

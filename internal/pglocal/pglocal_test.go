@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -240,5 +241,50 @@ func TestCleanupStale(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("stale postmaster %d still running", postmaster)
 		}
+	}
+}
+
+// TestFailoverToSynchronousStandby crashes a primary whose commits wait for
+// a synchronous standby, promotes the standby, and finds every committed
+// row there; a multi-host URL with target_session_attrs=read-write reaches
+// whichever of the two accepts writes.
+func TestFailoverToSynchronousStandby(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	primary := start(t, Options{Ephemeral: true, TCP: true})
+	standby, err := primary.StartReplica(ctx, Options{TCP: true})
+	if err != nil {
+		t.Fatalf("StartReplica: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := standby.Stop(context.Background()); err != nil {
+			t.Errorf("Stop standby: %v", err)
+		}
+	})
+	if err := primary.RequireSynchronousStandby(ctx); err != nil {
+		t.Fatal(err)
+	}
+	both := fmt.Sprintf("postgres://postgres@/postgres?host=127.0.0.1,127.0.0.1&port=%d,%d&target_session_attrs=read-write&sslmode=disable",
+		primary.Port(), standby.Port())
+	exec1(t, both, "CREATE TABLE t (v int); INSERT INTO t SELECT generate_series(1, 1000)")
+	if got := queryOne(t, both, "SELECT inet_server_port()::text"); got != strconv.Itoa(primary.Port()) {
+		t.Errorf("before the failover the URL reached port %s, want the primary's %d", got, primary.Port())
+	}
+
+	if err := primary.Crash(ctx); err != nil {
+		t.Fatalf("Crash: %v", err)
+	}
+	if err := standby.Promote(ctx); err != nil {
+		t.Fatalf("Promote: %v", err)
+	}
+	if got := queryOne(t, both, "SELECT inet_server_port()::text"); got != strconv.Itoa(standby.Port()) {
+		t.Errorf("after the failover the URL reached port %s, want the promoted standby's %d", got, standby.Port())
+	}
+	if got := queryOne(t, both, "SELECT count(*)::text FROM t"); got != "1000" {
+		t.Errorf("promoted standby has %s rows, want 1000", got)
+	}
+	exec1(t, both, "INSERT INTO t VALUES (0)")
+	if err := primary.Stop(ctx); err != nil {
+		t.Errorf("Stop of a crashed primary: %v", err)
 	}
 }

@@ -1,0 +1,132 @@
+package test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/ledgerline/outbox/internal/pglocal"
+	"github.com/ledgerline/outbox/migrations"
+)
+
+// TestFaultFailover fails the database over in the middle of a drain, at
+// the worst moment: the standby's replication stream is black-holed (a
+// network partition between the two servers) for two seconds, then the
+// primary crashes (pg_ctl stop -m immediate) and, a second later, the
+// standby, which received nothing of those two seconds, is promoted, as an
+// HA manager fails over. The relayers, the producer and the test's checks
+// all use one URL naming both servers with target_session_attrs=read-write,
+// so they reach whichever accepts writes; nothing else tells them that the
+// primary moved.
+//
+// Commits wait for the synchronous standby, so during the partition no
+// commit is acknowledged and nothing acknowledged is lost: the drain
+// finishes on the promoted standby, invariants 1-5 hold, every
+// instruction was paid exactly once and every attempt that reached the
+// rail is in the archive (checkEnd). With an asynchronous standby the same
+// run loses what was acknowledged during the partition: enqueues the
+// producer was told had committed, and claims whose rail calls were made
+// (docs/operations.md, "Failover").
+func TestFaultFailover(t *testing.T) {
+	heavy(t)
+	seed := seedFor(t, 7)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	primary, err := pglocal.Start(ctx, pglocal.Options{Ephemeral: true, TCP: true})
+	if err != nil {
+		t.Fatalf("start the primary: %v", err)
+	}
+	t.Cleanup(func() { stopCluster(t, primary, "primary") })
+	standby, err := primary.StartReplica(ctx, pglocal.Options{TCP: true})
+	if err != nil {
+		t.Fatalf("start the standby: %v", err)
+	}
+	t.Cleanup(func() { stopCluster(t, standby, "standby") })
+	replication := startProxy(t, fmt.Sprintf("127.0.0.1:%d", primary.Port()))
+	streamThrough(t, primary, standby, replication)
+	if err := primary.RequireSynchronousStandby(ctx); err != nil {
+		t.Fatal(err)
+	}
+	dbURL := fmt.Sprintf("postgres://postgres@/postgres?host=127.0.0.1,127.0.0.1&port=%d,%d&target_session_attrs=read-write&sslmode=disable",
+		primary.Port(), standby.Port())
+	pool := openPool(t, dbURL)
+	if err := migrations.Migrate(ctx, pool); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+
+	const n = 10000
+	d := setupDrain(t, pool, workload{prefix: "failover", n: n, seed: seed},
+		sandboxFlags{seed: int64(seed), latencyMin: 2 * time.Millisecond, latencyMax: 20 * time.Millisecond},
+		func(int) string { return dbURL })
+	enqueued := d.startFleet(t, 3)
+
+	waitProgress(t, pool, d.fleet, n/3, 2*time.Minute)
+	partitionAt := time.Now()
+	replication.blackHole()
+	time.Sleep(2 * time.Second)
+	crashAt := time.Now()
+	if err := primary.Crash(ctx); err != nil {
+		t.Fatalf("crash the primary: %v", err)
+	}
+	replication.close() // what the partition held never arrives
+	// A failure detector takes a moment to decide; meanwhile no server
+	// accepts writes, and the relayers and the producer retry.
+	time.Sleep(time.Second)
+	if err := standby.Promote(ctx); err != nil {
+		t.Fatalf("promote the standby: %v", err)
+	}
+	failover := time.Since(crashAt)
+	verifyNow(t, pool, "right after the promotion")
+	waitListening(t, pool, d.fleet, partitionAt)
+
+	end := d.finish(t, enqueued, 3*time.Minute)
+	z := archiveZombieHeal(t, pool)
+	if z.unhealed > 0 {
+		t.Errorf("%d requeued zombies never reached DISPATCHED or FAILED", z.unhealed)
+	}
+	summary(t, "failover", end.report.Dispatched+end.report.DeadLetters, z.healed, z.worst, end.sandbox.EffectiveDuplicates,
+		fmt.Sprintf("failover=%s late=%d dispatched_twice=%d replays=%d dead=%d",
+			failover.Round(time.Millisecond), end.late, end.report.DispatchedTwice, end.sandbox.Replays, end.report.DeadLetters))
+}
+
+// streamThrough makes standby stream from primary through proxy (its
+// primary_conninfo, which a reload applies by restarting its WAL
+// receiver), and waits until primary's only standby connection is the one
+// through the proxy.
+func streamThrough(t *testing.T, primary, standby *pglocal.Cluster, proxy *blackHoleProxy) {
+	t.Helper()
+	host, port, err := net.SplitHostPort(proxy.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	spool := openPool(t, standby.ConnString(""))
+	if _, err := spool.Exec(context.Background(), fmt.Sprintf(
+		"ALTER SYSTEM SET primary_conninfo = 'host=%s port=%s user=postgres application_name=through_proxy'", host, port)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := spool.Exec(context.Background(), "SELECT pg_reload_conf()"); err != nil {
+		t.Fatal(err)
+	}
+	spool.Close()
+	ppool := openPool(t, primary.ConnString(""))
+	defer ppool.Close()
+	poll(t, 30*time.Second, "the standby to stream through the proxy", func() (bool, string) {
+		v, err := queryInts(ppool, `SELECT count(*) FILTER (WHERE application_name = 'through_proxy' AND state = 'streaming'),
+			count(*) FROM pg_stat_replication`)
+		if err != nil {
+			return false, err.Error()
+		}
+		return v[0] == 1 && v[1] == 1, fmt.Sprintf("%d through the proxy of %d standby connections", v[0], v[1])
+	})
+}
+
+// stopCluster stops a dedicated cluster at the end of a test.
+func stopCluster(t *testing.T, c *pglocal.Cluster, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.Stop(ctx); err != nil {
+		t.Errorf("stop the %s: %v", name, err)
+	}
+}
