@@ -64,9 +64,8 @@ const (
 //     present but not a UUID), then s.Send with the request's context and
 //     the attempt's number and id of the headers (0 and uuid.Nil without
 //     them; the number seeds the sandbox's choices as in-process), so
-//     injected latency, hangs and
-//     paid-then-silent timeouts last until the client gives up, exactly as
-//     in-process. Answers:
+//     injected latency, hangs and paid-then-silent timeouts last until the
+//     client gives up, exactly as in-process. Answers:
 //     ACCEPTED 200, DUPLICATE 409, REJECTED 422, TEMPORARILY_UNAVAILABLE
 //     503, RATE_LIMITED 429 with Retry-After: 1; body {"reference",
 //     "code", "message"}.
