@@ -2,13 +2,19 @@ package test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/ledgerline/outbox/internal/pglocal"
 	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/payment"
+	"github.com/ledgerline/outbox/pending"
 )
 
 // TestFaultFailover fails the database over in the middle of a drain, at
@@ -63,6 +69,9 @@ func TestFaultFailover(t *testing.T) {
 	enqueued := d.startFleet(t, 3)
 
 	waitProgress(t, pool, d.fleet, n/3, 2*time.Minute)
+	liveWork := workload{prefix: "failover-live", n: 1 << 30, seed: seed}
+	live := startLiveProducer(pool, liveWork)
+	time.Sleep(200 * time.Millisecond)
 	partitionAt := time.Now()
 	replication.blackHole()
 	time.Sleep(2 * time.Second)
@@ -80,15 +89,89 @@ func TestFaultFailover(t *testing.T) {
 	failover := time.Since(crashAt)
 	verifyNow(t, pool, "right after the promotion")
 	waitListening(t, pool, d.fleet, partitionAt)
+	time.Sleep(500 * time.Millisecond)
+	acked, err := live.stop()
+	if err != nil {
+		t.Fatalf("live producer: %v", err)
+	}
+	if acked == 0 {
+		t.Fatal("the live producer had no enqueue acknowledged: it proves nothing")
+	}
+	// Each live enqueue was acknowledged before the next began, so the
+	// acknowledged ones are the first acked of the stream (the one stop
+	// interrupted may have committed too).
+	ackedIDs := make([]string, acked)
+	for i, ins := range liveWork.instructions(0, acked) {
+		ackedIDs[i] = ins.InstructionID
+	}
+	v := mustInts(t, pool, `SELECT
+		(SELECT count(*) FROM unnest($1::text[]) AS a(id)
+		 WHERE NOT EXISTS (SELECT 1 FROM outbox.idempotency_keys k WHERE k.instruction_id = a.id)),
+		(SELECT count(*) FROM outbox.idempotency_keys WHERE instruction_id LIKE $2)`, ackedIDs, liveWork.prefix+"-%")
+	if v[0] > 0 {
+		t.Fatalf("the producer was told %d enqueues committed; the promoted standby lacks %d of them", acked, v[0])
+	}
 
-	end := d.finish(t, enqueued, 3*time.Minute)
+	enqueued()
+	want := int64(n) + v[1]
+	waitDrained(t, pool, d.fleet, want, 3*time.Minute)
+	d.fleet.stopAll()
+	end := checkEnd(t, pool, d.sb, want)
 	z := archiveZombieHeal(t, pool)
 	if z.unhealed > 0 {
 		t.Errorf("%d requeued zombies never reached DISPATCHED or FAILED", z.unhealed)
 	}
 	summary(t, "failover", end.report.Dispatched+end.report.DeadLetters, z.healed, z.worst, end.sandbox.EffectiveDuplicates,
-		fmt.Sprintf("failover=%s late=%d dispatched_twice=%d replays=%d dead=%d",
-			failover.Round(time.Millisecond), end.late, end.report.DispatchedTwice, end.sandbox.Replays, end.report.DeadLetters))
+		fmt.Sprintf("failover=%s live_enqueues=%d late=%d dispatched_twice=%d replays=%d dead=%d",
+			failover.Round(time.Millisecond), acked, end.late, end.report.DispatchedTwice, end.sandbox.Replays, end.report.DeadLetters))
+}
+
+// liveProducer enqueues one instruction per transaction, as a payment
+// service does, through the failover: a transaction that fails is retried
+// with the same instruction (its idempotency key makes that safe whether
+// or not it had committed) until it is acknowledged; then the next.
+type liveProducer struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	acked  int
+	err    error
+}
+
+func startLiveProducer(pool *pgxpool.Pool, w workload) *liveProducer {
+	ctx, cancel := context.WithCancel(context.Background())
+	lp := &liveProducer{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(lp.done)
+		for i := 0; ctx.Err() == nil; i++ {
+			ins := w.instructions(i, i+1)[0]
+			for {
+				err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					_, err := producer.Enqueue(ctx, tx, ins)
+					return err
+				})
+				if err == nil {
+					lp.acked = i + 1
+					break
+				}
+				if ctx.Err() != nil {
+					return
+				}
+				if errors.Is(err, payment.ErrValidation) || errors.Is(err, pending.ErrIdempotencyMismatch) || errors.Is(err, pending.ErrKeyRetired) {
+					lp.err = fmt.Errorf("enqueue %s: %w", ins.InstructionID, err)
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	}()
+	return lp
+}
+
+// stop ends the stream and returns how many enqueues were acknowledged.
+func (lp *liveProducer) stop() (int, error) {
+	lp.cancel()
+	<-lp.done
+	return lp.acked, lp.err
 }
 
 // streamThrough makes standby stream from primary through proxy (its
