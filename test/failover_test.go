@@ -15,6 +15,7 @@ import (
 	"github.com/ledgerline/outbox/migrations"
 	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
+	"github.com/ledgerline/outbox/poolconfig"
 )
 
 // TestFaultFailover fails the database over in the middle of a drain, at
@@ -211,5 +212,78 @@ func stopCluster(t *testing.T, c *pglocal.Cluster, name string) {
 	defer cancel()
 	if err := c.Stop(ctx); err != nil {
 		t.Errorf("stop the %s: %v", name, err)
+	}
+}
+
+// TestDeadlineDuringAStandbyWaitIsAnError: a commit waiting for a
+// synchronous standby that is cancelled returns success with a warning
+// although the standby may never get it (docs/operations.md, "Failover").
+// When a deadline interrupts an outbox process's commit, pgx returns the
+// deadline's error first and only then cancels and closes the connection,
+// so the success reaches nobody: the caller counts the write as failed,
+// and retrying it under the same idempotency key is what resolves it. Here
+// no standby can ever confirm (synchronous_standby_names names none), an
+// enqueue with the producer's pool settings gives up after half a second
+// with an error, and once the requirement is lifted the retry finds the
+// enqueue committed (a duplicate).
+func TestDeadlineDuringAStandbyWaitIsAnError(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("starts its own PostgreSQL: skipped with -short")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cluster, err := pglocal.Start(ctx, pglocal.Options{Ephemeral: true, TCP: true})
+	if err != nil {
+		t.Fatalf("start PostgreSQL: %v", err)
+	}
+	t.Cleanup(func() { stopCluster(t, cluster, "cluster") })
+	admin := openPool(t, cluster.ConnString(""))
+	if err := migrations.Migrate(ctx, admin); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	requireStandby := func(names string) {
+		t.Helper()
+		if _, err := admin.Exec(ctx, fmt.Sprintf("ALTER SYSTEM SET synchronous_standby_names = '%s'", names)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg, err := pgxpool.ParseConfig(cluster.ConnString(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	poolconfig.Producer().ApplyPool(cfg)
+	producers, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(producers.Close)
+	ins := workload{prefix: "deadline", n: 1, seed: 1}.instructions(0, 1)[0]
+	enqueue := func(ctx context.Context) (pending.Receipt, error) {
+		var r pending.Receipt
+		err := pgx.BeginFunc(ctx, producers, func(tx pgx.Tx) (err error) {
+			r, err = producer.Enqueue(ctx, tx, ins)
+			return err
+		})
+		return r, err
+	}
+
+	requireStandby("nobody")
+	short, cancelShort := context.WithTimeout(ctx, 500*time.Millisecond)
+	_, err = enqueue(short)
+	cancelShort()
+	if err == nil {
+		t.Fatal("an enqueue whose commit no standby can confirm succeeded")
+	}
+	requireStandby("")
+	r, err := enqueue(ctx)
+	if err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	if !r.Duplicate {
+		t.Errorf("the retry enqueued afresh (%+v): the abandoned commit did not complete", r)
 	}
 }
