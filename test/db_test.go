@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerline/outbox/attempts"
+	"github.com/ledgerline/outbox/internal/pglocal"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
 )
@@ -42,6 +43,27 @@ func openPool(t *testing.T, dbURL string) *pgxpool.Pool {
 	}
 	t.Cleanup(pool.Close)
 	return pool
+}
+
+// startCluster starts a PostgreSQL of the test's own, on TCP, and stops it
+// when the test ends; name says which in errors.
+func startCluster(ctx context.Context, t *testing.T, name string) *pglocal.Cluster {
+	t.Helper()
+	c, err := pglocal.Start(ctx, pglocal.Options{Ephemeral: true, TCP: true})
+	if err != nil {
+		t.Fatalf("start the %s: %v", name, err)
+	}
+	t.Cleanup(func() { stopCluster(t, c, name) })
+	return c
+}
+
+// stopCluster stops a cluster of the test's own at its end.
+func stopCluster(t *testing.T, c *pglocal.Cluster, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.Stop(ctx); err != nil {
+		t.Errorf("stop the %s: %v", name, err)
+	}
 }
 
 // queryInts runs a query returning one row of bigints, with a timeout.

@@ -41,11 +41,7 @@ func TestFaultFailover(t *testing.T) {
 	seed := seedFor(t, 7)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	primary, err := pglocal.Start(ctx, pglocal.Options{Ephemeral: true, TCP: true})
-	if err != nil {
-		t.Fatalf("start the primary: %v", err)
-	}
-	t.Cleanup(func() { stopCluster(t, primary, "primary") })
+	primary := startCluster(ctx, t, "primary")
 	standby, err := primary.StartReplica(ctx, pglocal.Options{TCP: true})
 	if err != nil {
 		t.Fatalf("start the standby: %v", err)
@@ -193,9 +189,7 @@ func streamThrough(t *testing.T, primary, standby *pglocal.Cluster, proxy *black
 	if _, err := spool.Exec(context.Background(), "SELECT pg_reload_conf()"); err != nil {
 		t.Fatal(err)
 	}
-	spool.Close()
 	ppool := openPool(t, primary.ConnString(""))
-	defer ppool.Close()
 	poll(t, 30*time.Second, "the standby to stream through the proxy", func() (bool, string) {
 		v, err := queryInts(ppool, `SELECT count(*) FILTER (WHERE application_name = 'through_proxy' AND state = 'streaming'),
 			count(*) FROM pg_stat_replication`)
@@ -204,15 +198,6 @@ func streamThrough(t *testing.T, primary, standby *pglocal.Cluster, proxy *black
 		}
 		return v[0] == 1 && v[1] == 1, fmt.Sprintf("%d through the proxy of %d standby connections", v[0], v[1])
 	})
-}
-
-// stopCluster stops a dedicated cluster at the end of a test.
-func stopCluster(t *testing.T, c *pglocal.Cluster, name string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := c.Stop(ctx); err != nil {
-		t.Errorf("stop the %s: %v", name, err)
-	}
 }
 
 // TestDeadlineDuringAStandbyWaitIsAnError: a commit waiting for a
@@ -233,11 +218,7 @@ func TestDeadlineDuringAStandbyWaitIsAnError(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cluster, err := pglocal.Start(ctx, pglocal.Options{Ephemeral: true, TCP: true})
-	if err != nil {
-		t.Fatalf("start PostgreSQL: %v", err)
-	}
-	t.Cleanup(func() { stopCluster(t, cluster, "cluster") })
+	cluster := startCluster(ctx, t, "dedicated PostgreSQL")
 	admin := openPool(t, cluster.ConnString(""))
 	if err := migrations.Migrate(ctx, admin); err != nil {
 		t.Fatalf("migrate: %v", err)

@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/ledgerline/outbox/internal/pglocal"
 	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/migrations"
 )
@@ -384,17 +383,7 @@ func TestFaultPostgresRestart(t *testing.T) {
 	seed := seedFor(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cluster, err := pglocal.Start(ctx, pglocal.Options{Ephemeral: true, TCP: true})
-	if err != nil {
-		t.Fatalf("start a dedicated PostgreSQL: %v", err)
-	}
-	t.Cleanup(func() {
-		sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer scancel()
-		if err := cluster.Stop(sctx); err != nil {
-			t.Errorf("stop the dedicated PostgreSQL: %v", err)
-		}
-	})
+	cluster := startCluster(ctx, t, "dedicated PostgreSQL")
 	dbURL := cluster.ConnString("postgres")
 	pool := openPool(t, dbURL)
 	if err := migrations.Migrate(ctx, pool); err != nil {
