@@ -48,7 +48,8 @@ FOR UPDATE`
 //     outcomes ($6 outbox ids): the reaper's requeued copy of a late
 //     DISPATCHED outcome is due, and Record withdraws it after this
 //     statement; the transaction that records the payment must not send
-//     it again. A relayer draining a queue then needs one transaction per
+//     it again. (NOT IN a subquery is a hashed lookup; <> ALL($6)
+//     compared every candidate with the whole batch.) A relayer draining a queue then needs one transaction per
 //     batch instead of two, a claim and an outcome write.
 //
 // Successor lookups are per freed participant, through an index (the
@@ -77,7 +78,7 @@ WITH freed AS (
   WHERE w.rail_type = ANY($3::text[])
   ORDER BY w.created_at
   LIMIT $2
-), refill AS (` + dueRows("p.zombie_count < "+suspectAfter+" AND p.outbox_id <> ALL($6::uuid[])", "CASE WHEN $7::bool THEN $2 - (SELECT count(*) FROM successors) ELSE 0 END") + `
+), refill AS (` + dueRows("p.zombie_count < "+suspectAfter+" AND p.outbox_id NOT IN (SELECT unnest($6::uuid[]))", "CASE WHEN $7::bool THEN $2 - (SELECT count(*) FROM successors) ELSE 0 END") + `
 ), locked AS (
   SELECT row FROM successors UNION ALL SELECT row FROM refill
 ), promoted AS (
