@@ -35,6 +35,13 @@ import (
 // /readyz answers degraded.
 const DefaultDegradedAfter = time.Minute
 
+// DefaultHorizonDegradedAfter is how long a transaction may hold the
+// database's vacuum horizon before /readyz answers degraded: every claim,
+// outcome and enqueue meanwhile leaves row versions no vacuum can remove,
+// and the relayers slow down the longer it lasts (docs/operations.md, "A
+// held vacuum horizon").
+const DefaultHorizonDegradedAfter = 5 * time.Minute
+
 // ErrInvalidConfig is returned by New for a configuration it cannot use.
 var ErrInvalidConfig = errors.New("admin: invalid config")
 
@@ -55,6 +62,12 @@ type Config struct {
 	// DegradedAfter is the oldest due age that makes /readyz degraded
 	// (0: DefaultDegradedAfter).
 	DegradedAfter time.Duration
+	// HorizonDegradedAfter is how long a transaction may hold back vacuum
+	// (store.HorizonHolder) before /readyz is degraded (0:
+	// DefaultHorizonDegradedAfter). An inactive replication slot holding
+	// it makes /readyz degraded at once: its standby is gone, and the slot
+	// holds the horizon until it is dropped.
+	HorizonDegradedAfter time.Duration
 	// Logger receives refused requests and operator actions (nil: none).
 	Logger *slog.Logger
 }
@@ -81,6 +94,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.DegradedAfter <= 0 {
 		cfg.DegradedAfter = DefaultDegradedAfter
+	}
+	if cfg.HorizonDegradedAfter <= 0 {
+		cfg.HorizonDegradedAfter = DefaultHorizonDegradedAfter
 	}
 	log := cfg.Logger
 	if log == nil {

@@ -8,13 +8,16 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/cookiejar"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerline/outbox/admin"
@@ -375,6 +378,82 @@ func TestReadiness(t *testing.T) {
 	var h map[string]string
 	if code := b.call(t, "GET", "/healthz", "", nil, &h); code != 200 || h["status"] != "alive" {
 		t.Fatalf("healthz: %d %v", code, h)
+	}
+}
+
+// consolePage signs in to the console as the auditor and returns the
+// HTML of path.
+func (b *bundle) consolePage(t *testing.T, path string) string {
+	t.Helper()
+	jar, err := cookiejar.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Jar: jar}
+	resp, err := client.PostForm(b.url+"/console/signin", url.Values{"token": {auditorSecret}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("sign in: %s", resp.Status)
+	}
+	resp, err = client.Get(b.url + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("GET %s: %s\n%s", path, resp.Status, body)
+	}
+	return string(body)
+}
+
+// TestReadinessDegradedByAHeldVacuumHorizon: a session that keeps a
+// transaction open longer than the threshold makes /readyz degraded,
+// naming the session and its application; ready again once it ends.
+func TestReadinessDegradedByAHeldVacuumHorizon(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{HorizonDegradedAfter: 200 * time.Millisecond})
+	cfg, err := pgx.ParseConfig(b.pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = "nightly-report"
+	holder, err := pgx.ConnectConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(context.Background())
+	if _, err := holder.Exec(b.ctx, `BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1`); err != nil {
+		t.Fatal(err)
+	}
+	var rd admin.Readiness
+	if code := b.call(t, "GET", "/readyz", "", nil, &rd); code != 200 || rd.Status != "ready" {
+		t.Fatalf("readyz with a transaction younger than the threshold: %d %+v", code, rd)
+	}
+	time.Sleep(300 * time.Millisecond)
+	want := fmt.Sprintf("session %d (nightly-report) has held back vacuum", holder.PgConn().PID())
+	if code := b.call(t, "GET", "/readyz", "", nil, &rd); code != 200 || rd.Status != "degraded" || len(rd.Reasons) != 1 ||
+		!strings.HasPrefix(rd.Reasons[0], want) {
+		t.Fatalf("readyz with a transaction older than the threshold: %d %+v, want a reason starting %q", code, rd, want)
+	}
+	// The overview warns with the same words, in the API and on the
+	// console's page.
+	var ov admin.Overview
+	if code := b.call(t, "GET", "/api/v1/overview", auditorSecret, nil, &ov); code != 200 || len(ov.Warnings) != 1 ||
+		!strings.HasPrefix(ov.Warnings[0], want) || ov.Queue.VacuumHorizon == nil || ov.Queue.VacuumHorizon.Application != "nightly-report" {
+		t.Fatalf("overview: %d %+v", code, ov)
+	}
+	if page := b.consolePage(t, "/console/"); !strings.Contains(page, `<p class="warning">`+want) {
+		t.Fatalf("the console's overview lacks the warning %q:\n%s", want, page)
+	}
+	if _, err := holder.Exec(b.ctx, `COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	if code := b.call(t, "GET", "/readyz", "", nil, &rd); code != 200 || rd.Status != "ready" {
+		t.Fatalf("readyz after the commit: %d %+v", code, rd)
 	}
 }
 

@@ -34,6 +34,10 @@ type Overview struct {
 	Rails    []RailOverview      `json:"rails"`
 	Relayers []store.LiveRelayer `json:"relayers"` // wrote to the archive or held a lease in the last 5 minutes
 	Window   string              `json:"activity_window"`
+	// Warnings are conditions that slow the whole queue down without
+	// stopping it: today, a transaction or slot that has held back vacuum
+	// past Config.HorizonDegradedAfter (the reason /readyz gives).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // RailOverview is one rail's breaker and its last five minutes.
@@ -95,6 +99,9 @@ func (s *Server) Overview(ctx context.Context) (Overview, error) {
 		return ov, err
 	}
 	ov.Queue, ov.Relayers = reads.queue, reads.relayers
+	if reason := horizonReason(ov.Queue.VacuumHorizon, s.cfg.HorizonDegradedAfter); reason != "" {
+		ov.Warnings = append(ov.Warnings, reason)
+	}
 	activity := reads.activity
 	byRail := map[string]store.RailActivity{}
 	for _, a := range activity {

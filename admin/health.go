@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/migrations"
 	"github.com/ledgerline/outbox/rails"
 )
@@ -91,6 +92,9 @@ func (s *Server) Readiness(ctx context.Context) Readiness {
 		rd.Reasons = append(rd.Reasons, fmt.Sprintf("the oldest due instruction was enqueued more than %s ago (the threshold)",
 			s.cfg.DegradedAfter))
 	}
+	if reason := s.horizonReason(ctx); reason != "" {
+		rd.Reasons = append(rd.Reasons, reason)
+	}
 	if set := s.cfg.Rails; set != nil {
 		for _, t := range set.Types() {
 			if st := set.State(t); st != rails.BreakerClosed {
@@ -102,4 +106,35 @@ func (s *Server) Readiness(ctx context.Context) Readiness {
 		rd.Status = "degraded"
 	}
 	return rd
+}
+
+// horizonReason says why the database's vacuum horizon makes the process
+// degraded, or "" (also when it cannot be read: the other checks report
+// an unreachable database).
+func (s *Server) horizonReason(ctx context.Context) string {
+	h, err := s.store.VacuumHorizon(ctx, s.cfg.Pool)
+	if err != nil {
+		return ""
+	}
+	return horizonReason(h.Oldest, s.cfg.HorizonDegradedAfter)
+}
+
+// horizonReason says why holder, the oldest holder of the vacuum horizon
+// (nil: none), makes the process degraded with threshold after, or "".
+func horizonReason(holder *store.HorizonHolder, after time.Duration) string {
+	switch o := holder; {
+	case o == nil:
+		return ""
+	case o.Kind == "replication slot" && o.State == "inactive":
+		return fmt.Sprintf("the inactive replication slot %s holds back vacuum (%d transaction ids): its standby is gone; drop the slot or reconnect the standby",
+			o.ID, o.XIDAge)
+	case o.Since != nil && o.AgeSeconds > after.Seconds():
+		who := o.Kind + " " + o.ID
+		if o.Application != "" {
+			who += " (" + o.Application + ")"
+		}
+		return fmt.Sprintf("%s has held back vacuum for %s (the threshold is %s): the hot tables keep every dead row until it ends",
+			who, time.Duration(o.AgeSeconds)*time.Second, after)
+	}
+	return ""
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -190,15 +191,16 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The roles as the version-12 build set them up: today's statements
-	// without those for allocate_sequence and settle_poison_dead_letters,
-	// which did not exist yet.
+	// without those for allocate_sequence, settle_poison_dead_letters and
+	// vacuum_horizon, which did not exist yet.
 	sql, err := migrations.RolesSQL(schema)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var v12 []string
 	for _, line := range strings.Split(sql, "\n") {
-		if !strings.Contains(line, "allocate_sequence(text)") && !strings.Contains(line, "settle_poison_dead_letters") {
+		if !strings.Contains(line, "allocate_sequence(text)") && !strings.Contains(line, "settle_poison_dead_letters") &&
+			!strings.Contains(line, "vacuum_horizon") {
 			v12 = append(v12, line)
 		}
 	}
@@ -233,6 +235,17 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 			t.Errorf("%s: security definer %v (want true), executable by %s %v (want true), by the auditor %v (want false)",
 				fn, definer, runner, runnerMay, auditorMay)
 		}
+	}
+	// vacuum_horizon: for every role that reads the queue, not producers.
+	var definer bool
+	var may []string
+	if err := b.admin.QueryRow(b.ctx, `SELECT prosecdef, array(SELECT r FROM unnest($1::text[]) r WHERE has_function_privilege(r, oid, 'EXECUTE') ORDER BY r)
+		FROM pg_proc WHERE oid = 'upgraded.vacuum_horizon()'::regprocedure`,
+		[]string{migrations.RoleProducer, migrations.RoleRelayer, migrations.RoleAuditor, migrations.RoleOperator}).Scan(&definer, &may); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{migrations.RoleAuditor, migrations.RoleOperator, migrations.RoleRelayer}; !definer || !slices.Equal(may, want) {
+		t.Errorf("vacuum_horizon(): security definer %v (want true), executable by %v (want %v)", definer, may, want)
 	}
 	var settled int64
 	if err := b.as(t, migrations.RoleRelayer, "").QueryRow(b.ctx, `SELECT upgraded.settle_poison_dead_letters('{}')`).Scan(&settled); err != nil {
@@ -610,4 +623,45 @@ func TestBatchEnqueueAsProducerRole(t *testing.T) {
 	if strings.Join(got, ", ") != strings.Join(want, ", ") {
 		t.Fatalf("receipts %v, want %v", got, want)
 	}
+}
+
+// TestVacuumHorizonAsEachRole: a producer's session keeps a transaction
+// open. The relayer, auditor and operator roles cannot see its state or
+// start in pg_stat_activity (another role's session), yet the horizon
+// names it with both for each of them (vacuum_horizon runs as the owner, a
+// member of pg_read_all_stats); the producer may not call it.
+func TestVacuumHorizonAsEachRole(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	producer := b.as(t, migrations.RoleProducer, "")
+	holder, err := producer.Acquire(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	if _, err := holder.Exec(b.ctx, `BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1`); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Exec(context.Background(), `ROLLBACK`)
+	pid := holder.Conn().PgConn().PID()
+	for _, role := range []string{migrations.RoleRelayer, migrations.RoleAuditor, migrations.RoleOperator} {
+		pool := b.as(t, role, "*")
+		var hidden bool
+		if err := pool.QueryRow(b.ctx, `SELECT xact_start IS NULL AND state IS NULL FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&hidden); err != nil {
+			t.Fatal(err)
+		}
+		if !hidden {
+			t.Errorf("%s sees another role's session's details in pg_stat_activity: this test shows nothing", role)
+		}
+		snap, err := b.st.Snapshot(b.ctx, pool)
+		if err != nil {
+			t.Fatalf("snapshot as %s: %v", role, err)
+		}
+		h := snap.VacuumHorizon
+		if snap.VacuumHorizonPartial || h == nil || h.Kind != "session" || h.ID != fmt.Sprint(pid) || h.Role != migrations.RoleProducer ||
+			h.State != "idle in transaction" || h.Since == nil {
+			t.Errorf("as %s the horizon is held by %+v (partial %v), want the producer's session %d", role, h, snap.VacuumHorizonPartial, pid)
+		}
+	}
+	refused(t, b.ctx, producer, `SELECT * FROM outbox.vacuum_horizon()`)
 }

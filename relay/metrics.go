@@ -137,10 +137,16 @@ var (
 	descStuck   = prometheus.NewDesc("outbox_stuck_dispatching_count", "In-flight instructions past their lease (a relayer died).", nil, nil)
 	descDLQ     = prometheus.NewDesc("outbox_dlq_depth", "Dead letters not yet acknowledged.", nil, nil)
 	descUp      = prometheus.NewDesc("outbox_snapshot_up", "1 if the queue snapshot could be read at this scrape.", nil, nil)
+	// The vacuum horizon's holder (store.HorizonHolder); not exported on
+	// a standby, whose sessions hold back nothing on the primary.
+	descHorizonAge = prometheus.NewDesc("outbox_vacuum_horizon_age_seconds",
+		"Age of the oldest transaction holding back vacuum in the outbox's database (0: none, or a holder known by transaction ids only: see outbox_vacuum_horizon_xid_age).", nil, nil)
+	descHorizonXIDs = prometheus.NewDesc("outbox_vacuum_horizon_xid_age",
+		"Transaction ids since the oldest horizon held in the outbox's database (session, prepared transaction, standby feedback or replication slot); 0: none.", nil, nil)
 )
 
 func (snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPending, descDue, descOldest, descFlight, descStuck, descDLQ, descUp} {
+	for _, d := range []*prometheus.Desc{descPending, descDue, descOldest, descFlight, descStuck, descDLQ, descUp, descHorizonAge, descHorizonXIDs} {
 		ch <- d
 	}
 }
@@ -157,6 +163,14 @@ func (c snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	for d, v := range map[*prometheus.Desc]float64{descPending: float64(s.Pending), descDue: float64(s.Due),
 		descOldest: s.OldestPendingSecs, descFlight: float64(s.InFlight), descStuck: float64(s.Stuck), descDLQ: float64(s.DeadLetters)} {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+	}
+	if !s.Standby {
+		var age, xids float64
+		if h := s.VacuumHorizon; h != nil {
+			age, xids = h.AgeSeconds, float64(h.XIDAge)
+		}
+		ch <- prometheus.MustNewConstMetric(descHorizonAge, prometheus.GaugeValue, age)
+		ch <- prometheus.MustNewConstMetric(descHorizonXIDs, prometheus.GaugeValue, xids)
 	}
 }
 

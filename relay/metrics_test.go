@@ -161,3 +161,69 @@ func TestScrapesShareQueueGauges(t *testing.T) {
 		t.Fatalf("a scrape past the gauges' max age:\n%s", body)
 	}
 }
+
+// TestMetricsShowAHeldVacuumHorizon: a session that keeps a transaction
+// open shows in the scrape as the horizon's age, in seconds and in
+// transaction ids; both are 0 once it ends.
+func TestMetricsShowAHeldVacuumHorizon(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := testdb.New(t)
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	if _, err := relay.New(pool, relay.Config{Relayer: engine.Config{Rails: set}, Metrics: reg, QueueGaugesMaxAge: time.Nanosecond}); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	gauges := func() (age, xids float64) {
+		t.Helper()
+		resp, err := srv.Client().Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		for _, line := range strings.Split(string(body), "\n") {
+			if v, ok := strings.CutPrefix(line, "outbox_vacuum_horizon_age_seconds "); ok {
+				fmt.Sscan(v, &age)
+			}
+			if v, ok := strings.CutPrefix(line, "outbox_vacuum_horizon_xid_age "); ok {
+				fmt.Sscan(v, &xids)
+			}
+		}
+		if !strings.Contains(string(body), "outbox_vacuum_horizon_age_seconds ") || !strings.Contains(string(body), "outbox_vacuum_horizon_xid_age ") {
+			t.Fatalf("the scrape lacks the vacuum horizon:\n%s", body)
+		}
+		return age, xids
+	}
+	if age, xids := gauges(); age != 0 || xids != 0 {
+		t.Fatalf("nothing holds the horizon, yet the gauges say %v s, %v transaction ids", age, xids)
+	}
+
+	holder, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	if _, err := holder.Exec(ctx, `BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1`); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if _, err := pool.Exec(ctx, `SELECT txid_current()`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if age, xids := gauges(); age <= 0 || xids < 3 {
+		t.Errorf("a transaction holds the horizon, yet the gauges say %v s, %v transaction ids", age, xids)
+	}
+	if _, err := holder.Exec(ctx, `COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	if age, xids := gauges(); age != 0 || xids != 0 {
+		t.Errorf("after the commit the gauges say %v s, %v transaction ids", age, xids)
+	}
+}

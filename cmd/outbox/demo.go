@@ -206,7 +206,7 @@ func (d *demo) console(ctx context.Context, pool *pgxpool.Pool, schema string, r
 		tokens = []admin.Token{tok}
 	}
 	adm, err := admin.New(admin.Config{Pool: pool, Schema: schema, Tokens: tokens, Rails: set, Relayer: svc.Relayer(),
-		DegradedAfter: rf.degradedAfter, Logger: log})
+		DegradedAfter: rf.degradedAfter, HorizonDegradedAfter: rf.horizonAfter, Logger: log})
 	if err != nil {
 		return nil, err
 	}

@@ -35,7 +35,7 @@ var commands = []command{
 	{"relay", "run a relayer (and the zombie reaper): claim, dispatch to rails, record outcomes [role: outbox_relayer]", runRelay},
 	{"bench", "benchmarks: drain (ordering on/off), steady-rate latency, enqueue, the pgbench ceiling of the same statements, NOTIFY on/off, soak", runBench},
 	{"sandbox", "sandbox serve: the sandbox rail as an HTTP server (webhook protocol), for crash tests and demos", runSandbox},
-	{"stats", "queue state: pending, due, oldest due age, in flight, stuck, DLQ depth (JSON) [role: outbox_auditor]", runStats},
+	{"stats", "queue state: pending, due, oldest due age, in flight, stuck, DLQ depth, what holds back vacuum (JSON) [role: outbox_auditor]", runStats},
 	{"dlq", "dead letters: list, replay, ack [role: outbox_operator]", runDLQ},
 	{"audit", "an instruction's attempt trail, verify the invariants and the archive's tamper evidence, export checkpoints [role: outbox_auditor; outbox_relayer for checkpoint]", runAudit},
 	{"archive", "the archive's months: list them, detach old ones (and retire their keys), export one to CSV with its checksum [role: outbox_auditor; outbox_owner for detach]", runArchive},

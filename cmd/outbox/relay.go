@@ -55,6 +55,7 @@ type relayFlags struct {
 	adminTokensEnv     string
 	adminDatabaseURL   string
 	degradedAfter      time.Duration
+	horizonAfter       time.Duration
 }
 
 func (f *relayFlags) register(fs *flag.FlagSet) {
@@ -89,6 +90,7 @@ func (f *relayFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.adminTokensEnv, "admin-tokens-env", "", "name of an environment variable holding API credentials in the same format (lines or ';'-separated)")
 	fs.StringVar(&f.adminDatabaseURL, "admin-database-url", "", "the admin address's own connection (e.g. as outbox_operator with options=-c outbox.tenant=*); empty: the relayer's (which, as outbox_relayer, can neither replay nor read keys)")
 	fs.DurationVar(&f.degradedAfter, "degraded-after", admin.DefaultDegradedAfter, "/readyz says degraded once the oldest due instruction has waited this long")
+	fs.DurationVar(&f.horizonAfter, "horizon-degraded-after", admin.DefaultHorizonDegradedAfter, "/readyz says degraded once a transaction has held back vacuum this long (docs/operations.md)")
 }
 
 // loadRails builds the rail set from --rails-config (or the default).
@@ -208,7 +210,7 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 			admPool = p
 		}
 		adm, err := admin.New(admin.Config{Pool: admPool, Schema: db.schema, Tokens: tokens, Rails: built.Set,
-			Relayer: svc.Relayer(), DegradedAfter: rf.degradedAfter, Logger: log})
+			Relayer: svc.Relayer(), DegradedAfter: rf.degradedAfter, HorizonDegradedAfter: rf.horizonAfter, Logger: log})
 		if err != nil {
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}

@@ -22,6 +22,13 @@ type Snapshot struct {
 	// replica): as of its last replayed transaction, and without the idle
 	// relayers, whose table is unlogged and so not replicated.
 	Standby bool `json:"standby"`
+	// VacuumHorizon is the oldest holder of the database's vacuum horizon
+	// (see [Store.VacuumHorizon]); nil when nothing holds one, and on a
+	// standby.
+	VacuumHorizon *HorizonHolder `json:"vacuum_horizon,omitempty"`
+	// VacuumHorizonPartial says the role that read the snapshot could not
+	// see the details of other roles' sessions (Horizon.SeesAll false).
+	VacuumHorizonPartial bool `json:"vacuum_horizon_partial,omitempty"`
 }
 
 // Snapshot reads the queue's operational state.
@@ -37,6 +44,11 @@ func (s *Store) Snapshot(ctx context.Context, db Querier) (Snapshot, error) {
 		if err := db.QueryRow(ctx, s.sql.idleRelayers).Scan(&sn.IdleRelayers); err != nil {
 			return Snapshot{}, fmt.Errorf("snapshot: idle relayers: %w", err)
 		}
+		h, err := s.VacuumHorizon(ctx, db)
+		if err != nil {
+			return Snapshot{}, fmt.Errorf("snapshot: %w", err)
+		}
+		sn.VacuumHorizon, sn.VacuumHorizonPartial = h.Oldest, !h.SeesAll
 	}
 	sn.OldestPendingAge = time.Duration(sn.OldestPendingSecs * float64(time.Second))
 	return sn, nil

@@ -97,6 +97,7 @@ type statements struct {
 	openDeadLetters, allDeadLetters                string
 	listPending                                    string
 	snapshot, idleRelayers, dueOlderThan           string
+	vacuumHorizon                                  string
 	verifyCounts                                   string
 	verifyChecks                                   []string
 	registerIdle, unregisterIdle                   string
@@ -140,6 +141,7 @@ func renderStatements(schema string) statements {
 		listPending:        q(listPendingSQL),
 		snapshot:           q(snapshotSQL),
 		idleRelayers:       q(idleRelayersSQL),
+		vacuumHorizon:      q(vacuumHorizonSQL),
 		dueOlderThan:       q(dueOlderThanSQL),
 		verifyCounts:       q(verifyCountsSQL),
 		registerIdle:       q(registerIdleSQL),

@@ -72,7 +72,10 @@ func AdminURL(t TB) string {
 		// Throwaway clusters skip fsync; benchmarks that measure commit cost
 		// set OUTBOX_TEST_FSYNC=on to get durable commits like production.
 		fsync := os.Getenv("OUTBOX_TEST_FSYNC") == "on"
-		cluster, startErr = pglocal.Start(ctx, pglocal.Options{Ephemeral: true, TCP: true, Fsync: fsync})
+		// Prepared transactions are allowed so that a test can show one
+		// holding the vacuum horizon.
+		cluster, startErr = pglocal.Start(ctx, pglocal.Options{Ephemeral: true, TCP: true, Fsync: fsync,
+			Settings: map[string]string{"max_prepared_transactions": "8"}})
 		if startErr == nil {
 			adminURL = cluster.ConnString("postgres")
 		}
