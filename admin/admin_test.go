@@ -434,7 +434,7 @@ func TestReadinessDegradedByAHeldVacuumHorizon(t *testing.T) {
 		t.Fatalf("readyz with a transaction younger than the threshold: %d %+v", code, rd)
 	}
 	time.Sleep(300 * time.Millisecond)
-	want := fmt.Sprintf("session %d (nightly-report) has held back vacuum", holder.PgConn().PID())
+	want := fmt.Sprintf("session %d (nightly-report, %s, idle in transaction) has held back vacuum", holder.PgConn().PID(), cfg.User)
 	if code := b.call(t, "GET", "/readyz", "", nil, &rd); code != 200 || rd.Status != "degraded" || len(rd.Reasons) != 1 ||
 		!strings.HasPrefix(rd.Reasons[0], want) {
 		t.Fatalf("readyz with a transaction older than the threshold: %d %+v, want a reason starting %q", code, rd, want)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/ledgerline/outbox/internal/store"
@@ -130,8 +131,14 @@ func horizonReason(holder *store.HorizonHolder, after time.Duration) string {
 			o.ID, o.XIDAge)
 	case o.Since != nil && o.AgeSeconds > after.Seconds():
 		who := o.Kind + " " + o.ID
-		if o.Application != "" {
-			who += " (" + o.Application + ")"
+		var about []string
+		for _, d := range []string{o.Application, o.Role, o.State} {
+			if d != "" {
+				about = append(about, d)
+			}
+		}
+		if len(about) > 0 {
+			who += " (" + strings.Join(about, ", ") + ")"
 		}
 		return fmt.Sprintf("%s has held back vacuum for %s (the threshold is %s): the hot tables keep every dead row until it ends",
 			who, time.Duration(o.AgeSeconds)*time.Second, after)

@@ -19,8 +19,9 @@ func TestHorizonReason(t *testing.T) {
 	}{
 		{"none", nil, ""},
 		{"young session", &store.HorizonHolder{Kind: "session", ID: "42", Since: &since, AgeSeconds: 299}, ""},
-		{"old session", &store.HorizonHolder{Kind: "session", ID: "42", Application: "psql", Since: &since, AgeSeconds: 301.7},
-			"session 42 (psql) has held back vacuum for 5m1s (the threshold is 5m0s): the hot tables keep every dead row until it ends"},
+		{"old session", &store.HorizonHolder{Kind: "session", ID: "42", Application: "psql", Role: "analyst", State: "idle in transaction",
+			Since: &since, AgeSeconds: 301.7},
+			"session 42 (psql, analyst, idle in transaction) has held back vacuum for 5m1s (the threshold is 5m0s): the hot tables keep every dead row until it ends"},
 		{"old prepared transaction", &store.HorizonHolder{Kind: "prepared transaction", ID: "tx-7", Since: &since, AgeSeconds: 3600},
 			"prepared transaction tx-7 has held back vacuum for 1h0m0s (the threshold is 5m0s): the hot tables keep every dead row until it ends"},
 		{"active slot", &store.HorizonHolder{Kind: "replication slot", ID: "auditors", State: "active", XIDAge: 1 << 30}, ""},
