@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -164,11 +165,17 @@ func TestScrapesShareQueueGauges(t *testing.T) {
 
 // TestMetricsShowAHeldVacuumHorizon: a session that keeps a transaction
 // open shows in the scrape as the horizon's age, in seconds and in
-// transaction ids; both are 0 once it ends.
+// transaction ids; both are 0 once it ends. The service connects as the
+// administrative role, which tells the autovacuum workers that may visit
+// the database (holding nothing back) from sessions.
 func TestMetricsShowAHeldVacuumHorizon(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	pool := testdb.New(t)
+	pool, err := pgxpool.New(ctx, testdb.AsAdmin(t, testdb.URL(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
 	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})})
 	if err != nil {
 		t.Fatal(err)

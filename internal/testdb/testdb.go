@@ -139,6 +139,23 @@ func URL(t TB) string {
 	return u.String()
 }
 
+// AsAdmin returns dbURL (one of URL's) as the server's administrative
+// role: a superuser on the throwaway cluster, who sees every session's
+// details in pg_stat_activity.
+func AsAdmin(t TB, dbURL string) string {
+	t.Helper()
+	admin, err := url.Parse(AdminURL(t))
+	if err != nil {
+		t.Fatalf("testdb: parse %s: %v", EnvURL, err)
+	}
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	u.User = admin.User
+	return u.String()
+}
+
 // New returns a pool on a fresh, migrated database for this test, closed
 // when the test ends.
 func New(t TB) *pgxpool.Pool {
