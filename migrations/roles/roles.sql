@@ -92,8 +92,9 @@ GRANT EXECUTE ON FUNCTION {{schema}}.replay_dead_letter(uuid, text, text), {{sch
   TO outbox_operator;
 
 -- The vacuum horizon (migration 018): relayers, auditors and operators see
--- what holds it back in every role's sessions, through the owner's
--- pg_read_all_stats, without seeing those sessions' queries.
+-- the state, start and client of what holds it back in every role's
+-- sessions, through the owner's pg_read_all_stats, without seeing those
+-- sessions' queries.
 ALTER FUNCTION {{schema}}.vacuum_horizon() SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 REVOKE ALL ON FUNCTION {{schema}}.vacuum_horizon() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION {{schema}}.vacuum_horizon() TO outbox_relayer, outbox_auditor, outbox_operator;
@@ -101,7 +102,7 @@ DO $$
 BEGIN
   GRANT pg_read_all_stats TO outbox_owner;
 EXCEPTION WHEN insufficient_privilege THEN
-  RAISE WARNING 'could not grant pg_read_all_stats to outbox_owner (%): the vacuum horizon shows only its own sessions until a superuser does', SQLERRM;
+  RAISE WARNING 'could not grant pg_read_all_stats to outbox_owner (%): the vacuum horizon shows other roles'' sessions without their state and start until a superuser does', SQLERRM;
 END $$;
 -- Tenant isolation: row-level security on every table that holds an
 -- instruction, keyed by its tenant and the session's outbox.tenant setting
