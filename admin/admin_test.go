@@ -11,6 +11,7 @@ import (
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -22,8 +23,10 @@ import (
 
 	"github.com/ledgerline/outbox/admin"
 	"github.com/ledgerline/outbox/engine"
+	"github.com/ledgerline/outbox/internal/pglocal"
 	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/migrations"
 	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
@@ -385,29 +388,118 @@ func TestReadiness(t *testing.T) {
 // HTML of path.
 func (b *bundle) consolePage(t *testing.T, path string) string {
 	t.Helper()
+	return consoleAt(t, b.url).get(t, path)
+}
+
+// consoleClient is a console session of the auditor's, over plain HTTP.
+type consoleClient struct {
+	base   string
+	client *http.Client
+}
+
+// consoleAt signs in to the console at base as the auditor.
+func consoleAt(t *testing.T, base string) *consoleClient {
+	t.Helper()
 	jar, err := cookiejar.New(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	client := &http.Client{Jar: jar}
-	resp, err := client.PostForm(b.url+"/console/signin", url.Values{"token": {auditorSecret}})
-	if err != nil {
-		t.Fatal(err)
+	c := &consoleClient{base: base, client: &http.Client{Jar: jar}}
+	resp, err := c.client.PostForm(base+"/console/signin", url.Values{"token": {auditorSecret}})
+	c.read(t, "sign in", resp, err)
+	return c
+}
+
+func (c *consoleClient) get(t *testing.T, path string) string {
+	t.Helper()
+	resp, err := c.client.Get(c.base + path)
+	return c.read(t, "GET "+path, resp, err)
+}
+
+// post submits a form to path with the session's CSRF token (read from the
+// overview).
+func (c *consoleClient) post(t *testing.T, path string, form url.Values) string {
+	t.Helper()
+	m := regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`).FindStringSubmatch(c.get(t, "/console/"))
+	if m == nil {
+		t.Fatal("no CSRF token on the overview")
 	}
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("sign in: %s", resp.Status)
-	}
-	resp, err = client.Get(b.url + path)
+	form.Set("csrf", m[1])
+	resp, err := c.client.PostForm(c.base+path, form)
+	return c.read(t, "POST "+path, resp, err)
+}
+
+func (c *consoleClient) read(t *testing.T, what string, resp *http.Response, err error) string {
+	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != 200 {
-		t.Fatalf("GET %s: %s\n%s", path, resp.Status, body)
+		t.Fatalf("%s: %s\n%s", what, resp.Status, body)
 	}
 	return string(body)
+}
+
+// TestVerifyRunsOnTheAuditPool: with Config.AuditPool a real streaming
+// standby, the API's and the console's audit verify run there and say so;
+// without it they run on the primary, and the console warns that the
+// snapshot held back vacuum.
+func TestVerifyRunsOnTheAuditPool(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	primary, err := pglocal.Start(ctx, pglocal.Options{Ephemeral: true, TCP: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = primary.Stop(context.Background()) })
+	pool, err := pgxpool.New(ctx, primary.ConnString("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := migrations.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	standby, err := primary.StartReplica(ctx, pglocal.Options{TCP: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = standby.Stop(context.Background()) })
+	replica, err := pgxpool.New(ctx, standby.ConnString("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(replica.Close)
+	toks, err := admin.ParseTokens(strings.NewReader("auditor audra " + auditorSecret + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, audit := range []*pgxpool.Pool{replica, nil} {
+		srv, err := admin.New(admin.Config{Pool: pool, AuditPool: audit, Tokens: toks})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := httptest.NewServer(srv.Handler())
+		b := &bundle{ctx: ctx, url: hs.URL}
+		var rep struct {
+			OK      bool    `json:"ok"`
+			Standby bool    `json:"standby"`
+			Seconds float64 `json:"seconds"`
+		}
+		onStandby := audit != nil
+		if code := b.call(t, "POST", "/api/v1/verify", auditorSecret, nil, &rep); code != 200 || !rep.OK || rep.Standby != onStandby || rep.Seconds <= 0 {
+			t.Errorf("verify with the audit pool %v: %d %+v", onStandby, code, rep)
+		}
+		page := consoleAt(t, hs.URL).post(t, "/console/verify", url.Values{})
+		warned := strings.Contains(page, `<p class="warning">Ran on the primary`)
+		if !strings.Contains(page, "Every invariant holds.") || warned == onStandby ||
+			strings.Contains(page, "Ran on a standby") != onStandby {
+			t.Errorf("the console's verify with the audit pool %v:\n%s", onStandby, page)
+		}
+		hs.Close()
+	}
 }
 
 // TestReadinessDegradedByAHeldVacuumHorizon: a session that keeps a

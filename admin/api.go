@@ -359,9 +359,9 @@ func (s *Server) trail(w http.ResponseWriter, r *http.Request, _ Token) {
 }
 
 // verify runs audit verify (the ordering invariants unless
-// ?unordered=true).
+// ?unordered=true), on Config.AuditPool when set.
 func (s *Server) verify(w http.ResponseWriter, r *http.Request, _ Token) {
-	rep, err := s.store.Verify(r.Context(), s.cfg.Pool, store.VerifyOptions{Ordered: r.URL.Query().Get("unordered") != "true"})
+	rep, err := s.store.Verify(r.Context(), s.auditPool(), store.VerifyOptions{Ordered: r.URL.Query().Get("unordered") != "true"})
 	if err != nil {
 		s.internalError(w, r, err)
 		return
@@ -374,5 +374,6 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, _ Token) {
 		"ok": rep.OK(), "instructions": rep.Instructions, "pending": rep.Pending, "in_flight": rep.InFlight,
 		"dispatched": rep.Dispatched, "dead_letters": rep.DeadLetters, "dispatched_twice": rep.DispatchedTwice,
 		"attempts": rep.Attempts, "chained_rows": rep.Chained, "checkpoints": rep.Checkpoints, "violations": violations,
+		"standby": rep.Standby, "seconds": rep.Duration.Seconds(),
 	})
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -55,6 +56,7 @@ type relayFlags struct {
 	adminTokensEnv     string
 	adminDatabaseURL   string
 	degradedAfter      time.Duration
+	adminAuditURL      string
 	horizonAfter       time.Duration
 }
 
@@ -88,6 +90,7 @@ func (f *relayFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.adminAddr, "metrics-addr", "", "the former name of --admin-addr")
 	fs.StringVar(&f.adminTokensFile, "admin-tokens-file", "", "file of API credentials, one per line: ROLE NAME SECRET (role auditor or operator); without tokens the API is off")
 	fs.StringVar(&f.adminTokensEnv, "admin-tokens-env", "", "name of an environment variable holding API credentials in the same format (lines or ';'-separated)")
+	fs.StringVar(&f.adminAuditURL, "admin-audit-database-url", "", "where the console's and the API's audit verify runs: a hot standby (empty: the admin address's connection; on the primary its snapshot holds back vacuum while it runs)")
 	fs.StringVar(&f.adminDatabaseURL, "admin-database-url", "", "the admin address's own connection (e.g. as outbox_operator with options=-c outbox.tenant=*); empty: the relayer's (which, as outbox_relayer, can neither replay nor read keys)")
 	fs.DurationVar(&f.degradedAfter, "degraded-after", admin.DefaultDegradedAfter, "/readyz says degraded once the oldest due instruction has waited this long")
 	fs.DurationVar(&f.horizonAfter, "horizon-degraded-after", admin.DefaultHorizonDegradedAfter, "/readyz says degraded once a transaction has held back vacuum this long (docs/operations.md)")
@@ -209,7 +212,18 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 			defer closeAdmin()
 			admPool = p
 		}
-		adm, err := admin.New(admin.Config{Pool: admPool, Schema: db.schema, Tokens: tokens, Rails: built.Set,
+		var auditPool *pgxpool.Pool
+		if rf.adminAuditURL != "" {
+			adb := db
+			adb.url, adb.settings.ApplicationName = rf.adminAuditURL, "outbox-admin-audit "+rf.relayerID
+			p, closeAudit, err := adb.connect(ctx, log, 2)
+			if err != nil {
+				return err
+			}
+			defer closeAudit()
+			auditPool = p
+		}
+		adm, err := admin.New(admin.Config{Pool: admPool, AuditPool: auditPool, Schema: db.schema, Tokens: tokens, Rails: built.Set,
 			Relayer: svc.Relayer(), DegradedAfter: rf.degradedAfter, HorizonDegradedAfter: rf.horizonAfter, Logger: log})
 		if err != nil {
 			return fmt.Errorf("%w: %v", errUsage, err)

@@ -92,6 +92,11 @@ func TestReadOnlyCommandsOnAReplica(t *testing.T) {
 		if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || r.code != 0 || rep["ok"] != true {
 			t.Fatalf("audit verify on %s: %v\n%s", url, err, r)
 		}
+		// On the primary it warns that its snapshot held back vacuum.
+		onStandby := url == rurl
+		if rep["standby"] != onStandby || strings.Contains(r.stderr, "held back vacuum") == onStandby {
+			t.Errorf("audit verify on %s: standby %v, stderr %q", url, rep["standby"], r.stderr)
+		}
 		return rep
 	}
 	time.Sleep(time.Second)

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -28,6 +29,11 @@ type Report struct {
 	Checkpoints         int
 	ExportedCheckpoints int
 	Violations          []Violation
+	// Standby says the snapshot was a hot standby's. On the primary it held
+	// back vacuum for Duration (docs/operations.md, "A held vacuum
+	// horizon").
+	Standby  bool
+	Duration time.Duration // from the snapshot's start to the last check
 }
 
 // OK reports whether no invariant was violated.
@@ -262,7 +268,8 @@ SELECT (SELECT count(*) FROM {schema}.idempotency_keys),
        (SELECT count(DISTINCT outbox_id) FROM {schema}.archive WHERE state = 'DISPATCHED'),
        (SELECT count(*) FROM (SELECT 1 FROM {schema}.archive WHERE state = 'DISPATCHED'
                               GROUP BY outbox_id HAVING count(*) > 1) x),
-       (SELECT count(*) FROM {schema}.archive)`
+       (SELECT count(*) FROM {schema}.archive),
+       pg_is_in_recovery()`
 
 // Verify checks the invariants 1 to 5 by query, in one REPEATABLE READ
 // snapshot (so a running system is checked at one instant): every committed
@@ -274,6 +281,7 @@ func (s *Store) Verify(ctx context.Context, db TxBeginner, opts VerifyOptions) (
 	if opts.Examples <= 0 {
 		opts.Examples = 10
 	}
+	start := time.Now()
 	tx, err := beginVerify(ctx, db)
 	if err != nil {
 		return Report{}, fmt.Errorf("verify: %w", err)
@@ -282,7 +290,7 @@ func (s *Store) Verify(ctx context.Context, db TxBeginner, opts VerifyOptions) (
 
 	var r Report
 	if err := tx.QueryRow(ctx, s.sql.verifyCounts).Scan(
-		&r.Instructions, &r.Pending, &r.InFlight, &r.DeadLetters, &r.Dispatched, &r.DispatchedTwice, &r.Attempts); err != nil {
+		&r.Instructions, &r.Pending, &r.InFlight, &r.DeadLetters, &r.Dispatched, &r.DispatchedTwice, &r.Attempts, &r.Standby); err != nil {
 		return Report{}, fmt.Errorf("verify counts: %w", err)
 	}
 	for i, c := range checks {
@@ -307,5 +315,6 @@ func (s *Store) Verify(ctx context.Context, db TxBeginner, opts VerifyOptions) (
 	if err := s.verifyCheckpoints(ctx, tx, &r, opts.Checkpoints); err != nil {
 		return Report{}, fmt.Errorf("verify checkpoints: %w", err)
 	}
+	r.Duration = time.Since(start)
 	return r, nil
 }
