@@ -14,7 +14,9 @@ import (
 
 // TestRelayAdminAddress: `outbox relay --admin-addr` serves /metrics, the
 // probes (ready once the relayer listens) and the API with the credentials
-// named by --admin-tokens-env; without a credential the API says 401.
+// named by --admin-tokens-env; without a credential the API says 401. The
+// API's verify runs on the connection --admin-audit-database-url names
+// (here the same database, told apart by its application name).
 func TestRelayAdminAddress(t *testing.T) {
 	t.Parallel()
 	b := setupCLI(t)
@@ -30,10 +32,11 @@ func TestRelayAdminAddress(t *testing.T) {
 	go func() {
 		vars := map[string]string{"OPS_TOKENS": "auditor audra audra-secret-0123456789;operator oscar oscar-secret-0123456789"}
 		env := &environment{stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard, getenv: func(k string) string { return vars[k] }}
-		done <- run(ctx, env, []string{"relay", "--database-url", b.url, "--admin-addr", addr, "--admin-tokens-env", "OPS_TOKENS"})
+		done <- run(ctx, env, []string{"relay", "--database-url", b.url, "--admin-addr", addr, "--admin-tokens-env", "OPS_TOKENS",
+			"--admin-audit-database-url", b.url, "--relayer-id", "r-admin"})
 	}()
-	get := func(path, secret string) (int, string) {
-		req, _ := http.NewRequestWithContext(b.ctx, "GET", "http://"+addr+path, nil)
+	call := func(method, path, secret string) (int, string) {
+		req, _ := http.NewRequestWithContext(b.ctx, method, "http://"+addr+path, nil)
 		if secret != "" {
 			req.Header.Set("Authorization", "Bearer "+secret)
 		}
@@ -45,6 +48,7 @@ func TestRelayAdminAddress(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(body)
 	}
+	get := func(path, secret string) (int, string) { return call("GET", path, secret) }
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		code, body := get("/readyz", "")
 		if code == http.StatusOK {
@@ -66,6 +70,13 @@ func TestRelayAdminAddress(t *testing.T) {
 	}
 	if code, body := get("/api/v1/overview", "audra-secret-0123456789"); code != 200 || !strings.Contains(body, `"rail":"sandbox"`) {
 		t.Fatalf("overview as auditor: %d %s", code, body)
+	}
+	if code, body := call("POST", "/api/v1/verify", "audra-secret-0123456789"); code != 200 || !strings.Contains(body, `"ok":true`) {
+		t.Fatalf("verify as auditor: %d %s", code, body)
+	}
+	var audits int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'outbox-admin-audit r-admin'`).Scan(&audits); err != nil || audits == 0 {
+		t.Fatalf("no connection of the audit pool after a verify (%v)", err)
 	}
 	cancel()
 	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
