@@ -26,7 +26,6 @@ import (
 	"github.com/ledgerline/outbox/internal/pglocal"
 	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/internal/testdb"
-	"github.com/ledgerline/outbox/migrations"
 	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
@@ -384,13 +383,6 @@ func TestReadiness(t *testing.T) {
 	}
 }
 
-// consolePage signs in to the console as the auditor and returns the
-// HTML of path.
-func (b *bundle) consolePage(t *testing.T, path string) string {
-	t.Helper()
-	return consoleAt(t, b.url).get(t, path)
-}
-
 // consoleClient is a console session of the auditor's, over plain HTTP.
 type consoleClient struct {
 	base   string
@@ -449,19 +441,7 @@ func (c *consoleClient) read(t *testing.T, what string, resp *http.Response, err
 func TestVerifyRunsOnTheAuditPool(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	primary, err := pglocal.Start(ctx, pglocal.Options{Ephemeral: true, TCP: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = primary.Stop(context.Background()) })
-	pool, err := pgxpool.New(ctx, primary.ConnString("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	if err := migrations.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
+	primary, pool := testdb.OwnCluster(t)
 	standby, err := primary.StartReplica(ctx, pglocal.Options{TCP: true})
 	if err != nil {
 		t.Fatal(err)
@@ -538,7 +518,7 @@ func TestReadinessDegradedByAHeldVacuumHorizon(t *testing.T) {
 		!strings.HasPrefix(ov.Warnings[0], want) || ov.Queue.VacuumHorizon == nil || ov.Queue.VacuumHorizon.Application != "nightly-report" {
 		t.Fatalf("overview: %d %+v", code, ov)
 	}
-	if page := b.consolePage(t, "/console/"); !strings.Contains(page, `<p class="warning">`+want) {
+	if page := consoleAt(t, b.url).get(t, "/console/"); !strings.Contains(page, `<p class="warning">`+want) {
 		t.Fatalf("the console's overview lacks the warning %q:\n%s", want, page)
 	}
 	if _, err := holder.Exec(b.ctx, `COMMIT`); err != nil {

@@ -44,6 +44,13 @@ func (d *dbFlags) behindTransactionPooler() bool {
 	return d.pooler == string(poolconfig.PoolerTransaction)
 }
 
+// connectTo opens a second pool with these settings, to url and named
+// application (the admin address's own connections).
+func (d dbFlags) connectTo(ctx context.Context, log *slog.Logger, url, application string, maxConns int32) (*pgxpool.Pool, func(), error) {
+	d.url, d.settings.ApplicationName = url, application
+	return d.connect(ctx, log, maxConns)
+}
+
 // connect opens a pool. Without a URL it starts the embedded cluster, or
 // attaches to it if it already runs; the returned cleanup closes the pool
 // and stops a cluster this call started.

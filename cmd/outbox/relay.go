@@ -201,22 +201,17 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 		if err != nil {
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}
-		admPool := pool
+		admPool, auditPool := pool, (*pgxpool.Pool)(nil)
 		if rf.adminDatabaseURL != "" {
-			adb := db
-			adb.url, adb.settings.ApplicationName = rf.adminDatabaseURL, "outbox-admin "+rf.relayerID
-			p, closeAdmin, err := adb.connect(ctx, log, 4)
+			p, closeAdmin, err := db.connectTo(ctx, log, rf.adminDatabaseURL, "outbox-admin "+rf.relayerID, 4)
 			if err != nil {
 				return err
 			}
 			defer closeAdmin()
 			admPool = p
 		}
-		var auditPool *pgxpool.Pool
 		if rf.adminAuditURL != "" {
-			adb := db
-			adb.url, adb.settings.ApplicationName = rf.adminAuditURL, "outbox-admin-audit "+rf.relayerID
-			p, closeAudit, err := adb.connect(ctx, log, 2)
+			p, closeAudit, err := db.connectTo(ctx, log, rf.adminAuditURL, "outbox-admin-audit "+rf.relayerID, 2)
 			if err != nil {
 				return err
 			}

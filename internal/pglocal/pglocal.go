@@ -281,31 +281,34 @@ func (c *Cluster) DataDir() string { return c.dataDir }
 // latter simulates a crash and makes the server run recovery) and waits until
 // the server accepts connections again.
 func (c *Cluster) Restart(ctx context.Context, mode string) error {
+	return c.whileRunning(ctx, "restart", func(ctx context.Context) error {
+		if err := c.pgctl(ctx, "restart", "-m", mode); err != nil {
+			return err
+		}
+		return c.waitReady(ctx)
+	})
+}
+
+// whileRunning runs act on the server, under the cluster's lock and the
+// default timeout, unless the cluster is stopped (an error naming what).
+func (c *Cluster) whileRunning(ctx context.Context, what string, act func(context.Context) error) error {
 	ctx, cancel := withDefaultTimeout(ctx)
 	defer cancel()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stopped {
-		return errors.New("pglocal: restart of a stopped cluster")
+		return fmt.Errorf("pglocal: %s of a stopped cluster", what)
 	}
-	if err := c.pgctl(ctx, "restart", "-m", mode); err != nil {
-		return err
-	}
-	return c.waitReady(ctx)
+	return act(ctx)
 }
 
 // Crash stops the server the way a crash does (pg_ctl stop -m immediate:
 // every process exits at once, nothing is checkpointed) and leaves it
 // stopped; its directories stay until Stop.
 func (c *Cluster) Crash(ctx context.Context) error {
-	ctx, cancel := withDefaultTimeout(ctx)
-	defer cancel()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.stopped {
-		return errors.New("pglocal: crash of a stopped cluster")
-	}
-	return c.pgctl(ctx, "stop", "-m", "immediate")
+	return c.whileRunning(ctx, "crash", func(ctx context.Context) error {
+		return c.pgctl(ctx, "stop", "-m", "immediate")
+	})
 }
 
 // RequireSynchronousStandby makes every commit on c wait until a standby
@@ -344,31 +347,26 @@ func (c *Cluster) RequireSynchronousStandby(ctx context.Context) error {
 // Promote makes a standby (see StartReplica) a primary (pg_ctl promote)
 // and waits until it accepts writes.
 func (c *Cluster) Promote(ctx context.Context) error {
-	ctx, cancel := withDefaultTimeout(ctx)
-	defer cancel()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.stopped {
-		return errors.New("pglocal: promotion of a stopped cluster")
-	}
-	if err := c.pgctl(ctx, "promote"); err != nil {
-		return err
-	}
-	// pg_ctl promote -w returns once the server has left recovery; a
-	// connection that sees it is the proof.
-	conn, err := pgx.Connect(ctx, c.ConnString("postgres"))
-	if err != nil {
-		return fmt.Errorf("pglocal: connect after promotion: %w", err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	var recovering bool
-	if err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&recovering); err != nil {
-		return fmt.Errorf("pglocal: after promotion: %w", err)
-	}
-	if recovering {
-		return errors.New("pglocal: still in recovery after pg_ctl promote")
-	}
-	return nil
+	return c.whileRunning(ctx, "promotion", func(ctx context.Context) error {
+		if err := c.pgctl(ctx, "promote"); err != nil {
+			return err
+		}
+		// pg_ctl promote -w returns once the server has left recovery; a
+		// connection that sees it is the proof.
+		conn, err := pgx.Connect(ctx, c.ConnString("postgres"))
+		if err != nil {
+			return fmt.Errorf("pglocal: connect after promotion: %w", err)
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		var recovering bool
+		if err := conn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&recovering); err != nil {
+			return fmt.Errorf("pglocal: after promotion: %w", err)
+		}
+		if recovering {
+			return errors.New("pglocal: still in recovery after pg_ctl promote")
+		}
+		return nil
+	})
 }
 
 // Stop shuts the server down (pg_ctl stop -m fast) and, for ephemeral

@@ -12,7 +12,6 @@ import (
 	"github.com/ledgerline/outbox/internal/pglocal"
 	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/internal/testdb"
-	"github.com/ledgerline/outbox/migrations"
 )
 
 // horizonBundle is a fresh database and the store.
@@ -213,21 +212,11 @@ func TestVacuumHorizonNamesAPreparedTransaction(t *testing.T) {
 func TestVacuumHorizonNamesAStandbysSlot(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	primary, err := pglocal.Start(ctx, pglocal.Options{Ephemeral: true, TCP: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = primary.Stop(context.Background()) })
-	b := &horizonBundle{ctx: ctx, url: primary.ConnString("postgres")}
-	if b.pool, err = pgxpool.New(ctx, b.url); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.pool.Close)
-	b.reader = b.pool // the cluster's own superuser
+	primary, pool := testdb.OwnCluster(t)
+	// The cluster's own superuser reads as it writes.
+	b := &horizonBundle{ctx: ctx, url: primary.ConnString("postgres"), pool: pool, reader: pool}
+	var err error
 	if b.st, err = store.New(""); err != nil {
-		t.Fatal(err)
-	}
-	if err := migrations.Migrate(ctx, b.pool); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.pool.Exec(ctx, `SELECT pg_create_physical_replication_slot('auditors')`); err != nil {
@@ -238,12 +227,7 @@ func TestVacuumHorizonNamesAStandbysSlot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stopped := false
-	t.Cleanup(func() {
-		if !stopped {
-			_ = standby.Stop(context.Background())
-		}
-	})
+	t.Cleanup(func() { _ = standby.Stop(context.Background()) }) // a second Stop does nothing
 	reader := b.connect(t, standby.ConnString("postgres"), "auditor")
 	if _, err := reader.Exec(ctx, `BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM outbox.attempts`); err != nil {
 		t.Fatal(err)
@@ -257,7 +241,6 @@ func TestVacuumHorizonNamesAStandbysSlot(t *testing.T) {
 	if err := standby.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	stopped = true
 	b.writes(t, 10)
 	h = waitForHolder(t, b, "replication slot")
 	if h.ID != "auditors" || h.State != "inactive" || h.XIDAge < 20 {

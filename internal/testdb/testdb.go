@@ -156,6 +156,29 @@ func AsAdmin(t TB, dbURL string) string {
 	return u.String()
 }
 
+// OwnCluster starts a throwaway cluster for this test alone (for one it
+// replicates from, crashes or reconfigures), stopped when the test ends,
+// and returns it with a pool on its migrated postgres database, as the
+// cluster's superuser.
+func OwnCluster(t TB) (*pglocal.Cluster, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	c, err := pglocal.Start(ctx, pglocal.Options{Ephemeral: true, TCP: true})
+	if err != nil {
+		t.Fatalf("testdb: start a cluster: %v", err)
+	}
+	t.Cleanup(func() { _ = c.Stop(context.Background()) })
+	pool, err := pgxpool.New(ctx, c.ConnString("postgres"))
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	if err := migrations.Migrate(ctx, pool); err != nil {
+		t.Fatalf("testdb: migrate: %v", err)
+	}
+	return c, pool
+}
+
 // New returns a pool on a fresh, migrated database for this test, closed
 // when the test ends.
 func New(t TB) *pgxpool.Pool {
