@@ -162,6 +162,58 @@ func (a *Archive) Acknowledge(ctx context.Context, db DB, outboxID uuid.UUID, op
 	return a.store.Acknowledge(ctx, db, outboxID, operator, reason)
 }
 
+// RailPause is a pause of dispatch to a rail in force; RailPauseEvent one
+// line of the append-only record of pauses and resumes.
+type (
+	RailPause      = store.RailPause
+	RailPauseEvent = store.RailPauseEvent
+)
+
+// AllRails is the rail type that pauses every rail.
+const AllRails = store.AllRails
+
+// Quiet is what may still reach a paused rail (see [Archive.RailQuiet]).
+type Quiet = store.Quiet
+
+// ErrRailType is returned by PauseRail and ResumeRail without a rail type.
+var ErrRailType = store.ErrRailType
+
+// ErrNotQuiet is returned by RailQuiet when its context ends first.
+var ErrNotQuiet = store.ErrNotQuiet
+
+// PauseRail stops every relayer from claiming instructions of railType
+// (AllRails: of every rail) until [Archive.ResumeRail], and records who and
+// why. Instructions already in flight finish; the paused rail's
+// instructions stay pending (and, with ordering on, so do the later ones of
+// their participants). It reports false if the rail was already paused.
+func (a *Archive) PauseRail(ctx context.Context, db DB, railType, operator, reason string) (bool, error) {
+	return a.store.PauseRail(ctx, db, railType, operator, reason)
+}
+
+// ResumeRail ends a pause, records who and why, and wakes idle relayers.
+// It reports false if the rail was not paused.
+func (a *Archive) ResumeRail(ctx context.Context, db DB, railType, operator, reason string) (bool, error) {
+	return a.store.ResumeRail(ctx, db, railType, operator, reason)
+}
+
+// RailPauses returns the pauses in force.
+func (a *Archive) RailPauses(ctx context.Context, db DB) ([]RailPause, error) {
+	return a.store.RailPauses(ctx, db)
+}
+
+// RailPauseEvents returns the newest limit pauses and resumes, newest first.
+func (a *Archive) RailPauseEvents(ctx context.Context, db DB, limit int) ([]RailPauseEvent, error) {
+	return a.store.RailPauseEvents(ctx, db, limit)
+}
+
+// RailQuiet waits, after a pause, until nothing more can reach the rail:
+// no transaction that began before the pause is still open and none of the
+// rail's instructions is in flight. It returns [ErrNotQuiet] (and what it
+// last saw) when ctx ends first; the pause stays in force either way.
+func (a *Archive) RailQuiet(ctx context.Context, db TxBeginner, railType string) (Quiet, error) {
+	return a.store.RailQuiet(ctx, db, railType, 0)
+}
+
 // Snapshot reads the queue's operational state.
 func (a *Archive) Snapshot(ctx context.Context, db DB) (Snapshot, error) {
 	return a.store.Snapshot(ctx, db)

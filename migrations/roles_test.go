@@ -192,7 +192,7 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 	}
 	// The roles as the version-12 build set them up: today's statements
 	// without those for allocate_sequence, settle_poison_dead_letters and
-	// vacuum_horizon, which did not exist yet.
+	// vacuum_horizon, and the rail pauses, which did not exist yet.
 	sql, err := migrations.RolesSQL(schema)
 	if err != nil {
 		t.Fatal(err)
@@ -200,7 +200,7 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 	var v12 []string
 	for _, line := range strings.Split(sql, "\n") {
 		if !strings.Contains(line, "allocate_sequence(text)") && !strings.Contains(line, "settle_poison_dead_letters") &&
-			!strings.Contains(line, "vacuum_horizon") {
+			!strings.Contains(line, "vacuum_horizon") && !strings.Contains(line, "rail_pause") && !strings.Contains(line, "pause_rail") && !strings.Contains(line, "resume_rail") {
 			v12 = append(v12, line)
 		}
 	}
@@ -225,6 +225,8 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 		"upgraded.allocate_sequence(text)":              migrations.RoleProducer,
 		"upgraded.settle_poison_dead_letters(uuid[])":   migrations.RoleRelayer,
 		"upgraded.replay_dead_letter(uuid, text, text)": migrations.RoleOperator,
+		"upgraded.pause_rail(text, text, text)":         migrations.RoleOperator,
+		"upgraded.resume_rail(text, text, text)":        migrations.RoleOperator,
 	} {
 		var definer, runnerMay, auditorMay bool
 		if err := b.admin.QueryRow(b.ctx, `SELECT prosecdef, has_function_privilege($2, oid, 'EXECUTE'), has_function_privilege($3, oid, 'EXECUTE')
@@ -246,6 +248,26 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 	}
 	if want := []string{migrations.RoleAuditor, migrations.RoleOperator, migrations.RoleRelayer}; !definer || !slices.Equal(may, want) {
 		t.Errorf("vacuum_horizon(): security definer %v (want true), executable by %v (want %v)", definer, may, want)
+	}
+	// The rail pauses (migration 019): relayers read them in every claim,
+	// which fails without the grant.
+	st, err := store.New(schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	operator, relayer := b.as(t, migrations.RoleOperator, ""), b.as(t, migrations.RoleRelayer, "")
+	if paused, err := st.PauseRail(b.ctx, operator, "sandbox", "olga", "upgrade test"); err != nil || !paused {
+		t.Errorf("pause as operator after the upgrade: %v, %v", paused, err)
+	}
+	claimed, err := st.Claim(b.ctx, relayer, store.ClaimParams{RelayerID: "r1", Limit: 10, Leases: map[string]time.Duration{"sandbox": time.Hour}})
+	if err != nil || len(claimed) != 0 {
+		t.Errorf("claim of a paused rail as relayer after the upgrade: %d claimed, %v (want none, no error)", len(claimed), err)
+	}
+	if resumed, err := st.ResumeRail(b.ctx, operator, "sandbox", "olga", "upgrade test"); err != nil || !resumed {
+		t.Errorf("resume as operator after the upgrade: %v, %v", resumed, err)
+	}
+	if claimed, err = st.Claim(b.ctx, relayer, store.ClaimParams{RelayerID: "r1", Limit: 10, Leases: map[string]time.Duration{"sandbox": time.Hour}}); err != nil || len(claimed) != 1 {
+		t.Errorf("claim as relayer after the resume: %d claimed, %v (want 1)", len(claimed), err)
 	}
 	var settled int64
 	if err := b.as(t, migrations.RoleRelayer, "").QueryRow(b.ctx, `SELECT upgraded.settle_poison_dead_letters('{}')`).Scan(&settled); err != nil {
@@ -295,6 +317,8 @@ func TestRolesDoTheirJobAndNothingElse(t *testing.T) {
 		`SELECT * FROM outbox.dead_letters`,
 		`SELECT outbox.replay_dead_letter(gen_random_uuid(), 'me', 'why')`,
 		`SELECT outbox.ensure_attempt_partitions(3)`,
+		`SELECT outbox.pause_rail('sandbox', 'me', 'why')`,
+		`SELECT * FROM outbox.rail_pauses`,
 	}, archiveTampering...)...)
 
 	// The relayer claims, records (one dispatched, one failed), reaps,
@@ -323,12 +347,22 @@ func TestRolesDoTheirJobAndNothingElse(t *testing.T) {
 		`UPDATE outbox.dead_letters SET acknowledged_by = 'me'`,
 		`SELECT outbox.replay_dead_letter(gen_random_uuid(), 'me', 'why')`,
 		`ALTER TABLE outbox.pending ADD COLUMN x int`,
+		`SELECT outbox.pause_rail('sandbox', 'me', 'why')`,
+		`SELECT outbox.resume_rail('sandbox', 'me', 'why')`,
+		`INSERT INTO outbox.rail_pauses (rail_type, paused_by, reason) VALUES ('sandbox', 'me', 'why')`,
+		`DELETE FROM outbox.rail_pauses`,
 	}, archiveTampering...)...)
 
-	// The operator replays through the function (recorded with its name),
-	// and can do nothing else that writes.
+	// The operator replays and pauses a rail through the functions
+	// (recorded with its name), and can do nothing else that writes.
 	if ok, err := b.st.Replay(b.ctx, operator, failed[0].OutboxID, "alice", "test"); err != nil || !ok {
 		t.Fatalf("replay as operator: %v %v", ok, err)
+	}
+	if ok, err := b.st.PauseRail(b.ctx, operator, "sandbox", "alice", "maintenance"); err != nil || !ok {
+		t.Fatalf("pause as operator: %v %v", ok, err)
+	}
+	if ok, err := b.st.ResumeRail(b.ctx, operator, "sandbox", "alice", "maintenance over"); err != nil || !ok {
+		t.Fatalf("resume as operator: %v %v", ok, err)
 	}
 	refused(t, b.ctx, operator, append([]string{
 		`INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload)
@@ -337,6 +371,9 @@ func TestRolesDoTheirJobAndNothingElse(t *testing.T) {
 		`UPDATE outbox.dead_letters SET acknowledged_by = 'me'`,
 		`DELETE FROM outbox.pending`,
 		`UPDATE outbox.sequences SET queued = 0`,
+		`INSERT INTO outbox.rail_pauses (rail_type, paused_by, reason) VALUES ('sandbox', 'me', 'why')`,
+		`DELETE FROM outbox.rail_pause_events`,
+		`UPDATE outbox.rail_pause_events SET operator = 'mallory'`,
 	}, archiveTampering...)...)
 
 	// The auditor reads everything and verifies; it writes nothing.
@@ -352,6 +389,7 @@ func TestRolesDoTheirJobAndNothingElse(t *testing.T) {
 		`INSERT INTO outbox.checkpoints (period_start, period_end, row_count, digest, hash) VALUES (now(), now() + interval '1s', 0, '\x', '\x')`,
 		`SELECT outbox.replay_dead_letter(gen_random_uuid(), 'me', 'why')`,
 		`SELECT outbox.acknowledge_dead_letter(gen_random_uuid(), 'me', 'why')`,
+		`SELECT outbox.pause_rail('sandbox', 'me', 'why')`,
 		`DELETE FROM outbox.idempotency_keys`,
 		`UPDATE outbox.pending SET next_attempt_at = now()`,
 	}, archiveTampering...)...)

@@ -164,14 +164,15 @@ WITH locked AS (` + dueRows(which, "$2") + `
 }
 
 // dueRows selects and locks the row ids of up to limit due pending rows
-// that match which, oldest due first, skipping rows other claims hold: a
-// claim's choice, also made by the hand-off's refill (handoff.go). With
+// that match which, oldest due first, skipping rows other claims hold and
+// rails an operator paused (pause.go): a claim's choice, also made by the
+// hand-off's refill (handoff.go). With
 // ordering on, only heads are due (see enqueue.go); each candidate is also
 // checked to have no lower pending sequence.
 func dueRows(which, limit string) string {
 	return `
   SELECT p.ctid AS row FROM {schema}.pending p
-  WHERE p.next_attempt_at <= now() AND p.rail_type = ANY($3::text[]) AND ` + which + `
+  WHERE p.next_attempt_at <= now() AND p.rail_type = ANY (` + claimableRails + `) AND ` + which + `
     AND (NOT ` + orderedSQL + ` OR NOT EXISTS (
       SELECT 1 FROM {schema}.pending q WHERE q.participant_id = p.participant_id AND q.sequence_id < p.sequence_id))
   ORDER BY p.next_attempt_at, p.created_at

@@ -41,7 +41,8 @@ FOR UPDATE`
 //
 //   - successors: for each freed participant with nothing in flight whose
 //     next instruction (lowest pending sequence) waits (next_attempt_at =
-//     'infinity'), that instruction; those beyond $2 are made due now
+//     'infinity'), that instruction; those beyond $2, and those of a rail
+//     this relayer does not claim or an operator paused, are made due now
 //     instead. With ordering off nothing waits.
 //   - refill, if $7: the slots left are filled from the due queue, as
 //     Claim fills them (dueRows), but never with an instruction of this batch's
@@ -75,7 +76,7 @@ WITH freed AS (
   WHERE h.next_attempt_at = 'infinity' AND b.busy IS NULL
 ), successors AS (
   SELECT w.row FROM waiting w
-  WHERE w.rail_type = ANY($3::text[])
+  WHERE w.rail_type = ANY (` + claimableRails + `)
   ORDER BY w.created_at
   LIMIT $2
 ), refill AS (` + dueRows("p.zombie_count < "+suspectAfter+" AND p.outbox_id NOT IN (SELECT unnest($6::uuid[]))", "CASE WHEN $7::bool THEN $2 - (SELECT count(*) FROM successors) ELSE 0 END") + `

@@ -29,6 +29,9 @@ type Snapshot struct {
 	// VacuumHorizonPartial says the role that read the snapshot could not
 	// see the details of other roles' sessions (Horizon.SeesAll false).
 	VacuumHorizonPartial bool `json:"vacuum_horizon_partial,omitempty"`
+	// PausedRails are the pauses in force ([Store.PauseRail]): their due
+	// instructions count in Due and OldestPendingAge, and stay there.
+	PausedRails []RailPause `json:"paused_rails"`
 }
 
 // Snapshot reads the queue's operational state.
@@ -49,6 +52,9 @@ func (s *Store) Snapshot(ctx context.Context, db Querier) (Snapshot, error) {
 			return Snapshot{}, fmt.Errorf("snapshot: %w", err)
 		}
 		sn.VacuumHorizon, sn.VacuumHorizonPartial = h.Oldest, !h.SeesAll
+	}
+	if sn.PausedRails, err = s.RailPauses(ctx, db); err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot: %w", err)
 	}
 	sn.OldestPendingAge = time.Duration(sn.OldestPendingSecs * float64(time.Second))
 	return sn, nil

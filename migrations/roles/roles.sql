@@ -56,6 +56,11 @@ REVOKE ALL ON FUNCTION {{schema}}.allocate_sequences(text[], int[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {{schema}}.allocate_sequence(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {{schema}}.ensure_attempt_partitions(int) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {{schema}}.settle_poison_dead_letters(uuid[]) FROM PUBLIC;
+-- Operators pause and resume rails (migration 019) as the owner: they may
+-- not write rail_pauses themselves, and every pause is recorded.
+ALTER FUNCTION {{schema}}.pause_rail(text, text, text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION {{schema}}.resume_rail(text, text, text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION {{schema}}.pause_rail(text, text, text), {{schema}}.resume_rail(text, text, text) FROM PUBLIC;
 
 -- Start from nothing, then grant what each role needs.
 REVOKE ALL ON ALL TABLES IN SCHEMA {{schema}} FROM outbox_producer, outbox_relayer, outbox_auditor, outbox_operator;
@@ -80,6 +85,7 @@ GRANT SELECT, INSERT ON {{schema}}.attempts, {{schema}}.dead_letters, {{schema}}
 GRANT SELECT, INSERT, UPDATE, DELETE ON {{schema}}.relayer_idle TO outbox_relayer;
 GRANT EXECUTE ON FUNCTION {{schema}}.ensure_attempt_partitions(int) TO outbox_relayer;
 GRANT EXECUTE ON FUNCTION {{schema}}.settle_poison_dead_letters(uuid[]) TO outbox_relayer;
+GRANT SELECT ON {{schema}}.rail_pauses TO outbox_relayer; -- claims leave paused rails alone
 
 -- Auditor: reads everything (verify checks the queue against the archive),
 -- writes nothing.
@@ -90,6 +96,7 @@ GRANT SELECT ON ALL TABLES IN SCHEMA {{schema}} TO outbox_auditor;
 GRANT SELECT ON ALL TABLES IN SCHEMA {{schema}} TO outbox_operator;
 GRANT EXECUTE ON FUNCTION {{schema}}.replay_dead_letter(uuid, text, text), {{schema}}.acknowledge_dead_letter(uuid, text, text)
   TO outbox_operator;
+GRANT EXECUTE ON FUNCTION {{schema}}.pause_rail(text, text, text), {{schema}}.resume_rail(text, text, text) TO outbox_operator;
 
 -- The vacuum horizon (migration 018): relayers, auditors and operators see
 -- the state, start and client of what holds it back in every role's

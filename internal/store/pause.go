@@ -1,0 +1,180 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
+)
+
+// AllRails is the rail type of a pause of every rail.
+const AllRails = "*"
+
+// RailPause is a pause in force: no relayer claims an instruction of the
+// rail (of every rail for [AllRails]) until an operator resumes it.
+type RailPause struct {
+	RailType string    `json:"rail_type"`
+	PausedBy string    `json:"paused_by"`
+	Reason   string    `json:"reason"`
+	PausedAt time.Time `json:"paused_at"`
+}
+
+// RailPauseEvent is one line of the append-only record of pauses.
+type RailPauseEvent struct {
+	ID       uuid.UUID `json:"id"`
+	RailType string    `json:"rail_type"`
+	Action   string    `json:"action"` // PAUSED or RESUMED
+	Operator string    `json:"operator"`
+	Reason   string    `json:"reason"`
+	At       time.Time `json:"at"`
+}
+
+// ErrRailType is returned for a pause or resume without a rail type.
+var ErrRailType = errors.New("a pause needs a rail type (or * for every rail)")
+
+// claimableRails is the claim's rail types ($3) less the paused ones: an
+// uncorrelated subquery, so an init plan read once per statement (the
+// pauses are a handful of rows). A statement whose snapshot was taken after
+// a pause committed claims nothing of the paused rail; [Store.RailQuiet]
+// waits for the ones that started before.
+const claimableRails = `ARRAY(SELECT r FROM unnest($3::text[]) AS r WHERE NOT EXISTS (
+      SELECT 1 FROM {schema}.rail_pauses x WHERE x.rail_type = r OR x.rail_type = '` + AllRails + `'))`
+
+// PauseRail pauses dispatch to railType (AllRails: every rail) for every
+// relayer, through the schema's pause_rail function (migration 019), which
+// records who and why in rail_pause_events. Claims and hand-offs that
+// start after it returns leave the rail's instructions pending; instructions
+// already in flight finish (see [Store.RailQuiet]). With ordering on, a
+// participant whose next instruction is on a paused rail waits, whatever
+// the rails of its later ones. It reports false if the rail was already
+// paused (the first pause and its reason stay).
+func (s *Store) PauseRail(ctx context.Context, db Querier, railType, operator, reason string) (bool, error) {
+	return s.pauseAction(ctx, db, "pause_rail", railType, operator, reason)
+}
+
+// ResumeRail ends the pause of railType, records who and why, and wakes
+// idle relayers. It reports false if the rail was not paused. Resuming a
+// rail does not end a pause of every rail ([AllRails]), nor the reverse.
+func (s *Store) ResumeRail(ctx context.Context, db Querier, railType, operator, reason string) (bool, error) {
+	return s.pauseAction(ctx, db, "resume_rail", railType, operator, reason)
+}
+
+func (s *Store) pauseAction(ctx context.Context, db Querier, fn, railType, operator, reason string) (bool, error) {
+	if strings.TrimSpace(railType) == "" {
+		return false, ErrRailType
+	}
+	if err := checkOperator(operator, reason); err != nil {
+		return false, err
+	}
+	var done bool
+	if err := db.QueryRow(ctx, s.Qualify(`SELECT {schema}.`+fn+`($1, $2, $3)`), railType, operator, reason).Scan(&done); err != nil {
+		return false, fmt.Errorf("%s %s: %w", strings.ReplaceAll(fn, "_", " "), railType, err)
+	}
+	return done, nil
+}
+
+// RailPauses returns the pauses in force, by rail type.
+func (s *Store) RailPauses(ctx context.Context, db Querier) ([]RailPause, error) {
+	rows, err := db.Query(ctx, s.Qualify(`SELECT rail_type, paused_by, reason, paused_at FROM {schema}.rail_pauses ORDER BY rail_type`))
+	if err != nil {
+		return nil, fmt.Errorf("rail pauses: %w", err)
+	}
+	pauses, err := pgx.CollectRows(rows, pgx.RowToStructByPos[RailPause])
+	if err != nil {
+		return nil, fmt.Errorf("rail pauses: %w", err)
+	}
+	return pauses, nil
+}
+
+// RailPauseEvents returns the newest limit lines of the record of pauses,
+// newest first.
+func (s *Store) RailPauseEvents(ctx context.Context, db Querier, limit int) ([]RailPauseEvent, error) {
+	rows, err := db.Query(ctx, s.Qualify(`SELECT event_id, rail_type, action, operator, reason, at
+FROM {schema}.rail_pause_events ORDER BY at DESC, event_id DESC LIMIT $1`), limit)
+	if err != nil {
+		return nil, fmt.Errorf("rail pause events: %w", err)
+	}
+	events, err := pgx.CollectRows(rows, pgx.RowToStructByPos[RailPauseEvent])
+	if err != nil {
+		return nil, fmt.Errorf("rail pause events: %w", err)
+	}
+	return events, nil
+}
+
+// Quiet is what may still reach a paused rail.
+type Quiet struct {
+	// Transactions are the transactions that were using the queue before
+	// the pause committed and are still open: each may still claim an
+	// instruction of the rail, its snapshot taken before the pause.
+	Transactions int `json:"open_transactions"`
+	// InFlight are the rail's instructions in flight (all rails' for
+	// AllRails): claimed, their outcome not yet recorded.
+	InFlight int64 `json:"in_flight"`
+}
+
+// Done reports whether nothing more can reach the rail.
+func (q Quiet) Done() bool { return q.Transactions == 0 && q.InFlight == 0 }
+
+// ErrNotQuiet is returned by RailQuiet when its context ends before the
+// rail is quiet; the pause stays in force.
+var ErrNotQuiet = errors.New("the paused rail is not quiet yet")
+
+// RailQuiet waits until nothing more can reach a paused rail: first for the
+// transactions that held a lock on pending when it was called (a claim
+// or a hand-off takes its lock before its snapshot, so one that holds none
+// yet will see the pause), then for the rail's in-flight instructions to
+// be recorded (or reaped, if their relayer died). It polls every poll
+// (a tenth of a second if 0) and returns the last Quiet it saw, with
+// [ErrNotQuiet] when ctx ends first. Call it after [Store.PauseRail] has
+// returned. It counts in-flight rows of every tenant (outbox.tenant '*'
+// for its own transaction).
+func (s *Store) RailQuiet(ctx context.Context, db TxBeginner, railType string, poll time.Duration) (Quiet, error) {
+	if poll <= 0 {
+		poll = 100 * time.Millisecond
+	}
+	var (
+		q     Quiet
+		vxids []string
+		first = true
+	)
+	for {
+		err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+			if first {
+				// Virtual transaction ids: every transaction has one,
+				// before it writes (a claim that has only read has no
+				// transaction id yet).
+				if err := tx.QueryRow(ctx, s.Qualify(`SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') FROM pg_locks
+WHERE locktype = 'relation' AND relation = '{schema}.pending'::regclass AND granted AND pid <> pg_backend_pid()`)).Scan(&vxids); err != nil {
+					return err
+				}
+				first = false
+			}
+			if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'virtualxid' AND virtualxid = ANY($1)`,
+				vxids).Scan(&q.Transactions); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `SELECT set_config('outbox.tenant', '*', true)`); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, s.Qualify(`SELECT count(*) FROM {schema}.inflight WHERE rail_type = $1 OR $1 = '`+AllRails+`'`),
+				railType).Scan(&q.InFlight)
+		})
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return q, fmt.Errorf("rail %s: %w (%d transactions open, %d in flight)", railType, ErrNotQuiet, q.Transactions, q.InFlight)
+		case err != nil:
+			return q, fmt.Errorf("rail %s quiet: %w", railType, err)
+		case q.Done():
+			return q, nil
+		}
+		select {
+		case <-ctx.Done():
+			return q, fmt.Errorf("rail %s: %w (%d transactions open, %d in flight)", railType, ErrNotQuiet, q.Transactions, q.InFlight)
+		case <-time.After(poll):
+		}
+	}
+}

@@ -1,0 +1,210 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ledgerline/outbox/internal/store"
+)
+
+// bothRails are the leases of a relayer that claims the sandbox rail and
+// one more.
+var bothRails = map[string]time.Duration{"sandbox": longLease, "other": longLease}
+
+func (b *recordBundle) claimAll(t *testing.T) []store.Claimed {
+	t.Helper()
+	claimed, err := b.st.Claim(b.ctx, b.pool, store.ClaimParams{RelayerID: "r-1", Limit: 10, Leases: bothRails})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return claimed
+}
+
+func (b *recordBundle) pause(t *testing.T, railType string) {
+	t.Helper()
+	if ok, err := b.st.PauseRail(b.ctx, b.pool, railType, "olga", "bank maintenance"); err != nil || !ok {
+		t.Fatalf("pause %s: %v, %v", railType, ok, err)
+	}
+}
+
+func (b *recordBundle) resume(t *testing.T, railType string) {
+	t.Helper()
+	if ok, err := b.st.ResumeRail(b.ctx, b.pool, railType, "olga", "maintenance over"); err != nil || !ok {
+		t.Fatalf("resume %s: %v, %v", railType, ok, err)
+	}
+}
+
+// TestPausedRailIsNotClaimed: a paused rail's instructions are left
+// pending by claims and by the hand-off (its successor is made due
+// instead, for after the resume), other rails go on; a pause of every
+// rail stops all of them; each pause and resume is recorded once, with
+// who and why, in a record nobody can change.
+func TestPausedRailIsNotClaimed(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	first := b.enqueue(t, "p-a", "a1")
+	second := b.enqueue(t, "p-a", "a2")
+	other := b.enqueue(t, "p-b", "b1")
+	b.execAll(t, `UPDATE outbox.pending SET rail_type = 'other' WHERE outbox_id = '`+other.String()+`'`)
+
+	b.pause(t, "sandbox")
+	if ok, err := b.st.PauseRail(b.ctx, b.pool, "sandbox", "someone", "again"); err != nil || ok {
+		t.Fatalf("a second pause: %v, %v (want false: already paused)", ok, err)
+	}
+	if got := b.claimAll(t); !sameIDs(got, other) {
+		t.Fatalf("claimed %v with sandbox paused, want only the other rail's %s", outboxIDs(got), other)
+	}
+	sn, err := b.st.Snapshot(b.ctx, b.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sn.PausedRails) != 1 || sn.PausedRails[0].RailType != "sandbox" || sn.PausedRails[0].PausedBy != "olga" ||
+		sn.PausedRails[0].Reason != "bank maintenance" {
+		t.Fatalf("snapshot's paused rails: %+v", sn.PausedRails)
+	}
+
+	b.resume(t, "sandbox")
+	claimed := b.claimAll(t)
+	if !sameIDs(claimed, first) {
+		t.Fatalf("claimed %v after the resume, want %s", outboxIDs(claimed), first)
+	}
+	// Paused while the head is in flight: its outcome does not hand its
+	// successor on, but makes it due.
+	b.pause(t, "sandbox")
+	outcome := recordOutcome(t, claimed[0], "r-1", store.Dispatched)
+	if _, handed, err := b.st.Record(b.ctx, b.pool, []store.Outcome{outcome},
+		store.HandoffParams{RelayerID: "r-1", Limit: 5, Leases: bothRails, Refill: true}); err != nil || len(handed) != 0 {
+		t.Fatalf("hand-off with sandbox paused: %v, %v (want nothing)", outboxIDs(handed), err)
+	}
+	var due bool
+	if err := b.pool.QueryRow(b.ctx, `SELECT next_attempt_at <= now() FROM outbox.pending WHERE outbox_id = $1`, second).Scan(&due); err != nil || !due {
+		t.Fatalf("the successor is due: %v, %v (want true)", due, err)
+	}
+	if got := b.claimAll(t); len(got) != 0 {
+		t.Fatalf("claimed %v with sandbox paused", outboxIDs(got))
+	}
+
+	// Every rail: a pause of its own, ended only by its own resume.
+	b.resume(t, "sandbox")
+	b.pause(t, store.AllRails)
+	if got := b.claimAll(t); len(got) != 0 {
+		t.Fatalf("claimed %v with every rail paused", outboxIDs(got))
+	}
+	if ok, err := b.st.ResumeRail(b.ctx, b.pool, "sandbox", "olga", "not paused"); err != nil || ok {
+		t.Fatalf("resume of a rail that is not paused: %v, %v (want false)", ok, err)
+	}
+	b.resume(t, store.AllRails)
+	if got := b.claimAll(t); !sameIDs(got, second) {
+		t.Fatalf("claimed %v after every rail resumed, want %s", outboxIDs(got), second)
+	}
+
+	events, err := b.st.RailPauseEvents(b.ctx, b.pool, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range slices.Backward(events) {
+		got = append(got, e.RailType+" "+e.Action+" by "+e.Operator+": "+e.Reason)
+	}
+	want := []string{
+		"sandbox PAUSED by olga: bank maintenance", "sandbox RESUMED by olga: maintenance over",
+		"sandbox PAUSED by olga: bank maintenance", "sandbox RESUMED by olga: maintenance over",
+		"* PAUSED by olga: bank maintenance", "* RESUMED by olga: maintenance over",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("pause events:\n%q\nwant\n%q", got, want)
+	}
+	for _, q := range []string{`UPDATE outbox.rail_pause_events SET reason = 'nothing happened'`, `DELETE FROM outbox.rail_pause_events`,
+		`TRUNCATE outbox.rail_pause_events`} {
+		var pgErr *pgconn.PgError
+		if _, err := b.pool.Exec(b.ctx, q); !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+			t.Errorf("%s: %v, want refused (42501)", q, err)
+		}
+	}
+	b.verifyOK(t)
+}
+
+// TestPauseNeedsRailOperatorAndReason: each is refused, typed, before the
+// database is asked, and by the database itself.
+func TestPauseNeedsRailOperatorAndReason(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	for _, c := range []struct {
+		rail, operator, reason string
+		want                   error
+	}{
+		{"", "olga", "why", store.ErrRailType},
+		{"sandbox", " ", "why", store.ErrOperatorAction},
+		{"sandbox", "olga", "", store.ErrOperatorAction},
+	} {
+		if _, err := b.st.PauseRail(b.ctx, b.pool, c.rail, c.operator, c.reason); !errors.Is(err, c.want) {
+			t.Errorf("pause %q by %q for %q: %v, want %v", c.rail, c.operator, c.reason, err, c.want)
+		}
+		if _, err := b.st.ResumeRail(b.ctx, b.pool, c.rail, c.operator, c.reason); !errors.Is(err, c.want) {
+			t.Errorf("resume %q by %q for %q: %v, want %v", c.rail, c.operator, c.reason, err, c.want)
+		}
+	}
+	for _, q := range []string{`SELECT outbox.pause_rail(' ', 'olga', 'why')`, `SELECT outbox.pause_rail('sandbox', '', 'why')`,
+		`SELECT outbox.resume_rail('sandbox', 'olga', NULL)`} {
+		var pgErr *pgconn.PgError
+		if _, err := b.pool.Exec(b.ctx, q); !errors.As(err, &pgErr) || pgErr.Code != "22023" {
+			t.Errorf("%s: %v, want refused (22023)", q, err)
+		}
+	}
+	var n int
+	if err := b.pool.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM outbox.rail_pauses) + (SELECT count(*) FROM outbox.rail_pause_events)`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d rows written by refused pauses (%v)", n, err)
+	}
+}
+
+// TestRailQuietWaitsForEarlierClaims: a claim whose snapshot was taken
+// before the pause committed does not see it, and claims the paused rail.
+// RailQuiet waits for such a transaction (found by its lock on pending),
+// then for what it claimed to be recorded.
+func TestRailQuietWaitsForEarlierClaims(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	id := b.enqueue(t, "p-a", "a1")
+
+	// A claim that began before the pause: its snapshot (and its lock on
+	// pending) taken, its rows not yet chosen.
+	early, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = early.Rollback(context.WithoutCancel(b.ctx)) }()
+	if _, err := early.Exec(b.ctx, `SELECT 1 FROM outbox.pending LIMIT 1`); err != nil {
+		t.Fatal(err)
+	}
+	b.pause(t, "sandbox")
+
+	quiet := func(wait time.Duration) (store.Quiet, error) {
+		ctx, cancel := context.WithTimeout(b.ctx, wait)
+		defer cancel()
+		return b.st.RailQuiet(ctx, b.pool, "sandbox", 10*time.Millisecond)
+	}
+	claimed, err := b.st.Claim(b.ctx, early, store.ClaimParams{RelayerID: "r-1", Limit: 10, Leases: bothRails})
+	if err != nil || len(claimed) != 1 || claimed[0].OutboxID != id {
+		t.Fatalf("the early claim took %v, %v: want the paused rail's %s (its snapshot predates the pause)", claimed, err, id)
+	}
+	if q, err := quiet(200 * time.Millisecond); !errors.Is(err, store.ErrNotQuiet) || q.Transactions < 1 {
+		t.Fatalf("quiet with the early claim open: %+v, %v (want not quiet, its transaction open)", q, err)
+	}
+	if err := early.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if q, err := quiet(200 * time.Millisecond); !errors.Is(err, store.ErrNotQuiet) || q.Transactions != 0 || q.InFlight != 1 {
+		t.Fatalf("quiet with the claim in flight: %+v, %v (want not quiet, 1 in flight)", q, err)
+	}
+	b.record(t, recordOutcome(t, claimed[0], "r-1", store.Dispatched))
+	if q, err := quiet(5 * time.Second); err != nil || !q.Done() {
+		t.Fatalf("quiet once recorded: %+v, %v", q, err)
+	}
+	b.verifyOK(t)
+}
