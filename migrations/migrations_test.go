@@ -342,6 +342,32 @@ func TestNotifyTrigger(t *testing.T) {
 	}
 }
 
+// TestResumeRailWakesRelayers: resuming a paused rail notifies the
+// relayers' channel (its instructions are due, and idle relayers would
+// otherwise wait for their fallback poll); a pause, or a resume of a rail
+// that was not paused, notifies nobody.
+func TestResumeRailWakesRelayers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	conn := b.listen(t)
+	for _, q := range []string{`SELECT outbox.pause_rail('sandbox', 'olga', 'maintenance')`,
+		`SELECT outbox.resume_rail('event', 'olga', 'not paused')`} {
+		if _, err := b.pool.Exec(b.ctx, q); err != nil {
+			t.Fatal(err)
+		}
+		b.sentinel(t)
+		if got := nextNotification(t, conn); got != "sentinel" {
+			t.Fatalf("%s notified (%q)", q, got)
+		}
+	}
+	if _, err := b.pool.Exec(b.ctx, `SELECT outbox.resume_rail('sandbox', 'olga', 'maintenance over')`); err != nil {
+		t.Fatal(err)
+	}
+	if got := nextNotification(t, conn); got != "" {
+		t.Fatalf("the resume's notification is %q, want the relayers' wake", got)
+	}
+}
+
 // TestNoSingleSequenceAllocator: nothing in the schema hands out a
 // sequence id without an instruction behind it (bump_sequence went in
 // migration 4; allocate_sequences, which replaced bump_sequences in

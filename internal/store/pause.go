@@ -114,6 +114,9 @@ type Quiet struct {
 	// InFlight are the rail's instructions in flight (all rails' for
 	// AllRails): claimed, their outcome not yet recorded.
 	InFlight int64 `json:"in_flight"`
+	// Held are the rail's pending instructions when RailQuiet was called:
+	// what the pause holds back (counted once; producers add more).
+	Held int64 `json:"held"`
 }
 
 // Done reports whether nothing more can reach the rail.
@@ -130,8 +133,8 @@ var ErrNotQuiet = errors.New("the paused rail is not quiet yet")
 // be recorded (or reaped, if their relayer died). It polls every poll
 // (a tenth of a second if 0) and returns the last Quiet it saw, with
 // [ErrNotQuiet] when ctx ends first. Call it after [Store.PauseRail] has
-// returned. It counts in-flight rows of every tenant (outbox.tenant '*'
-// for its own transaction).
+// returned. It counts the rows of every tenant (outbox.tenant '*' for its
+// own transactions).
 func (s *Store) RailQuiet(ctx context.Context, db TxBeginner, railType string, poll time.Duration) (Quiet, error) {
 	if poll <= 0 {
 		poll = 100 * time.Millisecond
@@ -143,21 +146,25 @@ func (s *Store) RailQuiet(ctx context.Context, db TxBeginner, railType string, p
 	)
 	for {
 		err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SELECT set_config('outbox.tenant', '*', true)`); err != nil {
+				return err
+			}
 			if first {
-				// Virtual transaction ids: every transaction has one,
+				// Virtual transaction ids: every transaction has one
 				// before it writes (a claim that has only read has no
 				// transaction id yet).
 				if err := tx.QueryRow(ctx, s.Qualify(`SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') FROM pg_locks
 WHERE locktype = 'relation' AND relation = '{schema}.pending'::regclass AND granted AND pid <> pg_backend_pid()`)).Scan(&vxids); err != nil {
 					return err
 				}
+				if err := tx.QueryRow(ctx, s.Qualify(`SELECT count(*) FROM {schema}.pending WHERE rail_type = $1 OR $1 = '`+AllRails+`'`),
+					railType).Scan(&q.Held); err != nil {
+					return err
+				}
 				first = false
 			}
 			if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'virtualxid' AND virtualxid = ANY($1)`,
 				vxids).Scan(&q.Transactions); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, `SELECT set_config('outbox.tenant', '*', true)`); err != nil {
 				return err
 			}
 			return tx.QueryRow(ctx, s.Qualify(`SELECT count(*) FROM {schema}.inflight WHERE rail_type = $1 OR $1 = '`+AllRails+`'`),

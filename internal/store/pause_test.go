@@ -193,8 +193,8 @@ func TestRailQuietWaitsForEarlierClaims(t *testing.T) {
 	if err != nil || len(claimed) != 1 || claimed[0].OutboxID != id {
 		t.Fatalf("the early claim took %v, %v: want the paused rail's %s (its snapshot predates the pause)", claimed, err, id)
 	}
-	if q, err := quiet(200 * time.Millisecond); !errors.Is(err, store.ErrNotQuiet) || q.Transactions < 1 {
-		t.Fatalf("quiet with the early claim open: %+v, %v (want not quiet, its transaction open)", q, err)
+	if q, err := quiet(200 * time.Millisecond); !errors.Is(err, store.ErrNotQuiet) || q.Transactions < 1 || q.Held != 1 {
+		t.Fatalf("quiet with the early claim open: %+v, %v (want not quiet, its transaction open, 1 held)", q, err)
 	}
 	if err := early.Commit(b.ctx); err != nil {
 		t.Fatal(err)
