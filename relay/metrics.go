@@ -23,6 +23,7 @@ import (
 //	outbox_pending_depth, outbox_due_depth, outbox_oldest_pending_age_seconds,
 //	outbox_inflight, outbox_stuck_dispatching_count, outbox_dlq_depth,
 //	outbox_snapshot_up                         queue gauges (scrape time)
+//	outbox_rail_paused_seconds{rail_type}      how long each pause in force has lasted
 //	outbox_attempts_total{state}               outcomes recorded by this relayer
 //	outbox_attempt_errors_total{rail,error_code}
 //	outbox_dispatch_latency_seconds            enqueue -> DISPATCHED
@@ -143,10 +144,14 @@ var (
 		"Age of the oldest transaction holding back vacuum in the outbox's database (0: none, or a holder known by transaction ids only: see outbox_vacuum_horizon_xid_age).", nil, nil)
 	descHorizonXIDs = prometheus.NewDesc("outbox_vacuum_horizon_xid_age",
 		"Transaction ids since the oldest horizon held in the outbox's database (session, prepared transaction, standby feedback or replication slot); 0: none.", nil, nil)
+	// One series per pause in force (rail_type "*": every rail); none
+	// when nothing is paused.
+	descRailPaused = prometheus.NewDesc("outbox_rail_paused_seconds",
+		"How long an operator's pause of dispatch to a rail (rail_type \"*\": every rail) has been in force; no series when the rail is not paused.", []string{"rail_type"}, nil)
 )
 
 func (snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPending, descDue, descOldest, descFlight, descStuck, descDLQ, descUp, descHorizonAge, descHorizonXIDs} {
+	for _, d := range []*prometheus.Desc{descPending, descDue, descOldest, descFlight, descStuck, descDLQ, descUp, descHorizonAge, descHorizonXIDs, descRailPaused} {
 		ch <- d
 	}
 }
@@ -163,6 +168,9 @@ func (c snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	for d, v := range map[*prometheus.Desc]float64{descPending: float64(s.Pending), descDue: float64(s.Due),
 		descOldest: s.OldestPendingSecs, descFlight: float64(s.InFlight), descStuck: float64(s.Stuck), descDLQ: float64(s.DeadLetters)} {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+	}
+	for _, p := range s.PausedRails {
+		ch <- prometheus.MustNewConstMetric(descRailPaused, prometheus.GaugeValue, p.AgeSeconds, p.RailType)
 	}
 	if !s.Standby {
 		var age, xids float64

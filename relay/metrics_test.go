@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/payment"
@@ -232,5 +233,67 @@ func TestMetricsShowAHeldVacuumHorizon(t *testing.T) {
 	}
 	if age, xids := gauges(); age != 0 || xids != 0 {
 		t.Errorf("after the commit the gauges say %v s, %v transaction ids", age, xids)
+	}
+}
+
+// TestMetricsShowPausedRails: a series per pause in force, labelled with
+// its rail type and growing with its age; gone once resumed.
+func TestMetricsShowPausedRails(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := testdb.New(t)
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	if _, err := relay.New(pool, relay.Config{Relayer: engine.Config{Rails: set}, Metrics: reg, QueueGaugesMaxAge: time.Nanosecond}); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	paused := func() map[string]float64 {
+		t.Helper()
+		resp, err := srv.Client().Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		got := map[string]float64{}
+		for _, line := range strings.Split(string(body), "\n") {
+			if rest, ok := strings.CutPrefix(line, `outbox_rail_paused_seconds{rail_type="`); ok {
+				rail, v, _ := strings.Cut(rest, `"} `)
+				var age float64
+				fmt.Sscan(v, &age)
+				got[rail] = age
+			}
+		}
+		return got
+	}
+	if got := paused(); len(got) != 0 {
+		t.Fatalf("nothing is paused, yet: %v", got)
+	}
+	archive, err := attempts.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rail := range []string{"sandbox", attempts.AllRails} {
+		if _, err := archive.PauseRail(ctx, pool, rail, "olga", "maintenance"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `UPDATE outbox.rail_pauses SET paused_at = now() - interval '90 minutes' WHERE rail_type = 'sandbox'`); err != nil {
+		t.Fatal(err)
+	}
+	got := paused()
+	if len(got) != 2 || got["sandbox"] < 5400 || got["sandbox"] > 5500 || got["*"] < 0 || got["*"] > 100 {
+		t.Fatalf("paused rails: %v, want sandbox at about 5400 s and * at about 0", got)
+	}
+	if _, err := archive.ResumeRail(ctx, pool, "sandbox", "olga", "over"); err != nil {
+		t.Fatal(err)
+	}
+	if got := paused(); len(got) != 1 || got["*"] > 100 {
+		t.Fatalf("after the sandbox rail's resume: %v, want * alone", got)
 	}
 }

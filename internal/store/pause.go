@@ -21,6 +21,8 @@ type RailPause struct {
 	PausedBy string    `json:"paused_by"`
 	Reason   string    `json:"reason"`
 	PausedAt time.Time `json:"paused_at"`
+	// AgeSeconds is how long it has been in force, by the database's clock.
+	AgeSeconds float64 `json:"age_seconds"`
 }
 
 // RailPauseEvent is one line of the append-only record of pauses.
@@ -79,7 +81,7 @@ func (s *Store) pauseAction(ctx context.Context, db Querier, fn, railType, opera
 
 // RailPauses returns the pauses in force, by rail type.
 func (s *Store) RailPauses(ctx context.Context, db Querier) ([]RailPause, error) {
-	rows, err := db.Query(ctx, s.Qualify(`SELECT rail_type, paused_by, reason, paused_at FROM {schema}.rail_pauses ORDER BY rail_type`))
+	rows, err := db.Query(ctx, s.Qualify(`SELECT rail_type, paused_by, reason, paused_at, extract(epoch FROM now() - paused_at)::float8 FROM {schema}.rail_pauses ORDER BY rail_type`))
 	if err != nil {
 		return nil, fmt.Errorf("rail pauses: %w", err)
 	}
