@@ -147,6 +147,7 @@ func (s *Server) Handler() http.Handler {
 	api("GET /api/v1/trail/{id}", RoleAuditor, s.trail)
 	api("GET /api/v1/trail", RoleAuditor, s.trail)
 	api("POST /api/v1/verify", RoleAuditor, s.verify)
+	api("POST /api/v1/rails/{rail}/{action}", RoleOperator, s.pauseRail)
 	s.mountConsole(mux)
 	return mux
 }

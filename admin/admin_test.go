@@ -392,12 +392,18 @@ type consoleClient struct {
 // consoleAt signs in to the console at base as the auditor.
 func consoleAt(t *testing.T, base string) *consoleClient {
 	t.Helper()
+	return consoleAs(t, base, auditorSecret)
+}
+
+// consoleAs is consoleAt for the credential secret.
+func consoleAs(t *testing.T, base, secret string) *consoleClient {
+	t.Helper()
 	jar, err := cookiejar.New(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := &consoleClient{base: base, client: &http.Client{Jar: jar}}
-	resp, err := c.client.PostForm(base+"/console/signin", url.Values{"token": {auditorSecret}})
+	resp, err := c.client.PostForm(base+"/console/signin", url.Values{"token": {secret}})
 	c.read(t, "sign in", resp, err)
 	return c
 }

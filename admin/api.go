@@ -47,6 +47,9 @@ type RailOverview struct {
 	store.RailActivity
 	// ErrorRate is the share of outcomes that were retryable or failed.
 	ErrorRate float64 `json:"error_rate"`
+	// Paused is the pause that holds the rail (its own, or that of every
+	// rail), if any.
+	Paused *store.RailPause `json:"paused,omitempty"`
 }
 
 func (s *Server) overview(w http.ResponseWriter, r *http.Request, _ Token) {
@@ -116,6 +119,11 @@ func (s *Server) Overview(ctx context.Context) (Overview, error) {
 			names = append(names, a.RailType)
 		}
 	}
+	for _, p := range ov.Queue.PausedRails {
+		if p.RailType != store.AllRails && !contains(names, p.RailType) {
+			names = append(names, p.RailType)
+		}
+	}
 	for _, n := range names {
 		a, ok := byRail[n]
 		if !ok {
@@ -127,6 +135,11 @@ func (s *Server) Overview(ctx context.Context) (Overview, error) {
 		}
 		if s.cfg.Rails != nil && contains(s.cfg.Rails.Types(), n) {
 			ro.Breaker = s.cfg.Rails.State(n).String()
+		}
+		for i, p := range ov.Queue.PausedRails {
+			if p.RailType == n || (p.RailType == store.AllRails && ro.Paused == nil) {
+				ro.Paused = &ov.Queue.PausedRails[i]
+			}
 		}
 		ov.Rails = append(ov.Rails, ro)
 	}

@@ -104,7 +104,10 @@ var consoleTemplates = template.Must(template.New("").Funcs(template.FuncMap{
 		}
 		return *s
 	},
-	"pct":   func(f float64) string { return fmt.Sprintf("%.1f%%", f*100) },
+	"pct": func(f float64) string { return fmt.Sprintf("%.1f%%", f*100) },
+	"seconds": func(f float64) string {
+		return time.Duration(f * float64(time.Second)).Round(time.Second).String()
+	},
 	"lower": strings.ToLower,
 	"query": func(kv ...string) template.URL {
 		v := url.Values{}
@@ -128,8 +131,12 @@ type page struct {
 	Operator bool
 	CSRF     string
 	Refresh  int // seconds; 0: none
-	Error    string
-	Data     any
+	// RefreshURL is where the refresh goes ("": this page), for a page
+	// that answers a form.
+	RefreshURL string
+	Error      string
+	Notice     string // what an action did
+	Data       any
 }
 
 // mountConsole adds the console's routes to mux.
@@ -146,6 +153,7 @@ func (s *Server) mountConsole(mux *http.ServeMux) {
 	mux.Handle("POST /console/dead-letters/{id}/{action}", s.console(RoleOperator, true, s.pageAct))
 	mux.Handle("GET /console/trail", s.console(RoleAuditor, false, s.pageTrail))
 	mux.Handle("POST /console/verify", s.console(RoleAuditor, true, s.pageVerify))
+	mux.Handle("POST /console/rails/{action}", s.console(RoleOperator, true, s.pagePause))
 	mux.HandleFunc("GET /console", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/console/", http.StatusSeeOther)
 	})

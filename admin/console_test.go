@@ -222,6 +222,42 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	shot(op, "trail")
 
+	// Pause the sandbox rail from the overview's form, see the banner
+	// (and the rail held), resume it from the banner.
+	pause := `form.pause`
+	if err := chromedp.Do(op,
+		chromedp.Navigate(b.url+"/console/"),
+		waitVisible(pause),
+		sendKeys(pause+` input[name="rail"]`, "sandbox"),
+		sendKeys(pause+` input[name="reason"]`, "beneficiary bank's maintenance window"),
+		click(pause+` button`),
+		waitVisible("div.paused"),
+	); err != nil {
+		t.Fatal(err)
+	}
+	if s := text(op); !strings.Contains(s, "Paused rail sandbox") || !strings.Contains(s, "rail sandbox is paused") ||
+		!strings.Contains(s, "by oscar: beneficiary bank's maintenance window") {
+		t.Fatalf("after the pause:\n%s", s)
+	}
+	shot(op, "overview-paused")
+	held := b.enqueue(t, "initech", "k6")
+	if err := chromedp.Do(op,
+		sendKeys(`div.paused input[name="reason"]`, "maintenance over"),
+		click(`div.paused button`),
+		chromedp.WaitNotPresent("div.paused", css("div.paused")),
+		waitVisible("p.notice"),
+	); err != nil {
+		t.Fatal(err)
+	}
+	if s := text(op); !strings.Contains(s, "Resumed rail sandbox.") || strings.Contains(s, "is paused") {
+		t.Fatalf("after the resume:\n%s", s)
+	}
+	waitFor(t, "the instruction held by the pause dispatched", func() bool {
+		var n int
+		_ = b.pool.QueryRow(b.ctx, "SELECT count(*) FROM outbox.attempts WHERE outbox_id = $1 AND state = 'DISPATCHED'", held).Scan(&n)
+		return n == 1
+	})
+
 	au := browser(t, bin)
 	signIn(au, auditorSecret)
 	if err := chromedp.Do(au, chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {

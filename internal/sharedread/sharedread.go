@@ -27,6 +27,7 @@ type Value[T any] struct {
 	val      T
 	at       time.Time // when the kept read started; zero: none kept
 	inFlight *call[T]
+	gen      uint64 // Forget's count: a read begun before a Forget is not kept
 }
 
 // call is a read in progress.
@@ -34,6 +35,7 @@ type call[T any] struct {
 	done chan struct{} // closed when val and err are set
 	val  T
 	err  error
+	gen  uint64
 }
 
 // New returns a Value that reads with read and keeps a result for maxAge.
@@ -52,7 +54,7 @@ func (v *Value[T]) Get(ctx context.Context) (T, error) {
 		v.mu.Unlock()
 		return val, nil
 	}
-	if c := v.inFlight; c != nil {
+	if c := v.inFlight; c != nil && c.gen == v.gen {
 		v.mu.Unlock()
 		select {
 		case <-c.done:
@@ -62,7 +64,7 @@ func (v *Value[T]) Get(ctx context.Context) (T, error) {
 			return zero, ctx.Err()
 		}
 	}
-	c := &call[T]{done: make(chan struct{})}
+	c := &call[T]{done: make(chan struct{}), gen: v.gen}
 	v.inFlight = c
 	start := time.Now()
 	v.mu.Unlock()
@@ -70,8 +72,10 @@ func (v *Value[T]) Get(ctx context.Context) (T, error) {
 	// Deferred, so that waiters are released even if read panics.
 	defer func() {
 		v.mu.Lock()
-		v.inFlight = nil
-		if c.err == nil {
+		if v.inFlight == c {
+			v.inFlight = nil
+		}
+		if c.err == nil && c.gen == v.gen {
 			v.val, v.at = c.val, start
 		}
 		v.mu.Unlock()
@@ -84,3 +88,14 @@ func (v *Value[T]) Get(ctx context.Context) (T, error) {
 
 // errPanicked is what waiters get from a read that panicked.
 var errPanicked = errors.New("sharedread: the read panicked")
+
+// Forget drops the kept result, after a change the caller made itself (an
+// operator's action that the next page must show): the next Get reads
+// again, and a read in progress, begun before the change, is neither kept
+// nor given to callers that ask after Forget.
+func (v *Value[T]) Forget() {
+	v.mu.Lock()
+	v.gen++
+	v.at = time.Time{}
+	v.mu.Unlock()
+}

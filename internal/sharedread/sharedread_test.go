@@ -176,3 +176,41 @@ func TestPanickingReadReleasesWaiters(t *testing.T) {
 		}
 	})
 }
+
+// TestForgetReadsAgain: after Forget the next Get reads again, and a read
+// that began before Forget is neither joined by later callers nor kept.
+func TestForgetReadsAgain(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c := &counter{}
+		v := New(5*time.Second, c.read)
+		for _, want := range []int64{1, 1} {
+			if got, err := v.Get(t.Context()); err != nil || got != want {
+				t.Fatalf("Get = %d, %v; want %d", got, err, want)
+			}
+		}
+		v.Forget()
+		if got, err := v.Get(t.Context()); err != nil || got != 2 {
+			t.Fatalf("Get after Forget = %d, %v; want a new read's 2", got, err)
+		}
+
+		c.gate = make(chan struct{})
+		v.Forget()
+		var before, after int64
+		var wg sync.WaitGroup
+		wg.Go(func() { before, _ = v.Get(t.Context()) })
+		synctest.Wait() // read 3 in progress
+		v.Forget()
+		wg.Go(func() { after, _ = v.Get(t.Context()) })
+		synctest.Wait() // read 4 in progress beside it
+		close(c.gate)
+		wg.Wait()
+		if before != 3 || after != 4 {
+			t.Fatalf("the caller before Forget got %d (want 3), the one after %d (want 4)", before, after)
+		}
+		c.gate = nil
+		if got, err := v.Get(t.Context()); err != nil || got != 4 {
+			t.Fatalf("Get = %d, %v; want the kept read 4, not the forgotten 3", got, err)
+		}
+	})
+}

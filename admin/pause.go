@@ -1,0 +1,135 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/ledgerline/outbox/internal/store"
+)
+
+// PauseResult is what a pause or resume did.
+type PauseResult struct {
+	RailType string `json:"rail_type"`
+	Action   string `json:"action"` // pause or resume
+	By       string `json:"by"`
+	Reason   string `json:"reason"`
+	// Done is false when the rail was already paused (pause) or was not
+	// paused (resume).
+	Done bool `json:"done"`
+	// Quiet (pause only) says nothing more can reach the rail: no claim
+	// that began before the pause is still open and none of its
+	// instructions is in flight, as seen within QuietWait.
+	Quiet bool `json:"quiet"`
+	// OpenTransactions, InFlight and Held are what the wait last saw
+	// (store.Quiet).
+	OpenTransactions int   `json:"open_transactions"`
+	InFlight         int64 `json:"in_flight"`
+	Held             int64 `json:"held"`
+}
+
+// QuietWait is how long a pause through the admin address waits for the
+// rail to go quiet before it answers (the CLI's `rails pause --wait` can
+// wait longer).
+const QuietWait = 5 * time.Second
+
+// PauseRail pauses (action "pause") or resumes ("resume") dispatch to
+// railType for every relayer, as operator, for reason, and logs it. A
+// pause then waits up to QuietWait for the rail to go quiet.
+func (s *Server) PauseRail(ctx context.Context, railType, operator, action, reason string) (PauseResult, error) {
+	res := PauseResult{RailType: railType, Action: action, By: operator, Reason: reason}
+	var err error
+	if action == "resume" {
+		res.Done, err = s.store.ResumeRail(ctx, s.cfg.Pool, railType, operator, reason)
+	} else {
+		res.Done, err = s.store.PauseRail(ctx, s.cfg.Pool, railType, operator, reason)
+	}
+	if err != nil {
+		return res, err
+	}
+	s.overviewReads.Forget()
+	if res.Done {
+		s.log.Warn("admin: rail "+action, "rail_type", railType, "by", operator, "reason", reason)
+	}
+	if action == "resume" {
+		return res, nil
+	}
+	qctx, cancel := context.WithTimeout(ctx, QuietWait)
+	defer cancel()
+	q, err := s.store.RailQuiet(qctx, s.cfg.Pool, railType, 0)
+	res.Quiet, res.OpenTransactions, res.InFlight, res.Held = err == nil, q.Transactions, q.InFlight, q.Held
+	if errors.Is(err, store.ErrNotQuiet) && ctx.Err() == nil {
+		err = nil // paused; still finishing
+	}
+	return res, err
+}
+
+// pauseRail is POST /api/v1/rails/{rail}/pause and .../resume, with a JSON
+// body {"reason": "..."} (required); the rail "*" is every rail.
+func (s *Server) pauseRail(w http.ResponseWriter, r *http.Request, who Token) {
+	action := r.PathValue("action")
+	if action != "pause" && action != "resume" {
+		writeError(w, http.StatusNotFound, "no such action: pause or resume")
+		return
+	}
+	var body struct {
+		Reason string `json:"reason"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&body); err != nil || strings.TrimSpace(body.Reason) == "" {
+		writeError(w, http.StatusBadRequest, `a JSON body {"reason": "..."} with a non-empty reason is required`)
+		return
+	}
+	res, err := s.PauseRail(r.Context(), r.PathValue("rail"), who.Name, action, body.Reason)
+	switch {
+	case errors.Is(err, store.ErrOperatorAction), errors.Is(err, store.ErrRailType):
+		writeError(w, http.StatusBadRequest, err.Error())
+	case err != nil:
+		s.internalError(w, r, err)
+	case !res.Done && action == "resume":
+		writeJSON(w, http.StatusNotFound, res)
+	default:
+		writeJSON(w, http.StatusOK, res)
+	}
+}
+
+// pagePause is the console's pause and resume (POST /console/rails/pause
+// and /console/rails/resume, the rail and the reason in the form): the
+// overview again, with what was done.
+func (s *Server) pagePause(w http.ResponseWriter, r *http.Request, p *page) {
+	action := r.PathValue("action")
+	if action != "pause" && action != "resume" {
+		http.Error(w, "no such action", http.StatusNotFound)
+		return
+	}
+	rail, reason := strings.TrimSpace(r.PostFormValue("rail")), strings.TrimSpace(r.PostFormValue("reason"))
+	switch {
+	case rail == "":
+		p.Error = "Name the rail (* for every rail)."
+	case reason == "":
+		p.Error = "A reason is required: it is recorded with your name."
+	default:
+		res, err := s.PauseRail(r.Context(), rail, p.Who.Name, action, reason)
+		if err != nil {
+			s.internalError(w, r, err)
+			return
+		}
+		switch {
+		case !res.Done && action == "pause":
+			p.Error = "Rail " + rail + " was already paused."
+		case !res.Done:
+			p.Error = "Rail " + rail + " was not paused."
+		case action == "resume":
+			p.Notice = "Resumed rail " + rail + "."
+		case res.Quiet:
+			p.Notice = "Paused rail " + rail + ": nothing of it is in flight."
+		default:
+			p.Notice = "Paused rail " + rail + ": no new claims; what was in flight is still finishing (the in-flight count shows it)."
+		}
+	}
+	p.RefreshURL = "/console/"
+	s.pageOverview(w, r, p)
+}
