@@ -1,12 +1,13 @@
 // Package attempts is the auditors' and operators' view of the outbox: the
 // append-only archive (one row per state change of an instruction), the
 // invariants checked by query, the dead letters with replay and
-// acknowledgement, and a snapshot of the queue.
+// acknowledgement, the operators' pauses of rails, and a snapshot of the
+// queue.
 //
 // The database rejects UPDATE, DELETE and TRUNCATE on the archive; retention
 // drops whole monthly partitions. Relayers write the archive (package
-// engine); this package reads it, and changes only dead letters, through
-// the transitions that record who did it.
+// engine); this package reads it, and changes only dead letters and rail
+// pauses, through the transitions that record who did it.
 package attempts
 
 import (

@@ -9,6 +9,7 @@
 //	reap.go         reaper: expired in flight -> pending (+ ZOMBIE_REQUEUE)
 //	replay.go       operator: dead letter -> pending (+ REPLAYED)
 //	acknowledge.go  operator: dead letter marked handled
+//	pause.go        operator: a rail paused or resumed (claims leave it alone)
 //
 // and the reads beside them (pending.go, trail.go, deadletters.go,
 // snapshot.go, verify.go), the adaptive NOTIFY registrations (idle.go) and partition
