@@ -144,6 +144,7 @@ func (s *Server) Handler() http.Handler {
 	api("GET /api/v1/dead-letters", RoleAuditor, s.deadLetters)
 	api("POST /api/v1/dead-letters/{id}/replay", RoleOperator, s.replay)
 	api("POST /api/v1/dead-letters/{id}/acknowledge", RoleOperator, s.acknowledge)
+	api("POST /api/v1/instructions/{id}/cancel", RoleOperator, s.cancel)
 	api("GET /api/v1/trail/{id}", RoleAuditor, s.trail)
 	api("GET /api/v1/trail", RoleAuditor, s.trail)
 	api("POST /api/v1/verify", RoleAuditor, s.verify)

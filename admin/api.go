@@ -273,7 +273,7 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request, _ Token) {
 // ActionResult is the answer to a replay or an acknowledgement.
 type ActionResult struct {
 	OutboxID       uuid.UUID `json:"outbox_id"`
-	Action         string    `json:"action"` // replay, acknowledge
+	Action         string    `json:"action"` // replay, acknowledge, cancel
 	Done           bool      `json:"done"`
 	By             string    `json:"by"`
 	Reason         string    `json:"reason"`
@@ -289,7 +289,12 @@ func (s *Server) acknowledge(w http.ResponseWriter, r *http.Request, who Token) 
 	s.act(w, r, who, "acknowledge")
 }
 
-// act replays or acknowledges the dead letter {id}, as the token's name,
+func (s *Server) cancel(w http.ResponseWriter, r *http.Request, who Token) {
+	s.act(w, r, who, "cancel")
+}
+
+// act replays or acknowledges the dead letter {id}, or cancels the pending
+// instruction {id}, as the token's name,
 // for the reason in the JSON body ({"reason": "..."}, required).
 func (s *Server) act(w http.ResponseWriter, r *http.Request, who Token, action string) {
 	id, err := uuid.FromString(r.PathValue("id"))
@@ -317,11 +322,24 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, who Token, action s
 	}
 }
 
-// Act replays or acknowledges a dead letter as operator, for reason, and
-// logs it. Done is false when there was no such (unacknowledged) dead
-// letter.
+// Act replays or acknowledges a dead letter, or cancels a pending
+// instruction (action "cancel"), as operator, for reason, and logs it.
+// Done is false when there was no such (unacknowledged) dead letter, or
+// the instruction was not pending.
 func (s *Server) Act(ctx context.Context, id uuid.UUID, operator, action, reason string) (ActionResult, error) {
 	res := ActionResult{OutboxID: id, Action: action, By: operator, Reason: reason}
+	if action == "cancel" {
+		var err error
+		res.Done, err = s.store.Cancel(ctx, s.cfg.Pool, id, operator, reason)
+		if err == nil && res.Done {
+			s.overviewReads.Forget()
+			s.log.Warn("admin: instruction cancelled", "outbox_id", id, "by", operator, "reason", reason)
+		}
+		if err == nil && !res.Done {
+			res.Note = "not pending: in flight (its rail call may be under way), already settled, or unknown"
+		}
+		return res, err
+	}
 	dl, err := s.store.DeadLetter(ctx, s.cfg.Pool, id)
 	if err != nil || dl == nil {
 		return res, err
@@ -385,7 +403,7 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, _ Token) {
 	}
 	writeJSON(w, http.StatusOK, map[string]any{
 		"ok": rep.OK(), "instructions": rep.Instructions, "pending": rep.Pending, "in_flight": rep.InFlight,
-		"dispatched": rep.Dispatched, "dead_letters": rep.DeadLetters, "dispatched_twice": rep.DispatchedTwice,
+		"dispatched": rep.Dispatched, "cancelled": rep.Cancelled, "dead_letters": rep.DeadLetters, "dispatched_twice": rep.DispatchedTwice,
 		"attempts": rep.Attempts, "chained_rows": rep.Chained, "checkpoints": rep.Checkpoints, "violations": violations,
 		"standby": rep.Standby, "seconds": rep.Duration.Seconds(),
 	})

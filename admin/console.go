@@ -148,6 +148,7 @@ func (s *Server) mountConsole(mux *http.ServeMux) {
 	mux.Handle("POST /console/signout", s.console(RoleAuditor, true, s.signout))
 	mux.Handle("GET /console/{$}", s.console(RoleAuditor, false, s.pageOverview))
 	mux.Handle("GET /console/instructions", s.console(RoleAuditor, false, s.pageInstructions))
+	mux.Handle("POST /console/instructions/{id}/cancel", s.console(RoleOperator, true, s.pageCancel))
 	mux.Handle("GET /console/participant", s.console(RoleAuditor, false, s.pageParticipant))
 	mux.Handle("GET /console/dead-letters", s.console(RoleAuditor, false, s.pageDeadLetters))
 	mux.Handle("POST /console/dead-letters/{id}/{action}", s.console(RoleOperator, true, s.pageAct))
@@ -268,6 +269,31 @@ func (s *Server) pageInstructions(w http.ResponseWriter, r *http.Request, p *pag
 	}
 	p.Title, p.Nav, p.Data = "Instructions", "instructions", d
 	s.render(w, r, "instructions.html", p)
+}
+
+// pageCancel cancels a pending instruction (the reason in the form) and
+// shows the pending instructions again, with what was done.
+func (s *Server) pageCancel(w http.ResponseWriter, r *http.Request, p *page) {
+	id, err := uuid.FromString(r.PathValue("id"))
+	if err != nil {
+		http.Error(w, "not an outbox id", http.StatusNotFound)
+		return
+	}
+	if reason := strings.TrimSpace(r.PostFormValue("reason")); reason == "" {
+		p.Error = "A reason is required: it is recorded in the archive with your name."
+	} else {
+		res, err := s.Act(r.Context(), id, p.Who.Name, "cancel", reason)
+		switch {
+		case err != nil:
+			s.internalError(w, r, err)
+			return
+		case res.Done:
+			p.Notice = "Cancelled " + id.String() + " as " + p.Who.Name + ": it will not be sent."
+		default:
+			p.Error = "That instruction is no longer pending: in flight (its rail call may be under way) or already settled."
+		}
+	}
+	s.pageInstructions(w, r, p)
 }
 
 func (s *Server) pageParticipant(w http.ResponseWriter, r *http.Request, p *page) {

@@ -1,13 +1,14 @@
 // Package attempts is the auditors' and operators' view of the outbox: the
 // append-only archive (one row per state change of an instruction), the
 // invariants checked by query, the dead letters with replay and
-// acknowledgement, the operators' pauses of rails, and a snapshot of the
-// queue.
+// acknowledgement, the operators' cancellations of pending instructions and
+// pauses of rails, and a snapshot of the queue.
 //
 // The database rejects UPDATE, DELETE and TRUNCATE on the archive; retention
 // drops whole monthly partitions. Relayers write the archive (package
-// engine); this package reads it, and changes only dead letters and rail
-// pauses, through the transitions that record who did it.
+// engine); this package reads it, and changes dead letters, pending
+// instructions (cancel) and rail pauses only through the transitions that
+// record who did it.
 package attempts
 
 import (
@@ -40,6 +41,8 @@ const (
 	Replayed = store.Replayed
 	// Acknowledged: an operator accepted a dead letter's failure.
 	Acknowledged = store.Acknowledged
+	// Cancelled: an operator cancelled it while pending; it was never sent.
+	Cancelled = store.Cancelled
 )
 
 // ErrOperatorAction is returned by Replay and Acknowledge without an
@@ -213,6 +216,16 @@ func (a *Archive) RailPauseEvents(ctx context.Context, db DB, limit int) ([]Rail
 // last saw) when ctx ends first; the pause stays in force either way.
 func (a *Archive) RailQuiet(ctx context.Context, db TxBeginner, railType string) (Quiet, error) {
 	return a.store.RailQuiet(ctx, db, railType, 0)
+}
+
+// Cancel removes a pending instruction so that it is never sent (a payment
+// recalled before it leaves, or one the rail already made that would be
+// sent again), and archives a CANCELLED row naming the operator and the
+// reason. It reports false for an instruction that is not pending: in
+// flight (its rail call may be under way), settled, or unknown. With
+// ordering on, the participant's next instruction becomes due.
+func (a *Archive) Cancel(ctx context.Context, db DB, outboxID uuid.UUID, operator, reason string) (bool, error) {
+	return a.store.Cancel(ctx, db, outboxID, operator, reason)
 }
 
 // Snapshot reads the queue's operational state.

@@ -200,7 +200,8 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 	var v12 []string
 	for _, line := range strings.Split(sql, "\n") {
 		if !strings.Contains(line, "allocate_sequence(text)") && !strings.Contains(line, "settle_poison_dead_letters") &&
-			!strings.Contains(line, "vacuum_horizon") && !strings.Contains(line, "rail_pause") && !strings.Contains(line, "pause_rail") && !strings.Contains(line, "resume_rail") {
+			!strings.Contains(line, "vacuum_horizon") && !strings.Contains(line, "rail_pause") && !strings.Contains(line, "pause_rail") && !strings.Contains(line, "resume_rail") &&
+			!strings.Contains(line, "cancel_pending") {
 			v12 = append(v12, line)
 		}
 	}
@@ -227,6 +228,7 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 		"upgraded.replay_dead_letter(uuid, text, text)": migrations.RoleOperator,
 		"upgraded.pause_rail(text, text, text)":         migrations.RoleOperator,
 		"upgraded.resume_rail(text, text, text)":        migrations.RoleOperator,
+		"upgraded.cancel_pending(uuid, text, text)":     migrations.RoleOperator,
 	} {
 		var definer, runnerMay, auditorMay bool
 		if err := b.admin.QueryRow(b.ctx, `SELECT prosecdef, has_function_privilege($2, oid, 'EXECUTE'), has_function_privilege($3, oid, 'EXECUTE')
@@ -319,6 +321,7 @@ func TestRolesDoTheirJobAndNothingElse(t *testing.T) {
 		`SELECT outbox.ensure_attempt_partitions(3)`,
 		`SELECT outbox.pause_rail('sandbox', 'me', 'why')`,
 		`SELECT * FROM outbox.rail_pauses`,
+		`SELECT outbox.cancel_pending(gen_random_uuid(), 'me', 'why')`,
 	}, archiveTampering...)...)
 
 	// The relayer claims, records (one dispatched, one failed), reaps,
@@ -349,6 +352,7 @@ func TestRolesDoTheirJobAndNothingElse(t *testing.T) {
 		`ALTER TABLE outbox.pending ADD COLUMN x int`,
 		`SELECT outbox.pause_rail('sandbox', 'me', 'why')`,
 		`SELECT outbox.resume_rail('sandbox', 'me', 'why')`,
+		`SELECT outbox.cancel_pending(gen_random_uuid(), 'me', 'why')`,
 		`INSERT INTO outbox.rail_pauses (rail_type, paused_by, reason) VALUES ('sandbox', 'me', 'why')`,
 		`DELETE FROM outbox.rail_pauses`,
 	}, archiveTampering...)...)
@@ -363,6 +367,13 @@ func TestRolesDoTheirJobAndNothingElse(t *testing.T) {
 	}
 	if ok, err := b.st.ResumeRail(b.ctx, operator, "sandbox", "alice", "maintenance over"); err != nil || !ok {
 		t.Fatalf("resume as operator: %v %v", ok, err)
+	}
+	recalled, err := b.enqueue(t, producer, "", "k-recalled")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.st.Cancel(b.ctx, operator, recalled.OutboxID, "alice", "recalled"); err != nil || !ok {
+		t.Fatalf("cancel as operator: %v %v", ok, err)
 	}
 	refused(t, b.ctx, operator, append([]string{
 		`INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload)
@@ -390,6 +401,7 @@ func TestRolesDoTheirJobAndNothingElse(t *testing.T) {
 		`SELECT outbox.replay_dead_letter(gen_random_uuid(), 'me', 'why')`,
 		`SELECT outbox.acknowledge_dead_letter(gen_random_uuid(), 'me', 'why')`,
 		`SELECT outbox.pause_rail('sandbox', 'me', 'why')`,
+		`SELECT outbox.cancel_pending(gen_random_uuid(), 'me', 'why')`,
 		`DELETE FROM outbox.idempotency_keys`,
 		`UPDATE outbox.pending SET next_attempt_at = now()`,
 	}, archiveTampering...)...)

@@ -37,6 +37,7 @@ var commands = []command{
 	{"sandbox", "sandbox serve: the sandbox rail as an HTTP server (webhook protocol), for crash tests and demos", runSandbox},
 	{"stats", "queue state: pending, due, oldest due age, in flight, stuck, DLQ depth, what holds back vacuum (JSON) [role: outbox_auditor]", runStats},
 	{"dlq", "dead letters: list, replay, ack [role: outbox_operator]", runDLQ},
+	{"cancel", "cancel pending instructions: never sent, a CANCELLED row archives who and why [role: outbox_operator]", runCancel},
 	{"rails", "pause and resume dispatch to a rail (or every rail) across the relayer fleet; list the pauses and their history [role: outbox_operator; outbox_auditor for list]", runRails},
 	{"audit", "an instruction's attempt trail, verify the invariants and the archive's tamper evidence, export checkpoints [role: outbox_auditor; outbox_relayer for checkpoint]", runAudit},
 	{"archive", "the archive's months: list them, detach old ones (and retire their keys), export one to CSV with its checksum [role: outbox_auditor; outbox_owner for detach]", runArchive},

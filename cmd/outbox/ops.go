@@ -216,7 +216,7 @@ func runAudit(ctx context.Context, env *environment, args []string) error {
 		}
 		_ = out.Encode(map[string]any{
 			"instructions": rep.Instructions, "pending": rep.Pending, "in_flight": rep.InFlight,
-			"dispatched": rep.Dispatched, "dead_letters": rep.DeadLetters, "dispatched_twice": rep.DispatchedTwice,
+			"dispatched": rep.Dispatched, "cancelled": rep.Cancelled, "dead_letters": rep.DeadLetters, "dispatched_twice": rep.DispatchedTwice,
 			"attempts": rep.Attempts, "chained_rows": rep.Chained, "checkpoints": rep.Checkpoints,
 			"exported_checkpoints": rep.ExportedCheckpoints, "ok": rep.OK(), "violations": violations,
 			"standby": rep.Standby, "seconds": rep.Duration.Seconds(),

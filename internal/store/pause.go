@@ -154,9 +154,12 @@ func (s *Store) RailQuiet(ctx context.Context, db TxBeginner, railType string, p
 			if first {
 				// Virtual transaction ids: every transaction has one
 				// before it writes (a claim that has only read has no
-				// transaction id yet).
+				// transaction id yet). Locks of this database only:
+				// another database's tables may have the same oids (a
+				// copy of the same template or dump).
 				if err := tx.QueryRow(ctx, s.Qualify(`SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') FROM pg_locks
-WHERE locktype = 'relation' AND relation = '{schema}.pending'::regclass AND granted AND pid <> pg_backend_pid()`)).Scan(&vxids); err != nil {
+WHERE locktype = 'relation' AND relation = '{schema}.pending'::regclass AND granted AND pid <> pg_backend_pid()
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`)).Scan(&vxids); err != nil {
 					return err
 				}
 				if err := tx.QueryRow(ctx, s.Qualify(`SELECT count(*) FROM {schema}.pending WHERE rail_type = $1 OR $1 = '`+AllRails+`'`),

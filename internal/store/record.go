@@ -21,6 +21,7 @@ const (
 	ZombieRequeue State = "ZOMBIE_REQUEUE" // the relayer's lease expired; the reaper requeued it
 	Replayed      State = "REPLAYED"       // an operator sent a dead letter back to pending
 	Acknowledged  State = "ACKNOWLEDGED"   // an operator accepted a dead letter's failure
+	Cancelled     State = "CANCELLED"      // an operator cancelled it while pending: never sent (terminal)
 )
 
 // Outcome is how one claimed attempt ended, as the relayer records it. The

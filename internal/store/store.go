@@ -9,6 +9,7 @@
 //	reap.go         reaper: expired in flight -> pending (+ ZOMBIE_REQUEUE)
 //	replay.go       operator: dead letter -> pending (+ REPLAYED)
 //	acknowledge.go  operator: dead letter marked handled
+//	cancel.go       operator: pending -> cancelled (+ CANCELLED), never sent
 //	pause.go        operator: a rail paused or resumed (claims leave it alone)
 //
 // and the reads beside them (pending.go, trail.go, deadletters.go,
@@ -93,7 +94,7 @@ type statements struct {
 	record, withdraw, settlePoison                 string
 	lockParticipants                               string
 	reap, reapLock                                 string
-	replay, acknowledge                            string
+	replay, acknowledge, cancel                    string
 	trailByOutbox, trailByInstruction              string
 	openDeadLetters, allDeadLetters                string
 	listPending                                    string
@@ -133,6 +134,7 @@ func renderStatements(schema string) statements {
 		reapLock:         q(reapLockSQL),
 		replay:           q(replaySQL),
 		acknowledge:      q(acknowledgeSQL),
+		cancel:           q(cancelSQL),
 		trailByOutbox:    q(trailSQL("outbox_id = $1")),
 		// Through the keys' instruction index: the archive keeps no index
 		// by instruction id (migration 005).

@@ -15,6 +15,7 @@ type Report struct {
 	InFlight     int64
 	DeadLetters  int64
 	Dispatched   int64 // instructions with a DISPATCHED attempt
+	Cancelled    int64 // instructions an operator cancelled while pending
 	// DispatchedTwice counts instructions the rail was asked to pay more
 	// than once and said yes to more than once (legitimate only after a late
 	// completion raced a requeued copy; the idempotency key makes the rail
@@ -79,17 +80,18 @@ var checks = []check{
 	// DISPATCHED after its lease was reaped, and the requeued copy is still
 	// pending or in flight (it will be dispatched again under the same key).
 	{1, "exactly one place", `
-		SELECT format('outbox %s: pending=%s inflight=%s dead=%s dispatched=%s', k.outbox_id,
-		              p.outbox_id IS NOT NULL, f.outbox_id IS NOT NULL, d.outbox_id IS NOT NULL, coalesce(a.dispatched, false))
+		SELECT format('outbox %s: pending=%s inflight=%s dead=%s dispatched=%s cancelled=%s', k.outbox_id,
+		              p.outbox_id IS NOT NULL, f.outbox_id IS NOT NULL, d.outbox_id IS NOT NULL, coalesce(a.dispatched, false),
+		              coalesce(a.cancelled, false))
 		FROM {schema}.idempotency_keys k
 		LEFT JOIN {schema}.pending p USING (outbox_id)
 		LEFT JOIN {schema}.inflight f USING (outbox_id)
 		LEFT JOIN {schema}.dead_letters d USING (outbox_id)
 		LEFT JOIN (SELECT outbox_id, bool_or(state = 'DISPATCHED') AS dispatched,
-		                  bool_or(late AND state = 'DISPATCHED') AS late_dispatched
+		                  bool_or(late AND state = 'DISPATCHED') AS late_dispatched, bool_or(state = 'CANCELLED') AS cancelled
 		           FROM {schema}.archive GROUP BY outbox_id) a USING (outbox_id)
 		WHERE (p.outbox_id IS NOT NULL)::int + (f.outbox_id IS NOT NULL)::int + (d.outbox_id IS NOT NULL)::int
-		      + coalesce(a.dispatched, false)::int
+		      + coalesce(a.dispatched, false)::int + coalesce(a.cancelled, false)::int
 		      NOT IN (1, CASE WHEN coalesce(a.late_dispatched, false) AND d.outbox_id IS NULL THEN 2 ELSE 1 END)`, false},
 	{1, "no orphans", `
 		SELECT format('%s row %s has no idempotency key', t, outbox_id) FROM (
@@ -154,7 +156,7 @@ var checks = []check{
 		  FROM {schema}.archive WHERE state = 'DISPATCHING' GROUP BY 1, 2
 		), terminal AS (
 		  SELECT participant_id, sequence_id, min(created_at) AS terminal_at
-		  FROM {schema}.archive WHERE state IN ('DISPATCHED', 'FAILED') GROUP BY 1, 2
+		  FROM {schema}.archive WHERE state IN ('DISPATCHED', 'FAILED', 'CANCELLED') GROUP BY 1, 2
 		)
 		SELECT format('participant %s: sequence %s claimed at %s, before sequence %s ended (%s)', c.participant_id,
 		              c.sequence_id, c.first_claim, c.sequence_id - 1, coalesce(t.terminal_at::text, 'never'))
@@ -266,6 +268,7 @@ SELECT (SELECT count(*) FROM {schema}.idempotency_keys),
        (SELECT count(*) FROM {schema}.inflight),
        (SELECT count(*) FROM {schema}.dead_letters),
        (SELECT count(DISTINCT outbox_id) FROM {schema}.archive WHERE state = 'DISPATCHED'),
+       (SELECT count(DISTINCT outbox_id) FROM {schema}.archive WHERE state = 'CANCELLED'),
        (SELECT count(*) FROM (SELECT 1 FROM {schema}.archive WHERE state = 'DISPATCHED'
                               GROUP BY outbox_id HAVING count(*) > 1) x),
        (SELECT count(*) FROM {schema}.archive),
@@ -290,7 +293,7 @@ func (s *Store) Verify(ctx context.Context, db TxBeginner, opts VerifyOptions) (
 
 	var r Report
 	if err := tx.QueryRow(ctx, s.sql.verifyCounts).Scan(
-		&r.Instructions, &r.Pending, &r.InFlight, &r.DeadLetters, &r.Dispatched, &r.DispatchedTwice, &r.Attempts, &r.Standby); err != nil {
+		&r.Instructions, &r.Pending, &r.InFlight, &r.DeadLetters, &r.Dispatched, &r.Cancelled, &r.DispatchedTwice, &r.Attempts, &r.Standby); err != nil {
 		return Report{}, fmt.Errorf("verify counts: %w", err)
 	}
 	for i, c := range checks {

@@ -61,6 +61,10 @@ REVOKE ALL ON FUNCTION {{schema}}.settle_poison_dead_letters(uuid[]) FROM PUBLIC
 ALTER FUNCTION {{schema}}.pause_rail(text, text, text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION {{schema}}.resume_rail(text, text, text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 REVOKE ALL ON FUNCTION {{schema}}.pause_rail(text, text, text), {{schema}}.resume_rail(text, text, text) FROM PUBLIC;
+-- Operators cancel a pending instruction (migration 020) as the owner,
+-- which archives who and why.
+ALTER FUNCTION {{schema}}.cancel_pending(uuid, text, text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION {{schema}}.cancel_pending(uuid, text, text) FROM PUBLIC;
 
 -- Start from nothing, then grant what each role needs.
 REVOKE ALL ON ALL TABLES IN SCHEMA {{schema}} FROM outbox_producer, outbox_relayer, outbox_auditor, outbox_operator;
@@ -97,6 +101,7 @@ GRANT SELECT ON ALL TABLES IN SCHEMA {{schema}} TO outbox_operator;
 GRANT EXECUTE ON FUNCTION {{schema}}.replay_dead_letter(uuid, text, text), {{schema}}.acknowledge_dead_letter(uuid, text, text)
   TO outbox_operator;
 GRANT EXECUTE ON FUNCTION {{schema}}.pause_rail(text, text, text), {{schema}}.resume_rail(text, text, text) TO outbox_operator;
+GRANT EXECUTE ON FUNCTION {{schema}}.cancel_pending(uuid, text, text) TO outbox_operator;
 
 -- The vacuum horizon (migration 018): relayers, auditors and operators see
 -- the state, start and client of what holds it back in every role's

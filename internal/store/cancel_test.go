@@ -1,0 +1,179 @@
+package store_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/pending"
+)
+
+func (b *recordBundle) cancel(t *testing.T, id uuid.UUID, want bool) {
+	t.Helper()
+	got, err := b.st.Cancel(b.ctx, b.pool, id, "olga", "fraud hold "+id.String())
+	if err != nil || got != want {
+		t.Fatalf("cancel %s: %v, %v (want %v)", id, got, err, want)
+	}
+}
+
+// due reports whether the pending instruction id is due now.
+func (b *recordBundle) due(t *testing.T, id uuid.UUID) bool {
+	t.Helper()
+	var due bool
+	if err := b.pool.QueryRow(b.ctx, `SELECT next_attempt_at <= now() FROM outbox.pending WHERE outbox_id = $1`, id).Scan(&due); err != nil {
+		t.Fatalf("%s: %v", id, err)
+	}
+	return due
+}
+
+// TestCancelPending: a cancelled instruction leaves the queue for a
+// CANCELLED archive row naming who and why, and is never claimed; with
+// ordering on, cancelling a participant's head (due, or waiting for a
+// retry) makes its next instruction due, cancelling one queued behind
+// leaves the head alone, and one in flight cannot be cancelled. The
+// invariants hold throughout, and the key still answers with its receipt.
+func TestCancelPending(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	a1, a2, a3 := b.enqueue(t, "p-a", "a1"), b.enqueue(t, "p-a", "a2"), b.enqueue(t, "p-a", "a3")
+
+	b.cancel(t, a2, true) // queued behind the head
+	if !b.due(t, a1) || b.due(t, a3) {
+		t.Fatal("cancelling a queued instruction changed who is the head")
+	}
+	b.verifyOK(t)
+	b.cancel(t, a1, true) // the head
+	if !b.due(t, a3) {
+		t.Fatal("cancelling the head did not make the next instruction due")
+	}
+	b.verifyOK(t)
+	b.cancel(t, a1, false) // already cancelled
+	c := b.claimOne(t, "r-1", longLease)
+	if c.OutboxID != a3 {
+		t.Fatalf("claimed %s, want %s", c.OutboxID, a3)
+	}
+	b.cancel(t, a3, false) // in flight
+	b.record(t, recordOutcome(t, c, "r-1", store.Dispatched))
+	b.cancel(t, a3, false) // dispatched
+	b.cancel(t, uuid.Must(uuid.NewV7()), false)
+
+	got, rows := b.trail(t, a1)
+	wantTrail(t, got, "CANCELLED#1")
+	if len(rows) == 1 && (rows[0].RelayerID == nil || *rows[0].RelayerID != "olga" || rows[0].ErrorMessage == nil ||
+		*rows[0].ErrorMessage != "cancelled by olga: fraud hold "+a1.String()) {
+		t.Fatalf("the CANCELLED row: by %v, %v", rows[0].RelayerID, rows[0].ErrorMessage)
+	}
+	r := b.verifyOK(t)
+	if r.Cancelled != 2 || r.Dispatched != 1 || r.Pending != 0 {
+		t.Fatalf("verify: %d cancelled, %d dispatched, %d pending (want 2, 1, 0)", r.Cancelled, r.Dispatched, r.Pending)
+	}
+	again, err := b.producer.Enqueue(b.ctx, b.pool, pending.Instruction{
+		InstructionID: "ins-a1", ParticipantID: "p-a", IdempotencyKey: "a1",
+		RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
+	})
+	if err != nil || !again.Duplicate || again.OutboxID != a1 {
+		t.Fatalf("enqueue of the cancelled instruction again: %+v, %v (want its receipt)", again, err)
+	}
+
+	// A head waiting for its retry.
+	b1, b2 := b.enqueue(t, "p-b", "b1"), b.enqueue(t, "p-b", "b2")
+	c = b.claimOne(t, "r-1", longLease)
+	retry := recordOutcome(t, c, "r-1", store.Retryable)
+	retry.RetryDelay = time.Hour
+	b.record(t, retry)
+	if b.due(t, b1) || b.due(t, b2) {
+		t.Fatal("a retry waits an hour, its successor behind it")
+	}
+	b.cancel(t, b1, true)
+	if !b.due(t, b2) {
+		t.Fatal("cancelling a head waiting for its retry did not make the next instruction due")
+	}
+	got, _ = b.trail(t, b1)
+	wantTrail(t, got, "DISPATCHING#1", "RETRYABLE#1", "CANCELLED#2")
+	b.verifyOK(t)
+
+	// Queued behind an instruction in flight: the outcome hands nothing on.
+	c1, c2 := b.enqueue(t, "p-c", "c1"), b.enqueue(t, "p-c", "c2")
+	var held store.Claimed
+	for _, cl := range b.claimAll(t) {
+		if cl.OutboxID == c1 {
+			held = cl
+		} else {
+			b.record(t, recordOutcome(t, cl, "r-1", store.Dispatched))
+		}
+	}
+	b.cancel(t, c2, true)
+	if _, handed, err := b.st.Record(b.ctx, b.pool, []store.Outcome{recordOutcome(t, held, "r-1", store.Dispatched)},
+		store.HandoffParams{RelayerID: "r-1", Limit: 5, Leases: bothRails}); err != nil || len(handed) != 0 {
+		t.Fatalf("hand-off after the queued one was cancelled: %v, %v", outboxIDs(handed), err)
+	}
+	b.verifyOK(t)
+}
+
+// TestCancelWaitsForAClaim: a cancel of an instruction a claim holds waits
+// for the claim, and then finds it in flight (false): it never removes
+// what a relayer is about to send.
+func TestCancelWaitsForAClaim(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	id := b.enqueue(t, "p-a", "a1")
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	claimed, err := b.st.Claim(b.ctx, tx, store.ClaimParams{RelayerID: "r-1", Limit: 1, Leases: bothRails})
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("claim: %v, %v", claimed, err)
+	}
+	done := make(chan error, 1)
+	var cancelled bool
+	go func() {
+		var err error
+		cancelled, err = b.st.Cancel(b.ctx, b.pool, id, "olga", "too late")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("the cancel did not wait for the claim: %v, %v", cancelled, err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil || cancelled {
+		t.Fatalf("cancel after the claim committed: %v, %v (want false: in flight)", cancelled, err)
+	}
+	if w := b.where(t, id); w.inflight == nil {
+		t.Fatalf("the claimed instruction is not in flight: %+v", w)
+	}
+	b.record(t, recordOutcome(t, claimed[0], "r-1", store.Dispatched))
+	b.verifyOK(t)
+}
+
+// TestCancelNeedsOperatorAndReason: refused, typed, and by the database.
+func TestCancelNeedsOperatorAndReason(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	id := b.enqueue(t, "p-a", "a1")
+	for _, c := range [][2]string{{"", "why"}, {"olga", " "}} {
+		if _, err := b.st.Cancel(b.ctx, b.pool, id, c[0], c[1]); !errors.Is(err, store.ErrOperatorAction) {
+			t.Errorf("cancel by %q for %q: %v", c[0], c[1], err)
+		}
+	}
+	var pgErr *pgconn.PgError
+	if _, err := b.pool.Exec(b.ctx, `SELECT outbox.cancel_pending($1, 'olga', '')`, id); !errors.As(err, &pgErr) || pgErr.Code != "22023" {
+		t.Errorf("cancel_pending without a reason: %v", err)
+	}
+	if w := b.where(t, id); !w.pending {
+		t.Fatal("a refused cancel removed the instruction")
+	}
+	if got, _ := b.trail(t, id); len(got) != 0 || strings.Contains(strings.Join(got, ","), "CANCELLED") {
+		t.Fatalf("a refused cancel archived %v", got)
+	}
+}
