@@ -177,3 +177,26 @@ func TestCancelNeedsOperatorAndReason(t *testing.T) {
 		t.Fatalf("a refused cancel archived %v", got)
 	}
 }
+
+// TestCancelUnordered: with ordering off every pending instruction is due
+// on its own; a cancel removes one and leaves the others as they were.
+func TestCancelUnordered(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	if err := b.st.SetOrdered(b.ctx, b.pool, false); err != nil {
+		t.Fatal(err)
+	}
+	first, second := b.enqueue(t, "p-a", "a1"), b.enqueue(t, "p-a", "a2")
+	b.cancel(t, second, true)
+	if !b.due(t, first) {
+		t.Fatal("the other instruction is no longer due")
+	}
+	claimed := b.claimAll(t)
+	if !sameIDs(claimed, first) {
+		t.Fatalf("claimed %v, want %s alone", outboxIDs(claimed), first)
+	}
+	b.record(t, recordOutcome(t, claimed[0], "r-1", store.Dispatched))
+	if r := b.verifyOK(t); r.Cancelled != 1 || r.Dispatched != 1 {
+		t.Fatalf("verify: %d cancelled, %d dispatched", r.Cancelled, r.Dispatched)
+	}
+}
