@@ -294,22 +294,19 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request, who Token) {
 }
 
 // act replays or acknowledges the dead letter {id}, or cancels the pending
-// instruction {id}, as the token's name,
-// for the reason in the JSON body ({"reason": "..."}, required).
+// instruction {id}, as the token's name, for the reason in the JSON body
+// (readReason).
 func (s *Server) act(w http.ResponseWriter, r *http.Request, who Token, action string) {
 	id, err := uuid.FromString(r.PathValue("id"))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "not an outbox id")
 		return
 	}
-	var body struct {
-		Reason string `json:"reason"`
-	}
-	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&body); err != nil || strings.TrimSpace(body.Reason) == "" {
-		writeError(w, http.StatusBadRequest, `a JSON body {"reason": "..."} with a non-empty reason is required`)
+	reason, ok := readReason(w, r)
+	if !ok {
 		return
 	}
-	res, err := s.Act(r.Context(), id, who.Name, action, body.Reason)
+	res, err := s.Act(r.Context(), id, who.Name, action, reason)
 	switch {
 	case errors.Is(err, store.ErrOperatorAction):
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -320,6 +317,19 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, who Token, action s
 	default:
 		writeJSON(w, http.StatusOK, res)
 	}
+}
+
+// readReason reads an operator action's JSON body, {"reason": "..."}, and
+// answers 400 itself when there is no reason.
+func readReason(w http.ResponseWriter, r *http.Request) (string, bool) {
+	var body struct {
+		Reason string `json:"reason"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&body); err != nil || strings.TrimSpace(body.Reason) == "" {
+		writeError(w, http.StatusBadRequest, `a JSON body {"reason": "..."} with a non-empty reason is required`)
+		return "", false
+	}
+	return body.Reason, true
 }
 
 // Act replays or acknowledges a dead letter, or cancels a pending

@@ -2,9 +2,7 @@ package admin
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -76,14 +74,11 @@ func (s *Server) pauseRail(w http.ResponseWriter, r *http.Request, who Token) {
 		writeError(w, http.StatusNotFound, "no such action: pause or resume")
 		return
 	}
-	var body struct {
-		Reason string `json:"reason"`
-	}
-	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&body); err != nil || strings.TrimSpace(body.Reason) == "" {
-		writeError(w, http.StatusBadRequest, `a JSON body {"reason": "..."} with a non-empty reason is required`)
+	reason, ok := readReason(w, r)
+	if !ok {
 		return
 	}
-	res, err := s.PauseRail(r.Context(), r.PathValue("rail"), who.Name, action, body.Reason)
+	res, err := s.PauseRail(r.Context(), r.PathValue("rail"), who.Name, action, reason)
 	switch {
 	case errors.Is(err, store.ErrOperatorAction), errors.Is(err, store.ErrRailType):
 		writeError(w, http.StatusBadRequest, err.Error())

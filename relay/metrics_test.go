@@ -177,25 +177,11 @@ func TestMetricsShowAHeldVacuumHorizon(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	if _, err := relay.New(pool, relay.Config{Relayer: engine.Config{Rails: set}, Metrics: reg, QueueGaugesMaxAge: time.Nanosecond}); err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	defer srv.Close()
+	scrape := snapshotScraper(t, pool)
 	gauges := func() (age, xids float64) {
 		t.Helper()
-		resp, err := srv.Client().Get(srv.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		for _, line := range strings.Split(string(body), "\n") {
+		body := scrape()
+		for _, line := range strings.Split(body, "\n") {
 			if v, ok := strings.CutPrefix(line, "outbox_vacuum_horizon_age_seconds "); ok {
 				fmt.Sscan(v, &age)
 			}
@@ -203,7 +189,7 @@ func TestMetricsShowAHeldVacuumHorizon(t *testing.T) {
 				fmt.Sscan(v, &xids)
 			}
 		}
-		if !strings.Contains(string(body), "outbox_vacuum_horizon_age_seconds ") || !strings.Contains(string(body), "outbox_vacuum_horizon_xid_age ") {
+		if !strings.Contains(body, "outbox_vacuum_horizon_age_seconds ") || !strings.Contains(body, "outbox_vacuum_horizon_xid_age ") {
 			t.Fatalf("the scrape lacks the vacuum horizon:\n%s", body)
 		}
 		return age, xids
@@ -242,26 +228,11 @@ func TestMetricsShowPausedRails(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool := testdb.New(t)
-	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	if _, err := relay.New(pool, relay.Config{Relayer: engine.Config{Rails: set}, Metrics: reg, QueueGaugesMaxAge: time.Nanosecond}); err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	defer srv.Close()
+	scrape := snapshotScraper(t, pool)
 	paused := func() map[string]float64 {
 		t.Helper()
-		resp, err := srv.Client().Get(srv.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
 		got := map[string]float64{}
-		for _, line := range strings.Split(string(body), "\n") {
+		for _, line := range strings.Split(scrape(), "\n") {
 			if rest, ok := strings.CutPrefix(line, `outbox_rail_paused_seconds{rail_type="`); ok {
 				rail, v, _ := strings.Cut(rest, `"} `)
 				var age float64
@@ -295,5 +266,35 @@ func TestMetricsShowPausedRails(t *testing.T) {
 	}
 	if got := paused(); len(got) != 1 || got["*"] > 100 {
 		t.Fatalf("after the sandbox rail's resume: %v, want * alone", got)
+	}
+}
+
+// snapshotScraper starts a relay service (not running: its collectors only)
+// on pool with a sandbox rail and queue gauges read at every scrape, and
+// returns a function that scrapes its metrics.
+func snapshotScraper(t *testing.T, pool *pgxpool.Pool) func() string {
+	t.Helper()
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	if _, err := relay.New(pool, relay.Config{Relayer: engine.Config{Rails: set}, Metrics: reg, QueueGaugesMaxAge: time.Nanosecond}); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	t.Cleanup(srv.Close)
+	return func() string {
+		t.Helper()
+		resp, err := srv.Client().Get(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(body)
 	}
 }
