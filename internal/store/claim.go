@@ -165,18 +165,28 @@ WITH locked AS (` + dueRows(which, "$2") + `
 
 // dueRows selects and locks the row ids of up to limit due pending rows
 // that match which, oldest due first, skipping rows other claims hold and
-// rails an operator paused (pause.go): a claim's choice, also made by the
-// hand-off's refill (handoff.go). With
-// ordering on, only heads are due (see enqueue.go); each candidate is also
-// checked to have no lower pending sequence.
+// rails that cannot be claimed now (claimableRails: not this relayer's,
+// breaker open, paused): a claim's choice, also made by the hand-off's
+// refill (handoff.go). Each claimable rail's due range is read from its
+// start in the rail-first due index (migration 021), up to limit rows each,
+// and the oldest limit of those are taken, so the due instructions of other
+// rails, however many, cost nothing. A rail's rows beyond the oldest limit
+// overall are locked too, until the statement's transaction ends: at most
+// limit per claimable rail that has a backlog. With ordering on, only
+// heads are due (see enqueue.go); each candidate is also checked to have no
+// lower pending sequence.
 func dueRows(which, limit string) string {
 	return `
-  SELECT p.ctid AS row FROM {schema}.pending p
-  WHERE p.next_attempt_at <= now() AND p.rail_type = ANY (` + claimableRails + `) AND ` + which + `
-    AND (NOT ` + orderedSQL + ` OR NOT EXISTS (
-      SELECT 1 FROM {schema}.pending q WHERE q.participant_id = p.participant_id AND q.sequence_id < p.sequence_id))
-  ORDER BY p.next_attempt_at, p.created_at
-  LIMIT ` + limit + ` FOR UPDATE SKIP LOCKED`
+  SELECT c.row FROM unnest(` + claimableRails + `) AS r(rail_type)
+  CROSS JOIN LATERAL (
+    SELECT p.ctid AS row, p.next_attempt_at, p.created_at FROM {schema}.pending p
+    WHERE p.rail_type = r.rail_type AND p.next_attempt_at <= now() AND ` + which + `
+      AND (NOT ` + orderedSQL + ` OR NOT EXISTS (
+        SELECT 1 FROM {schema}.pending q WHERE q.participant_id = p.participant_id AND q.sequence_id < p.sequence_id))
+    ORDER BY p.next_attempt_at, p.created_at
+    LIMIT ` + limit + ` FOR UPDATE SKIP LOCKED) c
+  ORDER BY c.next_attempt_at, c.created_at
+  LIMIT ` + limit
 }
 
 // SuspectsDue reports whether suspects (see ClaimParams.Suspects) are due.

@@ -82,8 +82,8 @@ const idleRelayersSQL = `SELECT count(*) FROM {schema}.relayer_idle WHERE idle_s
 // age ago, which is whether the oldest due instruction (Snapshot's
 // OldestPendingAge) is older than age, without finding the oldest:
 // readiness probes ask it every few seconds, and during a backlog the
-// Snapshot reads the whole queue. It reads the due index up to the first
-// such instruction.
+// Snapshot reads the whole queue. It reads each rail's due range up to the
+// first such instruction.
 func (s *Store) DueOlderThan(ctx context.Context, db Querier, age time.Duration) (bool, error) {
 	var late bool
 	if err := db.QueryRow(ctx, s.sql.dueOlderThan, age).Scan(&late); err != nil {
@@ -92,13 +92,24 @@ func (s *Store) DueOlderThan(ctx context.Context, db Querier, age time.Duration)
 	return late, nil
 }
 
-// dueOlderThanSQL asks for the first match in the due index's order,
-// which only that index gives without a sort. Asked as an EXISTS, the
-// planner read pending whole once it had statistics
-// (TestDueOlderThanReadsOnlyDue): it expected an old, due row among the
-// first few rows (it takes the two conditions for independent, while the
-// old rows were mostly the ones not due), and where there is none that
-// reads every row.
-const dueOlderThanSQL = `SELECT (SELECT true FROM {schema}.pending
-  WHERE next_attempt_at <= now() AND created_at < now() - $1::interval
-  ORDER BY next_attempt_at LIMIT 1) IS NOT NULL`
+// dueOlderThanSQL asks, rail by rail, for the first match in the due
+// index's order, which only that index gives without a sort; the rail types
+// are found by skipping through the index's leading column (one probe per
+// rail type). Asked as an EXISTS over the whole table, the planner read
+// pending whole once it had statistics (TestDueOlderThanReadsOnlyDue): it
+// expected an old, due row among the first few rows (it takes the two
+// conditions for independent, while the old rows were mostly the ones not
+// due), and where there is none that reads every row.
+const dueOlderThanSQL = `
+WITH RECURSIVE rails AS (
+  (SELECT rail_type FROM {schema}.pending ORDER BY rail_type LIMIT 1)
+  UNION ALL
+  SELECT (SELECT p.rail_type FROM {schema}.pending p WHERE p.rail_type > r.rail_type ORDER BY p.rail_type LIMIT 1)
+  FROM rails r WHERE r.rail_type IS NOT NULL
+)
+SELECT EXISTS (
+  SELECT 1 FROM rails r
+  CROSS JOIN LATERAL (SELECT 1 FROM {schema}.pending p
+                      WHERE p.rail_type = r.rail_type AND p.next_attempt_at <= now() AND p.created_at < now() - $1::interval
+                      ORDER BY p.next_attempt_at LIMIT 1) x
+  WHERE r.rail_type IS NOT NULL)`

@@ -54,7 +54,9 @@ FROM generate_series(1, 20000) AS g`, due); err != nil {
 			t.Errorf("%s: %d sequential scans and %d scans of other indexes of pending", when,
 				after.seqScans-before.seqScans, after.otherIndexScans-before.otherIndexScans)
 		}
-		if n := after.dueEntries - before.dueEntries; n > due {
+		// The due instructions, and an entry per rail type to find them
+		// (one here), and the index's end.
+		if n := after.dueEntries - before.dueEntries; n > due+2 {
 			t.Errorf("%s: read %d entries of the due index, %d instructions are due", when, n, due)
 		}
 		return late
@@ -135,10 +137,10 @@ func readsOfPending(t *testing.T, tx pgx.Tx) (r pendingReads) {
 	t.Helper()
 	if err := tx.QueryRow(t.Context(), `
 SELECT pg_stat_get_xact_numscans('outbox.pending'::regclass),
-       pg_stat_get_xact_numscans('outbox.pending_due_idx'::regclass),
+       pg_stat_get_xact_numscans('outbox.pending_rail_due_idx'::regclass),
        (SELECT coalesce(sum(pg_stat_get_xact_numscans(indexrelid)), 0) FROM pg_index
-        WHERE indrelid = 'outbox.pending'::regclass AND indexrelid <> 'outbox.pending_due_idx'::regclass),
-       pg_stat_get_xact_tuples_returned('outbox.pending_due_idx'::regclass)`).
+        WHERE indrelid = 'outbox.pending'::regclass AND indexrelid <> 'outbox.pending_rail_due_idx'::regclass),
+       pg_stat_get_xact_tuples_returned('outbox.pending_rail_due_idx'::regclass)`).
 		Scan(&r.seqScans, &r.dueScans, &r.otherIndexScans, &r.dueEntries); err != nil {
 		t.Fatal(err)
 	}
