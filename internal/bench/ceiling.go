@@ -335,7 +335,7 @@ var (
 )
 
 // runPgBench runs script with clients clients (prepared statements, no
-// vacuum of pgbench's own tables) and reads its summary.
+// vacuum of pgbench's own tables, no JIT) and reads its summary.
 func (r *runner) runPgBench(ctx context.Context, bin, dir, script string, clients int, limit []string, vars ...string) (pgbenchRun, error) {
 	path := filepath.Join(dir, fmt.Sprintf("script-%x.sql", rand.Uint32()))
 	if err := os.WriteFile(path, []byte(script), 0o600); err != nil {
@@ -348,6 +348,10 @@ func (r *runner) runPgBench(ctx context.Context, bin, dir, script string, client
 	}
 	args = append(args, r.cfg.Pool.Config().ConnString())
 	cmd := exec.CommandContext(ctx, bin, args...)
+	// Without JIT, as the engine runs them (store's genericPlansSQL): a
+	// generic plan costed over jit_above_cost is compiled at every
+	// execution, which would make the ceiling PostgreSQL's LLVM's.
+	cmd.Env = append(os.Environ(), "PGOPTIONS=-c jit=off")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	start := time.Now()

@@ -9,7 +9,17 @@ import "github.com/jackc/pgx/v5"
 // plan look cheaper than the generic one, and planning them (a partitioned
 // archive, a dozen CTEs) took 1 to 1.5 ms, more than running them. The
 // generic plans are the ones the cost test bounds (TestHotPathCostIsPerBatch).
-const genericPlansSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true)`
+//
+// It also turns JIT compilation off for them. A generic plan does not know
+// its batch size (a parameter), and costs its LIMITs at a tenth of the
+// table: the hand-off's generic plan came to 200,000-240,000 in some
+// drains, over jit_above_cost (100,000), and PostgreSQL then compiled it
+// with LLVM at every execution, about 100 ms of processor each time, for
+// a statement that runs in one or two: 2,300-3,200 msgs/s instead of
+// 25,000-29,000 in 4 of 14 unordered drains (perf: llvm:: and malloc
+// frames in the backends). No statement here reads enough rows to gain
+// from JIT.
+const genericPlansSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('jit', 'off', true)`
 
 // queueGenericPlans queues genericPlansSQL at the head of b, unless db is a
 // caller's transaction, whose later statements the setting would outlive
