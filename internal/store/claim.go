@@ -68,7 +68,7 @@ func (s *Store) Claim(ctx context.Context, db Batcher, p ClaimParams) ([]Claimed
 		q = s.sql.claimSuspects
 	}
 	b := &pgx.Batch{}
-	generic := queueGenericPlans(b, db)
+	generic := queueGenericPlans(b, db, claimPlansSQL)
 	b.Queue(q, p.RelayerID, p.Limit, railTypes, leaseMS)
 	br := db.SendBatch(ctx, b)
 	claimed, err := readClaimBatch(br, generic)

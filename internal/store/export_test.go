@@ -1,5 +1,8 @@
 package store
 
-// GenericPlansSQL is what the store runs before its hot statements in each
-// batch, for tests of what it sets.
-const GenericPlansSQL = genericPlansSQL
+// GenericPlansSQL and ClaimPlansSQL are what the store runs before its hot
+// statements in each batch, for tests of what they set.
+const (
+	GenericPlansSQL = genericPlansSQL
+	ClaimPlansSQL   = claimPlansSQL
+)

@@ -75,7 +75,8 @@ func TestHotStatementsAreNotJITCompiled(t *testing.T) {
 // ordered index scan does, as it meets them), so every claim walked every
 // entry deleted since the last vacuum: at 1,000/s, claims of 4 to 17 ms
 // and an enqueue-to-rail-call p50 of 3.2-4.9 ms instead of 2.1-2.4. After
-// the store's settings the due range is read in index order.
+// the settings the store sends before a claim, the due range is read in
+// index order.
 func TestClaimReadsTheDueIndexInOrder(t *testing.T) {
 	t.Parallel()
 	pool := testdb.New(t)
@@ -129,7 +130,7 @@ func TestClaimReadsTheDueIndexInOrder(t *testing.T) {
 	if p := plan(`SELECT set_config('plan_cache_mode', 'force_generic_plan', true)`); !strings.Contains(p, bitmap) {
 		t.Fatalf("the generic plan without the store's settings reads no bitmap: the check below proves nothing\n%s", p)
 	}
-	if p := plan(store.GenericPlansSQL); strings.Contains(p, bitmap) || !strings.Contains(p, `"Index Name": "pending_rail_due_idx"`) {
+	if p := plan(store.ClaimPlansSQL); strings.Contains(p, bitmap) || !strings.Contains(p, `"Index Name": "pending_rail_due_idx"`) {
 		t.Fatalf("after the store's settings the claim does not read the due index in order\n%s", p)
 	}
 }

@@ -107,7 +107,7 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 	}
 	railTypes, leaseMS := leaseArrays(h.Leases)
 	b := &pgx.Batch{}
-	generic := queueGenericPlans(b, db)
+	generic := queueGenericPlans(b, db, genericPlansSQL)
 	b.Queue(s.sql.lockParticipants, terminal)
 	b.Queue(s.sql.record, args...)
 	b.Queue(s.sql.handoff, h.RelayerID, max(h.Limit, 0), railTypes, leaseMS, terminal, args[2], h.Refill)
