@@ -144,30 +144,24 @@ func (s *Store) RailQuiet(ctx context.Context, db TxBeginner, railType string, p
 	var (
 		q     Quiet
 		vxids []string
-		first = true
 	)
-	for {
-		err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `SELECT set_config('outbox.tenant', '*', true)`); err != nil {
-				return err
-			}
-			if first {
-				// Virtual transaction ids: every transaction has one
-				// before it writes (a claim that has only read has no
-				// transaction id yet). Locks of this database only:
-				// another database's tables may have the same oids (a
-				// copy of the same template or dump).
-				if err := tx.QueryRow(ctx, s.Qualify(`SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') FROM pg_locks
+	// The transactions to wait for are those using the queue now, and what
+	// the pause holds is counted once.
+	err := inEveryTenant(ctx, db, func(tx pgx.Tx) error {
+		// Virtual transaction ids: every transaction has one before it
+		// writes (a claim that has only read has no transaction id yet).
+		// Locks of this database only: another database's tables may
+		// have the same oids (a copy of the same template or dump).
+		if err := tx.QueryRow(ctx, s.Qualify(`SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') FROM pg_locks
 WHERE locktype = 'relation' AND relation = '{schema}.pending'::regclass AND granted AND pid <> pg_backend_pid()
   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`)).Scan(&vxids); err != nil {
-					return err
-				}
-				if err := tx.QueryRow(ctx, s.Qualify(`SELECT count(*) FROM {schema}.pending WHERE rail_type = $1 OR $1 = '`+AllRails+`'`),
-					railType).Scan(&q.Held); err != nil {
-					return err
-				}
-				first = false
-			}
+			return err
+		}
+		return tx.QueryRow(ctx, s.Qualify(`SELECT count(*) FROM {schema}.pending WHERE rail_type = $1 OR $1 = '`+AllRails+`'`),
+			railType).Scan(&q.Held)
+	})
+	for err == nil {
+		err = inEveryTenant(ctx, db, func(tx pgx.Tx) error {
 			if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'virtualxid' AND virtualxid = ANY($1)`,
 				vxids).Scan(&q.Transactions); err != nil {
 				return err
@@ -175,18 +169,31 @@ WHERE locktype = 'relation' AND relation = '{schema}.pending'::regclass AND gran
 			return tx.QueryRow(ctx, s.Qualify(`SELECT count(*) FROM {schema}.inflight WHERE rail_type = $1 OR $1 = '`+AllRails+`'`),
 				railType).Scan(&q.InFlight)
 		})
-		switch {
-		case err != nil && ctx.Err() != nil:
-			return q, fmt.Errorf("rail %s: %w (%d transactions open, %d in flight)", railType, ErrNotQuiet, q.Transactions, q.InFlight)
-		case err != nil:
-			return q, fmt.Errorf("rail %s quiet: %w", railType, err)
-		case q.Done():
-			return q, nil
+		if err != nil || q.Done() {
+			break
 		}
 		select {
 		case <-ctx.Done():
-			return q, fmt.Errorf("rail %s: %w (%d transactions open, %d in flight)", railType, ErrNotQuiet, q.Transactions, q.InFlight)
+			err = ctx.Err()
 		case <-time.After(poll):
 		}
 	}
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return q, fmt.Errorf("rail %s: %w (%d transactions open, %d in flight)", railType, ErrNotQuiet, q.Transactions, q.InFlight)
+	case err != nil:
+		return q, fmt.Errorf("rail %s quiet: %w", railType, err)
+	}
+	return q, nil
+}
+
+// inEveryTenant runs fn in a read-only transaction that sees the rows of
+// every tenant (outbox.tenant '*').
+func inEveryTenant(ctx context.Context, db TxBeginner, fn func(pgx.Tx) error) error {
+	return pgx.BeginTxFunc(ctx, db, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('outbox.tenant', '*', true)`); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
 }
