@@ -181,8 +181,8 @@ var archiveTampering = []string{
 // created by the owner, it must run as the owner, as allocate_sequences
 // does, since producers may not touch sequences; and it must not be open
 // to every role. Migration 16's settle_poison_dead_letters likewise, for
-// relayers, who may not delete dead letters. Migration 17 replaces the
-// operators' replay_dead_letter, which must keep its standing.
+// relayers, who may not delete dead letters. Migrations 17 and 22 replace
+// the operators' functions, which must keep their standing.
 func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 	t.Parallel()
 	b := setupRoles(t)
@@ -201,7 +201,7 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 	for _, line := range strings.Split(sql, "\n") {
 		if !strings.Contains(line, "allocate_sequence(text)") && !strings.Contains(line, "settle_poison_dead_letters") &&
 			!strings.Contains(line, "vacuum_horizon") && !strings.Contains(line, "rail_pause") && !strings.Contains(line, "pause_rail") && !strings.Contains(line, "resume_rail") &&
-			!strings.Contains(line, "cancel_pending") {
+			!strings.Contains(line, "cancel_pending") && !strings.Contains(line, "any_tenant") {
 			v12 = append(v12, line)
 		}
 	}
@@ -223,12 +223,13 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 		t.Fatalf("enqueue as producer after the upgrade: %+v, %v", r, err)
 	}
 	for fn, runner := range map[string]string{
-		"upgraded.allocate_sequence(text)":              migrations.RoleProducer,
-		"upgraded.settle_poison_dead_letters(uuid[])":   migrations.RoleRelayer,
-		"upgraded.replay_dead_letter(uuid, text, text)": migrations.RoleOperator,
-		"upgraded.pause_rail(text, text, text)":         migrations.RoleOperator,
-		"upgraded.resume_rail(text, text, text)":        migrations.RoleOperator,
-		"upgraded.cancel_pending(uuid, text, text)":     migrations.RoleOperator,
+		"upgraded.allocate_sequence(text)":                   migrations.RoleProducer,
+		"upgraded.settle_poison_dead_letters(uuid[])":        migrations.RoleRelayer,
+		"upgraded.replay_dead_letter(uuid, text, text)":      migrations.RoleOperator,
+		"upgraded.pause_rail(text, text, text)":              migrations.RoleOperator,
+		"upgraded.resume_rail(text, text, text)":             migrations.RoleOperator,
+		"upgraded.cancel_pending(uuid, text, text)":          migrations.RoleOperator,
+		"upgraded.acknowledge_dead_letter(uuid, text, text)": migrations.RoleOperator,
 	} {
 		var definer, runnerMay, auditorMay bool
 		if err := b.admin.QueryRow(b.ctx, `SELECT prosecdef, has_function_privilege($2, oid, 'EXECUTE'), has_function_privilege($3, oid, 'EXECUTE')
@@ -238,6 +239,16 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 		if !definer || !runnerMay || auditorMay {
 			t.Errorf("%s: security definer %v (want true), executable by %s %v (want true), by the auditor %v (want false)",
 				fn, definer, runner, runnerMay, auditorMay)
+		}
+	}
+	// Migration 022: the statements behind the operators' functions are the
+	// owner's alone; operators run the functions that keep them to their
+	// tenant.
+	for _, fn := range []string{"replay_dead_letter_any_tenant", "acknowledge_dead_letter_any_tenant", "cancel_pending_any_tenant"} {
+		var operatorMay bool
+		if err := b.admin.QueryRow(b.ctx, `SELECT has_function_privilege($2, $1::regprocedure, 'EXECUTE')`,
+			"upgraded."+fn+"(uuid, text, text)", migrations.RoleOperator).Scan(&operatorMay); err != nil || operatorMay {
+			t.Errorf("%s: executable by the operator %v (%v), want false", fn, operatorMay, err)
 		}
 	}
 	// vacuum_horizon: for every role that reads the queue, not producers.
@@ -477,6 +488,90 @@ func TestTenantIsolation(t *testing.T) {
 	var n int
 	if err := auditorA.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE tenant_id = 'tenant-b'`).Scan(&n); err != nil || n != 0 {
 		t.Errorf("auditor A counts %d of B's attempts (%v)", n, err)
+	}
+}
+
+// TestOperatorsActWithinTheirTenant: the operators' functions run as the
+// owner, whom row-level security does not filter; an operator scoped to
+// one tenant still cannot replay, acknowledge or cancel another's
+// instruction by its id (migration 022), while one scoped to every tenant,
+// and the owner, can.
+func TestOperatorsActWithinTheirTenant(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	relayer := b.as(t, migrations.RoleRelayer, "")
+	operatorA := b.as(t, migrations.RoleOperator, "tenant-a")
+	operatorAll := b.as(t, migrations.RoleOperator, "*")
+	owner := b.as(t, migrations.RoleOwner, "")
+
+	type instructions struct{ replay, ack, cancel, cancelByOwner pending.Receipt }
+	byTenant := map[string]*instructions{}
+	for _, tenant := range []string{"tenant-a", "tenant-b"} {
+		producer := b.as(t, migrations.RoleProducer, tenant)
+		ins := &instructions{}
+		var err error
+		if ins.replay, err = b.enqueue(t, producer, tenant, tenant+"-replay"); err != nil {
+			t.Fatal(err)
+		}
+		if ins.ack, err = b.enqueue(t, producer, tenant, tenant+"-ack"); err != nil {
+			t.Fatal(err)
+		}
+		byTenant[tenant] = ins
+	}
+	if failed := b.settle(t, relayer, store.Failed); len(failed) != 4 {
+		t.Fatalf("%d dead letters, want 4", len(failed))
+	}
+	for tenant, ins := range byTenant {
+		producer := b.as(t, migrations.RoleProducer, tenant)
+		var err error
+		if ins.cancel, err = b.enqueue(t, producer, tenant, tenant+"-cancel"); err != nil {
+			t.Fatal(err)
+		}
+		if ins.cancelByOwner, err = b.enqueue(t, producer, tenant, tenant+"-cancel-by-owner"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	act := func(who string, db *pgxpool.Pool, ins *instructions, want bool) {
+		t.Helper()
+		for _, c := range []struct {
+			action string
+			do     func() (bool, error)
+		}{
+			{"replay", func() (bool, error) { return b.st.Replay(b.ctx, db, ins.replay.OutboxID, "olga", "test") }},
+			{"acknowledge", func() (bool, error) { return b.st.Acknowledge(b.ctx, db, ins.ack.OutboxID, "olga", "test") }},
+			{"cancel", func() (bool, error) { return b.st.Cancel(b.ctx, db, ins.cancel.OutboxID, "olga", "test") }},
+		} {
+			if got, err := c.do(); err != nil || got != want {
+				t.Errorf("%s: %s = %v, %v; want %v", who, c.action, got, err, want)
+			}
+		}
+	}
+	// Scoped to A: B's instructions are not there, and stay as they were.
+	act("operator of tenant A on B's", operatorA, byTenant["tenant-b"], false)
+	var dead, queued int
+	if err := b.admin.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM outbox.dead_letters WHERE tenant_id = 'tenant-b' AND acknowledged_at IS NULL),
+		(SELECT count(*) FROM outbox.pending WHERE tenant_id = 'tenant-b')`).Scan(&dead, &queued); err != nil {
+		t.Fatal(err)
+	}
+	if dead != 2 || queued != 2 {
+		t.Errorf("after operator A's attempts, tenant B has %d unacknowledged dead letters and %d pending, want 2 and 2", dead, queued)
+	}
+	act("operator of tenant A on A's", operatorA, byTenant["tenant-a"], true)
+	act("operator of every tenant on B's", operatorAll, byTenant["tenant-b"], true)
+	for tenant, ins := range byTenant {
+		if ok, err := b.st.Cancel(b.ctx, owner, ins.cancelByOwner.OutboxID, "olga", "test"); err != nil || !ok {
+			t.Errorf("the owner cancels %s's instruction without a tenant setting: %v, %v", tenant, ok, err)
+		}
+	}
+	// The statements behind the functions are the owner's alone.
+	refused(t, b.ctx, operatorA, []string{
+		`SELECT outbox.replay_dead_letter_any_tenant(gen_random_uuid(), 'me', 'why')`,
+		`SELECT outbox.acknowledge_dead_letter_any_tenant(gen_random_uuid(), 'me', 'why')`,
+		`SELECT outbox.cancel_pending_any_tenant(gen_random_uuid(), 'me', 'why')`,
+	}...)
+	rep, err := b.st.Verify(b.ctx, b.admin, store.VerifyOptions{Ordered: true})
+	if err != nil || !rep.OK() {
+		t.Fatalf("verify: %+v, %v", rep, err)
 	}
 }
 

@@ -65,6 +65,10 @@ REVOKE ALL ON FUNCTION {{schema}}.pause_rail(text, text, text), {{schema}}.resum
 -- which archives who and why.
 ALTER FUNCTION {{schema}}.cancel_pending(uuid, text, text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 REVOKE ALL ON FUNCTION {{schema}}.cancel_pending(uuid, text, text) FROM PUBLIC;
+-- The statements behind the operators' functions (migration 022), for the
+-- owner alone: the functions operators run keep them to their tenant.
+REVOKE ALL ON FUNCTION {{schema}}.replay_dead_letter_any_tenant(uuid, text, text), {{schema}}.acknowledge_dead_letter_any_tenant(uuid, text, text),
+  {{schema}}.cancel_pending_any_tenant(uuid, text, text) FROM PUBLIC;
 
 -- Start from nothing, then grant what each role needs.
 REVOKE ALL ON ALL TABLES IN SCHEMA {{schema}} FROM outbox_producer, outbox_relayer, outbox_auditor, outbox_operator;
