@@ -167,7 +167,9 @@ func quoteTime(t time.Time) string {
 }
 
 // retireKeysSQL moves into their compact form (migration 011) the keys of
-// the next $2 instructions dispatched in an archive partition (%[1]s), in
+// the next $2 instructions dispatched or cancelled (both final: a cancelled
+// instruction is never sent, and its key only answers a duplicate) in an
+// archive partition (%[1]s), in
 // outbox id order after $1 (its outbox id index), except those whose
 // instruction is pending, in flight or a dead letter again (a late
 // outcome's requeued copy, a replay under its key), and returns the last
@@ -185,7 +187,7 @@ func quoteTime(t time.Time) string {
 const retireKeysSQL = `
 WITH done AS (
   SELECT DISTINCT outbox_id FROM (
-    SELECT outbox_id FROM %[1]s WHERE outbox_id > $1 AND state = 'DISPATCHED' ORDER BY outbox_id LIMIT $2) x
+    SELECT outbox_id FROM %[1]s WHERE outbox_id > $1 AND state IN ('DISPATCHED', 'CANCELLED') ORDER BY outbox_id LIMIT $2) x
 ), targets AS (
   SELECT k.row FROM done d
   CROSS JOIN LATERAL (
@@ -207,8 +209,8 @@ WITH done AS (
 )
 SELECT (SELECT outbox_id FROM done ORDER BY outbox_id DESC LIMIT 1), (SELECT count(*) FROM retired)`
 
-// RetireKeys moves the idempotency keys of the instructions dispatched in
-// an archive partition into their compact form, batch instructions per
+// RetireKeys moves the idempotency keys of the instructions dispatched or
+// cancelled in an archive partition into their compact form, batch instructions per
 // transaction, and returns how many it moved. A retired key is still
 // refused forever (pending.ErrKeyRetired) but no longer returns its
 // original receipt. DetachArchive's caller retires the keys of each

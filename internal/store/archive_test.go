@@ -75,7 +75,7 @@ func partitionStates(t *testing.T, b *recordBundle) map[string]store.Partition {
 // across a partition boundary: history written on both sides of it,
 // detach refused until a checkpoint covers the older partition, then
 // detached (still verified, still in trails, still append-only), its keys
-// retired (a replay of one is refused with ErrKeyRetired and writes
+// retired (dispatched and cancelled instructions'; a replay of one is refused with ErrKeyRetired and writes
 // nothing; keys of instructions in flight or dead-lettered stay), the
 // partition exported to CSV, and finally dropped, which verify reports.
 func TestArchiveDetachRetireExport(t *testing.T) {
@@ -95,6 +95,10 @@ func TestArchiveDetachRetireExport(t *testing.T) {
 	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Failed))
 	b.enqueue(t, "p3", "old-inflight")
 	b.claimOne(t, "r1", longLease)
+	cancelled := b.enqueue(t, "p4", "old-cancelled")
+	if ok, err := b.st.Cancel(b.ctx, b.pool, cancelled, "olga", "recalled"); err != nil || !ok {
+		t.Fatalf("cancel: %v %v", ok, err)
+	}
 	time.Sleep(time.Until(boundary) + 50*time.Millisecond)
 	fresh := b.enqueue(t, "p1", "new-0")
 	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched))
@@ -135,8 +139,8 @@ func TestArchiveDetachRetireExport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if retired != 3 {
-		t.Fatalf("retired %d keys, want the 3 dispatched before the boundary", retired)
+	if retired != 4 {
+		t.Fatalf("retired %d keys, want the 3 dispatched and the one cancelled before the boundary", retired)
 	}
 	if again, err := b.st.RetireKeys(b.ctx, b.pool, old, 0); err != nil || again != 0 {
 		t.Fatalf("retire again: %d %v", again, err)
@@ -161,6 +165,13 @@ func TestArchiveDetachRetireExport(t *testing.T) {
 	}
 	if after := count(); after != before {
 		t.Fatalf("the refused replay wrote something: %d rows before, %d after", before, after)
+	}
+	_, err = b.producer.Enqueue(b.ctx, b.pool, pending.Instruction{
+		InstructionID: "ins-old-cancelled", ParticipantID: "p4", IdempotencyKey: "old-cancelled",
+		RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
+	})
+	if !errors.As(err, &re) || re.OutboxID != cancelled {
+		t.Fatalf("enqueue of a cancelled instruction's retired key: %v, want a RetiredError for %s", err, cancelled)
 	}
 	for _, key := range []string{"old-dead", "old-inflight", "new-0"} {
 		r, err := b.producer.Enqueue(b.ctx, b.pool, pending.Instruction{
