@@ -62,7 +62,22 @@ FOR UPDATE`
 // participant's lock) makes them due or claims them. The refill cannot
 // take a freed participant's next instruction: it waits until promoted,
 // which this statement's own snapshot does not see.
-var handoffSQL = `
+var handoffSQL = handoffWith(refillSQL)
+
+// handoffSuccessorsSQL is handoffSQL without the refill, for writes that
+// do not ask for one (HandoffParams.Refill false: a relayer at a steady
+// rate, or with a few busy participants): PostgreSQL sets up every node of
+// a plan at each execution, run or not, and the refill's claim is a
+// quarter of the hand-off's plan. Same parameters ($6 and $7 unused).
+var handoffSuccessorsSQL = handoffWith(`
+  SELECT NULL::tid AS row WHERE $7::bool IS NULL AND $6::uuid[] IS NULL`)
+
+// refillSQL is the hand-off's refill (see handoffSQL).
+var refillSQL = dueRows("p.zombie_count < "+suspectAfter+" AND p.outbox_id NOT IN (SELECT unnest($6::uuid[]))", "CASE WHEN $7::bool THEN $2 - (SELECT count(*) FROM successors) ELSE 0 END")
+
+// handoffWith renders handoffSQL with refill as its refill relation.
+func handoffWith(refill string) string {
+	return `
 WITH freed AS (
   SELECT DISTINCT u.participant_id FROM unnest($5::text[]) AS u(participant_id)
   WHERE ` + orderedSQL + `
@@ -79,10 +94,11 @@ WITH freed AS (
   WHERE w.rail_type = ANY (` + claimableRails + `)
   ORDER BY w.created_at
   LIMIT $2
-), refill AS (` + dueRows("p.zombie_count < "+suspectAfter+" AND p.outbox_id NOT IN (SELECT unnest($6::uuid[]))", "CASE WHEN $7::bool THEN $2 - (SELECT count(*) FROM successors) ELSE 0 END") + `
+), refill AS (` + refill + `
 ), locked AS (
   SELECT row FROM successors UNION ALL SELECT row FROM refill
 ), promoted AS (
   UPDATE {schema}.pending p SET next_attempt_at = now()
   WHERE p.ctid = ANY (ARRAY(SELECT row FROM waiting WHERE row NOT IN (SELECT row FROM successors)))
 ),` + claimTailSQL
+}

@@ -8,8 +8,8 @@ import (
 	"github.com/ledgerline/outbox/internal/store"
 )
 
-// TestHotStatementsKeepGenericPlans: the claim, outcome and hand-off
-// statements run on the relayer's connections hundreds of times a second
+// TestHotStatementsKeepGenericPlans: the claim, outcome and hand-off (with
+// and without refill) statements run on the relayer's connections hundreds of times a second
 // with arrays whose lengths change every call. Left to choose, PostgreSQL
 // planned most calls afresh (1 to 1.5 ms each, more than running them);
 // Claim and Record ask for the generic plan, so no call is planned after
@@ -36,7 +36,8 @@ func TestHotStatementsKeepGenericPlans(t *testing.T) {
 			for i, c := range claimed {
 				outcomes[i] = recordOutcome(t, c, "r1", store.Dispatched)
 			}
-			_, handed, err := b.st.Record(b.ctx, conn, outcomes, store.HandoffParams{RelayerID: "r1", Limit: round % 3, Leases: leases})
+			_, handed, err := b.st.Record(b.ctx, conn, outcomes, store.HandoffParams{RelayerID: "r1", Limit: round % 3, Leases: leases,
+				Refill: round%2 == 1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -53,7 +54,7 @@ func TestHotStatementsKeepGenericPlans(t *testing.T) {
 			t.Errorf("%q: %d generic and %d custom plans: want every call on the generic plan", p.stmt, p.generic, p.custom)
 		}
 	}
-	if len(plans) != 3 {
-		t.Fatalf("%d hot statements prepared on the connection, want 3 (claim, outcome, hand-off)", len(plans))
+	if len(plans) != 4 {
+		t.Fatalf("%d hot statements prepared on the connection, want 4 (claim, outcome, hand-off with and without refill)", len(plans))
 	}
 }

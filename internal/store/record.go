@@ -110,7 +110,11 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 	generic := queueGenericPlans(b, db, genericPlansSQL)
 	b.Queue(s.sql.lockParticipants, terminal)
 	b.Queue(s.sql.record, args...)
-	b.Queue(s.sql.handoff, h.RelayerID, max(h.Limit, 0), railTypes, leaseMS, terminal, args[2], h.Refill)
+	handoff := s.sql.handoffSuccessors
+	if h.Refill {
+		handoff = s.sql.handoff
+	}
+	b.Queue(handoff, h.RelayerID, max(h.Limit, 0), railTypes, leaseMS, terminal, args[2], h.Refill)
 	br := db.SendBatch(ctx, b)
 	recorded, claimed, err := readRecordBatch(br, generic)
 	if cerr := br.Close(); err == nil && cerr != nil {

@@ -91,6 +91,7 @@ type statements struct {
 	// The same three for one instruction (see single).
 	insertKeyOne, insertPendingOne, lookupKeyOne   string
 	claim, claimSuspects, suspectsDue, handoff     string
+	handoffSuccessors                              string
 	record, withdraw, settlePoison                 string
 	lockParticipants                               string
 	reap, reapLock                                 string
@@ -116,26 +117,27 @@ type statements struct {
 func renderStatements(schema string) statements {
 	q := func(s string) string { return qualify(schema, s) }
 	st := statements{
-		insertKeys:       q(insertKeysSQL),
-		insertPending:    q(insertPendingSQL),
-		lookupKeys:       q(lookupKeysSQL),
-		insertKeyOne:     q(insertKeyOneSQL),
-		insertPendingOne: q(insertPendingOneSQL),
-		lookupKeyOne:     q(lookupKeyOneSQL),
-		claim:            q(claimSQL),
-		claimSuspects:    q(claimSuspectsSQL),
-		suspectsDue:      q(suspectsDueSQL),
-		handoff:          q(handoffSQL),
-		record:           q(recordSQL),
-		withdraw:         q(withdrawSQL),
-		settlePoison:     q(settlePoisonSQL),
-		lockParticipants: q(lockParticipantsSQL),
-		reap:             q(reapSQL),
-		reapLock:         q(reapLockSQL),
-		replay:           q(replaySQL),
-		acknowledge:      q(acknowledgeSQL),
-		cancel:           q(cancelSQL),
-		trailByOutbox:    q(trailSQL("outbox_id = $1")),
+		insertKeys:        q(insertKeysSQL),
+		insertPending:     q(insertPendingSQL),
+		lookupKeys:        q(lookupKeysSQL),
+		insertKeyOne:      q(insertKeyOneSQL),
+		insertPendingOne:  q(insertPendingOneSQL),
+		lookupKeyOne:      q(lookupKeyOneSQL),
+		claim:             q(claimSQL),
+		claimSuspects:     q(claimSuspectsSQL),
+		suspectsDue:       q(suspectsDueSQL),
+		handoff:           q(handoffSQL),
+		handoffSuccessors: q(handoffSuccessorsSQL),
+		record:            q(recordSQL),
+		withdraw:          q(withdrawSQL),
+		settlePoison:      q(settlePoisonSQL),
+		lockParticipants:  q(lockParticipantsSQL),
+		reap:              q(reapSQL),
+		reapLock:          q(reapLockSQL),
+		replay:            q(replaySQL),
+		acknowledge:       q(acknowledgeSQL),
+		cancel:            q(cancelSQL),
+		trailByOutbox:     q(trailSQL("outbox_id = $1")),
 		// Through the keys' instruction index: the archive keeps no index
 		// by instruction id (migration 005).
 		trailByInstruction: q(trailSQL("outbox_id IN (SELECT outbox_id FROM {schema}.idempotency_keys WHERE instruction_id = $1)")),
