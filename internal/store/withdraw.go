@@ -15,7 +15,7 @@ import (
 // finished and moved its participant on). Record calls it. A
 // withdrawn copy is its instruction's end, so, as for a terminal outcome,
 // the participant's queued count drops (under its lock) and its next
-// instruction is made due (handoffSQL with no claims).
+// instruction is made due (the hand-off without refill, claiming nothing).
 func (s *Store) withdraw(ctx context.Context, db Batcher, late []Outcome) (map[uuid.UUID]bool, error) {
 	n := len(late)
 	states, codes, messages, participants := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -37,7 +37,7 @@ func (s *Store) withdraw(ctx context.Context, db Batcher, late []Outcome) (map[u
 	b := &pgx.Batch{}
 	b.Queue(s.sql.lockParticipants, participants)
 	b.Queue(s.sql.withdraw, ids, attemptIDs, states, codes, messages, attemptNos, claimIDs)
-	b.Queue(s.sql.handoff, "", 0, []string{}, []int64{}, participants, []string{}, false)
+	b.Queue(s.sql.handoffSuccessors, "", 0, []string{}, []int64{}, participants, []string{}, false)
 	b.Queue(s.sql.settlePoison, dispatched)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
