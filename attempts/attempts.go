@@ -269,10 +269,11 @@ func (a *Archive) Partitions(ctx context.Context, db DB, exact bool) ([]Partitio
 
 // Detach moves every attached partition that ends at or before `before`
 // out of the table relayers write to, then retires the idempotency keys of
-// the instructions those partitions dispatched into their compact form
-// (refused forever, but without their original receipt). Nothing is
-// deleted: detached months stay in the database, append-only, and are
-// still verified and shown in trails. It refuses months the checkpoints do
+// the instructions that ended in those partitions into their compact form
+// (refused forever, but without their original receipt); a dead letter
+// acknowledged in one of them leaves dead_letters with its key. No archive
+// row is deleted: detached months stay in the database, append-only, and
+// are still verified and shown in trails. It refuses months the checkpoints do
 // not cover yet and gives up on a partition whose lock it cannot get within
 // lockTimeout rather than stall relayers. It needs the schema's owner.
 func (a *Archive) Detach(ctx context.Context, db DB, before time.Time, lockTimeout time.Duration) (detached []string, retired int64, err error) {

@@ -19,7 +19,7 @@ func runArchive(ctx context.Context, env *environment, args []string) error {
 	var db dbFlags
 	db.register(fs, auditSettings())
 	exact := fs.Bool("exact", false, "list: count each partition's rows instead of estimating them (reads the whole archive: use a replica)")
-	beforeMonth := fs.String("before", "", "detach: detach every month before this one (YYYY-MM, UTC) and retire the keys of the instructions those months dispatched or cancelled")
+	beforeMonth := fs.String("before", "", "detach: detach every month before this one (YYYY-MM, UTC) and retire the keys of the instructions that ended in them (acknowledged dead letters leave with theirs)")
 	lockTimeout := fs.Duration("detach-lock-timeout", 5*time.Second, "detach: give up on a partition whose lock is not granted within this (relayers queue behind a waiting detach)")
 	partition := fs.String("partition", "", "export: the partition to export (a name from archive list)")
 	outFile := fs.String("out", "", "export: the CSV file to write; its SHA-256 goes to FILE.sha256 (sha256sum format)")

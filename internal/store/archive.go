@@ -167,36 +167,57 @@ func quoteTime(t time.Time) string {
 }
 
 // retireKeysSQL moves into their compact form (migration 011) the keys of
-// the next $2 instructions dispatched or cancelled (both final: a cancelled
-// instruction is never sent, and its key only answers a duplicate) in an
-// archive partition (%[1]s), in
-// outbox id order after $1 (its outbox id index), except those whose
-// instruction is pending, in flight or a dead letter again (a late
-// outcome's requeued copy, a replay under its key), and returns the last
-// outbox id it looked at and how many keys it moved. A concurrent enqueue
-// of one of these keys waits on its row lock and then either finds the
-// digest or, if its snapshot was older, fails (key_retired_race): it is
-// never enqueued twice.
+// the next $2 instructions that ended in an archive partition (%[1]s), in
+// outbox id order after $1 (its outbox id index), and returns the last
+// outbox id it looked at and how many keys it moved. An instruction ended
+// there if the partition holds its DISPATCHED or CANCELLED row (both
+// final: a cancelled instruction is never sent, and its key only answers a
+// duplicate), and it is then neither pending, in flight nor a dead letter
+// (a late outcome's requeued copy, a replay under its key); or if its dead
+// letter was acknowledged there and nothing happened to it since (the dead
+// letter's chain head is that ACKNOWLEDGED row): the dead letter then
+// leaves dead_letters with its key, in the same statement, so neither is
+// ever without the other. Its history stays in the archive, and
+// dead_letters holds what an operator has still to look at plus what was
+// acknowledged within the attached months.
+//
+// A concurrent enqueue of one of these keys waits on its row lock and then
+// either finds the digest or, if its snapshot was older, fails
+// (key_retired_race): it is never enqueued twice. A replay or an
+// acknowledgement of the dead letter meanwhile waits on its row lock; a
+// replay then finds it gone, like one of a dead letter that never was.
 //
 // Each key is found by its outbox id (a LATERAL lookup per instruction,
 // the queue checked the same way) and deleted by row id. Joined to the
 // batch as a whole, the keys table and the queue were hashed whole for
 // every batch (the planner's choice for 10,000 rows, until the keys table
 // is many times larger than a batch): at 1,000,000 keys, 256 ms a batch
-// against 138 ms by key, and more with every key enqueued since.
+// against 138 ms by key, and more with every key enqueued since. An
+// instruction's rows are read whole (the page ends at a row, not at an
+// instruction).
 const retireKeysSQL = `
-WITH done AS (
+WITH ids AS (
   SELECT DISTINCT outbox_id FROM (
-    SELECT outbox_id FROM %[1]s WHERE outbox_id > $1 AND state IN ('DISPATCHED', 'CANCELLED') ORDER BY outbox_id LIMIT $2) x
-), targets AS (
-  SELECT k.row FROM done d
+    SELECT outbox_id FROM %[1]s WHERE outbox_id > $1 AND state IN ('DISPATCHED', 'CANCELLED', 'ACKNOWLEDGED')
+    ORDER BY outbox_id LIMIT $2) x
+), done AS (
+  SELECT i.outbox_id, e.final, e.acks FROM ids i
   CROSS JOIN LATERAL (
-    SELECT k.ctid AS row FROM {schema}.idempotency_keys k
+    SELECT bool_or(a.state <> 'ACKNOWLEDGED') AS final, array_agg(a.hash) FILTER (WHERE a.state = 'ACKNOWLEDGED') AS acks
+    FROM %[1]s a WHERE a.outbox_id = i.outbox_id AND a.state IN ('DISPATCHED', 'CANCELLED', 'ACKNOWLEDGED')) e
+), targets AS (
+  SELECT k.row, k.dead FROM done d
+  CROSS JOIN LATERAL (
+    SELECT k.ctid AS row, dl.ctid AS dead FROM {schema}.idempotency_keys k
+    LEFT JOIN {schema}.dead_letters dl ON dl.outbox_id = k.outbox_id
     WHERE k.outbox_id = d.outbox_id
       AND NOT EXISTS (SELECT 1 FROM {schema}.pending p WHERE p.outbox_id = k.outbox_id)
       AND NOT EXISTS (SELECT 1 FROM {schema}.inflight f WHERE f.outbox_id = k.outbox_id)
-      AND NOT EXISTS (SELECT 1 FROM {schema}.dead_letters dl WHERE dl.outbox_id = k.outbox_id)
+      AND CASE WHEN dl.outbox_id IS NULL THEN d.final
+               ELSE dl.acknowledged_at IS NOT NULL AND dl.chain_head = ANY (d.acks) END
     LIMIT 1) k
+), settled AS (
+  DELETE FROM {schema}.dead_letters dl WHERE dl.ctid = ANY (ARRAY(SELECT dead FROM targets WHERE dead IS NOT NULL))
 ), moved AS (
   DELETE FROM {schema}.idempotency_keys k WHERE k.ctid = ANY (ARRAY(SELECT row FROM targets))
   RETURNING k.tenant_id, k.instruction_id, k.idempotency_key, k.outbox_id, k.participant_id, k.sequence_id, k.created_at
@@ -207,15 +228,16 @@ WITH done AS (
   FROM moved
   RETURNING 1
 )
-SELECT (SELECT outbox_id FROM done ORDER BY outbox_id DESC LIMIT 1), (SELECT count(*) FROM retired)`
+SELECT (SELECT outbox_id FROM ids ORDER BY outbox_id DESC LIMIT 1), (SELECT count(*) FROM retired)`
 
-// RetireKeys moves the idempotency keys of the instructions dispatched or
-// cancelled in an archive partition into their compact form, batch instructions per
-// transaction, and returns how many it moved. A retired key is still
-// refused forever (pending.ErrKeyRetired) but no longer returns its
-// original receipt. DetachArchive's caller retires the keys of each
-// partition it detached, so a key lives in full as long as the archive
-// month that dispatched its instruction is attached. Finding the keys
+// RetireKeys moves the idempotency keys of the instructions that ended in
+// an archive partition (dispatched, cancelled, or a dead letter
+// acknowledged there, which leaves dead_letters with its key) into their
+// compact form, batch instructions per transaction, and returns how many
+// it moved. A retired key is still refused forever (pending.ErrKeyRetired)
+// but no longer returns its original receipt. DetachArchive's caller
+// retires the keys of each partition it detached, so a key lives in full
+// as long as the archive month that ended its instruction is attached. Finding the keys
 // through the archive keeps the enqueue free of any index on the keys'
 // time.
 func (s *Store) RetireKeys(ctx context.Context, db Querier, partition string, batch int) (int64, error) {

@@ -75,7 +75,8 @@ func partitionStates(t *testing.T, b *recordBundle) map[string]store.Partition {
 // across a partition boundary: history written on both sides of it,
 // detach refused until a checkpoint covers the older partition, then
 // detached (still verified, still in trails, still append-only), its keys
-// retired (dispatched and cancelled instructions'; a replay of one is refused with ErrKeyRetired and writes
+// retired (dispatched and cancelled instructions', and acknowledged dead
+// letters', which leave dead_letters; a replay of one is refused with ErrKeyRetired and writes
 // nothing; keys of instructions in flight or dead-lettered stay), the
 // partition exported to CSV, and finally dropped, which verify reports.
 func TestArchiveDetachRetireExport(t *testing.T) {
@@ -99,7 +100,37 @@ func TestArchiveDetachRetireExport(t *testing.T) {
 	if ok, err := b.st.Cancel(b.ctx, b.pool, cancelled, "olga", "recalled"); err != nil || !ok {
 		t.Fatalf("cancel: %v %v", ok, err)
 	}
+	// Dead letters: one acknowledged (it leaves with its key), one
+	// acknowledged only after the boundary (in the month still attached:
+	// it stays), one acknowledged, replayed and dispatched after the
+	// boundary (it did not end in the old month: its key stays).
+	deadLetter := func(participant, key string) uuid.UUID {
+		t.Helper()
+		id := b.enqueue(t, participant, key)
+		b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Failed))
+		return id
+	}
+	acknowledge := func(id uuid.UUID) {
+		t.Helper()
+		if ok, err := b.st.Acknowledge(b.ctx, b.pool, id, "olga", "refunded by hand"); err != nil || !ok {
+			t.Fatalf("acknowledge: %v %v", ok, err)
+		}
+	}
+	acked := deadLetter("p5", "old-acked")
+	acknowledge(acked)
+	ackedLater := deadLetter("p7", "old-acked-later")
+	ackedReplayed := deadLetter("p6", "old-acked-replayed")
+	acknowledge(ackedReplayed)
+	if ok, err := b.st.Replay(b.ctx, b.pool, ackedReplayed, "olga", "sent after all"); err != nil || !ok {
+		t.Fatalf("replay: %v %v", ok, err)
+	}
 	time.Sleep(time.Until(boundary) + 50*time.Millisecond)
+	acknowledge(ackedLater)
+	if c := b.claimOne(t, "r1", longLease); c.OutboxID != ackedReplayed {
+		t.Fatalf("claimed %s, want the replayed %s", c.OutboxID, ackedReplayed)
+	} else {
+		b.record(t, recordOutcome(t, c, "r1", store.Dispatched))
+	}
 	fresh := b.enqueue(t, "p1", "new-0")
 	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched))
 
@@ -139,8 +170,22 @@ func TestArchiveDetachRetireExport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if retired != 4 {
-		t.Fatalf("retired %d keys, want the 3 dispatched and the one cancelled before the boundary", retired)
+	if retired != 5 {
+		t.Fatalf("retired %d keys, want the 3 dispatched, the one cancelled and the one acknowledged before the boundary", retired)
+	}
+	rows, err := b.pool.Query(b.ctx, `SELECT outbox_id FROM outbox.dead_letters ORDER BY failed_at`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 2 || left[1] != ackedLater {
+		t.Fatalf("dead letters left %v, want the unacknowledged one (p2) and %s, acknowledged after the boundary", left, ackedLater)
+	}
+	if ok, err := b.st.Replay(b.ctx, b.pool, acked, "olga", "too late"); err != nil || ok {
+		t.Fatalf("replay of a dead letter acknowledged in a detached month: %v %v, want not found", ok, err)
 	}
 	if again, err := b.st.RetireKeys(b.ctx, b.pool, old, 0); err != nil || again != 0 {
 		t.Fatalf("retire again: %d %v", again, err)
@@ -173,9 +218,10 @@ func TestArchiveDetachRetireExport(t *testing.T) {
 	if !errors.As(err, &re) || re.OutboxID != cancelled {
 		t.Fatalf("enqueue of a cancelled instruction's retired key: %v, want a RetiredError for %s", err, cancelled)
 	}
-	for _, key := range []string{"old-dead", "old-inflight", "new-0"} {
+	for _, key := range []string{"old-dead", "old-inflight", "new-0", "old-acked-later", "old-acked-replayed"} {
 		r, err := b.producer.Enqueue(b.ctx, b.pool, pending.Instruction{
-			InstructionID: "ins-" + key, ParticipantID: map[string]string{"old-dead": "p2", "old-inflight": "p3", "new-0": "p1"}[key],
+			InstructionID: "ins-" + key, ParticipantID: map[string]string{"old-dead": "p2", "old-inflight": "p3", "new-0": "p1",
+				"old-acked-later": "p7", "old-acked-replayed": "p6"}[key],
 			IdempotencyKey: key, RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
 		})
 		if err != nil || !r.Duplicate {
@@ -391,6 +437,16 @@ func TestRetireKeysLooksUpEachKey(t *testing.T) {
 		SELECT DISTINCT c.relname FROM a JOIN pg_class c ON c.oid = a.tableoid`, n).Scan(&partition); err != nil {
 		t.Fatal(err)
 	}
+	// Dead letters of other instructions, acknowledged: each key's own is
+	// looked up by its outbox id too, not found by reading them all.
+	if _, err := b.pool.Exec(b.ctx, `
+		INSERT INTO outbox.dead_letters (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+		                                 payload, attempt_count, error_code, attempt_id, created_at, acknowledged_at)
+		SELECT gen_random_uuid(), 'dead-' || g, 'dead-p', g, 'dead-k' || g, 'sandbox', '{}', 1, 'RAIL_REJECTED',
+		       gen_random_uuid(), now(), now()
+		FROM generate_series(1, $1::int) g`, n); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := b.pool.Exec(b.ctx, `ANALYZE outbox.idempotency_keys, outbox.attempts, outbox.pending, outbox.inflight, outbox.dead_letters`); err != nil {
 		t.Fatal(err)
 	}
@@ -400,7 +456,8 @@ func TestRetireKeysLooksUpEachKey(t *testing.T) {
 		switch {
 		case node.NodeType == "Hash Join" || node.NodeType == "Merge Join":
 			t.Errorf("retiring keys joins whole relations (%s):\n%s", node.NodeType, plan)
-		case node.NodeType == "Seq Scan" && (node.Relation == "idempotency_keys" || node.Relation == "pending" || node.Relation == "inflight"):
+		case node.NodeType == "Seq Scan" && (node.Relation == "idempotency_keys" || node.Relation == "pending" || node.Relation == "inflight" ||
+			node.Relation == "dead_letters"):
 			t.Errorf("retiring keys reads %s whole:\n%s", node.Relation, plan)
 		}
 	}
