@@ -8,7 +8,8 @@ import (
 )
 
 // Acknowledge marks a dead letter as handled by an operator (it stays in
-// the table as the instruction's final place) and archives an ACKNOWLEDGED
+// the table as the instruction's final place until the archive month of
+// the acknowledgement is detached: RetireKeys) and archives an ACKNOWLEDGED
 // row saying who and why, through the schema's
 // acknowledge_dead_letter function (migration 008). It reports whether an
 // unacknowledged dead letter existed.
