@@ -44,16 +44,12 @@ func splitCurrentMonth(t *testing.T, pool *pgxpool.Pool, at time.Time) (string, 
 	first := "attempts_" + start.UTC().Format("2006_01")
 	second := first + "_b"
 	lit := func(tm time.Time) string { return "'" + tm.UTC().Format(time.RFC3339Nano) + "'" }
-	for _, q := range []string{
-		"ALTER TABLE outbox.attempts DETACH PARTITION outbox." + first,
-		"DROP TABLE outbox." + first,
+	execAll(t, pool,
+		"ALTER TABLE outbox.attempts DETACH PARTITION outbox."+first,
+		"DROP TABLE outbox."+first,
 		fmt.Sprintf("CREATE TABLE outbox.%s PARTITION OF outbox.attempts FOR VALUES FROM (%s) TO (%s)", first, lit(start), lit(at)),
 		fmt.Sprintf("CREATE TABLE outbox.%s PARTITION OF outbox.attempts FOR VALUES FROM (%s) TO (%s)", second, lit(at), lit(end)),
-	} {
-		if _, err := pool.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	)
 	return first, second
 }
 

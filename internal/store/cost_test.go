@@ -62,7 +62,7 @@ func hotPathCost(t *testing.T, emptyStats bool) {
 		statisticsOfEmpty(t, pool, "pending")
 		analyze = `ANALYZE outbox.sequences, outbox.idempotency_keys`
 	}
-	for _, q := range []string{
+	execAll(t, pool,
 		fmt.Sprintf(`INSERT INTO outbox.sequences (participant_id, next_sequence_id, queued)
 			SELECT 'p' || lpad(n::text, 6, '0'), 3, 2 FROM generate_series(1, %d) n`, participants),
 		fmt.Sprintf(`WITH x AS (
@@ -77,11 +77,7 @@ func hotPathCost(t *testing.T, emptyStats bool) {
 			       CASE s WHEN 1 THEN now() - interval '1 minute' ELSE 'infinity' END, now() - interval '1 minute'
 			FROM x`, participants),
 		analyze,
-	} {
-		if _, err := pool.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	)
 	if emptyStats {
 		wantStatisticsOfEmpty(t, pool, "pending")
 	}
@@ -372,7 +368,7 @@ func TestClaimCostIgnoresHeldRails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, q := range []string{
+	execAll(t, pool,
 		`UPDATE outbox.settings SET ordered = false`,
 		fmt.Sprintf(`INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload, next_attempt_at, created_at)
 			SELECT gen_random_uuid(), 'h' || n, 'h' || n, 1, 'h' || n, CASE n %% 2 WHEN 0 THEN 'paused' ELSE 'down' END, %s,
@@ -381,22 +377,14 @@ func TestClaimCostIgnoresHeldRails(t *testing.T) {
 			SELECT gen_random_uuid(), 's' || n, 's' || n, 1, 's' || n, 'sandbox', %s, now() - interval '1 minute', now() - interval '1 minute'
 			FROM generate_series(1, %d) n`, payload, 3*batch),
 		`SELECT outbox.pause_rail('paused', 'olga', 'test')`,
-	} {
-		if _, err := pool.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	)
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Release()
 	h := st.HotPath()
-	for _, q := range []string{`SET plan_cache_mode = force_generic_plan`, `PREPARE claim AS ` + h.Claim, `PREPARE handoff AS ` + h.Handoff} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	execAll(t, conn, `SET plan_cache_mode = force_generic_plan`, `PREPARE claim AS `+h.Claim, `PREPARE handoff AS `+h.Handoff)
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

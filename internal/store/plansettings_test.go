@@ -36,12 +36,8 @@ func TestHotStatementsAreNotJITCompiled(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	for _, q := range []string{`SET jit = on`, `SET jit_above_cost = 0`, `SET plan_cache_mode = force_generic_plan`,
-		`PREPARE claim AS ` + st.HotPath().Claim} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	execAll(t, conn, `SET jit = on`, `SET jit_above_cost = 0`, `SET plan_cache_mode = force_generic_plan`,
+		`PREPARE claim AS `+st.HotPath().Claim)
 	jitted := func(settings bool) bool {
 		t.Helper()
 		tx, err := conn.Begin(ctx)
@@ -85,17 +81,13 @@ func TestClaimReadsTheDueIndexInOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, q := range []string{
+	execAll(t, pool,
 		`INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload, next_attempt_at, created_at)
 		 SELECT gen_random_uuid(), 'i' || n, 'p' || (n % 1000), n, 'k' || n, 'sandbox', '{}',
 		        CASE WHEN n <= 3 THEN now() - interval '1 minute' ELSE 'infinity' END, now() - interval '1 minute'
 		 FROM generate_series(1, 20000) n`,
 		`ANALYZE outbox.pending`,
-	} {
-		if _, err := pool.Exec(ctx, q); err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
+	)
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
