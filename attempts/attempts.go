@@ -271,33 +271,24 @@ func (a *Archive) Partitions(ctx context.Context, db DB, exact bool) ([]Partitio
 // out of the table relayers write to, then retires the idempotency keys of
 // the instructions that ended in those partitions into their compact form
 // (refused forever, but without their original receipt); a dead letter
-// acknowledged in one of them leaves dead_letters with its key. No archive
-// row is deleted: detached months stay in the database, append-only, and
-// are still verified and shown in trails. It refuses months the checkpoints do
-// not cover yet and gives up on a partition whose lock it cannot get within
-// lockTimeout rather than stall relayers. It needs the schema's owner.
+// acknowledged in one of them leaves dead_letters with its key. Each
+// detached month's keys are retired in one pass, recorded when it ends
+// (Partition.KeysRetired), so a run reads only the months whose pass has
+// not finished. No archive row is deleted: detached months stay in the
+// database, append-only, and are still verified and shown in trails. It
+// refuses months the checkpoints do not cover yet and gives up on a
+// partition whose lock it cannot get within lockTimeout rather than stall
+// relayers. It needs the schema's owner.
 func (a *Archive) Detach(ctx context.Context, db DB, before time.Time, lockTimeout time.Duration) (detached []string, retired int64, err error) {
 	detached, err = a.store.DetachArchive(ctx, db, before, lockTimeout)
 	if err != nil {
 		return detached, 0, err
 	}
-	// Every detached partition, not only today's: a run cut short between
-	// the detach and the retirement is finished by the next.
-	parts, err := a.store.Partitions(ctx, db, false)
-	if err != nil {
-		return detached, 0, err
-	}
-	for _, p := range parts {
-		if p.State != "detached" {
-			continue
-		}
-		n, err := a.store.RetireKeys(ctx, db, p.Name, 0)
-		retired += n
-		if err != nil {
-			return detached, retired, err
-		}
-	}
-	return detached, retired, nil
+	// Every detached partition whose pass has not finished, not only
+	// today's: a run cut short between the detach and the retirement is
+	// finished by the next.
+	retired, err = a.store.RetireDetachedKeys(ctx, db, 0)
+	return detached, retired, err
 }
 
 // Export writes one archive partition to w as CSV (a header line, then the

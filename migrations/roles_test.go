@@ -282,6 +282,13 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 	if claimed, err = st.Claim(b.ctx, relayer, store.ClaimParams{RelayerID: "r1", Limit: 10, Leases: map[string]time.Duration{"sandbox": time.Hour}}); err != nil || len(claimed) != 1 {
 		t.Errorf("claim as relayer after the resume: %d claimed, %v (want 1)", len(claimed), err)
 	}
+	// The key retirements (migration 023): auditors and operators list the
+	// archive's months, which reads them.
+	for _, role := range []string{migrations.RoleAuditor, migrations.RoleOperator} {
+		if _, err := st.Partitions(b.ctx, b.as(t, role, ""), false); err != nil {
+			t.Errorf("archive list as %s after the upgrade: %v", role, err)
+		}
+	}
 	var settled int64
 	if err := b.as(t, migrations.RoleRelayer, "").QueryRow(b.ctx, `SELECT upgraded.settle_poison_dead_letters('{}')`).Scan(&settled); err != nil {
 		t.Errorf("settle poison dead letters as relayer after the upgrade: %v", err)

@@ -62,6 +62,9 @@ func runArchive(ctx context.Context, env *environment, args []string) error {
 			if !p.From.IsZero() {
 				line["from"], line["to"] = p.From, p.To
 			}
+			if !p.KeysRetired.IsZero() {
+				line["keys_retired_at"], line["retired_keys"] = p.KeysRetired, p.RetiredKeys
+			}
 			_ = out.Encode(line)
 		}
 		return nil

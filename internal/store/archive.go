@@ -22,6 +22,11 @@ type Partition struct {
 	// ANALYZE) unless the listing was exact.
 	Rows  int64
 	Bytes int64 // table and indexes
+	// KeysRetired is when the keys of the instructions that ended in this
+	// detached partition were retired (zero: not yet), and RetiredKeys how
+	// many that pass moved (see RetireDetachedKeys).
+	KeysRetired time.Time
+	RetiredKeys int64
 }
 
 // ErrArchiveLifecycle is returned for a detach or export that cannot be
@@ -35,31 +40,35 @@ SELECT c.relname,
             WHEN p.relname = 'attempts' THEN 'attached' ELSE 'detached' END,
        substring(pg_get_expr(c.relpartbound, c.oid) FROM 'FROM \(''([^'']+)''\)')::timestamptz,
        substring(pg_get_expr(c.relpartbound, c.oid) FROM 'TO \(''([^'']+)''\)')::timestamptz,
-       c.reltuples::bigint, pg_total_relation_size(c.oid)
+       c.reltuples::bigint, pg_total_relation_size(c.oid), r.finished_at, coalesce(r.retired_keys, 0)
 FROM pg_inherits i
 JOIN pg_class c ON c.oid = i.inhrelid
 JOIN pg_class p ON p.oid = i.inhparent
 JOIN pg_namespace n ON n.oid = p.relnamespace
+LEFT JOIN {schema}.key_retirements r ON r.partition_name = c.relname AND p.relname = 'attempts_detached'
 WHERE n.nspname = $1 AND p.relname IN ('attempts', 'attempts_detached')
 ORDER BY 3 NULLS FIRST, 1`
 
 // Partitions lists the archive's partitions, oldest first. With exact, Rows
 // is a count (a read of every partition: run it on a replica).
 func (s *Store) Partitions(ctx context.Context, db Querier, exact bool) ([]Partition, error) {
-	rows, err := db.Query(ctx, partitionsSQL, s.schema)
+	rows, err := db.Query(ctx, s.sql.partitions, s.schema)
 	if err != nil {
 		return nil, fmt.Errorf("archive partitions: %w", err)
 	}
 	var out []Partition
 	for rows.Next() {
 		var p Partition
-		var from, to *time.Time
-		if err := rows.Scan(&p.Name, &p.State, &from, &to, &p.Rows, &p.Bytes); err != nil {
+		var from, to, retired *time.Time
+		if err := rows.Scan(&p.Name, &p.State, &from, &to, &p.Rows, &p.Bytes, &retired, &p.RetiredKeys); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("archive partitions: %w", err)
 		}
 		if from != nil && to != nil {
 			p.From, p.To = from.UTC(), to.UTC()
+		}
+		if retired != nil {
+			p.KeysRetired = retired.UTC()
 		}
 		out = append(out, p)
 	}
@@ -262,6 +271,42 @@ func (s *Store) RetireKeys(ctx context.Context, db Querier, partition string, ba
 		after = *last
 	}
 }
+
+// RetireDetachedKeys retires the keys of every detached partition that no
+// earlier pass finished (see RetireKeys), oldest first, recording each
+// finished pass in key_retirements (migration 023), and returns how many
+// keys it moved. A pass cut short (an error, a crash) is not recorded, so
+// the next call does it again; one that finished is never repeated: an
+// instruction's key is retired by the month of its last row, and what
+// kept a key at that month's pass ends in a later month, whose own pass
+// retires it. So each detached month is read once, however many are kept.
+func (s *Store) RetireDetachedKeys(ctx context.Context, db Querier, batch int) (int64, error) {
+	parts, err := s.Partitions(ctx, db, false)
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, p := range parts {
+		if p.State != "detached" || !p.KeysRetired.IsZero() {
+			continue
+		}
+		n, err := s.RetireKeys(ctx, db, p.Name, batch)
+		total += n
+		if err != nil {
+			return total, err
+		}
+		// Two runs at once both finish the pass (the keys' row locks keep
+		// them from moving a key twice); the first to record it wins.
+		if _, err := db.Exec(ctx, s.sql.keysRetired, p.Name, n); err != nil {
+			return total, fmt.Errorf("retire keys of %s: record the pass: %w", p.Name, err)
+		}
+	}
+	return total, nil
+}
+
+const keysRetiredSQL = `
+INSERT INTO {schema}.key_retirements (partition_name, retired_keys) VALUES ($1, $2)
+ON CONFLICT (partition_name) DO NOTHING`
 
 // RetireKeysSQL is RetireKeys' statement for partition, for plan tests.
 func (s *Store) RetireKeysSQL(partition string) string {

@@ -255,6 +255,67 @@ func TestArchiveDetachRetireExport(t *testing.T) {
 	wantBreak(t, b.verifyTampered(t, nil), "checkpoint digests")
 }
 
+// TestRetireDetachedKeysOncePerPartition: the keys of a detached month are
+// retired in one pass, recorded when it ends; a month whose pass is
+// recorded is not read again, and one whose pass is not (cut short) is
+// done by the next call.
+func TestRetireDetachedKeysOncePerPartition(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	boundary := time.Now().Add(time.Second).Truncate(time.Millisecond)
+	old, current := splitCurrentMonth(t, b.pool, boundary)
+	var dispatched []uuid.UUID
+	for i := range 3 {
+		dispatched = append(dispatched, b.enqueue(t, fmt.Sprintf("p%d", i), fmt.Sprintf("old-%d", i)))
+		b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched))
+	}
+	time.Sleep(time.Until(boundary) + 50*time.Millisecond)
+	b.checkpoint(t)
+	if detached, err := b.st.DetachArchive(b.ctx, b.pool, boundary, time.Second); err != nil || len(detached) != 1 {
+		t.Fatalf("detach: %v %v", detached, err)
+	}
+	if p := partitionStates(t, b)[old]; !p.KeysRetired.IsZero() || p.RetiredKeys != 0 {
+		t.Fatalf("%s before any pass: %+v", old, p)
+	}
+	liveKeys := func() int {
+		t.Helper()
+		var n int
+		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.idempotency_keys WHERE outbox_id = ANY($1)`, dispatched).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	// A pass recorded as finished: the month is not read again.
+	if _, err := b.pool.Exec(b.ctx, `INSERT INTO outbox.key_retirements (partition_name, retired_keys) VALUES ($1, 0)`, old); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := b.st.RetireDetachedKeys(b.ctx, b.pool, 0); err != nil || n != 0 || liveKeys() != 3 {
+		t.Fatalf("retire with the pass recorded: %d %v, %d keys left; want 0 and the 3 keys untouched", n, err, liveKeys())
+	}
+
+	// Not recorded (a pass cut short): done, then recorded.
+	execAll(t, b.pool, `DELETE FROM outbox.key_retirements`)
+	if n, err := b.st.RetireDetachedKeys(b.ctx, b.pool, 2); err != nil || n != 3 || liveKeys() != 0 {
+		t.Fatalf("retire: %d %v, %d keys left; want 3 and none", n, err, liveKeys())
+	}
+	parts := partitionStates(t, b)
+	if p := parts[old]; p.KeysRetired.IsZero() || p.RetiredKeys != 3 {
+		t.Fatalf("%s after its pass: %+v, want it recorded with 3 keys", old, p)
+	}
+	if p := parts[current]; !p.KeysRetired.IsZero() {
+		t.Fatalf("the attached %s shows a pass: %+v", current, p)
+	}
+	if n, err := b.st.RetireDetachedKeys(b.ctx, b.pool, 0); err != nil || n != 0 {
+		t.Fatalf("retire again: %d %v", n, err)
+	}
+	var passes int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.key_retirements`).Scan(&passes); err != nil || passes != 1 {
+		t.Fatalf("%d passes recorded (%v), want 1", passes, err)
+	}
+	b.verifyOK(t)
+}
+
 // TestRetiredKeyRace: a key retired while an enqueue of it waits on the
 // old row's lock is refused (the enqueue's transaction fails) and never
 // enqueued twice.

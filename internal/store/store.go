@@ -107,6 +107,8 @@ type statements struct {
 	ensurePartitions                               string
 	takeCheckpoint, checkpoints                    string
 	retireKeys                                     string
+	keysRetired                                    string
+	partitions                                     string
 	listQueued, listQueuedOf                       string
 	listInFlight, listInFlightOf, participant      string
 	participantHead, lastError                     string
@@ -154,6 +156,8 @@ func renderStatements(schema string) statements {
 		ensurePartitions:   q(ensurePartitionsSQL),
 		takeCheckpoint:     q(takeCheckpointSQL),
 		retireKeys:         q(retireKeysSQL),
+		keysRetired:        q(keysRetiredSQL),
+		partitions:         q(partitionsSQL),
 		listQueued:         q(queuedPageSQL(queuedPendingColumns, "pending", false)),
 		listQueuedOf:       q(queuedPageSQL(queuedPendingColumns, "pending", true)),
 		listInFlight:       q(queuedPageSQL(queuedInFlightColumns, "inflight", false)),
