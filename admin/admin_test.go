@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -259,6 +260,29 @@ func TestReplayEndToEnd(t *testing.T) {
 	}
 	if code := b.call(t, "GET", "/api/v1/dead-letters", auditorSecret, nil, &dls); code != 200 || len(dls.Items) != 0 {
 		t.Fatalf("dead letters after the replay: %+v", dls)
+	}
+}
+
+// TestActRefusesUnknownActions: an action Act does not know (a misspelling,
+// another letter case, none) is refused before anything is read or
+// written: it must not fall through to acknowledging the dead letter.
+func TestActRefusesUnknownActions(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	id := b.enqueue(t, "p1", "k1")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
+	for _, action := range []string{"Replay", "ack", "", "acknowledge "} {
+		res, err := b.srv.Act(b.ctx, id, "oscar", action, "typo")
+		if !errors.Is(err, admin.ErrUnknownAction) || res.Done {
+			t.Errorf("Act(%q): %+v, %v; want ErrUnknownAction and nothing done", action, res, err)
+		}
+	}
+	dl, err := b.st.DeadLetter(b.ctx, b.pool, id)
+	if err != nil || dl == nil || dl.AcknowledgedAt != nil {
+		t.Fatalf("the dead letter after unknown actions: %+v, %v; want it open", dl, err)
+	}
+	if res, err := b.srv.Act(b.ctx, id, "oscar", admin.ActionAcknowledge, "refunded by hand"); err != nil || !res.Done {
+		t.Fatalf("acknowledge: %+v, %v", res, err)
 	}
 }
 

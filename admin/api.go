@@ -270,10 +270,21 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request, _ Token) {
 	writeJSON(w, http.StatusOK, pageOf(items, limit, deadLetterCursor))
 }
 
-// ActionResult is the answer to a replay or an acknowledgement.
+// The operator actions [Server.Act] takes.
+const (
+	ActionReplay      = "replay"      // send a dead letter back to pending
+	ActionAcknowledge = "acknowledge" // accept a dead letter's failure
+	ActionCancel      = "cancel"      // cancel a pending instruction: never sent
+)
+
+// ErrUnknownAction is returned by [Server.Act] for an action that is not
+// one of ActionReplay, ActionAcknowledge and ActionCancel; nothing is done.
+var ErrUnknownAction = errors.New("admin: unknown operator action")
+
+// ActionResult is the answer to a replay, an acknowledgement or a cancel.
 type ActionResult struct {
 	OutboxID       uuid.UUID `json:"outbox_id"`
-	Action         string    `json:"action"` // replay, acknowledge, cancel
+	Action         string    `json:"action"` // ActionReplay, ActionAcknowledge or ActionCancel
 	Done           bool      `json:"done"`
 	By             string    `json:"by"`
 	Reason         string    `json:"reason"`
@@ -282,15 +293,15 @@ type ActionResult struct {
 }
 
 func (s *Server) replay(w http.ResponseWriter, r *http.Request, who Token) {
-	s.act(w, r, who, "replay")
+	s.act(w, r, who, ActionReplay)
 }
 
 func (s *Server) acknowledge(w http.ResponseWriter, r *http.Request, who Token) {
-	s.act(w, r, who, "acknowledge")
+	s.act(w, r, who, ActionAcknowledge)
 }
 
 func (s *Server) cancel(w http.ResponseWriter, r *http.Request, who Token) {
-	s.act(w, r, who, "cancel")
+	s.act(w, r, who, ActionCancel)
 }
 
 // act replays or acknowledges the dead letter {id}, or cancels the pending
@@ -308,7 +319,7 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, who Token, action s
 	}
 	res, err := s.Act(r.Context(), id, who.Name, action, reason)
 	switch {
-	case errors.Is(err, store.ErrOperatorAction):
+	case errors.Is(err, store.ErrOperatorAction), errors.Is(err, ErrUnknownAction):
 		writeError(w, http.StatusBadRequest, err.Error())
 	case err != nil:
 		s.internalError(w, r, err)
@@ -333,40 +344,48 @@ func readReason(w http.ResponseWriter, r *http.Request) (string, bool) {
 }
 
 // Act replays or acknowledges a dead letter, or cancels a pending
-// instruction (action "cancel"), as operator, for reason, and logs it.
-// Done is false when there was no such (unacknowledged) dead letter, or
-// the instruction was not pending.
+// instruction (action ActionReplay, ActionAcknowledge or ActionCancel), as
+// operator, for reason, and logs it. Done is false when there was no such
+// (unacknowledged) dead letter, or the instruction was not pending. Any
+// other action is refused with ErrUnknownAction before anything is read:
+// a misspelled action must not fall through to another one.
 func (s *Server) Act(ctx context.Context, id uuid.UUID, operator, action, reason string) (ActionResult, error) {
 	res := ActionResult{OutboxID: id, Action: action, By: operator, Reason: reason}
-	if action == "cancel" {
-		var err error
+	var err error
+	switch action {
+	case ActionCancel:
 		res.Done, err = s.store.Cancel(ctx, s.cfg.Pool, id, operator, reason)
-		if err == nil && res.Done {
-			s.overviewReads.Forget()
-			s.log.Warn("admin: instruction cancelled", "outbox_id", id, "by", operator, "reason", reason)
-		}
 		if err == nil && !res.Done {
 			res.Note = "not pending: in flight (its rail call may be under way), already settled, or unknown"
 		}
-		return res, err
-	}
-	dl, err := s.store.DeadLetter(ctx, s.cfg.Pool, id)
-	if err != nil || dl == nil {
-		return res, err
-	}
-	res.OutcomeUnknown = dl.OutcomeUnknown
-	if action == "replay" {
-		res.Done, err = s.store.Replay(ctx, s.cfg.Pool, id, operator, reason)
-		if res.OutcomeUnknown {
-			res.Note = attempts.OutcomeUnknownReplay
+	case ActionReplay, ActionAcknowledge:
+		var dl *store.DeadLetter
+		if dl, err = s.store.DeadLetter(ctx, s.cfg.Pool, id); err != nil || dl == nil {
+			return res, err
 		}
-	} else {
-		res.Done, err = s.store.Acknowledge(ctx, s.cfg.Pool, id, operator, reason)
+		res.OutcomeUnknown = dl.OutcomeUnknown
+		if action == ActionReplay {
+			res.Done, err = s.store.Replay(ctx, s.cfg.Pool, id, operator, reason)
+			if res.OutcomeUnknown {
+				res.Note = attempts.OutcomeUnknownReplay
+			}
+		} else {
+			res.Done, err = s.store.Acknowledge(ctx, s.cfg.Pool, id, operator, reason)
+		}
+	default:
+		return res, fmt.Errorf("%w %q (want %s, %s or %s)", ErrUnknownAction, action, ActionReplay, ActionAcknowledge, ActionCancel)
 	}
-	if err == nil && res.Done {
+	if err != nil || !res.Done {
+		return res, err
+	}
+	// The overview's queue counts changed: the next read is fresh.
+	s.overviewReads.Forget()
+	if action == ActionCancel {
+		s.log.Warn("admin: instruction cancelled", "outbox_id", id, "by", operator, "reason", reason)
+	} else {
 		s.log.Info("admin: dead letter "+action, "outbox_id", id, "by", operator, "reason", reason, "outcome_unknown", res.OutcomeUnknown)
 	}
-	return res, err
+	return res, nil
 }
 
 // trail returns an instruction's attempts, oldest first: /trail/{outbox

@@ -282,7 +282,7 @@ func (s *Server) pageCancel(w http.ResponseWriter, r *http.Request, p *page) {
 	if reason := strings.TrimSpace(r.PostFormValue("reason")); reason == "" {
 		p.Error = "A reason is required: it is recorded in the archive with your name."
 	} else {
-		res, err := s.Act(r.Context(), id, p.Who.Name, "cancel", reason)
+		res, err := s.Act(r.Context(), id, p.Who.Name, ActionCancel, reason)
 		switch {
 		case err != nil:
 			s.internalError(w, r, err)
@@ -341,7 +341,7 @@ func (s *Server) pageDeadLetters(w http.ResponseWriter, r *http.Request, p *page
 func (s *Server) pageAct(w http.ResponseWriter, r *http.Request, p *page) {
 	action := r.PathValue("action")
 	id, err := uuid.FromString(r.PathValue("id"))
-	if err != nil || (action != "replay" && action != "acknowledge") {
+	if err != nil || (action != ActionReplay && action != ActionAcknowledge) {
 		http.Error(w, "no such action", http.StatusNotFound)
 		return
 	}
