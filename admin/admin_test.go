@@ -263,9 +263,10 @@ func TestReplayEndToEnd(t *testing.T) {
 	}
 }
 
-// TestActRefusesUnknownActions: an action Act does not know (a misspelling,
-// another letter case, none) is refused before anything is read or
-// written: it must not fall through to acknowledging the dead letter.
+// TestActRefusesUnknownActions: an action Act or PauseRail does not know
+// (a misspelling, another letter case, none) is refused before anything
+// is read or written: it must not fall through to acknowledging the dead
+// letter, or to pausing the rail.
 func TestActRefusesUnknownActions(t *testing.T) {
 	t.Parallel()
 	b := setup(t, admin.Config{})
@@ -283,6 +284,17 @@ func TestActRefusesUnknownActions(t *testing.T) {
 	}
 	if res, err := b.srv.Act(b.ctx, id, "oscar", admin.ActionAcknowledge, "refunded by hand"); err != nil || !res.Done {
 		t.Fatalf("acknowledge: %+v, %v", res, err)
+	}
+	// The same for a rail: a misspelled resume must not pause it.
+	for _, action := range []string{"Resume", "stop", ""} {
+		res, err := b.srv.PauseRail(b.ctx, "sandbox", "oscar", action, "typo")
+		if !errors.Is(err, admin.ErrUnknownAction) || res.Done {
+			t.Errorf("PauseRail(%q): %+v, %v; want ErrUnknownAction and nothing done", action, res, err)
+		}
+	}
+	var paused int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.rail_pauses`).Scan(&paused); err != nil || paused != 0 {
+		t.Fatalf("%d rails paused after unknown actions (%v), want none", paused, err)
 	}
 }
 

@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"time"
@@ -35,16 +36,26 @@ type PauseResult struct {
 // wait longer).
 const QuietWait = 5 * time.Second
 
-// PauseRail pauses (action "pause") or resumes ("resume") dispatch to
+// The rail actions [Server.PauseRail] takes.
+const (
+	ActionPause  = "pause"  // stop claiming the rail's instructions, for every relayer
+	ActionResume = "resume" // claim them again
+)
+
+// PauseRail pauses (ActionPause) or resumes (ActionResume) dispatch to
 // railType for every relayer, as operator, for reason, and logs it. A
-// pause then waits up to QuietWait for the rail to go quiet.
+// pause then waits up to QuietWait for the rail to go quiet. Any other
+// action is refused with ErrUnknownAction, and nothing is done.
 func (s *Server) PauseRail(ctx context.Context, railType, operator, action, reason string) (PauseResult, error) {
 	res := PauseResult{RailType: railType, Action: action, By: operator, Reason: reason}
 	var err error
-	if action == "resume" {
+	switch action {
+	case ActionResume:
 		res.Done, err = s.store.ResumeRail(ctx, s.cfg.Pool, railType, operator, reason)
-	} else {
+	case ActionPause:
 		res.Done, err = s.store.PauseRail(ctx, s.cfg.Pool, railType, operator, reason)
+	default:
+		return res, fmt.Errorf("%w %q (want %s or %s)", ErrUnknownAction, action, ActionPause, ActionResume)
 	}
 	if err != nil {
 		return res, err
@@ -53,7 +64,7 @@ func (s *Server) PauseRail(ctx context.Context, railType, operator, action, reas
 	if res.Done {
 		s.log.Warn("admin: rail "+action, "rail_type", railType, "by", operator, "reason", reason)
 	}
-	if action == "resume" {
+	if action == ActionResume {
 		return res, nil
 	}
 	qctx, cancel := context.WithTimeout(ctx, QuietWait)
@@ -70,7 +81,7 @@ func (s *Server) PauseRail(ctx context.Context, railType, operator, action, reas
 // body {"reason": "..."} (required); the rail "*" is every rail.
 func (s *Server) pauseRail(w http.ResponseWriter, r *http.Request, who Token) {
 	action := r.PathValue("action")
-	if action != "pause" && action != "resume" {
+	if action != ActionPause && action != ActionResume {
 		writeError(w, http.StatusNotFound, "no such action: pause or resume")
 		return
 	}
@@ -84,7 +95,7 @@ func (s *Server) pauseRail(w http.ResponseWriter, r *http.Request, who Token) {
 		writeError(w, http.StatusBadRequest, err.Error())
 	case err != nil:
 		s.internalError(w, r, err)
-	case !res.Done && action == "resume":
+	case !res.Done && action == ActionResume:
 		writeJSON(w, http.StatusNotFound, res)
 	default:
 		writeJSON(w, http.StatusOK, res)
@@ -96,7 +107,7 @@ func (s *Server) pauseRail(w http.ResponseWriter, r *http.Request, who Token) {
 // overview again, with what was done.
 func (s *Server) pagePause(w http.ResponseWriter, r *http.Request, p *page) {
 	action := r.PathValue("action")
-	if action != "pause" && action != "resume" {
+	if action != ActionPause && action != ActionResume {
 		http.Error(w, "no such action", http.StatusNotFound)
 		return
 	}
@@ -113,11 +124,11 @@ func (s *Server) pagePause(w http.ResponseWriter, r *http.Request, p *page) {
 			return
 		}
 		switch {
-		case !res.Done && action == "pause":
+		case !res.Done && action == ActionPause:
 			p.Error = "Rail " + rail + " was already paused."
 		case !res.Done:
 			p.Error = "Rail " + rail + " was not paused."
-		case action == "resume":
+		case action == ActionResume:
 			p.Notice = "Resumed rail " + rail + "."
 		case res.Quiet:
 			p.Notice = "Paused rail " + rail + ": nothing of it is in flight."
