@@ -83,6 +83,11 @@ func ReadCheckpoints(r io.Reader) ([]Checkpoint, error) { return store.ReadCheck
 // VerifyOptions tune [Archive.Verify].
 type VerifyOptions = store.VerifyOptions
 
+// DefaultVerifyWorkers is the VerifyOptions.Workers that `outbox audit
+// verify` and the admin API's verify use: the checks of a verify take
+// about as long as its longest one on a standby with that many cores free.
+const DefaultVerifyWorkers = store.DefaultVerifyWorkers
+
 // DB is what the reads and operator actions run on; *pgxpool.Pool,
 // *pgx.Conn and pgx.Tx satisfy it.
 type DB = store.Batcher

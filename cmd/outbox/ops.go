@@ -156,6 +156,7 @@ func runAudit(ctx context.Context, env *environment, args []string) error {
 	unordered := fs.Bool("unordered", false, "verify: skip the ordering invariants (ordering was off at some time: outbox migrate ordering off)")
 	against := fs.String("checkpoints", "", "verify: also compare with this export of the checkpoints (outbox audit checkpoints), kept outside the database")
 	settle := fs.Duration("settle", attempts.DefaultCheckpointSettle, "checkpoint: end the period this long before now")
+	workers := fs.Int("workers", attempts.DefaultVerifyWorkers, "verify: connections reading at once, in one shared snapshot (1: one connection, the checks one after another)")
 	if _, err := parseFlags(fs, env, args); err != nil {
 		return err
 	}
@@ -199,14 +200,17 @@ func runAudit(ctx context.Context, env *environment, args []string) error {
 			return fmt.Errorf("%w: audit trail takes an outbox id or --instruction-id", errUsage)
 		}
 	}
-	archive, pool, cleanup, err := openArchive(ctx, env, &db)
+	if *workers < 1 {
+		return fmt.Errorf("%w: audit verify --workers %d: want 1 or more", errUsage, *workers)
+	}
+	archive, pool, cleanup, err := openArchiveConns(ctx, env, &db, max(2, *workers))
 	if err != nil {
 		return err
 	}
 	defer cleanup()
 	out := json.NewEncoder(env.stdout)
 	if fs.Arg(0) == "verify" {
-		rep, err := archive.Verify(ctx, pool, attempts.VerifyOptions{Ordered: !*unordered, Checkpoints: exported})
+		rep, err := archive.Verify(ctx, pool, attempts.VerifyOptions{Ordered: !*unordered, Checkpoints: exported, Workers: *workers})
 		if err != nil {
 			return err
 		}
@@ -276,8 +280,14 @@ func runCheckpoints(ctx context.Context, env *environment, db *dbFlags, take boo
 }
 
 func openArchive(ctx context.Context, env *environment, db *dbFlags) (*attempts.Archive, *pgxpool.Pool, func(), error) {
+	return openArchiveConns(ctx, env, db, 2)
+}
+
+// openArchiveConns is openArchive with a pool of at most conns
+// connections.
+func openArchiveConns(ctx context.Context, env *environment, db *dbFlags, conns int) (*attempts.Archive, *pgxpool.Pool, func(), error) {
 	log, _ := newLogger(env.stderr, "text", "warn")
-	pool, cleanup, err := db.connect(ctx, log, 2)
+	pool, cleanup, err := db.connect(ctx, log, int32(conns))
 	if err != nil {
 		return nil, nil, nil, err
 	}

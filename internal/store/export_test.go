@@ -6,3 +6,7 @@ const (
 	GenericPlansSQL = genericPlansSQL
 	ClaimPlansSQL   = claimPlansSQL
 )
+
+// BeginVerify is beginVerify, for tests of the snapshot a verify's
+// workers share.
+var BeginVerify = beginVerify

@@ -3,6 +3,7 @@ package store_test
 import (
 	"bytes"
 	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -63,12 +64,21 @@ func (b *recordBundle) checkpoint(t *testing.T) *store.Checkpoint {
 }
 
 // verifyTampered runs verify (against an export, when one is given) and
-// returns its invariant-7 violations.
+// returns its invariant-7 violations. It runs it on one connection and on
+// four: the reports must be the same.
 func (b *recordBundle) verifyTampered(t *testing.T, export []store.Checkpoint) []store.Violation {
 	t.Helper()
 	r, err := b.st.Verify(b.ctx, b.pool, store.VerifyOptions{Ordered: true, Checkpoints: export})
 	if err != nil {
 		t.Fatal(err)
+	}
+	parallel, err := b.st.Verify(b.ctx, b.pool, store.VerifyOptions{Ordered: true, Checkpoints: export, Workers: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Duration, parallel.Duration = 0, 0
+	if !reflect.DeepEqual(r, parallel) {
+		t.Fatalf("verify on four connections differs from verify on one:\n%+v\n%+v", parallel, r)
 	}
 	var out []store.Violation
 	for _, v := range r.Violations {

@@ -3,9 +3,12 @@ package store
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"golang.org/x/sync/errgroup"
 )
 
 // Report is the result of [Store.Verify].
@@ -64,7 +67,19 @@ type VerifyOptions struct {
 	// outside the database (ReadCheckpoints): each must still be in the
 	// database unchanged.
 	Checkpoints []Checkpoint
+	// Workers is how many connections read at once (default 1). With
+	// more, the checks run side by side in transactions that share the
+	// first one's snapshot (pg_export_snapshot), so the report is still of
+	// one instant; it takes effect when Verify is given a *pgxpool.Pool,
+	// and is capped at the pool's MaxConns. The report is the same
+	// whatever the number; the time is about that of the longest check
+	// (the chains), instead of the sum of all of them.
+	Workers int
 }
+
+// DefaultVerifyWorkers is the Workers of the CLI's and the admin API's
+// verify (see VerifyOptions.Workers).
+const DefaultVerifyWorkers = 4
 
 // check is one invariant query; every row it returns is a violation,
 // described by its single text column.
@@ -230,11 +245,25 @@ var checks = []check{
 // participant's sequences were compared with each other (7.4 s after a
 // drain of 50,000 instructions over 10 participants, 0.1 s hashed). A hash
 // join hashes on every equality of the join and reads each side once
-// whatever the statistics say.
-func beginVerify(ctx context.Context, db TxBeginner) (pgx.Tx, error) {
+// whatever the statistics say. With a snapshot id (pg_export_snapshot of
+// the first transaction), the transaction reads that snapshot instead of
+// taking its own.
+func beginVerify(ctx context.Context, db TxBeginner, snapshot string) (pgx.Tx, error) {
 	tx, err := db.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, err
+	}
+	if snapshot != "" {
+		// A utility statement takes no parameters; the id is the
+		// server's own, checked to be one before it is quoted.
+		if !snapshotID.MatchString(snapshot) {
+			_ = tx.Rollback(ctx)
+			return nil, fmt.Errorf("not a snapshot id: %q", snapshot)
+		}
+		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT '"+snapshot+"'"); err != nil {
+			_ = tx.Rollback(ctx)
+			return nil, err
+		}
 	}
 	if _, err := tx.Exec(ctx, "SET LOCAL enable_nestloop = off; SET LOCAL enable_mergejoin = off"); err != nil {
 		_ = tx.Rollback(ctx)
@@ -243,10 +272,13 @@ func beginVerify(ctx context.Context, db TxBeginner) (pgx.Tx, error) {
 	return tx, nil
 }
 
+// snapshotID is what pg_export_snapshot returns ("00000003-0000001B-1").
+var snapshotID = regexp.MustCompile(`^[0-9A-Fa-f]+(-[0-9A-Fa-f]+)+$`)
+
 // VerifyPlans returns the plan (EXPLAIN, FORMAT JSON) of every check, as
 // Verify's transaction plans them, for plan tests.
 func (s *Store) VerifyPlans(ctx context.Context, db TxBeginner) ([][]byte, error) {
-	tx, err := beginVerify(ctx, db)
+	tx, err := beginVerify(ctx, db, "")
 	if err != nil {
 		return nil, err
 	}
@@ -285,39 +317,138 @@ func (s *Store) Verify(ctx context.Context, db TxBeginner, opts VerifyOptions) (
 		opts.Examples = 10
 	}
 	start := time.Now()
-	tx, err := beginVerify(ctx, db)
+	tx, err := beginVerify(ctx, db, "")
 	if err != nil {
 		return Report{}, fmt.Errorf("verify: %w", err)
 	}
 	defer tx.Rollback(ctx)
 
-	var r Report
-	if err := tx.QueryRow(ctx, s.sql.verifyCounts).Scan(
-		&r.Instructions, &r.Pending, &r.InFlight, &r.DeadLetters, &r.Dispatched, &r.Cancelled, &r.DispatchedTwice, &r.Attempts, &r.Standby); err != nil {
-		return Report{}, fmt.Errorf("verify counts: %w", err)
+	tasks := s.verifyTasks(opts)
+	parts := make([]Report, len(tasks))
+	if err := runVerifyTasks(ctx, db, tx, opts.Workers, tasks, parts); err != nil {
+		return Report{}, err
 	}
+	var r Report
+	for _, p := range parts {
+		r.add(p)
+	}
+	r.Duration = time.Since(start)
+	return r, nil
+}
+
+// verifyTask is one part of Verify: it reads in tx and fills its own
+// report.
+type verifyTask struct {
+	name string
+	run  func(ctx context.Context, tx pgx.Tx, r *Report) error
+}
+
+// verifyTasks are Verify's parts in report order: the counts, each check,
+// the chains, the checkpoints.
+func (s *Store) verifyTasks(opts VerifyOptions) []verifyTask {
+	tasks := []verifyTask{{"counts", func(ctx context.Context, tx pgx.Tx, r *Report) error {
+		return tx.QueryRow(ctx, s.sql.verifyCounts).Scan(&r.Instructions, &r.Pending, &r.InFlight, &r.DeadLetters,
+			&r.Dispatched, &r.Cancelled, &r.DispatchedTwice, &r.Attempts, &r.Standby)
+	}}}
 	for i, c := range checks {
 		if c.ordered && !opts.Ordered {
 			continue
 		}
-		rows, err := tx.Query(ctx, s.sql.verifyChecks[i]+fmt.Sprintf(" LIMIT %d", opts.Examples))
-		if err != nil {
-			return Report{}, fmt.Errorf("verify %q: %w", c.name, err)
-		}
-		details, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			return Report{}, fmt.Errorf("verify %q: %w", c.name, err)
-		}
-		for _, d := range details {
-			r.Violations = append(r.Violations, Violation{Invariant: c.invariant, Check: c.name, Detail: d})
-		}
+		q := s.sql.verifyChecks[i] + fmt.Sprintf(" LIMIT %d", opts.Examples)
+		tasks = append(tasks, verifyTask{fmt.Sprintf("%q", c.name), func(ctx context.Context, tx pgx.Tx, r *Report) error {
+			rows, err := tx.Query(ctx, q)
+			if err != nil {
+				return err
+			}
+			details, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			for _, d := range details {
+				r.Violations = append(r.Violations, Violation{Invariant: c.invariant, Check: c.name, Detail: d})
+			}
+			return err
+		}})
 	}
-	if err := s.verifyChains(ctx, tx, &r, opts.Examples); err != nil {
-		return Report{}, fmt.Errorf("verify chains: %w", err)
+	return append(tasks,
+		verifyTask{"chains", func(ctx context.Context, tx pgx.Tx, r *Report) error {
+			return s.verifyChains(ctx, tx, r, opts.Examples)
+		}},
+		verifyTask{"checkpoints", func(ctx context.Context, tx pgx.Tx, r *Report) error {
+			return s.verifyCheckpoints(ctx, tx, r, opts.Checkpoints)
+		}})
+}
+
+// add merges a task's report into r: each figure is one task's.
+func (r *Report) add(p Report) {
+	r.Instructions += p.Instructions
+	r.Pending += p.Pending
+	r.InFlight += p.InFlight
+	r.DeadLetters += p.DeadLetters
+	r.Dispatched += p.Dispatched
+	r.Cancelled += p.Cancelled
+	r.DispatchedTwice += p.DispatchedTwice
+	r.Attempts += p.Attempts
+	r.Chained += p.Chained
+	r.Checkpoints += p.Checkpoints
+	r.ExportedCheckpoints += p.ExportedCheckpoints
+	r.Violations = append(r.Violations, p.Violations...)
+	r.Standby = r.Standby || p.Standby
+}
+
+// runVerifyTasks runs tasks, task i filling parts[i]: all in tx, or, with
+// workers > 1 and a pool, also in up to workers-1 more transactions that
+// import tx's snapshot, each taking the next task as it finishes one
+// (the longest, the chains and the checkpoints, first).
+func runVerifyTasks(ctx context.Context, db TxBeginner, tx pgx.Tx, workers int, tasks []verifyTask, parts []Report) error {
+	pool, isPool := db.(*pgxpool.Pool)
+	if isPool {
+		workers = min(workers, int(pool.Config().MaxConns))
 	}
-	if err := s.verifyCheckpoints(ctx, tx, &r, opts.Checkpoints); err != nil {
-		return Report{}, fmt.Errorf("verify checkpoints: %w", err)
+	if workers <= 1 || !isPool {
+		for i, t := range tasks {
+			if err := t.run(ctx, tx, &parts[i]); err != nil {
+				return fmt.Errorf("verify %s: %w", t.name, err)
+			}
+		}
+		return nil
 	}
-	r.Duration = time.Since(start)
-	return r, nil
+	var snapshot string
+	if err := tx.QueryRow(ctx, "SELECT pg_export_snapshot()").Scan(&snapshot); err != nil {
+		return fmt.Errorf("verify: export the snapshot: %w", err)
+	}
+	next := make(chan int, len(tasks))
+	for i := len(tasks) - 1; i >= 0; i-- {
+		next <- i
+	}
+	close(next)
+	g, gctx := errgroup.WithContext(ctx)
+	work := func(tx pgx.Tx) error {
+		for i := range next {
+			if err := tasks[i].run(gctx, tx, &parts[i]); err != nil {
+				return fmt.Errorf("verify %s: %w", tasks[i].name, err)
+			}
+		}
+		return nil
+	}
+	// A worker still waiting for a connection when the first transaction
+	// has taken the last task gives up: the pool may be busy, and nothing
+	// is left for it to do.
+	drained, stopStarting := context.WithCancel(gctx)
+	defer stopStarting()
+	for range workers - 1 {
+		g.Go(func() error {
+			wtx, err := beginVerify(drained, pool, snapshot)
+			if err != nil {
+				if drained.Err() != nil && gctx.Err() == nil {
+					return nil
+				}
+				return fmt.Errorf("verify: import the snapshot: %w", err)
+			}
+			defer wtx.Rollback(context.WithoutCancel(gctx))
+			return work(wtx)
+		})
+	}
+	g.Go(func() error {
+		defer stopStarting()
+		return work(tx)
+	})
+	return g.Wait()
 }
