@@ -4,11 +4,10 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"golang.org/x/sync/errgroup"
 )
 
 // Report is the result of [Store.Verify].
@@ -70,10 +69,11 @@ type VerifyOptions struct {
 	// Workers is how many connections read at once (default 1). With
 	// more, the checks run side by side in transactions that share the
 	// first one's snapshot (pg_export_snapshot), so the report is still of
-	// one instant; it takes effect when Verify is given a *pgxpool.Pool,
-	// and is capped at the pool's MaxConns. The report is the same
-	// whatever the number; the time is about that of the longest check
-	// (the chains), instead of the sum of all of them.
+	// one instant; it takes effect when Verify is given a pool (a
+	// *pgx.Conn or a pgx.Tx has one connection), which needs that many
+	// connections free to use them all. The report is the same whatever
+	// the number; the time is about that of the longest check (the
+	// chains), instead of the sum of all of them.
 	Workers int
 }
 
@@ -394,15 +394,13 @@ func (r *Report) add(p Report) {
 }
 
 // runVerifyTasks runs tasks, task i filling parts[i]: all in tx, or, with
-// workers > 1 and a pool, also in up to workers-1 more transactions that
-// import tx's snapshot, each taking the next task as it finishes one
-// (the longest, the chains and the checkpoints, first).
+// workers > 1 and a db that opens each transaction on a connection of its
+// own (a pool), also in up to workers-1 more transactions that import tx's
+// snapshot, each taking the next task as it finishes one (the longest, the
+// chains and the checkpoints, first). It stays clear of pgxpool and
+// x/sync, which producers, who link this package, do not need.
 func runVerifyTasks(ctx context.Context, db TxBeginner, tx pgx.Tx, workers int, tasks []verifyTask, parts []Report) error {
-	pool, isPool := db.(*pgxpool.Pool)
-	if isPool {
-		workers = min(workers, int(pool.Config().MaxConns))
-	}
-	if workers <= 1 || !isPool {
+	if workers <= 1 || sharesOneConnection(db) {
 		for i, t := range tasks {
 			if err := t.run(ctx, tx, &parts[i]); err != nil {
 				return fmt.Errorf("verify %s: %w", t.name, err)
@@ -419,36 +417,57 @@ func runVerifyTasks(ctx context.Context, db TxBeginner, tx pgx.Tx, workers int, 
 		next <- i
 	}
 	close(next)
-	g, gctx := errgroup.WithContext(ctx)
-	work := func(tx pgx.Tx) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg       sync.WaitGroup
+		failOnce sync.Once
+		failed   error
+	)
+	fail := func(err error) {
+		failOnce.Do(func() { failed = err; cancel() })
+	}
+	work := func(tx pgx.Tx) {
 		for i := range next {
-			if err := tasks[i].run(gctx, tx, &parts[i]); err != nil {
-				return fmt.Errorf("verify %s: %w", tasks[i].name, err)
+			if err := tasks[i].run(wctx, tx, &parts[i]); err != nil {
+				fail(fmt.Errorf("verify %s: %w", tasks[i].name, err))
+				return
 			}
 		}
-		return nil
 	}
 	// A worker still waiting for a connection when the first transaction
-	// has taken the last task gives up: the pool may be busy, and nothing
-	// is left for it to do.
-	drained, stopStarting := context.WithCancel(gctx)
+	// has taken the last task gives up: the pool may be busy (a pool
+	// smaller than workers), and nothing is left for it to do.
+	starting, stopStarting := context.WithCancel(wctx)
 	defer stopStarting()
 	for range workers - 1 {
-		g.Go(func() error {
-			wtx, err := beginVerify(drained, pool, snapshot)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			wtx, err := beginVerify(starting, db, snapshot)
 			if err != nil {
-				if drained.Err() != nil && gctx.Err() == nil {
-					return nil
+				if starting.Err() == nil || wctx.Err() != nil {
+					fail(fmt.Errorf("verify: import the snapshot: %w", err))
 				}
-				return fmt.Errorf("verify: import the snapshot: %w", err)
+				return
 			}
-			defer wtx.Rollback(context.WithoutCancel(gctx))
-			return work(wtx)
-		})
+			defer wtx.Rollback(context.WithoutCancel(ctx))
+			work(wtx)
+		}()
 	}
-	g.Go(func() error {
-		defer stopStarting()
-		return work(tx)
-	})
-	return g.Wait()
+	work(tx)
+	stopStarting()
+	wg.Wait()
+	return failed
+}
+
+// sharesOneConnection reports whether db runs every transaction on one
+// connection (a *pgx.Conn, or a transaction's savepoints), where Verify's
+// workers cannot read side by side.
+func sharesOneConnection(db TxBeginner) bool {
+	switch db.(type) {
+	case *pgx.Conn, pgx.Tx:
+		return true
+	}
+	return false
 }
