@@ -53,7 +53,9 @@ type Config struct {
 	// API's): a hot standby of Pool's database. Verify reads the whole
 	// archive in one snapshot, which on the primary holds back vacuum for
 	// as long as it runs (7.4 s at 300,000 instructions on the benchmark
-	// machine; docs/operations.md, "A held vacuum horizon"). Nil: Pool.
+	// machine; docs/operations.md, "A held vacuum horizon"). Verify reads
+	// it with up to attempts.DefaultVerifyWorkers connections sharing one
+	// snapshot; on Pool, shared with the relayer, with one. Nil: Pool.
 	AuditPool *pgxpool.Pool
 	// Schema holding the outbox tables; "" means the default.
 	Schema string
@@ -119,6 +121,17 @@ func (s *Server) auditPool() *pgxpool.Pool {
 		return s.cfg.AuditPool
 	}
 	return s.cfg.Pool
+}
+
+// verifyWorkers is how many connections a verify reads with: several on
+// the audit pool (its own connections, usually a standby's), one on the
+// pool the relayer shares, whose connections its claims and outcome
+// writes need.
+func (s *Server) verifyWorkers() int {
+	if s.cfg.AuditPool != nil {
+		return store.DefaultVerifyWorkers
+	}
+	return 1
 }
 
 // SetStopping makes /readyz answer 503 from now on: the process is

@@ -421,7 +421,7 @@ func (s *Server) trail(w http.ResponseWriter, r *http.Request, _ Token) {
 // verify runs audit verify (the ordering invariants unless
 // ?unordered=true), on Config.AuditPool when set.
 func (s *Server) verify(w http.ResponseWriter, r *http.Request, _ Token) {
-	rep, err := s.store.Verify(r.Context(), s.auditPool(), store.VerifyOptions{Ordered: r.URL.Query().Get("unordered") != "true", Workers: store.DefaultVerifyWorkers})
+	rep, err := s.store.Verify(r.Context(), s.auditPool(), store.VerifyOptions{Ordered: r.URL.Query().Get("unordered") != "true", Workers: s.verifyWorkers()})
 	if err != nil {
 		s.internalError(w, r, err)
 		return

@@ -401,7 +401,7 @@ func (s *Server) pageTrail(w http.ResponseWriter, r *http.Request, p *page) {
 }
 
 func (s *Server) pageVerify(w http.ResponseWriter, r *http.Request, p *page) {
-	rep, err := s.store.Verify(r.Context(), s.auditPool(), store.VerifyOptions{Ordered: r.PostFormValue("unordered") == "", Workers: store.DefaultVerifyWorkers})
+	rep, err := s.store.Verify(r.Context(), s.auditPool(), store.VerifyOptions{Ordered: r.PostFormValue("unordered") == "", Workers: s.verifyWorkers()})
 	if err != nil {
 		s.internalError(w, r, err)
 		return

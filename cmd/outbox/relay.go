@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ledgerline/outbox/admin"
+	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/internal/lifecycle"
 	"github.com/ledgerline/outbox/poolconfig"
@@ -211,7 +212,7 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 			admPool = p
 		}
 		if rf.adminAuditURL != "" {
-			p, closeAudit, err := db.connectTo(ctx, log, rf.adminAuditURL, "outbox-admin-audit "+rf.relayerID, 2)
+			p, closeAudit, err := db.connectTo(ctx, log, rf.adminAuditURL, "outbox-admin-audit "+rf.relayerID, attempts.DefaultVerifyWorkers)
 			if err != nil {
 				return err
 			}
