@@ -84,8 +84,9 @@ func ReadCheckpoints(r io.Reader) ([]Checkpoint, error) { return store.ReadCheck
 type VerifyOptions = store.VerifyOptions
 
 // DefaultVerifyWorkers is the VerifyOptions.Workers that `outbox audit
-// verify` and the admin API's verify use: the checks of a verify take
-// about as long as its longest one on a standby with that many cores free.
+// verify` uses, and the admin API's verify on its audit pool: the checks
+// of a verify take about as long as its longest one on a standby with
+// that many cores free.
 const DefaultVerifyWorkers = store.DefaultVerifyWorkers
 
 // DB is what the reads and operator actions run on; *pgxpool.Pool,

@@ -47,6 +47,10 @@ func TestAuditCheckpointsExportAndVerify(t *testing.T) {
 	if code, rep := verify("--checkpoints", export); code != 0 || rep["exported_checkpoints"] != 1.0 || rep["chained_rows"] != 6.0 {
 		t.Fatalf("verify against a fresh export: exit %d %v", code, rep)
 	}
+	if code, rep := verify("--checkpoints", export, "--workers", "1"); code != 0 || rep["exported_checkpoints"] != 1.0 || rep["chained_rows"] != 6.0 {
+		t.Fatalf("verify on one connection: exit %d %v", code, rep)
+	}
+	requireExit(t, b.cli(t, "", "audit", "--workers", "0", "verify"), 2)
 
 	// The owner replaces the checkpoints with new ones of its own.
 	for _, q := range []string{
