@@ -512,31 +512,27 @@ func TestOperatorsActWithinTheirTenant(t *testing.T) {
 	owner := b.as(t, migrations.RoleOwner, "")
 
 	type instructions struct{ replay, ack, cancel, cancelByOwner pending.Receipt }
+	producers := map[string]*pgxpool.Pool{}
+	enqueue := func(tenant, key string) pending.Receipt {
+		t.Helper()
+		if producers[tenant] == nil {
+			producers[tenant] = b.as(t, migrations.RoleProducer, tenant)
+		}
+		r, err := b.enqueue(t, producers[tenant], tenant, tenant+"-"+key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
 	byTenant := map[string]*instructions{}
 	for _, tenant := range []string{"tenant-a", "tenant-b"} {
-		producer := b.as(t, migrations.RoleProducer, tenant)
-		ins := &instructions{}
-		var err error
-		if ins.replay, err = b.enqueue(t, producer, tenant, tenant+"-replay"); err != nil {
-			t.Fatal(err)
-		}
-		if ins.ack, err = b.enqueue(t, producer, tenant, tenant+"-ack"); err != nil {
-			t.Fatal(err)
-		}
-		byTenant[tenant] = ins
+		byTenant[tenant] = &instructions{replay: enqueue(tenant, "replay"), ack: enqueue(tenant, "ack")}
 	}
 	if failed := b.settle(t, relayer, store.Failed); len(failed) != 4 {
 		t.Fatalf("%d dead letters, want 4", len(failed))
 	}
 	for tenant, ins := range byTenant {
-		producer := b.as(t, migrations.RoleProducer, tenant)
-		var err error
-		if ins.cancel, err = b.enqueue(t, producer, tenant, tenant+"-cancel"); err != nil {
-			t.Fatal(err)
-		}
-		if ins.cancelByOwner, err = b.enqueue(t, producer, tenant, tenant+"-cancel-by-owner"); err != nil {
-			t.Fatal(err)
-		}
+		ins.cancel, ins.cancelByOwner = enqueue(tenant, "cancel"), enqueue(tenant, "cancel-by-owner")
 	}
 	act := func(who string, db *pgxpool.Pool, ins *instructions, want bool) {
 		t.Helper()

@@ -246,15 +246,20 @@ SELECT (SELECT outbox_id FROM ids ORDER BY outbox_id DESC LIMIT 1), (SELECT coun
 // it moved. A retired key is still refused forever (pending.ErrKeyRetired)
 // but no longer returns its original receipt. DetachArchive's caller
 // retires the keys of each partition it detached, so a key lives in full
-// as long as the archive month that ended its instruction is attached. Finding the keys
-// through the archive keeps the enqueue free of any index on the keys'
-// time.
+// as long as the archive month that ended its instruction is attached.
+// Finding the keys through the archive keeps the enqueue free of any index
+// on the keys' time.
 func (s *Store) RetireKeys(ctx context.Context, db Querier, partition string, batch int) (int64, error) {
-	if batch <= 0 {
-		batch = 10_000
-	}
 	if err := s.checkPartition(ctx, db, partition); err != nil {
 		return 0, err
+	}
+	return s.retireKeys(ctx, db, partition, batch)
+}
+
+// retireKeys is RetireKeys for a partition the catalog has just listed.
+func (s *Store) retireKeys(ctx context.Context, db Querier, partition string, batch int) (int64, error) {
+	if batch <= 0 {
+		batch = 10_000
 	}
 	q := s.RetireKeysSQL(partition)
 	var total int64
@@ -290,7 +295,7 @@ func (s *Store) RetireDetachedKeys(ctx context.Context, db Querier, batch int) (
 		if p.State != "detached" || !p.KeysRetired.IsZero() {
 			continue
 		}
-		n, err := s.RetireKeys(ctx, db, p.Name, batch)
+		n, err := s.retireKeys(ctx, db, p.Name, batch)
 		total += n
 		if err != nil {
 			return total, err

@@ -9,8 +9,8 @@ import (
 )
 
 // TestHotStatementsKeepGenericPlans: the claim, outcome and hand-off (with
-// and without refill) statements run on the relayer's connections hundreds of times a second
-// with arrays whose lengths change every call. Left to choose, PostgreSQL
+// and without refill) statements run on the relayer's connections
+// hundreds of times a second with arrays whose lengths change every call. Left to choose, PostgreSQL
 // planned most calls afresh (1 to 1.5 ms each, more than running them);
 // Claim and Record ask for the generic plan, so no call is planned after
 // the statement is prepared. The batch sizes vary as a relayer's do.

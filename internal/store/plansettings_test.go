@@ -107,11 +107,7 @@ func TestClaimReadsTheDueIndexInOrder(t *testing.T) {
 		defer tx.Rollback(ctx)
 		prepared++
 		name := fmt.Sprintf("claim%d", prepared)
-		for _, q := range []string{settings, `PREPARE ` + name + ` AS ` + st.HotPath().Claim} {
-			if _, err := tx.Exec(ctx, q); err != nil {
-				t.Fatal(err)
-			}
-		}
+		execAll(t, tx, settings, `PREPARE `+name+` AS `+st.HotPath().Claim)
 		var plan string
 		if err := tx.QueryRow(ctx, `EXPLAIN (FORMAT JSON) EXECUTE `+name+`('r', 10, '{sandbox}', '{60000}')`).Scan(&plan); err != nil {
 			t.Fatal(err)
