@@ -106,6 +106,17 @@ type Result struct {
 	// pgbench's transactions at the latency workload's rate.
 	EnqueueP50 *float64 `json:"enqueue_p50_ms,omitempty"`
 	EnqueueP99 *float64 `json:"enqueue_p99_ms,omitempty"`
+	// The rest of the way to the rail, in two parts: from the producer's
+	// commit returning to the start of the transaction that claimed the
+	// instruction (waiting for a relayer's next claim; negative when the
+	// claim began before the commit's reply arrived), and from that start
+	// to the rail call (the claim's statements, its durable commit and the
+	// hand to the rail; for a hand-off, the whole outcome write that
+	// claimed it). Timed by the archive's claimed_at, so on one machine.
+	ClaimWaitP50   *float64 `json:"claim_wait_p50_ms,omitempty"`
+	ClaimWaitP99   *float64 `json:"claim_wait_p99_ms,omitempty"`
+	ClaimToCallP50 *float64 `json:"claim_to_call_p50_ms,omitempty"`
+	ClaimToCallP99 *float64 `json:"claim_to_call_p99_ms,omitempty"`
 
 	// RSSMiB is the largest resident set of this process during the run.
 	RSSMiB float64 `json:"rss_mib"`
@@ -227,6 +238,10 @@ func (res Result) text() string {
 	if res.CallP50 != nil {
 		s += fmt.Sprintf("\n         rate %.0f/s achieved %.0f/s; enqueue→rail call p50 %.2f ms p99 %.2f ms p99.9 %.2f ms; enqueue→outcome committed p50 %.2f ms p99 %.2f ms p99.9 %.2f ms; enqueue→its commit p50 %.2f ms p99 %.2f ms",
 			*res.Rate, *res.AchievedRate, *res.CallP50, *res.CallP99, *res.CallP999, *res.P50, *res.P99, *res.P999, *res.EnqueueP50, *res.EnqueueP99)
+		if res.ClaimWaitP50 != nil {
+			s += fmt.Sprintf("; its commit→claim start p50 %.2f ms p99 %.2f ms; claim start→rail call p50 %.2f ms p99 %.2f ms",
+				*res.ClaimWaitP50, *res.ClaimWaitP99, *res.ClaimToCallP50, *res.ClaimToCallP99)
+		}
 	}
 	if res.Statements != "" {
 		s += fmt.Sprintf("  [%s, %d pgbench clients]", res.Statements, res.Clients)

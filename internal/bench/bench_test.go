@@ -66,6 +66,18 @@ func TestEveryWorkloadReports(t *testing.T) {
 			if m["call_p50_ms"].(float64) > m["p50_ms"].(float64) {
 				t.Errorf("latency line %q: the rail call comes after its outcome", sc.Text())
 			}
+			// The split after the producer's commit: the wait may be
+			// negative (a claim can start before the commit's reply
+			// arrives), the claim's own part may not, and it is a part of
+			// each instruction's call latency, so of its median too.
+			for _, f := range []string{"claim_wait_p50_ms", "claim_wait_p99_ms", "claim_to_call_p50_ms", "claim_to_call_p99_ms"} {
+				if _, ok := m[f].(float64); !ok {
+					t.Errorf("latency line %q: no %s", sc.Text(), f)
+				}
+			}
+			if v, _ := m["claim_to_call_p50_ms"].(float64); v <= 0 || v > m["call_p50_ms"].(float64) {
+				t.Errorf("latency line %q: claim start→rail call p50 %v, want above 0 and at most the call p50", sc.Text(), v)
+			}
 		}
 		if st, _ := m["statements"].(string); w == "ceiling" && strings.HasSuffix(st, " at rate") {
 			// A latency floor: pgbench's own transactions at the latency

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/payment"
@@ -47,9 +49,13 @@ func (r *runner) latency(ctx context.Context) ([]Result, error) {
 		warm       atomic.Bool
 		recorded   rate
 	)
+	// The moments the split of the call latency needs (claimSplit), by
+	// instruction id: its commit returned, its rail first called.
+	var committedAt, calledAt sync.Map
 	_, stop, err := r.relayers(ctx, schema,
 		func(ins payment.Instruction) {
 			if t, ok := enqueuedAt.Load(ins.InstructionID); ok {
+				calledAt.LoadOrStore(ins.InstructionID, time.Now())
 				d := time.Since(t.(time.Time)).Microseconds()
 				mu.Lock()
 				_ = calls.RecordValue(max(1, d))
@@ -95,6 +101,9 @@ func (r *runner) latency(ctx context.Context) ([]Result, error) {
 				}
 				t0 := time.Now()
 				_, err := producer.Enqueue(ctx, r.cfg.Pool, ins)
+				if warm.Load() && err == nil {
+					committedAt.Store(ins.InstructionID, time.Now())
+				}
 				if warm.Load() {
 					mu.Lock()
 					_ = commits.RecordValue(max(1, time.Since(t0).Microseconds()))
@@ -157,6 +166,10 @@ func (r *runner) latency(ctx context.Context) ([]Result, error) {
 	if err := r.verify(ctx, schema, true); err != nil {
 		return nil, err
 	}
+	split, err := r.claimSplit(ctx, schema, &committedAt, &calledAt)
+	if err != nil {
+		return nil, err
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	res := Result{Workload: "latency", Ordered: true, Participants: r.cfg.Participants, Instructions: int(sent.Load()),
@@ -164,6 +177,7 @@ func (r *runner) latency(ctx context.Context) ([]Result, error) {
 		CallP50: ms(calls, 50), CallP99: ms(calls, 99), CallP999: ms(calls, 99.9),
 		P50: ms(outcomes, 50), P99: ms(outcomes, 99), P999: ms(outcomes, 99.9),
 		EnqueueP50: ms(commits, 50), EnqueueP99: ms(commits, 99),
+		ClaimWaitP50: split.waitP50, ClaimWaitP99: split.waitP99, ClaimToCallP50: split.toCallP50, ClaimToCallP99: split.toCallP99,
 		RSSMiB: mib, Seconds: elapsed.Seconds()}
 	if achieved < 0.95*float64(r.cfg.Rate) || missed.Load() > 0 || failed.Load() > 0 {
 		res.Note = fmt.Sprintf("the producers did not keep up (%d missed, %d failed): percentiles at %.0f/s, not %d/s",
@@ -174,4 +188,51 @@ func (r *runner) latency(ctx context.Context) ([]Result, error) {
 	}
 	r.emit(res)
 	return []Result{res}, nil
+}
+
+// callSplit is the enqueue → rail call latency after the producer's
+// commit, in two parts (milliseconds; see Result.ClaimWaitP50).
+type callSplit struct {
+	waitP50, waitP99, toCallP50, toCallP99 *float64
+}
+
+// claimSplit times each measured instruction's claim from the archive:
+// the first DISPATCHING row's claimed_at is the start of the transaction
+// that claimed it (now()), by the database's clock, which is this
+// process's clock when both run on one machine (the benchmark's setting).
+// Waits may be negative: a claim can start between the producer's commit
+// and the commit's reply reaching it.
+func (r *runner) claimSplit(ctx context.Context, schema string, committedAt, calledAt *sync.Map) (callSplit, error) {
+	rows, err := r.cfg.Pool.Query(ctx, "SELECT instruction_id, min(claimed_at) FROM "+schema+
+		".archive WHERE state = 'DISPATCHING' GROUP BY instruction_id")
+	if err != nil {
+		return callSplit{}, fmt.Errorf("latency: claim times: %w", err)
+	}
+	var waits, toCalls []time.Duration
+	var id string
+	var claimed time.Time
+	_, err = pgx.ForEachRow(rows, []any{&id, &claimed}, func() error {
+		committed, ok1 := committedAt.Load(id)
+		called, ok2 := calledAt.Load(id)
+		if ok1 && ok2 {
+			waits = append(waits, claimed.Sub(committed.(time.Time)))
+			toCalls = append(toCalls, called.(time.Time).Sub(claimed))
+		}
+		return nil
+	})
+	if err != nil {
+		return callSplit{}, fmt.Errorf("latency: claim times: %w", err)
+	}
+	if len(waits) == 0 {
+		return callSplit{}, nil
+	}
+	return callSplit{quantileMS(waits, 50), quantileMS(waits, 99), quantileMS(toCalls, 50), quantileMS(toCalls, 99)}, nil
+}
+
+// quantileMS is the value at quantile q (percent) of ds, in milliseconds;
+// it sorts ds. Unlike the histograms it keeps negative values.
+func quantileMS(ds []time.Duration, q float64) *float64 {
+	slices.Sort(ds)
+	i := min(len(ds)-1, int(float64(len(ds))*q/100))
+	return ptr(float64(ds[i].Microseconds()) / 1000)
 }
