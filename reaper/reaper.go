@@ -259,8 +259,10 @@ func (r *Reaper) reapBatch(ctx context.Context) ([]Requeued, error) {
 // partitions exist. The loop runs until Stop (ctx is for start-up only, as
 // for every long-running outbox service: Start on a running reaper is an
 // error, Stop on a stopped one a no-op, and a stopped reaper can be started
-// again). A pass cut off by Stop rolls back as a whole, which is safe
-// because the next pass does the same work.
+// again). Stop cancels the batch in progress: it rolls back, which is
+// safe because the next pass does the same work, or, if it committed
+// before the cancel reached it, its requeue stands and the pass counts as
+// failed.
 func (r *Reaper) Start(ctx context.Context) error {
 	err := r.lc.Start(ctx, func(ctx context.Context) (lifecycle.StopFunc, error) {
 		runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
