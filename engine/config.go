@@ -28,7 +28,7 @@ const (
 	DefaultBackoffCap     = 5 * time.Minute
 	DefaultMaxAttempts    = 10
 	DefaultMaxErrorLength = 2000
-	DefaultFlushSize      = 100
+	DefaultFlushSize      = DefaultMaxConcurrency
 	DefaultOutcomeWriters = 2
 	DefaultIdleRefresh    = 3 * time.Second
 	DefaultReconnectDelay = time.Second
@@ -102,14 +102,19 @@ type Config struct {
 	MaxErrorLength int
 	// FlushSize is the most outcomes one write records. Writes are a group
 	// commit: one starts as soon as an outcome arrives if none is in
-	// progress, and takes everything that arrived meanwhile.
+	// progress, and takes everything that arrived meanwhile. The default
+	// is DefaultMaxConcurrency: a relayer draining a backlog records all
+	// it has in flight in one write, whose fixed cost (starting a dozen
+	// statement nodes, a durable commit) is then paid once, not three
+	// times.
 	FlushSize int
 	// OutcomeWriters is how many outcome writes may be in progress at
 	// once, each on its own connection of the pool. A write that is not
 	// full waits for the one in progress (what arrives meanwhile joins
 	// it); a full one (FlushSize outcomes) starts at once if a writer is
-	// free. Draining a backlog, the database then works on two writes at
-	// once, and a write held up by a lock or a slow commit holds up at
+	// free, and so does any once the one in progress is held up (it has
+	// run four times as long as writes have been taking, and at least
+	// 100 ms): a write held up by a lock or a slow commit then holds up at
 	// most one more write's worth of outcomes. One makes every write wait
 	// for the one before it.
 	OutcomeWriters int

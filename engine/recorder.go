@@ -52,6 +52,10 @@ type recorder struct {
 	// it as their writes commit.
 	handoffMu sync.Mutex
 	handoffs  handoffWatch
+	// lastStart is when the loop started its latest write (only the loop
+	// reads and writes it): the write the next one waits for, unless it
+	// is held up (see writer).
+	lastStart time.Time
 	// observeMu keeps OnRecorded to one batch at a time.
 	observeMu sync.Mutex
 }
@@ -132,16 +136,17 @@ func (rc *recorder) finish() {
 // and returns.
 //
 // The next write waits for the one in progress unless it is full
-// (FlushSize outcomes): then it starts at once if one of the
-// OutcomeWriters is free. A relayer draining a backlog keeps the
-// database working on two full writes at once instead of one, and a
-// write held up by a lock or a slow commit holds up one more write's worth
-// of outcomes at most, not all of them. Writes that are not full still
-// follow one another, so that what arrives during one joins the next: a
-// few busy participants stay in one write per cycle (see hold) instead of
-// splitting into cohorts that each pay for a write. The writes are
-// independent: each outcome is in one write, and its instruction's
-// in-flight row fences it, as between two relayers.
+// (FlushSize outcomes) or the one in progress is held up (stallAfter):
+// then it starts at once if one of the OutcomeWriters is free. So a write
+// held up by a lock or a slow commit holds up one more write's worth of
+// outcomes at most, not all of them. Otherwise writes follow one another,
+// so that what arrives during one joins the next: a relayer draining a
+// backlog writes every outcome waiting in one statement (FlushSize is as
+// large as MaxConcurrency by default), and a few busy participants stay in
+// one write per cycle (see hold) instead of splitting into cohorts that
+// each pay for a write. The writes are independent: each outcome is in
+// one write, and its instruction's in-flight row fences it, as between two
+// relayers.
 func (rc *recorder) loop() {
 	defer close(rc.done)
 	for {
@@ -151,6 +156,7 @@ func (rc *recorder) loop() {
 			batch[0] = o
 			w, batch := rc.writer(batch)
 			batch = rc.hold(rc.gather(batch))
+			rc.lastStart = time.Now()
 			rc.writes.Add(1)
 			go func() {
 				defer rc.writes.Done()
@@ -174,22 +180,59 @@ func (rc *recorder) loop() {
 // writer returns a writer for the write batch starts, once it may start:
 // at once if no write is in progress; otherwise when the write in
 // progress ends, or as soon as batch is full (outcomes arriving meanwhile
-// join it) and a writer is free. At stop it waits only for a free writer.
+// join it) and a writer is free, or once the write in progress is held up
+// (it has run for stallAfter) and a writer is free. At stop it waits only
+// for a free writer.
 func (rc *recorder) writer(batch []pendingOutcome) (*retry.Loop, []pendingOutcome) {
+	var stall *time.Timer
+	defer func() {
+		if stall != nil {
+			stall.Stop()
+		}
+	}()
+	stalled := false
 	for {
-		// Only this goroutine takes writers, so all of them being free
-		// stays true until it takes one.
-		if len(rc.writers) == cap(rc.writers) || len(batch) >= rc.r.cfg.FlushSize {
+		// Only this goroutine takes writers, so a writer being free stays
+		// true until it takes one.
+		if len(rc.writers) == cap(rc.writers) || len(batch) >= rc.r.cfg.FlushSize ||
+			(stalled && len(rc.writers) > 0) {
 			return <-rc.writers, batch
+		}
+		if stall == nil && !rc.lastStart.IsZero() {
+			stall = time.NewTimer(time.Until(rc.lastStart.Add(rc.stallAfter())))
+		}
+		var stallC <-chan time.Time
+		if stall != nil && !stalled {
+			stallC = stall.C
 		}
 		select {
 		case o := <-rc.outcomes:
 			batch = append(batch, o)
 		case <-rc.wrote:
+		case <-stallC:
+			stalled = true
 		case <-rc.quit:
 			return <-rc.writers, batch
 		}
 	}
+}
+
+// writeStallFloor is the least time a write runs before the next one stops
+// waiting for it (see stallAfter).
+const writeStallFloor = 100 * time.Millisecond
+
+// stallAfter is how long a write may run before it counts as held up (by
+// a participant's lock that a producer's open transaction holds, a slow
+// commit): four times what a write has been taking, and at least
+// writeStallFloor. Past it the next write starts beside it on another
+// writer, so a held-up write holds up its own outcomes and at most one
+// more write's, not every outcome the relayer has; below it, writes
+// follow one another and each takes every outcome waiting (FlushSize).
+func (rc *recorder) stallAfter() time.Duration {
+	rc.handoffMu.Lock()
+	w := rc.handoffs.writeTime.v
+	rc.handoffMu.Unlock()
+	return max(writeStallFloor, 4*w)
 }
 
 // gather adds to batch the outcomes that arrive while other goroutines are

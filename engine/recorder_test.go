@@ -173,15 +173,62 @@ func TestNextWriteWaitsUnlessFull(t *testing.T) {
 	})
 }
 
-// TestWriteHeldUpByALockHoldsUpOnlyItsOwnOutcomes: with two outcome
-// writers, a write waiting for a participant's lock (here a transaction
-// holding its sequences row) does not keep a full write (FlushSize 1: one
-// outcome) of another participant from being recorded; with one writer it
-// does, until the lock goes.
-func TestWriteHeldUpByALockHoldsUpOnlyItsOwnOutcomes(t *testing.T) {
+// TestNextWriteStartsBesideAHeldUpOne: a write that is not full starts
+// beside the one in progress once that one has run for stallAfter (here
+// its floor: no write has been timed yet), if a writer is free; before
+// that it waits, and with one writer it waits for the write to end.
+func TestNextWriteStartsBesideAHeldUpOne(t *testing.T) {
 	t.Parallel()
 	for _, writers := range []int{1, 2} {
 		t.Run(fmt.Sprintf("%d writers", writers), func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				rc := newRecorder(&run{Relayer: &Relayer{cfg: Config{FlushSize: 16, MaxConcurrency: 16, OutcomeWriters: writers}}})
+				rc.lastStart = time.Now()
+				inProgress := <-rc.writers
+				got := make(chan int, 1)
+				go func() {
+					w, batch := rc.writer([]pendingOutcome{{}})
+					rc.writers <- w
+					got <- len(batch)
+				}()
+				time.Sleep(writeStallFloor - time.Millisecond)
+				synctest.Wait()
+				if len(got) != 0 {
+					t.Fatalf("a write started beside one that has run for %v", writeStallFloor-time.Millisecond)
+				}
+				time.Sleep(2 * time.Millisecond)
+				synctest.Wait()
+				if writers == 2 {
+					if len(got) != 1 || <-got != 1 {
+						t.Fatalf("no write started beside one that has run for %v", writeStallFloor+time.Millisecond)
+					}
+					return
+				}
+				if len(got) != 0 {
+					t.Fatal("a write started with no writer free")
+				}
+				rc.writers <- inProgress
+				rc.wrote <- struct{}{}
+				if n := <-got; n != 1 {
+					t.Fatalf("after the write in progress ended the next started with %d outcomes, want 1", n)
+				}
+			})
+		})
+	}
+}
+
+// TestWriteHeldUpByALockHoldsUpOnlyItsOwnOutcomes: with two outcome
+// writers, a write waiting for a participant's lock (here a transaction
+// holding its sequences row) does not keep another participant's outcome
+// from being recorded, whether that write is full (FlushSize 1: one
+// outcome) or not (the default FlushSize: it starts once the held one
+// has run for stallAfter); with one writer it does, until the lock goes.
+func TestWriteHeldUpByALockHoldsUpOnlyItsOwnOutcomes(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ writers, flush int }{{1, 1}, {2, 1}, {2, 0}} {
+		writers := tc.writers
+		t.Run(fmt.Sprintf("%d writers, FlushSize %d", writers, tc.flush), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rails.SandboxOptions{})
 			enqueue := func(participant string) {
@@ -204,7 +251,7 @@ func TestWriteHeldUpByALockHoldsUpOnlyItsOwnOutcomes(t *testing.T) {
 			}
 
 			cfg := b.config("writers")
-			cfg.OutcomeWriters, cfg.FlushSize = writers, 1
+			cfg.OutcomeWriters, cfg.FlushSize = writers, tc.flush
 			r := b.start(t, cfg)
 			// The outcome of "held" is paid, and its write waits for the lock.
 			waitFor(t, 10*time.Second, "the write of the held participant's outcome to wait for its lock", func() bool {
