@@ -52,10 +52,11 @@ type recorder struct {
 	// it as their writes commit.
 	handoffMu sync.Mutex
 	handoffs  handoffWatch
-	// lastStart is when the loop started its latest write (only the loop
-	// reads and writes it): the write the next one waits for, unless it
-	// is held up (see writer).
-	lastStart time.Time
+	// startedMu guards started: the writes in progress, by writer, and
+	// when each started (see writer: the next write waits for them unless
+	// the oldest is held up).
+	startedMu sync.Mutex
+	started   map[*retry.Loop]time.Time
 	// observeMu keeps OnRecorded to one batch at a time.
 	observeMu sync.Mutex
 }
@@ -90,6 +91,7 @@ func newRecorder(r *run) *recorder {
 		done:     make(chan struct{}),
 		writers:  make(chan *retry.Loop, n),
 		wrote:    make(chan struct{}, 1),
+		started:  make(map[*retry.Loop]time.Time, n),
 	}
 	for range n {
 		rc.writers <- &retry.Loop{Log: r.log, What: "record outcomes", Min: 20 * time.Millisecond, Max: 2 * time.Second}
@@ -156,11 +158,12 @@ func (rc *recorder) loop() {
 			batch[0] = o
 			w, batch := rc.writer(batch)
 			batch = rc.hold(rc.gather(batch))
-			rc.lastStart = time.Now()
+			rc.setStarted(w, time.Now())
 			rc.writes.Add(1)
 			go func() {
 				defer rc.writes.Done()
 				rc.flush(w, batch)
+				rc.setStarted(w, time.Time{})
 				rc.writers <- w
 				select {
 				case rc.wrote <- struct{}{}:
@@ -198,23 +201,55 @@ func (rc *recorder) writer(batch []pendingOutcome) (*retry.Loop, []pendingOutcom
 			(stalled && len(rc.writers) > 0) {
 			return <-rc.writers, batch
 		}
-		if stall == nil && !rc.lastStart.IsZero() {
-			stall = time.NewTimer(time.Until(rc.lastStart.Add(rc.stallAfter())))
+		if stall == nil && !stalled {
+			if since := rc.oldestStarted(); !since.IsZero() {
+				stall = time.NewTimer(time.Until(since.Add(rc.stallAfter())))
+			}
 		}
 		var stallC <-chan time.Time
-		if stall != nil && !stalled {
+		if stall != nil {
 			stallC = stall.C
 		}
 		select {
 		case o := <-rc.outcomes:
 			batch = append(batch, o)
 		case <-rc.wrote:
+			// A write ended: the oldest in progress may be another.
+			if stall != nil {
+				stall.Stop()
+				stall = nil
+			}
 		case <-stallC:
-			stalled = true
+			stall, stalled = nil, true
 		case <-rc.quit:
 			return <-rc.writers, batch
 		}
 	}
+}
+
+// setStarted notes that writer w's write started at t, or ended (t zero).
+func (rc *recorder) setStarted(w *retry.Loop, t time.Time) {
+	rc.startedMu.Lock()
+	defer rc.startedMu.Unlock()
+	if t.IsZero() {
+		delete(rc.started, w)
+		return
+	}
+	rc.started[w] = t
+}
+
+// oldestStarted is when the oldest write in progress started (zero if
+// none is).
+func (rc *recorder) oldestStarted() time.Time {
+	rc.startedMu.Lock()
+	defer rc.startedMu.Unlock()
+	var oldest time.Time
+	for _, t := range rc.started {
+		if oldest.IsZero() || t.Before(oldest) {
+			oldest = t
+		}
+	}
+	return oldest
 }
 
 // writeStallFloor is the least time a write runs before the next one stops

@@ -184,8 +184,8 @@ func TestNextWriteStartsBesideAHeldUpOne(t *testing.T) {
 			t.Parallel()
 			synctest.Test(t, func(t *testing.T) {
 				rc := newRecorder(&run{Relayer: &Relayer{cfg: Config{FlushSize: 16, MaxConcurrency: 16, OutcomeWriters: writers}}})
-				rc.lastStart = time.Now()
 				inProgress := <-rc.writers
+				rc.setStarted(inProgress, time.Now())
 				got := make(chan int, 1)
 				go func() {
 					w, batch := rc.writer([]pendingOutcome{{}})
@@ -216,6 +216,40 @@ func TestNextWriteStartsBesideAHeldUpOne(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestHeldUpWriteIsNotWaitedForAgain: once the oldest write in progress
+// is held up, each later write starts as soon as a writer is free, not
+// after waiting for the write that started last.
+func TestHeldUpWriteIsNotWaitedForAgain(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		rc := newRecorder(&run{Relayer: &Relayer{cfg: Config{FlushSize: 16, MaxConcurrency: 16, OutcomeWriters: 2}}})
+		held := <-rc.writers
+		rc.setStarted(held, time.Now())
+		time.Sleep(2 * writeStallFloor)
+		second := <-rc.writers
+		rc.setStarted(second, time.Now())
+		got := make(chan int, 1)
+		go func() {
+			w, batch := rc.writer([]pendingOutcome{{}})
+			rc.writers <- w
+			got <- len(batch)
+		}()
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		if len(got) != 0 {
+			t.Fatal("a write started with no writer free")
+		}
+		// The second write ends; the held one goes on.
+		rc.setStarted(second, time.Time{})
+		rc.writers <- second
+		rc.wrote <- struct{}{}
+		synctest.Wait()
+		if len(got) != 1 {
+			t.Fatal("the next write waited although the write in progress is held up and a writer is free")
+		}
+	})
 }
 
 // TestWriteHeldUpByALockHoldsUpOnlyItsOwnOutcomes: with two outcome

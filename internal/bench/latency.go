@@ -50,15 +50,20 @@ func (r *runner) latency(ctx context.Context) ([]Result, error) {
 		recorded   rate
 	)
 	// The moments the split of the call latency needs (claimSplit), by
-	// instruction id: its commit returned, its rail first called.
-	var committedAt, calledAt sync.Map
+	// instruction id, under mu: its commit returned, its rail first called.
+	// Plain maps: a sync.Map, made for keys read often and written once,
+	// copies itself as new keys keep coming.
+	committedAt, calledAt := map[string]time.Time{}, map[string]time.Time{}
 	_, stop, err := r.relayers(ctx, schema,
 		func(ins payment.Instruction) {
 			if t, ok := enqueuedAt.Load(ins.InstructionID); ok {
-				calledAt.LoadOrStore(ins.InstructionID, time.Now())
-				d := time.Since(t.(time.Time)).Microseconds()
+				now := time.Now()
+				d := now.Sub(t.(time.Time)).Microseconds()
 				mu.Lock()
 				_ = calls.RecordValue(max(1, d))
+				if _, again := calledAt[ins.InstructionID]; !again {
+					calledAt[ins.InstructionID] = now
+				}
 				mu.Unlock()
 			}
 		},
@@ -101,12 +106,13 @@ func (r *runner) latency(ctx context.Context) ([]Result, error) {
 				}
 				t0 := time.Now()
 				_, err := producer.Enqueue(ctx, r.cfg.Pool, ins)
-				if warm.Load() && err == nil {
-					committedAt.Store(ins.InstructionID, time.Now())
-				}
 				if warm.Load() {
+					now := time.Now()
 					mu.Lock()
-					_ = commits.RecordValue(max(1, time.Since(t0).Microseconds()))
+					_ = commits.RecordValue(max(1, now.Sub(t0).Microseconds()))
+					if err == nil {
+						committedAt[ins.InstructionID] = now
+					}
 					mu.Unlock()
 				}
 				if err != nil {
@@ -166,7 +172,9 @@ func (r *runner) latency(ctx context.Context) ([]Result, error) {
 	if err := r.verify(ctx, schema, true); err != nil {
 		return nil, err
 	}
-	split, err := r.claimSplit(ctx, schema, &committedAt, &calledAt)
+	mu.Lock()
+	split, err := r.claimSplit(ctx, schema, committedAt, calledAt)
+	mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
@@ -202,7 +210,7 @@ type callSplit struct {
 // process's clock when both run on one machine (the benchmark's setting).
 // Waits may be negative: a claim can start between the producer's commit
 // and the commit's reply reaching it.
-func (r *runner) claimSplit(ctx context.Context, schema string, committedAt, calledAt *sync.Map) (callSplit, error) {
+func (r *runner) claimSplit(ctx context.Context, schema string, committedAt, calledAt map[string]time.Time) (callSplit, error) {
 	rows, err := r.cfg.Pool.Query(ctx, "SELECT instruction_id, min(claimed_at) FROM "+schema+
 		".archive WHERE state = 'DISPATCHING' GROUP BY instruction_id")
 	if err != nil {
@@ -212,11 +220,11 @@ func (r *runner) claimSplit(ctx context.Context, schema string, committedAt, cal
 	var id string
 	var claimed time.Time
 	_, err = pgx.ForEachRow(rows, []any{&id, &claimed}, func() error {
-		committed, ok1 := committedAt.Load(id)
-		called, ok2 := calledAt.Load(id)
+		committed, ok1 := committedAt[id]
+		called, ok2 := calledAt[id]
 		if ok1 && ok2 {
-			waits = append(waits, claimed.Sub(committed.(time.Time)))
-			toCalls = append(toCalls, called.(time.Time).Sub(claimed))
+			waits = append(waits, claimed.Sub(committed))
+			toCalls = append(toCalls, called.Sub(claimed))
 		}
 		return nil
 	})
