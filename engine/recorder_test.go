@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ledgerline/outbox/internal/retry"
 	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/rails"
 )
@@ -124,25 +125,16 @@ func TestNextWriteWaitsUnlessFull(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rc := newRecorder(&run{Relayer: &Relayer{cfg: Config{FlushSize: flush, MaxConcurrency: 16, OutcomeWriters: 2}}})
 		outcome := pendingOutcome{}
-		start := func() (got chan int) {
-			got = make(chan int, 1)
-			go func() {
-				w, batch := rc.writer([]pendingOutcome{outcome})
-				rc.writers <- w
-				got <- len(batch)
-			}()
-			return got
-		}
 
 		// No write in progress: at once, alone.
-		if n := <-start(); n != 1 {
+		if n := <-startWriter(rc); n != 1 {
 			t.Fatalf("with no write in progress the write started with %d outcomes, want 1", n)
 		}
 
 		// One in progress: a write that is not full waits, and takes what
 		// arrives, until it is full.
 		inProgress := <-rc.writers
-		got := start()
+		got := startWriter(rc)
 		synctest.Wait()
 		select {
 		case n := <-got:
@@ -160,17 +152,37 @@ func TestNextWriteWaitsUnlessFull(t *testing.T) {
 		}
 
 		// One in progress: a write that is not full starts when it ends.
-		got = start()
+		got = startWriter(rc)
 		synctest.Wait()
 		if len(got) != 0 {
 			t.Fatal("a write of 1 outcome started beside the one in progress")
 		}
-		rc.writers <- inProgress
-		rc.wrote <- struct{}{}
+		endWrite(rc, inProgress)
 		if n := <-got; n != 1 {
 			t.Fatalf("after the write in progress ended the next started with %d outcomes, want 1", n)
 		}
 	})
+}
+
+// startWriter asks rc for a writer for a write of one outcome, in a
+// goroutine of its own; the channel gets the write's size once it may
+// start (its writer goes straight back).
+func startWriter(rc *recorder) chan int {
+	got := make(chan int, 1)
+	go func() {
+		w, batch := rc.writer([]pendingOutcome{{}})
+		rc.writers <- w
+		got <- len(batch)
+	}()
+	return got
+}
+
+// endWrite ends the write in progress on writer w, as the loop's write
+// goroutine does.
+func endWrite(rc *recorder, w *retry.Loop) {
+	rc.setStarted(w, time.Time{})
+	rc.writers <- w
+	rc.wrote <- struct{}{}
 }
 
 // TestNextWriteStartsBesideAHeldUpOne: a write that is not full starts
@@ -186,12 +198,7 @@ func TestNextWriteStartsBesideAHeldUpOne(t *testing.T) {
 				rc := newRecorder(&run{Relayer: &Relayer{cfg: Config{FlushSize: 16, MaxConcurrency: 16, OutcomeWriters: writers}}})
 				inProgress := <-rc.writers
 				rc.setStarted(inProgress, time.Now())
-				got := make(chan int, 1)
-				go func() {
-					w, batch := rc.writer([]pendingOutcome{{}})
-					rc.writers <- w
-					got <- len(batch)
-				}()
+				got := startWriter(rc)
 				time.Sleep(writeStallFloor - time.Millisecond)
 				synctest.Wait()
 				if len(got) != 0 {
@@ -208,8 +215,7 @@ func TestNextWriteStartsBesideAHeldUpOne(t *testing.T) {
 				if len(got) != 0 {
 					t.Fatal("a write started with no writer free")
 				}
-				rc.writers <- inProgress
-				rc.wrote <- struct{}{}
+				endWrite(rc, inProgress)
 				if n := <-got; n != 1 {
 					t.Fatalf("after the write in progress ended the next started with %d outcomes, want 1", n)
 				}
@@ -230,21 +236,14 @@ func TestHeldUpWriteIsNotWaitedForAgain(t *testing.T) {
 		time.Sleep(2 * writeStallFloor)
 		second := <-rc.writers
 		rc.setStarted(second, time.Now())
-		got := make(chan int, 1)
-		go func() {
-			w, batch := rc.writer([]pendingOutcome{{}})
-			rc.writers <- w
-			got <- len(batch)
-		}()
+		got := startWriter(rc)
 		time.Sleep(time.Millisecond)
 		synctest.Wait()
 		if len(got) != 0 {
 			t.Fatal("a write started with no writer free")
 		}
 		// The second write ends; the held one goes on.
-		rc.setStarted(second, time.Time{})
-		rc.writers <- second
-		rc.wrote <- struct{}{}
+		endWrite(rc, second)
 		synctest.Wait()
 		if len(got) != 1 {
 			t.Fatal("the next write waited although the write in progress is held up and a writer is free")
