@@ -33,7 +33,8 @@ func runBench(ctx context.Context, env *environment, args []string) error {
 	fs.IntVar(&cfg.Rounds, "rounds", 1, "run the workloads this many times; every result says its round, drains alternate which ordering runs first, and the summary gives each ratio per round and its median")
 	fs.DurationVar(&cfg.RailLatency, "rail-latency", 0, "sandbox rail latency per call")
 	fs.IntVar(&cfg.MaxConcurrency, "max-concurrency", engine.DefaultMaxConcurrency, "each relayer's max concurrency")
-	fs.IntVar(&cfg.BatchSize, "batch-size", engine.DefaultBatchSize, "each relayer's claim batch (and the ceiling's)")
+	fs.IntVar(&cfg.BatchSize, "batch-size", engine.DefaultBatchSize, "each relayer's claim batch")
+	fs.IntVar(&cfg.FlushSize, "flush-size", engine.DefaultFlushSize, "each relayer's largest outcome write (and the ceiling's batch: a draining relayer writes that many outcomes and claims as many in one transaction)")
 	fs.StringVar(&clients, "clients", "", "ceiling: pgbench client counts to try, comma-separated (default 1,2,4,8 for claim+outcome, 4,8,16,32 for enqueue)")
 	fs.BoolVar(&cfg.JSON, "json", false, "print one JSON object per result line")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile (pprof) of the whole run to this file")
@@ -101,8 +102,8 @@ func runBench(ctx context.Context, env *environment, args []string) error {
 	defer cleanup()
 	cfg.Pool, cfg.Out, cfg.Progress = pool, env.stdout, env.stderr
 	if !cfg.JSON {
-		fmt.Fprintf(env.stdout, "bench: %d relayers, sandbox rail latency %v, max concurrency %d, batch %d\n",
-			cfg.Relayers, cfg.RailLatency, cfg.MaxConcurrency, cfg.BatchSize)
+		fmt.Fprintf(env.stdout, "bench: %d relayers, sandbox rail latency %v, max concurrency %d, claim batch %d, outcome writes up to %d\n",
+			cfg.Relayers, cfg.RailLatency, cfg.MaxConcurrency, cfg.BatchSize, cfg.FlushSize)
 	}
 	results, err := bench.Run(ctx, cfg, workloads)
 	if !cfg.JSON {

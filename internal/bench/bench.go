@@ -68,6 +68,11 @@ type Config struct {
 	RailLatency    time.Duration // the sandbox rail's latency per call
 	MaxConcurrency int           // each relayer's (0: the engine's default)
 	BatchSize      int           // each relayer's claim batch (0: the default)
+	// FlushSize is each relayer's largest outcome write (0: the engine's
+	// default), and the ceiling's batch: a relayer draining a backlog
+	// writes that many outcomes at once and claims as many in the same
+	// transaction.
+	FlushSize int
 
 	// Clients are the pgbench client counts the ceiling tries (default 1,
 	// 2, 4, 8 for the claim and outcome, 4, 8, 16, 32 for the enqueue).

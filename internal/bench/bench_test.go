@@ -29,7 +29,7 @@ func TestEveryWorkloadReports(t *testing.T) {
 	results, err := bench.Run(t.Context(), bench.Config{
 		Pool: pool, Out: &out, JSON: true,
 		Instructions: 400, Participants: 10, Rate: 200, Duration: time.Second, Producers: 4, Pairs: 1,
-		Clients: []int{1, 2}, MaxConcurrency: 16, BatchSize: 20, Report: 300 * time.Millisecond,
+		Clients: []int{1, 2}, MaxConcurrency: 16, BatchSize: 20, FlushSize: 20, Report: 300 * time.Millisecond,
 	}, bench.Workloads)
 	if err != nil {
 		t.Fatal(err)
@@ -128,7 +128,7 @@ func TestRoundsAlternateDrainOrder(t *testing.T) {
 	pool := testdb.New(t)
 	var out bytes.Buffer
 	results, err := bench.Run(t.Context(), bench.Config{
-		Pool: pool, Out: &out, Instructions: 100, Participants: 5, Rounds: 2, MaxConcurrency: 16, BatchSize: 20,
+		Pool: pool, Out: &out, Instructions: 100, Participants: 5, Rounds: 2, MaxConcurrency: 16, BatchSize: 20, FlushSize: 20,
 	}, []string{"drain"})
 	if err != nil {
 		t.Fatal(err)

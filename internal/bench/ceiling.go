@@ -16,6 +16,7 @@ import (
 
 	"github.com/HdrHistogram/hdrhistogram-go"
 
+	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/internal/pglocal"
 	"github.com/ledgerline/outbox/internal/store"
 )
@@ -25,7 +26,8 @@ import (
 // statements, to state the engine's figures as a share of it.
 //
 //   - claim+outcome, per ordering mode: a queue of Instructions as the drain
-//     has, and each pgbench transaction claims a batch (the claim statement,
+//     has, and each pgbench transaction claims a batch of FlushSize, the
+//     size of a draining relayer's writes (the claim statement,
 //     its result folded into the outcome statement's arguments) and records
 //     every claimed instruction DISPATCHED (the participant lock, outcome
 //     and hand-off statements, pipelined in one transaction as the relayer
@@ -56,9 +58,9 @@ func (r *runner) ceiling(ctx context.Context) ([]Result, error) {
 	defer os.RemoveAll(dir)
 
 	var out []Result
-	batch := r.cfg.BatchSize
+	batch := r.cfg.FlushSize
 	if batch <= 0 {
-		batch = 100
+		batch = engine.DefaultFlushSize
 	}
 	for _, ordered := range r.cfg.Ordered {
 		best := Result{}
