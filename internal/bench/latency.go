@@ -173,13 +173,11 @@ func (r *runner) latency(ctx context.Context) ([]Result, error) {
 		return nil, err
 	}
 	mu.Lock()
+	defer mu.Unlock()
 	split, err := r.claimSplit(ctx, schema, committedAt, calledAt)
-	mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
-	mu.Lock()
-	defer mu.Unlock()
 	res := Result{Workload: "latency", Ordered: true, Participants: r.cfg.Participants, Instructions: int(sent.Load()),
 		MsgsPerSec: achieved, Rate: ptr(float64(r.cfg.Rate)), AchievedRate: ptr(achieved),
 		CallP50: ms(calls, 50), CallP99: ms(calls, 99), CallP999: ms(calls, 99.9),
@@ -234,13 +232,14 @@ func (r *runner) claimSplit(ctx context.Context, schema string, committedAt, cal
 	if len(waits) == 0 {
 		return callSplit{}, nil
 	}
+	slices.Sort(waits)
+	slices.Sort(toCalls)
 	return callSplit{quantileMS(waits, 50), quantileMS(waits, 99), quantileMS(toCalls, 50), quantileMS(toCalls, 99)}, nil
 }
 
-// quantileMS is the value at quantile q (percent) of ds, in milliseconds;
-// it sorts ds. Unlike the histograms it keeps negative values.
+// quantileMS is the value at quantile q (percent) of ds, sorted, in
+// milliseconds. Unlike the histograms it keeps negative values.
 func quantileMS(ds []time.Duration, q float64) *float64 {
-	slices.Sort(ds)
 	i := min(len(ds)-1, int(float64(len(ds))*q/100))
 	return ptr(float64(ds[i].Microseconds()) / 1000)
 }
