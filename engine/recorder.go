@@ -464,12 +464,14 @@ func (rc *recorder) record(ctx context.Context, outcomes []store.Outcome, termin
 	if recorded == nil {
 		return nil, 0, err
 	}
+	took := time.Since(claimStart)
 	r.stats.outcomeWrites.Add(1)
+	r.stats.outcomeWriteTime.Add(int64(took))
 	if h.Refill && len(handed) < h.Limit {
 		r.backlog.Store(false) // the due queue ran dry
 	}
 	rc.handoffMu.Lock()
-	write := rc.handoffs.wrote(time.Since(claimStart), len(handed))
+	write := rc.handoffs.wrote(took, len(handed))
 	rc.handoffMu.Unlock()
 	if len(handed) > 0 {
 		r.stats.handoffs.Add(int64(len(handed)))

@@ -30,19 +30,27 @@ type Stats struct {
 	Claimed       int64
 	Handoffs      int64 // claimed by a transaction that recorded outcomes: freed participants' successors, then refills of freed slots
 	OutcomeWrites int64 // outcome transactions committed (outcomes recorded / OutcomeWrites = outcomes per write)
-	Dispatched    int64
-	Retried       int64 // RETRYABLE outcomes (back to pending)
-	Dead          int64 // FAILED outcomes (dead letters)
-	Released      int64 // handed back without calling the rail
-	Late          int64 // outcomes recorded after the lease was reaped
-	LeftInFlight  int64 // cut off at stop, or unrecordable: left for the reaper
-	Notifications int64 // wakeups by NOTIFY
-	Polls         int64 // wakeups by the fallback poll timer
-	HotPolls      int64 // wakeups by a hot poll (shortly after a claim found work)
+	// OutcomeWriteTime is the time the committed outcome transactions
+	// took, summed: each from sending its statements (hand-off included)
+	// to its commit returning. OutcomeWriteTime / OutcomeWrites is the mean
+	// write, which bounds how fast one participant's instructions follow
+	// one another: with ordering on, its next one is claimed by the write
+	// that records its outcome.
+	OutcomeWriteTime time.Duration
+	Dispatched       int64
+	Retried          int64 // RETRYABLE outcomes (back to pending)
+	Dead             int64 // FAILED outcomes (dead letters)
+	Released         int64 // handed back without calling the rail
+	Late             int64 // outcomes recorded after the lease was reaped
+	LeftInFlight     int64 // cut off at stop, or unrecordable: left for the reaper
+	Notifications    int64 // wakeups by NOTIFY
+	Polls            int64 // wakeups by the fallback poll timer
+	HotPolls         int64 // wakeups by a hot poll (shortly after a claim found work)
 }
 
 type counters struct {
 	claims, claimBatches, claimed, handoffs, outcomeWrites, dispatched, retried, dead, released, late, leftInFlight, notifications, polls, hotPolls atomic.Int64
+	outcomeWriteTime                                                                                                                                atomic.Int64 // nanoseconds
 }
 
 // count adds one recorded outcome to the counters.
@@ -140,7 +148,7 @@ func (r *Relayer) Stats() Stats {
 		Claims: s.claims.Load(), ClaimBatches: s.claimBatches.Load(), Claimed: s.claimed.Load(), Handoffs: s.handoffs.Load(), OutcomeWrites: s.outcomeWrites.Load(), Dispatched: s.dispatched.Load(),
 		Retried: s.retried.Load(), Dead: s.dead.Load(), Released: s.released.Load(), Late: s.late.Load(),
 		LeftInFlight: s.leftInFlight.Load(), Notifications: s.notifications.Load(), Polls: s.polls.Load(),
-		HotPolls: s.hotPolls.Load(),
+		HotPolls: s.hotPolls.Load(), OutcomeWriteTime: time.Duration(s.outcomeWriteTime.Load()),
 	}
 }
 

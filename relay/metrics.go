@@ -29,6 +29,8 @@ import (
 //	outbox_dispatch_latency_seconds            enqueue -> DISPATCHED
 //	outbox_rail_call_seconds{rail}             rail call duration
 //	outbox_rail_breaker_state{rail}            0 closed, 1 half-open, 2 open
+//	outbox_outcome_writes_total, outbox_outcome_write_seconds_total
+//	                                           outcome transactions, and the time they took
 //	outbox_claim_batches_total, outbox_claimed_total, outbox_notify_wakeups_total,
 //	outbox_poll_wakeups_total, outbox_hot_poll_wakeups_total, outbox_late_outcomes_total
 //	outbox_reaper_requeues_total               (with a reaper)
@@ -70,6 +72,10 @@ func newMetrics(pool *pgxpool.Pool, r *engine.Relayer, rp *reaper.Reaper, svc Co
 	counter("outbox_claimed_total", "Instructions claimed.", func(s engine.Stats) int64 { return s.Claimed })
 	counter("outbox_handoffs_total", "Instructions claimed by a transaction that recorded outcomes (hand-offs: the freed participants' next instructions, then refills of the freed slots).", func(s engine.Stats) int64 { return s.Handoffs })
 	counter("outbox_outcome_writes_total", "Outcome transactions committed (outcomes recorded per write: outbox_attempts_total / this).", func(s engine.Stats) int64 { return s.OutcomeWrites })
+	m.all = append(m.all, prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "outbox_outcome_write_seconds_total",
+		Help: "Time the committed outcome transactions took, each from sending its statements to its commit (the mean write: this / outbox_outcome_writes_total).",
+	}, func() float64 { return r.Stats().OutcomeWriteTime.Seconds() }))
 	counter("outbox_notify_wakeups_total", "Wakeups by NOTIFY.", func(s engine.Stats) int64 { return s.Notifications })
 	counter("outbox_poll_wakeups_total", "Wakeups by the fallback poll.", func(s engine.Stats) int64 { return s.Polls })
 	counter("outbox_hot_poll_wakeups_total", "Wakeups by a hot poll (shortly after a claim found work).", func(s engine.Stats) int64 { return s.HotPolls })

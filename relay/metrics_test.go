@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net/http/httptest"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -57,6 +59,7 @@ func TestMetricsReflectTheQueue(t *testing.T) {
 	}
 	// The rail rejects k0 terminally: reject its key before the relayer runs.
 	sbx.Pay(payment.Instruction{IdempotencyKey: "k0"}, true)
+	started := time.Now()
 	if err := svc.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -97,9 +100,31 @@ func TestMetricsReflectTheQueue(t *testing.T) {
 			t.Errorf("scrape lacks %q", want)
 		}
 	}
+	// The outcome writes' time: some, and no more than the writes could
+	// have taken since the start (one writer at a time, the default two
+	// side by side at most).
+	writes, writeSeconds := scraped(t, body, "outbox_outcome_writes_total"), scraped(t, body, "outbox_outcome_write_seconds_total")
+	if writes < 1 || writeSeconds <= 0 || writeSeconds > 2*time.Since(started).Seconds() {
+		t.Errorf("%v outcome writes took %v s in all, %v after the start", writes, writeSeconds, time.Since(started))
+	}
 	if t.Failed() {
 		t.Logf("scrape:\n%s", body)
 	}
+}
+
+// scraped is the value of an unlabelled metric in a scrape.
+func scraped(t *testing.T, body []byte, name string) float64 {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^` + name + ` (\S+)$`).FindSubmatch(body)
+	if m == nil {
+		t.Errorf("scrape lacks %s", name)
+		return 0
+	}
+	v, err := strconv.ParseFloat(string(m[1]), 64)
+	if err != nil {
+		t.Errorf("%s: %v", name, err)
+	}
+	return v
 }
 
 // TestScrapesShareQueueGauges: the queue gauges count the whole queue, so

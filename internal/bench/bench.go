@@ -123,6 +123,19 @@ type Result struct {
 	ClaimToCallP50 *float64 `json:"claim_to_call_p50_ms,omitempty"`
 	ClaimToCallP99 *float64 `json:"claim_to_call_p99_ms,omitempty"`
 
+	// Drain: the relayers' outcome transactions, the outcomes each
+	// recorded on average, and the mean one's time (from sending its
+	// statements, hand-off included, to its commit returning). With
+	// ordering on, the write that records a participant's outcome claims
+	// its next instruction, so a participant moves at most one
+	// instruction per write: ParticipantBound (participants × 1000 /
+	// WriteMS) bounds an ordered drain at its mean write, which is what
+	// limits a drain over few busy participants.
+	OutcomeWrites    int64    `json:"outcome_writes,omitempty"`
+	OutcomesPerWrite *float64 `json:"outcomes_per_write,omitempty"`
+	WriteMS          *float64 `json:"write_ms,omitempty"`
+	ParticipantBound *float64 `json:"participant_bound_msgs_per_sec,omitempty"`
+
 	// RSSMiB is the largest resident set of this process during the run.
 	RSSMiB float64 `json:"rss_mib"`
 	// Seconds is how long the measured part took.
@@ -247,6 +260,13 @@ func (res Result) text() string {
 			s += fmt.Sprintf("; its commit→claim start p50 %.2f ms p99 %.2f ms; claim start→rail call p50 %.2f ms p99 %.2f ms",
 				*res.ClaimWaitP50, *res.ClaimWaitP99, *res.ClaimToCallP50, *res.ClaimToCallP99)
 		}
+	}
+	if res.WriteMS != nil {
+		s += fmt.Sprintf("  [%d outcome writes, %.1f outcomes each, mean %.2f ms", res.OutcomeWrites, *res.OutcomesPerWrite, *res.WriteMS)
+		if res.ParticipantBound != nil {
+			s += fmt.Sprintf("; one instruction per participant per write: at most %.0f msgs/s", *res.ParticipantBound)
+		}
+		s += "]"
 	}
 	if res.Statements != "" {
 		s += fmt.Sprintf("  [%s, %d pgbench clients]", res.Statements, res.Clients)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -92,8 +93,11 @@ func TestEveryWorkloadReports(t *testing.T) {
 				t.Errorf("ceiling line %q: p50 above p99", sc.Text())
 			}
 		}
-		if w == "drain" && m["rss_mib"].(float64) <= 0 {
-			t.Errorf("drain line %q: no RSS", sc.Text())
+		if w == "drain" {
+			if m["rss_mib"].(float64) <= 0 {
+				t.Errorf("drain line %q: no RSS", sc.Text())
+			}
+			drainWrites(t, sc.Text(), m)
 		}
 	}
 	if got["soak"] < 3 {
@@ -176,5 +180,28 @@ func TestSummaryPerRound(t *testing.T) {
 	}
 	if !slices.Equal(three, want) {
 		t.Errorf("three rounds:\n%s\nwant\n%s", strings.Join(three, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// drainWrites checks a drain line's outcome writes: every outcome is in
+// one (400 instructions, none retried on the sandbox rail), none holds
+// more than FlushSize (20), and their time fits in the drain's: at most
+// two writes side by side in each of the two relayers. With ordering on,
+// the participants' bound is 10 participants at one instruction per
+// mean write.
+func drainWrites(t *testing.T, line string, m map[string]any) {
+	t.Helper()
+	writes, _ := m["outcome_writes"].(float64)
+	perWrite, _ := m["outcomes_per_write"].(float64)
+	ms, _ := m["write_ms"].(float64)
+	if writes < 1 || perWrite < 1 || perWrite > 20 || math.Round(writes*perWrite) != 400 {
+		t.Errorf("drain line %q: %v writes of %v outcomes, want 400 outcomes in writes of 1 to 20", line, writes, perWrite)
+	}
+	if ms <= 0 || writes*ms > 2*2*1000*m["seconds"].(float64) {
+		t.Errorf("drain line %q: %v writes of %v ms each, more than the drain's %v s allows", line, writes, ms, m["seconds"])
+	}
+	bound, ok := m["participant_bound_msgs_per_sec"].(float64)
+	if ordered := m["ordered"].(bool); ordered != ok || (ok && math.Abs(bound-10*1000/ms) > 1e-6*bound) {
+		t.Errorf("drain line %q: participants' bound %v (ordered %v), want 10 × 1000 / %v ms with ordering only", line, bound, ordered, ms)
 	}
 }

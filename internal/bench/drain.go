@@ -44,7 +44,7 @@ func (r *runner) drainOnce(ctx context.Context, ordered bool) (Result, error) {
 	var once sync.Once
 	rss := sampleRSS()
 	t0 := time.Now()
-	_, stop, err := r.relayers(ctx, schema, nil, func(recs []engine.Recorded) {
+	rs, stop, err := r.relayers(ctx, schema, nil, func(recs []engine.Recorded) {
 		for _, rec := range recs {
 			if rec.State == store.Dispatched && done.n.Add(1) == int64(n) {
 				once.Do(func() { close(finished) })
@@ -73,6 +73,30 @@ func (r *runner) drainOnce(ctx context.Context, ordered bool) (Result, error) {
 	if err := r.verify(ctx, schema, ordered); err != nil {
 		return Result{}, err
 	}
-	return Result{Workload: "drain", Ordered: ordered, Participants: r.cfg.Participants, Instructions: n,
-		MsgsPerSec: float64(n) / elapsed.Seconds(), RSSMiB: mib, Seconds: elapsed.Seconds()}, nil
+	res := Result{Workload: "drain", Ordered: ordered, Participants: r.cfg.Participants, Instructions: n,
+		MsgsPerSec: float64(n) / elapsed.Seconds(), RSSMiB: mib, Seconds: elapsed.Seconds()}
+	writes(&res, rs)
+	return res, nil
+}
+
+// writes adds the relayers' outcome writes to a drain's result.
+func writes(res *Result, rs []*engine.Relayer) {
+	var recorded int64
+	var took time.Duration
+	for _, rl := range rs {
+		st := rl.Stats()
+		res.OutcomeWrites += st.OutcomeWrites
+		recorded += st.Dispatched + st.Retried + st.Dead + st.Released + st.Late
+		took += st.OutcomeWriteTime
+	}
+	if res.OutcomeWrites == 0 {
+		return
+	}
+	perWrite := float64(recorded) / float64(res.OutcomeWrites)
+	ms := took.Seconds() * 1000 / float64(res.OutcomeWrites)
+	res.OutcomesPerWrite, res.WriteMS = &perWrite, &ms
+	if res.Ordered && ms > 0 {
+		bound := float64(res.Participants) * 1000 / ms
+		res.ParticipantBound = &bound
+	}
 }
