@@ -293,6 +293,7 @@ func TestWriteHeldUpByALockHoldsUpOnlyItsOwnOutcomes(t *testing.T) {
 					WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting)
 				return err == nil && waiting && b.sandbox.Stats().Payments == 1
 			})
+			held := time.Now()
 
 			enqueue("free")
 			waitFor(t, 10*time.Second, "the free participant's instruction to be paid", func() bool {
@@ -312,9 +313,15 @@ func TestWriteHeldUpByALockHoldsUpOnlyItsOwnOutcomes(t *testing.T) {
 			if err := lock.Rollback(b.ctx); err != nil {
 				t.Fatal(err)
 			}
+			released := time.Now()
 			waitFor(t, 10*time.Second, "both outcomes recorded once the lock is gone", func() bool {
 				return r.Stats().Dispatched == 2
 			})
+			// The held write's time counts its wait for the lock: it was
+			// waiting before held and ended after released.
+			if st := r.Stats(); st.OutcomeWriteTime < released.Sub(held) {
+				t.Errorf("outcome writes took %v in all, want at least the %v the lock was seen held", st.OutcomeWriteTime, released.Sub(held))
+			}
 			b.waitDrained(t, 10*time.Second)
 			b.verify(t, true)
 		})
