@@ -50,7 +50,8 @@ type Stats struct {
 
 type counters struct {
 	claims, claimBatches, claimed, handoffs, outcomeWrites, dispatched, retried, dead, released, late, leftInFlight, notifications, polls, hotPolls atomic.Int64
-	outcomeWriteTime                                                                                                                                atomic.Int64 // nanoseconds
+	// outcomeWriteTime is in nanoseconds.
+	outcomeWriteTime atomic.Int64
 }
 
 // count adds one recorded outcome to the counters.
