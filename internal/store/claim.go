@@ -266,11 +266,12 @@ var dispatchingValues = `c.attempt_id, ` + from("c", identityColumns) + `, c.pay
          NULL::uuid, c.claimed_at, NULL::timestamptz, NULL::timestamptz, NULL::text, NULL::text, NULL::text, NULL::text,
          NULL::int, false`
 
-// claimAsOutcomesSQL is claimSQL with its result folded into the 22 arrays
-// recordSQL takes, as a relayer whose every dispatch succeeded at once
-// would record them (columns a1 to a22): the benchmark's ceiling runs the
-// two statements back to back through pgbench, with nothing in between.
-var claimAsOutcomesSQL = claimLockedSQL + claimWritesSQL + `
+// asOutcomesSQL ends a claim (claimWritesSQL) with its relation claimed
+// folded into the 22 arrays recordSQL takes, as a relayer whose every
+// dispatch succeeded at once would record them (columns a1 to a22): the
+// benchmark's ceiling feeds them to the outcome statement through
+// pgbench, with nothing in between (handoffAsOutcomesSQL).
+const asOutcomesSQL = `
 SELECT coalesce(array_agg(gen_random_uuid()), '{}') AS a1, coalesce(array_agg(attempt_id), '{}') AS a2,
        coalesce(array_agg(outbox_id), '{}') AS a3, coalesce(array_agg('DISPATCHED'::text), '{}') AS a4,
        coalesce(array_agg(attempt_no), '{}') AS a5, coalesce(array_agg(instruction_id), '{}') AS a6,

@@ -75,8 +75,18 @@ var handoffSuccessorsSQL = handoffWith(`
 // refillSQL is the hand-off's refill (see handoffSQL).
 var refillSQL = dueRows("p.zombie_count < "+suspectAfter+" AND p.outbox_id NOT IN (SELECT unnest($6::uuid[]))", "CASE WHEN $7::bool THEN $2 - (SELECT count(*) FROM successors) ELSE 0 END")
 
+// handoffAsOutcomesSQL is handoffSQL with its result folded into the 22
+// arrays recordSQL takes (asOutcomesSQL): the benchmark's ceiling records
+// one write's hand-offs in the next, as a draining relayer does, with
+// nothing in between.
+var handoffAsOutcomesSQL = handoffTail(refillSQL, claimWritesSQL+asOutcomesSQL)
+
 // handoffWith renders handoffSQL with refill as its refill relation.
-func handoffWith(refill string) string {
+func handoffWith(refill string) string { return handoffTail(refill, claimTailSQL) }
+
+// handoffTail renders handoffSQL with refill as its refill relation and
+// tail (the claim's writes and result) after its claims.
+func handoffTail(refill, tail string) string {
 	return `
 WITH freed AS (
   SELECT DISTINCT u.participant_id FROM unnest($5::text[]) AS u(participant_id)
@@ -100,5 +110,5 @@ WITH freed AS (
 ), promoted AS (
   UPDATE {schema}.pending p SET next_attempt_at = now()
   WHERE p.ctid = ANY (ARRAY(SELECT row FROM waiting WHERE row NOT IN (SELECT row FROM successors)))
-),` + claimTailSQL
+),` + tail
 }

@@ -188,12 +188,13 @@ type HotPath struct {
 	InsertKey, InsertPending, LookupKey string
 	// Claim's statement.
 	Claim string
-	// ClaimAsOutcomes is Claim with its result folded into Record's
-	// arguments (as if every claimed instruction were dispatched at
-	// once), for running the two without a relayer in between.
-	ClaimAsOutcomes string
 	// Record's three statements, in order.
 	LockParticipants, Record, Handoff string
+	// HandoffAsOutcomes is Handoff (with its refill) with its result
+	// folded into Record's arguments (as if every instruction it claimed
+	// were dispatched at once): a draining relayer's writes without the
+	// relayer, each recording what the last one handed off.
+	HandoffAsOutcomes string
 }
 
 // HotPath returns the hot-path statements for this store's schema.
@@ -201,7 +202,7 @@ func (s *Store) HotPath() HotPath {
 	return HotPath{
 		InsertKey: s.sql.insertKeyOne, InsertPending: s.sql.insertPendingOne, LookupKey: s.sql.lookupKeyOne,
 		Claim:            s.sql.claim,
-		ClaimAsOutcomes:  qualify(s.schema, claimAsOutcomesSQL),
 		LockParticipants: s.sql.lockParticipants, Record: s.sql.record, Handoff: s.sql.handoff,
+		HandoffAsOutcomes: qualify(s.schema, handoffAsOutcomesSQL),
 	}
 }
