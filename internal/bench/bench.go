@@ -136,6 +136,13 @@ type Result struct {
 	WriteMS          *float64 `json:"write_ms,omitempty"`
 	ParticipantBound *float64 `json:"participant_bound_msgs_per_sec,omitempty"`
 
+	// ProcessCPUPerMsg is this process's processor time (user and
+	// system) per instruction over a drain, in microseconds: the relayers,
+	// the sandbox rail and the bench's own counting. On a machine whose
+	// cores the database shares, every microsecond here is one the
+	// database's statements do not get; it drifts less than msgs_per_sec.
+	ProcessCPUPerMsg *float64 `json:"process_cpu_us_per_msg,omitempty"`
+
 	// RSSMiB is the largest resident set of this process during the run.
 	RSSMiB float64 `json:"rss_mib"`
 	// Seconds is how long the measured part took.
@@ -260,6 +267,9 @@ func (res Result) text() string {
 			s += fmt.Sprintf("; its commit→claim start p50 %.2f ms p99 %.2f ms; claim start→rail call p50 %.2f ms p99 %.2f ms",
 				*res.ClaimWaitP50, *res.ClaimWaitP99, *res.ClaimToCallP50, *res.ClaimToCallP99)
 		}
+	}
+	if res.ProcessCPUPerMsg != nil {
+		s += fmt.Sprintf("  [this process: %.1f µs of processor per instruction]", *res.ProcessCPUPerMsg)
 	}
 	if res.WriteMS != nil {
 		s += fmt.Sprintf("  [%d outcome writes, %.1f outcomes each, mean %.2f ms", res.OutcomeWrites, *res.OutcomesPerWrite, *res.WriteMS)

@@ -97,6 +97,11 @@ func TestEveryWorkloadReports(t *testing.T) {
 			if m["rss_mib"].(float64) <= 0 {
 				t.Errorf("drain line %q: no RSS", sc.Text())
 			}
+			// The relayers cannot drain without processor time, nor need a
+			// second of it per instruction.
+			if v, _ := m["process_cpu_us_per_msg"].(float64); v <= 0 || v > 1e6 {
+				t.Errorf("drain line %q: process_cpu_us_per_msg %v", sc.Text(), v)
+			}
 			drainWrites(t, sc.Text(), m)
 		}
 	}

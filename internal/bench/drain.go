@@ -43,6 +43,7 @@ func (r *runner) drainOnce(ctx context.Context, ordered bool) (Result, error) {
 	finished := make(chan struct{})
 	var once sync.Once
 	rss := sampleRSS()
+	cpu0 := processCPU()
 	t0 := time.Now()
 	rs, stop, err := r.relayers(ctx, schema, nil, func(recs []engine.Recorded) {
 		for _, rec := range recs {
@@ -64,6 +65,7 @@ func (r *runner) drainOnce(ctx context.Context, ordered bool) (Result, error) {
 	case <-ctx.Done():
 	}
 	elapsed := time.Since(t0)
+	cpu := processCPU() - cpu0
 	stopProgress()
 	stop()
 	mib := rss.MiB()
@@ -75,6 +77,9 @@ func (r *runner) drainOnce(ctx context.Context, ordered bool) (Result, error) {
 	}
 	res := Result{Workload: "drain", Ordered: ordered, Participants: r.cfg.Participants, Instructions: n,
 		MsgsPerSec: float64(n) / elapsed.Seconds(), RSSMiB: mib, Seconds: elapsed.Seconds()}
+	if cpu > 0 {
+		res.ProcessCPUPerMsg = ptr(float64(cpu.Microseconds()) / float64(n))
+	}
 	writes(&res, rs)
 	return res, nil
 }

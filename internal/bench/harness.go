@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
@@ -155,6 +156,16 @@ func (s *rssSampler) MiB() float64 {
 	}
 	<-s.done
 	return float64(s.max.Load()) / (1 << 20)
+}
+
+// processCPU is the processor time (user and system) this process has
+// used so far; zero where getrusage cannot say.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // currentRSS is this process's resident set in bytes (0 where /proc is not
