@@ -220,26 +220,36 @@ func TestSandboxNoOutboxIDIsNoDuplicate(t *testing.T) {
 }
 
 // TestSandboxRememberBoundsItsLedger: with Remember, the sandbox answers
-// replays of its most recent payments only, as a rail whose idempotency
-// store expires does, and its ledger stays at that size.
+// replays of its recent payments only, as a rail whose idempotency store
+// expires does: always the last Remember, never more than twice as many.
 func TestSandboxRememberBoundsItsLedger(t *testing.T) {
 	t.Parallel()
-	sbx := rails.NewSandbox(rails.SandboxOptions{Remember: 3})
-	for i := range 5 {
+	const remember, paid = 3, 20
+	sbx := rails.NewSandbox(rails.SandboxOptions{Remember: remember})
+	for i := range paid {
 		if res, err := sbx.Send(context.Background(), sandboxIns("r", fmt.Sprintf("k%d", i))); err != nil || res.Code != rails.SandboxAccepted {
 			t.Fatalf("k%d: %+v, %v", i, res, err)
 		}
-	}
-	for i := range 5 {
-		if got, want := sbx.Paid("", fmt.Sprintf("k%d", i)), i >= 2; got != want {
-			t.Errorf("k%d remembered: %v, want %v", i, got, want)
+		known := 0
+		for j := range i + 1 {
+			if sbx.Paid("", fmt.Sprintf("k%d", j)) {
+				known++
+			} else if j > i-remember {
+				t.Fatalf("after k%d: k%d, one of the last %d, is forgotten", i, j, remember)
+			}
+		}
+		if known > 2*remember {
+			t.Fatalf("after k%d: %d payments remembered, want at most %d", i, known, 2*remember)
 		}
 	}
-	res, err := sbx.Send(context.Background(), sandboxIns("r", "k4"))
+	if sbx.Paid("", "k0") {
+		t.Error("k0 still remembered after 20 payments")
+	}
+	res, err := sbx.Send(context.Background(), sandboxIns("r", fmt.Sprintf("k%d", paid-1)))
 	if err != nil || res.Code != rails.SandboxDuplicate {
 		t.Fatalf("replay of a remembered key: %+v, %v", res, err)
 	}
-	if st := sbx.Stats(); st.Payments != 5 || st.Replays != 1 || st.EffectiveDuplicates != 0 {
+	if st := sbx.Stats(); st.Payments != paid || st.Replays != 1 || st.EffectiveDuplicates != 0 {
 		t.Fatalf("stats %+v", st)
 	}
 }

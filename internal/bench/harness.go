@@ -69,8 +69,9 @@ func (t calledTransport) Send(ctx context.Context, ins payment.Instruction) (rai
 }
 
 // sandboxRemember is how many recent payments the bench's sandbox rail
-// keeps to answer replays: 20 s at 1,000/s, far more than any instruction
-// waits between its attempts in a run.
+// keeps at least to answer replays (twice as many at most): 20 s at
+// 1,000/s, far more than any instruction waits between its attempts in a
+// run.
 const sandboxRemember = 20_000
 
 // relayers starts the run's relayers on schema. onCall sees every rail
