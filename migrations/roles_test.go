@@ -201,7 +201,7 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 	for _, line := range strings.Split(sql, "\n") {
 		if !strings.Contains(line, "allocate_sequence(text)") && !strings.Contains(line, "settle_poison_dead_letters") &&
 			!strings.Contains(line, "vacuum_horizon") && !strings.Contains(line, "rail_pause") && !strings.Contains(line, "pause_rail") && !strings.Contains(line, "resume_rail") &&
-			!strings.Contains(line, "cancel_pending") && !strings.Contains(line, "any_tenant") {
+			!strings.Contains(line, "cancel_pending") && !strings.Contains(line, "any_tenant") && !strings.Contains(line, "archived_claim") {
 			v12 = append(v12, line)
 		}
 	}
@@ -225,6 +225,7 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 	for fn, runner := range map[string]string{
 		"upgraded.allocate_sequence(text)":                   migrations.RoleProducer,
 		"upgraded.settle_poison_dead_letters(uuid[])":        migrations.RoleRelayer,
+		"upgraded.archived_claim(uuid, timestamptz)":         migrations.RoleRelayer,
 		"upgraded.replay_dead_letter(uuid, text, text)":      migrations.RoleOperator,
 		"upgraded.pause_rail(text, text, text)":              migrations.RoleOperator,
 		"upgraded.resume_rail(text, text, text)":             migrations.RoleOperator,
@@ -730,6 +731,77 @@ func TestLateOutcomesAsRelayerRole(t *testing.T) {
 		if !r.Late || !r.Withdrew {
 			t.Errorf("late outcome %d recorded %+v, want late and withdrawn", i, r)
 		}
+	}
+}
+
+// TestLateOutcomeOfADetachedClaimAsRelayerRole: a relayer cut off from
+// the database across a month's end records a late outcome after an
+// operator detached the month of its claim. The late row repeats the
+// claim's identity and follows its hash, read from the detached month,
+// which the relayer role does not read otherwise (archived_claim runs as
+// the owner).
+func TestLateOutcomeOfADetachedClaimAsRelayerRole(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	producer := b.as(t, migrations.RoleProducer, "")
+	relayer := b.as(t, migrations.RoleRelayer, "")
+	if _, err := b.enqueue(t, producer, "", "k1"); err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := b.st.Claim(b.ctx, relayer, store.ClaimParams{RelayerID: "slow", Limit: 1,
+		Leases: map[string]time.Duration{"sandbox": time.Millisecond}})
+	if err != nil || len(claimed) != 1 {
+		t.Fatalf("claim as relayer: %d claimed, %v", len(claimed), err)
+	}
+	c := claimed[0]
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		r, err := b.st.Reap(b.ctx, relayer, 10, "reaper-1", 3)
+		if err != nil {
+			t.Fatalf("reap as relayer: %v", err)
+		}
+		if len(r) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the lease did not run out")
+		}
+	}
+	// Detach the claim's month by hand (outbox archive detach refuses a
+	// month that has not ended); the late row goes to the default
+	// partition.
+	var partition, bound string
+	var claimHash []byte
+	if err := b.admin.QueryRow(b.ctx, `SELECT a.tableoid::regclass::text, pg_get_expr(c.relpartbound, c.oid), a.hash
+		FROM outbox.attempts a JOIN pg_class c ON c.oid = a.tableoid WHERE a.attempt_id = $1`, c.AttemptID).Scan(&partition, &bound, &claimHash); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`ALTER TABLE outbox.attempts DETACH PARTITION ` + partition,
+		`ALTER TABLE outbox.attempts_detached ATTACH PARTITION ` + partition + ` ` + bound,
+	} {
+		if _, err := b.admin.Exec(b.ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	id, _ := uuid.NewV7()
+	o := store.Outcome{Identity: store.Identity{OutboxID: c.OutboxID}, AttemptID: id, ClaimAttemptID: c.AttemptID,
+		ClaimedAt: c.ClaimedAt, State: store.Retryable, ErrorCode: "RAIL_UNAVAILABLE", CountAttempt: true}
+	rec, _, err := b.st.Record(b.ctx, relayer, []store.Outcome{o}, store.HandoffParams{})
+	if err != nil || len(rec) != 1 || !rec[0].Late {
+		t.Fatalf("late outcome of a detached claim as relayer: %+v, %v", rec, err)
+	}
+	var instruction, participant, key, relayerID string
+	var attemptNo int
+	var prev []byte
+	if err := b.admin.QueryRow(b.ctx, `SELECT instruction_id, participant_id, idempotency_key, relayer_id, attempt_no, prev_hash
+		FROM outbox.attempts WHERE attempt_id = $1 AND late`, id).Scan(&instruction, &participant, &key, &relayerID, &attemptNo, &prev); err != nil {
+		t.Fatalf("the late row: %v", err)
+	}
+	if instruction != c.InstructionID || participant != c.ParticipantID || key != c.IdempotencyKey || relayerID != "slow" ||
+		attemptNo != c.AttemptNo || string(prev) != string(claimHash) {
+		t.Errorf("late row %s %s %s %s #%d after %x, want the detached claim's %s %s %s slow #%d after %x",
+			instruction, participant, key, relayerID, attemptNo, prev, c.InstructionID, c.ParticipantID, c.IdempotencyKey,
+			c.AttemptNo, claimHash)
 	}
 }
 

@@ -160,18 +160,19 @@ func (r *runner) ceilingDispatch(ctx context.Context, bin, dir string, ordered b
 	}
 	h := st.HotPath()
 	script := "BEGIN;\n" +
-		pgbenchSQL(h.LockParticipants, map[int]string{1: ":a7"}) + ";\n" +
-		pgbenchSQL(h.Record, numbered("a", 22)) + ";\n" +
-		pgbenchSQL(h.HandoffAsOutcomes, map[int]string{1: ":relayer", 2: ":batch", 3: ":rails", 4: ":leases", 5: ":a7", 6: ":a3", 7: "true"}) + " \\gset\n" +
+		pgbenchSQL(h.LockParticipants, map[int]string{1: ":p"}) + ";\n" +
+		pgbenchSQL(h.Record, numbered("a", 13)) + ";\n" +
+		pgbenchSQL(h.HandoffAsOutcomes, map[int]string{1: ":relayer", 2: ":batch", 3: ":rails", 4: ":leases", 5: ":p", 6: ":a3", 7: "true"}) + " \\gset\n" +
 		"COMMIT;\n"
 	// Claims stop short of the queue's end, so every transaction claims a
 	// full batch or close to it (an empty queue would make them free);
 	// one more per client for its first, which records nothing.
 	perClient := max(1, int(0.9*float64(n))/(clients*batch)) + 1
 	vars := []string{"relayer=pgbench", "batch=" + strconv.Itoa(batch), "rails={sandbox}", "leases={600000}"}
-	for i := 1; i <= 22; i++ {
+	for i := 1; i <= 13; i++ {
 		vars = append(vars, fmt.Sprintf("a%d={}", i))
 	}
+	vars = append(vars, "p={}")
 	run, err := r.runPgBench(ctx, bin, dir, script, clients, []string{"-t", strconv.Itoa(perClient)}, vars...)
 	if err != nil {
 		return Result{}, err

@@ -100,7 +100,7 @@ func hotPathCost(t *testing.T, emptyStats bool) {
 	exec(`PREPARE record AS ` + h.Record)
 	exec(`PREPARE handoff AS ` + h.Handoff)
 	// The generic plans are made now, while the in-flight table is empty.
-	empty := strings.TrimSuffix(strings.Repeat(`'{}', `, 22), ", ")
+	empty := strings.TrimSuffix(strings.Repeat(`'{}', `, 13), ", ")
 	exec(`EXECUTE claim('r', 0, '{sandbox}', '{60000}')`)
 	exec(`EXECUTE lock('{}')`)
 	exec(`EXECUTE record(` + empty + `)`)
@@ -159,12 +159,16 @@ func hotPathCost(t *testing.T, emptyStats bool) {
 		for i, a := range args {
 			literals[i] = arrayLiteral(t, a)
 		}
-		parts := literals[6] // participant ids
+		participants := make([]string, len(outcomes))
+		for i, o := range outcomes {
+			participants[i] = o.ParticipantID
+		}
+		parts := arrayLiteral(t, participants)
 		measure("lock", `EXECUTE lock(`+parts+`)`, batch)
 		measure("outcome", `EXECUTE record(`+strings.Join(literals, ", ")+`)`, batch)
 		measure(handoff, `EXECUTE handoff('r', 100, '{sandbox}', '{60000}', `+parts+`, `+literals[2]+`, true)`, batch)
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM outbox.inflight WHERE relayer_id = 'r' AND participant_id = ANY($1::text[])`,
-			args[6]).Scan(&successors); err != nil {
+			participants).Scan(&successors); err != nil {
 			t.Fatal(err)
 		}
 		return successors

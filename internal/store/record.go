@@ -155,17 +155,18 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 }
 
 // recordArgs are recordSQL's arguments for outcomes, and the participants
-// of the terminal ones.
+// of the terminal ones. Only what the rail answered is sent, with the ids
+// that find the in-flight row (and the claim's time, which bounds the
+// archive's partitions for the rare outcome whose row is gone): the
+// instruction's identity, attempt number and relayer come from that row.
 func recordArgs(outcomes []Outcome) (args []any, terminal []string, err error) {
 	n := len(outcomes)
 	var (
-		states, instrs, parts, keys, railTypes          = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		tenants, corrs, relayers, refs, codes, errCodes = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-		messages                                        = make([]string, n)
-		attemptNos, latencies                           = make([]int32, n), make([]int32, n)
-		seqs, delays                                    = make([]int64, n), make([]int64, n)
-		claimedAt                                       = make([]time.Time, n)
-		counts, unknown                                 = make([]bool, n), make([]bool, n)
+		states, refs, codes, errCodes, messages = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		latencies                               = make([]int32, n)
+		delays                                  = make([]int64, n)
+		claimedAt                               = make([]time.Time, n)
+		counts, unknown                         = make([]bool, n), make([]bool, n)
 	)
 	for i, o := range outcomes {
 		switch o.State {
@@ -175,18 +176,15 @@ func recordArgs(outcomes []Outcome) (args []any, terminal []string, err error) {
 		default:
 			return nil, nil, fmt.Errorf("record: outcome %d has state %q", i, o.State)
 		}
-		states[i], instrs[i], parts[i], keys[i], railTypes[i] = string(o.State), o.InstructionID, o.ParticipantID, o.IdempotencyKey, o.RailType
-		tenants[i], corrs[i], relayers[i], refs[i], codes[i], errCodes[i] = o.TenantID, o.CorrelationID, o.RelayerID, o.RailReference, o.RailCode, o.ErrorCode
-		messages[i] = o.ErrorMessage
-		attemptNos[i], latencies[i] = int32(o.AttemptNo), int32(o.LatencyMS)
-		seqs[i], delays[i] = o.SequenceID, o.RetryDelay.Milliseconds()
+		states[i], refs[i], codes[i], errCodes[i], messages[i] = string(o.State), o.RailReference, o.RailCode, o.ErrorCode, o.ErrorMessage
+		latencies[i], delays[i] = int32(o.LatencyMS), o.RetryDelay.Milliseconds()
 		claimedAt[i], counts[i], unknown[i] = o.ClaimedAt, o.CountAttempt, o.OutcomeUnknown
 	}
 	ids := wireUUIDs(outcomes, func(o *Outcome) uuid.UUID { return o.AttemptID })
 	claimIDs := wireUUIDs(outcomes, func(o *Outcome) uuid.UUID { return o.ClaimAttemptID })
 	outboxIDs := wireUUIDs(outcomes, func(o *Outcome) uuid.UUID { return o.OutboxID })
-	return []any{ids, claimIDs, outboxIDs, states, attemptNos, instrs, parts, seqs, keys, railTypes, tenants, corrs,
-		relayers, claimedAt, refs, codes, errCodes, messages, latencies, delays, counts, unknown}, terminal, nil
+	return []any{ids, claimIDs, outboxIDs, states, claimedAt, refs, codes, errCodes, messages, latencies, delays,
+		counts, unknown}, terminal, nil
 }
 
 // RecordArgs are the outcome statement's arguments, for plan tests.
@@ -233,9 +231,10 @@ const outcomeValues = `outcome_id, ` + identityColumns + `, NULL::jsonb, attempt
          nullif(error_code, ''), nullif(error_message, ''), latency_ms, false`
 
 // lateValues are the archive values of a late outcome, from its input row
-// (the in-flight row is gone).
+// (the in-flight row is gone) and its claim's archive row
+// (archived_claim).
 const lateValues = `attempt_id, outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
-         rail_type, nullif(tenant_id, ''), nullif(correlation_id, ''),
+         rail_type, tenant_id, correlation_id,
          NULL::jsonb, attempt_no, state, relayer_id, claim_attempt_id,
          claimed_at, now(), NULL::timestamptz, nullif(rail_reference, ''), nullif(rail_code, ''),
          nullif(error_code, ''), nullif(error_message, ''), latency_ms, true`
@@ -251,15 +250,14 @@ func (s *Store) RecordSQL() string { return s.sql.record }
 // and in recent partitions (archived_attempt, migration 012: a function,
 // so that the plan of this statement holds none of the archive's
 // partitions), and prior_late says how the first one was recorded. Only
-// fresh ones (prior_late NULL) are archived.
+// fresh ones (prior_late NULL) are archived, with what they repeat of
+// their claim read from its archive row (archived_claim, migration 024).
 var recordSQL = `
 WITH input AS (
-  SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::int[], $6::text[], $7::text[], $8::bigint[],
-                       $9::text[], $10::text[], $11::text[], $12::text[], $13::text[], $14::timestamptz[], $15::text[],
-                       $16::text[], $17::text[], $18::text[], $19::int[], $20::bigint[], $21::bool[], $22::bool[])
-    AS o(attempt_id, claim_attempt_id, outbox_id, state, attempt_no, instruction_id, participant_id, sequence_id,
-         idempotency_key, rail_type, tenant_id, correlation_id, relayer_id, claimed_at, rail_reference,
-         rail_code, error_code, error_message, latency_ms, retry_delay_ms, count_attempt, outcome_unknown)
+  SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::timestamptz[], $6::text[], $7::text[],
+                       $8::text[], $9::text[], $10::int[], $11::bigint[], $12::bool[], $13::bool[])
+    AS o(attempt_id, claim_attempt_id, outbox_id, state, claimed_at, rail_reference, rail_code, error_code,
+         error_message, latency_ms, retry_delay_ms, count_attempt, outcome_unknown)
 ), targets AS (
   SELECT o.*, t.row FROM input o
   CROSS JOIN LATERAL (SELECT f.ctid AS row FROM {schema}.inflight f
@@ -279,12 +277,17 @@ WITH input AS (
   WHERE o.claim_attempt_id NOT IN (SELECT attempt_id FROM fenced)
 ), late AS (
   -- A late outcome follows its claim's DISPATCHING row in the chain (the
-  -- in-flight row that carried the head is gone): an archive read by
-  -- primary key, on a path taken only after a reaped lease.
+  -- in-flight row that carried the head is gone) and repeats its identity:
+  -- an archive read by primary key, on a path taken only after a reaped
+  -- lease.
   SELECT u.*, ` + attemptHash("u.claim_hash", lateValues, "u.archived_at") + ` AS hash
-  FROM (SELECT o.*, clock_timestamp() AS archived_at,
-               ({schema}.archived_attempt(o.claim_attempt_id, o.claimed_at - interval '1 day')).hash AS claim_hash
-        FROM unfenced o WHERE o.prior_late IS NULL) u
+  FROM (SELECT o.attempt_id, o.claim_attempt_id, o.outbox_id, o.state, o.rail_reference, o.rail_code, o.error_code,
+               o.error_message, o.latency_ms, c.instruction_id, c.participant_id, c.sequence_id, c.idempotency_key,
+               c.rail_type, c.tenant_id, c.correlation_id, c.attempt_no, c.relayer_id, c.claimed_at,
+               c.hash AS claim_hash, clock_timestamp() AS archived_at
+        FROM unfenced o
+        CROSS JOIN LATERAL {schema}.archived_claim(o.claim_attempt_id, o.claimed_at - interval '1 day') c
+        WHERE o.prior_late IS NULL) u
 ), requeued AS (
   INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head, zombie_count)
   SELECT ` + identityColumns + `, payload, ` + countAfter("attempt_no", "count_attempt") + `, due, created_at, NULL, hash,

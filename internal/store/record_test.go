@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerline/outbox/internal/store"
@@ -379,6 +381,73 @@ func TestRecordLateDispatchedWithdrawsCopy(t *testing.T) {
 	if r := b.verifyOK(t); r.Dispatched != 1 || r.Pending != 0 || r.DispatchedTwice != 0 {
 		t.Errorf("report %+v, want dispatched once, nothing pending", r)
 	}
+}
+
+// TestOutcomeRepeatsItsClaimNotItsInput: the outcome statement takes an
+// instruction's identity, attempt number and relayer from its in-flight
+// row, or for a late outcome from its claim's archive row, never from
+// what the relayer sends (only the rail's answer and the ids that find
+// the row). Outcomes whose identity a relayer got wrong are archived as
+// their claims were made, and the chains still verify.
+func TestOutcomeRepeatsItsClaimNotItsInput(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	onTimeID := b.enqueue(t, "p1", "k1")
+	lateID := b.enqueue(t, "p2", "k2")
+	onTime := b.claimOne(t, "r1", longLease)
+	late := b.claimOne(t, "slow", shortLease)
+	if onTime.OutboxID != onTimeID || late.OutboxID != lateID {
+		t.Fatalf("claimed %s and %s, want %s then %s", onTime.OutboxID, late.OutboxID, onTimeID, lateID)
+	}
+	b.reap(t, late)
+
+	garble := func(o store.Outcome) store.Outcome {
+		o.InstructionID, o.SequenceID, o.IdempotencyKey, o.RailType = "wrong", 99, "wrong", "wrong"
+		o.TenantID, o.CorrelationID, o.AttemptNo, o.RelayerID = "wrong", "wrong", 42, "wrong"
+		return o
+	}
+	rec := b.record(t, garble(recordOutcome(t, onTime, "r1", store.Dispatched)),
+		garble(recordOutcome(t, late, "slow", store.Retryable)))
+	if rec[0].Late || !rec[1].Late {
+		t.Fatalf("recorded %+v, want the first on time and the second late", rec)
+	}
+	for _, c := range []store.Claimed{onTime, late} {
+		_, rows := b.trail(t, c.OutboxID)
+		last := rows[len(rows)-1]
+		if last.ClaimAttemptID == nil || *last.ClaimAttemptID != c.AttemptID {
+			t.Fatalf("%s: the last archive row %+v does not close claim %s", c.OutboxID, last, c.AttemptID)
+		}
+		if last.InstructionID != c.InstructionID || last.ParticipantID != c.ParticipantID || last.SequenceID != c.SequenceID ||
+			last.IdempotencyKey != c.IdempotencyKey || last.RailType != c.RailType || last.TenantID != nil ||
+			last.CorrelationID != nil || last.AttemptNo != c.AttemptNo || last.RelayerID == nil || *last.RelayerID == "wrong" ||
+			!last.ClaimedAt.Equal(c.ClaimedAt) {
+			t.Errorf("%s: outcome archived as %+v, want the claim's identity, attempt %d, relayer and time %v",
+				c.OutboxID, last, c.AttemptNo, c.ClaimedAt)
+		}
+	}
+	b.verifyOK(t)
+}
+
+// TestLateOutcomeOfAMissingClaimFails: a claim's DISPATCHING row commits
+// before its rail is called and the archive is append-only, so a late
+// outcome whose claim is not in the archive means archive rows were
+// removed. The write fails (data_corrupted) and archives nothing, rather
+// than an outcome that follows no claim.
+func TestLateOutcomeOfAMissingClaimFails(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	b.enqueue(t, "p1", "k1")
+	c := b.claimOne(t, "slow", shortLease)
+	b.reap(t, c)
+	o := recordOutcome(t, c, "slow", store.Retryable)
+	o.ClaimAttemptID = uuid.Must(uuid.NewV7()) // a claim the archive never had
+	_, _, err := b.st.Record(b.ctx, b.pool, []store.Outcome{o}, store.HandoffParams{})
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "XX001" || !strings.Contains(pgErr.Message, o.ClaimAttemptID.String()) {
+		t.Fatalf("late outcome of a missing claim: %v, want data_corrupted naming the claim", err)
+	}
+	got, _ := b.trail(t, c.OutboxID)
+	wantTrail(t, got, "DISPATCHING#1", "ZOMBIE_REQUEUE#1")
 }
 
 // TestRecordLateFailedDeadLettersCopy: a late terminal failure withdraws

@@ -56,6 +56,10 @@ REVOKE ALL ON FUNCTION {{schema}}.allocate_sequences(text[], int[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {{schema}}.allocate_sequence(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {{schema}}.ensure_attempt_partitions(int) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {{schema}}.settle_poison_dead_letters(uuid[]) FROM PUBLIC;
+-- A late outcome's claim, read by relayers (migration 024) as the owner:
+-- it may be in a detached month, which relayers do not read otherwise.
+ALTER FUNCTION {{schema}}.archived_claim(uuid, timestamptz) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION {{schema}}.archived_claim(uuid, timestamptz) FROM PUBLIC;
 -- Operators pause and resume rails (migration 019) as the owner: they may
 -- not write rail_pauses themselves, and every pause is recorded.
 ALTER FUNCTION {{schema}}.pause_rail(text, text, text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
@@ -93,6 +97,7 @@ GRANT SELECT, INSERT ON {{schema}}.attempts, {{schema}}.dead_letters, {{schema}}
 GRANT SELECT, INSERT, UPDATE, DELETE ON {{schema}}.relayer_idle TO outbox_relayer;
 GRANT EXECUTE ON FUNCTION {{schema}}.ensure_attempt_partitions(int) TO outbox_relayer;
 GRANT EXECUTE ON FUNCTION {{schema}}.settle_poison_dead_letters(uuid[]) TO outbox_relayer;
+GRANT EXECUTE ON FUNCTION {{schema}}.archived_claim(uuid, timestamptz) TO outbox_relayer;
 GRANT SELECT ON {{schema}}.rail_pauses TO outbox_relayer; -- claims leave paused rails alone
 
 -- Auditor: reads everything (verify checks the queue against the archive),
