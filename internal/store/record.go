@@ -25,8 +25,12 @@ const (
 )
 
 // Outcome is how one claimed attempt ended, as the relayer records it. The
-// identity fields repeat what the claim returned, so an outcome can be
-// archived even when the in-flight row is no longer this relayer's.
+// identity fields repeat what the claim returned; the outcome statement
+// archives an instruction as its in-flight row (or, for a late outcome, its
+// claim's archive row) says it is. Record uses only ParticipantID of
+// them (the participant whose lock a terminal outcome takes) and, for a
+// late terminal outcome, AttemptNo too (withdrawing the reaper's requeued
+// copy).
 type Outcome struct {
 	Identity
 	AttemptID      uuid.UUID // the new outcome row's id
