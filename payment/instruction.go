@@ -1,10 +1,9 @@
-// Package rails is the edge where money leaves the system: the [Rail] contract,
-// payment validation per rail profile, the error taxonomy that turns a rail's
-// explicit answer into an outcome, circuit breakers, and the built-in payment.
-//
-// Nothing in this package decides anything by matching error text: a rail
-// answers with an explicit code, and a per-rail [CodeTable] maps that code to
-// an [Outcome] and an [ErrorCode].
+// Package payment is what a rail is sent: the [Instruction] and its
+// [Payment] in integer minor units, the [Payload] the outbox stores for it,
+// the validation [Profile] of each kind of rail (ACH, SEPA, wire, generic,
+// event), money parsing, and the [ValidationError] that names the field at
+// fault. Producers validate with it before anything is written; relayers
+// validate again before a rail is called.
 package payment
 
 import (

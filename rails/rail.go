@@ -1,3 +1,12 @@
+// Package rails is the edge where money leaves the system: the rail
+// contract ([Transport], [Result]), the error taxonomy that turns a rail's
+// explicit answer into an outcome, circuit breakers and concurrency caps
+// ([Set]), the sandbox and webhook transports, and the relay configuration
+// file.
+//
+// Nothing in this package decides anything by matching error text: a rail
+// answers with an explicit code, and a per-rail [CodeTable] maps that code to
+// an [Outcome] and an [ErrorCode].
 package rails
 
 import (
