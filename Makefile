@@ -16,7 +16,8 @@ export GOTOOLCHAIN ?= auto
 FUZZTIME  ?=
 FUZZ      := payment:FuzzParseAmount:30000x payment:FuzzParseAmountMinor:60000x \
              payment:FuzzDestinationACH:60000x payment:FuzzDestinationSEPA:50000x \
-             payment:FuzzDestinationWire:40000x pending:FuzzValidate:10000x \
+             payment:FuzzDestinationWire:40000x payment:FuzzDecodePayload:60000x \
+             pending:FuzzValidate:10000x \
              cmd/outbox:FuzzEnqueueLine:4000x
 BENCHTIME ?= 1x
 

@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"encoding/json"
 	"fmt"
 	"runtime/debug"
 	"time"
@@ -92,8 +91,8 @@ func railInstruction(c store.Claimed) (payment.Instruction, error) {
 		SequenceID: c.SequenceID, IdempotencyKey: c.IdempotencyKey, RailType: c.RailType,
 		TenantID: c.TenantID, CorrelationID: c.CorrelationID, AttemptNo: c.AttemptNo, AttemptID: c.AttemptID,
 	}
-	var p payment.Payload
-	if err := json.Unmarshal(c.Payload, &p); err != nil {
+	p, err := payment.DecodePayload(c.Payload)
+	if err != nil {
 		return ins, fmt.Errorf("outbox %s: decode payload: %w", c.OutboxID, err)
 	}
 	ins.Metadata, ins.Payment = p.Metadata, p.Payment(false)
