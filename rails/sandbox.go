@@ -64,9 +64,9 @@ type SandboxOptions struct {
 	CrashKeys []string `json:"crash_keys,omitempty"`
 	// Remember bounds the payments the sandbox keeps for answering replays
 	// and counting duplicates: it remembers the most recent Remember at
-	// least and twice as many at most (0: every one, as tests need). Real rails expire idempotency keys too (after a day
-	// or weeks); a long soak needs the bound, or the rail's memory is
-	// what it measures.
+	// least and twice as many at most (0: every one, as tests need). Real
+	// rails expire idempotency keys too (after a day or weeks); a long
+	// soak needs the bound, or the rail's memory is what it measures.
 	Remember int `json:"remember,omitempty"`
 	// RecordAttempts keeps the id of every attempt the sandbox was called
 	// for ([payment.Instruction].AttemptID; [Sandbox.AttemptIDs], GET
