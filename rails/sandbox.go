@@ -124,7 +124,7 @@ type Sandbox struct {
 func NewSandbox(opts SandboxOptions) *Sandbox {
 	return &Sandbox{
 		opts:     opts,
-		ledger:   newSandboxLedger(),
+		ledger:   newSandboxLedger(opts.Remember),
 		rejected: make(map[sandboxKey]bool),
 		attempts: make(map[uuid.UUID]struct{}),
 	}
@@ -136,8 +136,10 @@ type sandboxLedger struct {
 	byOutbox map[uuid.UUID]sandboxKey // outbox id -> key it was paid under
 }
 
-func newSandboxLedger() sandboxLedger {
-	return sandboxLedger{byKey: make(map[sandboxKey]sandboxPayment), byOutbox: make(map[uuid.UUID]sandboxKey)}
+// newSandboxLedger returns an empty generation with room for size
+// payments (a generation holds Remember; 0 lets it grow).
+func newSandboxLedger(size int) sandboxLedger {
+	return sandboxLedger{byKey: make(map[sandboxKey]sandboxPayment, size), byOutbox: make(map[uuid.UUID]sandboxKey, size)}
 }
 
 // paid is the payment made under key, if the sandbox remembers one.
@@ -169,7 +171,7 @@ func (s *Sandbox) rotate() {
 	if s.opts.Remember <= 0 || len(s.ledger.byKey) < s.opts.Remember {
 		return
 	}
-	s.previous, s.ledger = s.ledger, newSandboxLedger()
+	s.previous, s.ledger = s.ledger, newSandboxLedger(s.opts.Remember)
 }
 
 // Codes implements [CodeProvider].

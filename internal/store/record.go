@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/gofrs/uuid/v5"
@@ -133,6 +134,9 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 		return nil, nil, fmt.Errorf("record: %w", err)
 	}
 
+	if !slices.ContainsFunc(recorded, func(r Recorded) bool { return r.Late }) {
+		return recorded, claimed, nil // the common case: nothing to withdraw
+	}
 	byClaim := make(map[uuid.UUID]Outcome, len(outcomes))
 	for _, o := range outcomes {
 		byClaim[o.ClaimAttemptID] = o
