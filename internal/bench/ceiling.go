@@ -161,7 +161,7 @@ func (r *runner) ceilingDispatch(ctx context.Context, bin, dir string, ordered b
 	h := st.HotPath()
 	script := "BEGIN;\n" +
 		pgbenchSQL(h.LockParticipants, map[int]string{1: ":p"}) + ";\n" +
-		pgbenchSQL(h.Record, numbered("a", 13)) + ";\n" +
+		pgbenchSQL(h.RecordDispatched, numbered("a", 13)) + ";\n" +
 		pgbenchSQL(h.HandoffAsOutcomes, map[int]string{1: ":relayer", 2: ":batch", 3: ":rails", 4: ":leases", 5: ":p", 6: ":a3", 7: "true"}) + " \\gset\n" +
 		"COMMIT;\n"
 	// Claims stop short of the queue's end, so every transaction claims a

@@ -98,12 +98,14 @@ func hotPathCost(t *testing.T, emptyStats bool) {
 	exec(`PREPARE claim AS ` + h.Claim)
 	exec(`PREPARE lock AS ` + h.LockParticipants)
 	exec(`PREPARE record AS ` + h.Record)
+	exec(`PREPARE record_dispatched AS ` + h.RecordDispatched)
 	exec(`PREPARE handoff AS ` + h.Handoff)
 	// The generic plans are made now, while the in-flight table is empty.
 	empty := strings.TrimSuffix(strings.Repeat(`'{}', `, 13), ", ")
 	exec(`EXECUTE claim('r', 0, '{sandbox}', '{60000}')`)
 	exec(`EXECUTE lock('{}')`)
 	exec(`EXECUTE record(` + empty + `)`)
+	exec(`EXECUTE record_dispatched(` + empty + `)`)
 	exec(`EXECUTE handoff('r', 0, '{sandbox}', '{60000}', '{}', '{}', false)`)
 	exec(`INSERT INTO outbox.inflight (outbox_id, attempt_id, attempt_no, relayer_id, ordered, claimed_at, lease_until,
 			instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload, created_at)
@@ -135,7 +137,7 @@ func hotPathCost(t *testing.T, emptyStats bool) {
 	// recordHeld records what relayer r holds, DISPATCHED, with a hand-off
 	// of up to a batch, measuring each statement, and reports how many
 	// successors of the freed participants the hand-off claimed.
-	recordHeld := func(handoff string) (successors int) {
+	recordHeld := func(record, handoff string) (successors int) {
 		t.Helper()
 		rows, err := tx.Query(ctx, `SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
 			attempt_id, attempt_no, claimed_at FROM outbox.inflight WHERE relayer_id = 'r'`)
@@ -165,7 +167,7 @@ func hotPathCost(t *testing.T, emptyStats bool) {
 		}
 		parts := arrayLiteral(t, participants)
 		measure("lock", `EXECUTE lock(`+parts+`)`, batch)
-		measure("outcome", `EXECUTE record(`+strings.Join(literals, ", ")+`)`, batch)
+		measure(record, `EXECUTE `+record+`(`+strings.Join(literals, ", ")+`)`, batch)
 		measure(handoff, `EXECUTE handoff('r', 100, '{sandbox}', '{60000}', `+parts+`, `+literals[2]+`, true)`, batch)
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM outbox.inflight WHERE relayer_id = 'r' AND participant_id = ANY($1::text[])`,
 			participants).Scan(&successors); err != nil {
@@ -173,13 +175,13 @@ func hotPathCost(t *testing.T, emptyStats bool) {
 		}
 		return successors
 	}
-	if n := recordHeld("hand-off"); n != batch {
+	if n := recordHeld("record", "hand-off"); n != batch {
 		t.Errorf("the hand-off claimed %d successors, want %d", n, batch)
 	}
 	// The successors' participants have nothing left: the hand-off fills
 	// its slots from the due heads of the others (its refill), which must
 	// cost no more than a claim.
-	if n := recordHeld("hand-off refilling"); n != 0 {
+	if n := recordHeld("record_dispatched", "hand-off refilling"); n != 0 {
 		t.Errorf("the hand-off claimed %d successors of participants with nothing left", n)
 	}
 	var held int

@@ -114,7 +114,11 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 	b := &pgx.Batch{}
 	generic := queueGenericPlans(b, db, genericPlansSQL)
 	b.Queue(s.sql.lockParticipants, terminal)
-	b.Queue(s.sql.record, args...)
+	record := s.sql.recordDispatched
+	if slices.ContainsFunc(outcomes, func(o Outcome) bool { return o.State != Dispatched }) {
+		record = s.sql.record
+	}
+	b.Queue(record, args...)
 	handoff := s.sql.handoffSuccessors
 	if h.Refill {
 		handoff = s.sql.handoff
@@ -247,7 +251,8 @@ const lateValues = `attempt_id, outbox_id, instruction_id, participant_id, seque
          claimed_at, now(), NULL::timestamptz, nullif(rail_reference, ''), nullif(rail_code, ''),
          nullif(error_code, ''), nullif(error_message, ''), latency_ms, true`
 
-// RecordSQL is the outcome statement, for plan tests.
+// RecordSQL is the outcome statement (with retries and failures), for
+// plan tests.
 func (s *Store) RecordSQL() string { return s.sql.record }
 
 // recordSQL: fenced are the outcomes whose in-flight row still belongs to
@@ -260,7 +265,39 @@ func (s *Store) RecordSQL() string { return s.sql.record }
 // partitions), and prior_late says how the first one was recorded. Only
 // fresh ones (prior_late NULL) are archived, with what they repeat of
 // their claim read from its archive row (archived_claim, migration 024).
-var recordSQL = `
+var recordSQL = recordWith(requeuedSQL + deadSQL)
+
+// recordDispatchedSQL is recordSQL for outcomes that are all DISPATCHED
+// (Record picks it then): without the retries' insert into pending and
+// the failures' into the dead letters. PostgreSQL sets up every node of a
+// plan at each execution, run or not, and opens the tables and indexes
+// those inserts would write, so a write of ten outcomes paid for both
+// every time; a drain's writes, and most writes at a steady rate, have
+// neither. Same parameters.
+var recordDispatchedSQL = recordWith("")
+
+// requeuedSQL and deadSQL are recordSQL's retries, back to pending with
+// the same identity after their backoff, and terminal failures, into the
+// dead letters.
+var (
+	requeuedSQL = `
+), requeued AS (
+  INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head, zombie_count)
+  SELECT ` + identityColumns + `, payload, ` + countAfter("attempt_no", "count_attempt") + `, due, created_at, NULL, hash,
+         zombie_count
+  FROM stamped WHERE state = 'RETRYABLE'`
+	deadSQL = `
+), dead AS (
+  INSERT INTO {schema}.dead_letters (` + deadLetterColumns + `, chain_head, outcome_unknown)
+  SELECT ` + identityColumns + `, payload, attempt_no, error_code, nullif(error_message, ''), outcome_id, created_at, hash,
+         outcome_unknown
+  FROM stamped WHERE state = 'FAILED'`
+)
+
+// recordWith renders recordSQL with inserts (requeuedSQL, deadSQL or
+// neither) after its late outcomes.
+func recordWith(inserts string) string {
+	return `
 WITH input AS (
   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::timestamptz[], $6::text[], $7::text[],
                        $8::text[], $9::text[], $10::int[], $11::bigint[], $12::bool[], $13::bool[])
@@ -295,17 +332,7 @@ WITH input AS (
                c.hash AS claim_hash, clock_timestamp() AS archived_at
         FROM unfenced o
         CROSS JOIN LATERAL {schema}.archived_claim(o.claim_attempt_id, o.claimed_at - interval '1 day') c
-        WHERE o.prior_late IS NULL) u
-), requeued AS (
-  INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head, zombie_count)
-  SELECT ` + identityColumns + `, payload, ` + countAfter("attempt_no", "count_attempt") + `, due, created_at, NULL, hash,
-         zombie_count
-  FROM stamped WHERE state = 'RETRYABLE'
-), dead AS (
-  INSERT INTO {schema}.dead_letters (` + deadLetterColumns + `, chain_head, outcome_unknown)
-  SELECT ` + identityColumns + `, payload, attempt_no, error_code, nullif(error_message, ''), outcome_id, created_at, hash,
-         outcome_unknown
-  FROM stamped WHERE state = 'FAILED'
+        WHERE o.prior_late IS NULL) u` + inserts + `
 ), finished AS (
   UPDATE {schema}.sequences s SET queued = s.queued - t.n
   FROM (SELECT participant_id, count(*) AS n FROM fenced
@@ -322,3 +349,4 @@ WITH input AS (
 SELECT outbox_id, attempt_id, false, due FROM fenced
 UNION ALL
 SELECT outbox_id, claim_attempt_id, coalesce(prior_late, true), NULL FROM unfenced`
+}

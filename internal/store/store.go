@@ -89,31 +89,31 @@ func qualify(schema, query string) string { return strings.ReplaceAll(query, "{s
 type statements struct {
 	insertKeys, insertPending, lookupKeys string
 	// The same three for one instruction (see single).
-	insertKeyOne, insertPendingOne, lookupKeyOne   string
-	claim, claimSuspects, suspectsDue, handoff     string
-	handoffSuccessors                              string
-	record, withdraw, settlePoison                 string
-	lockParticipants                               string
-	reap, reapLock                                 string
-	replay, acknowledge, cancel                    string
-	trailByOutbox, trailByInstruction              string
-	openDeadLetters, allDeadLetters                string
-	listPending                                    string
-	snapshot, idleRelayers, dueOlderThan           string
-	vacuumHorizon                                  string
-	verifyCounts                                   string
-	verifyChecks                                   []string
-	registerIdle, unregisterIdle                   string
-	ensurePartitions                               string
-	takeCheckpoint, checkpoints                    string
-	retireKeys                                     string
-	keysRetired                                    string
-	partitions                                     string
-	listQueued, listQueuedOf                       string
-	listInFlight, listInFlightOf, participant      string
-	participantHead, lastError                     string
-	railActivity, liveRelayers, deadLetter         string
-	verifyChains, verifyCheckpoints, verifyDigests string
+	insertKeyOne, insertPendingOne, lookupKeyOne     string
+	claim, claimSuspects, suspectsDue, handoff       string
+	handoffSuccessors                                string
+	record, recordDispatched, withdraw, settlePoison string
+	lockParticipants                                 string
+	reap, reapLock                                   string
+	replay, acknowledge, cancel                      string
+	trailByOutbox, trailByInstruction                string
+	openDeadLetters, allDeadLetters                  string
+	listPending                                      string
+	snapshot, idleRelayers, dueOlderThan             string
+	vacuumHorizon                                    string
+	verifyCounts                                     string
+	verifyChecks                                     []string
+	registerIdle, unregisterIdle                     string
+	ensurePartitions                                 string
+	takeCheckpoint, checkpoints                      string
+	retireKeys                                       string
+	keysRetired                                      string
+	partitions                                       string
+	listQueued, listQueuedOf                         string
+	listInFlight, listInFlightOf, participant        string
+	participantHead, lastError                       string
+	railActivity, liveRelayers, deadLetter           string
+	verifyChains, verifyCheckpoints, verifyDigests   string
 }
 
 func renderStatements(schema string) statements {
@@ -131,6 +131,7 @@ func renderStatements(schema string) statements {
 		handoff:           q(handoffSQL),
 		handoffSuccessors: q(handoffSuccessorsSQL),
 		record:            q(recordSQL),
+		recordDispatched:  q(recordDispatchedSQL),
 		withdraw:          q(withdrawSQL),
 		settlePoison:      q(settlePoisonSQL),
 		lockParticipants:  q(lockParticipantsSQL),
@@ -188,8 +189,9 @@ type HotPath struct {
 	InsertKey, InsertPending, LookupKey string
 	// Claim's statement.
 	Claim string
-	// Record's three statements, in order.
-	LockParticipants, Record, Handoff string
+	// Record's three statements, in order; RecordDispatched is Record
+	// for outcomes that are all DISPATCHED, which Record sends then.
+	LockParticipants, Record, RecordDispatched, Handoff string
 	// HandoffAsOutcomes is Handoff (with its refill) with its result
 	// folded into Record's arguments (as if every instruction it claimed
 	// were dispatched at once): a draining relayer's writes without the
@@ -202,7 +204,8 @@ func (s *Store) HotPath() HotPath {
 	return HotPath{
 		InsertKey: s.sql.insertKeyOne, InsertPending: s.sql.insertPendingOne, LookupKey: s.sql.lookupKeyOne,
 		Claim:            s.sql.claim,
-		LockParticipants: s.sql.lockParticipants, Record: s.sql.record, Handoff: s.sql.handoff,
+		LockParticipants: s.sql.lockParticipants, Record: s.sql.record, RecordDispatched: s.sql.recordDispatched,
+		Handoff:           s.sql.handoff,
 		HandoffAsOutcomes: qualify(s.schema, handoffAsOutcomesSQL),
 	}
 }
