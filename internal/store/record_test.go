@@ -317,6 +317,31 @@ func TestRecordRetryable(t *testing.T) {
 	}
 }
 
+// TestRecordMixedWrite: one write of a DISPATCHED, a RETRYABLE and a
+// FAILED outcome (Record then sends the whole outcome statement, not the
+// one for DISPATCHED outcomes alone) puts each where it belongs; a write
+// of DISPATCHED outcomes alone leaves none behind.
+func TestRecordMixedWrite(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	var claims []store.Claimed
+	for i := range 4 {
+		b.enqueue(t, fmt.Sprintf("p%d", i), fmt.Sprintf("k%d", i))
+		claims = append(claims, b.claimOne(t, "r1", longLease))
+	}
+	b.record(t, recordOutcome(t, claims[0], "r1", store.Dispatched))
+	b.record(t, recordOutcome(t, claims[1], "r1", store.Dispatched), recordOutcome(t, claims[2], "r1", store.Retryable),
+		recordOutcome(t, claims[3], "r1", store.Failed))
+	for i, want := range []whereabouts{{}, {}, {pending: true}, {dead: true}} {
+		if w := b.where(t, claims[i].OutboxID); w != want {
+			t.Errorf("outcome %d: %+v, want %+v", i, w, want)
+		}
+	}
+	if r := b.verifyOK(t); r.Dispatched != 2 || r.Pending != 1 || r.DeadLetters != 1 || r.InFlight != 0 {
+		t.Errorf("report %+v, want 2 dispatched, 1 pending, 1 dead letter", r)
+	}
+}
+
 func TestRecordFailed(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
