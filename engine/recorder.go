@@ -504,12 +504,18 @@ func (rc *recorder) unrecordable(w *retry.Loop, batch []pendingOutcome, scrubbed
 		"instruction_id", o.InstructionID, "attempt_no", o.AttemptNo, "state", o.State, "sqlstate", code, "err", err)
 }
 
+// sqlstateDataCorrupted is PostgreSQL's data_corrupted.
+const sqlstateDataCorrupted = "XX001"
+
 // contentError reports whether err is the database refusing the data
 // itself (SQLSTATE class 22, data exception, or 23, integrity constraint
-// violation), which no retry of the same statement can fix.
+// violation), or finding what an outcome refers to missing (XX001,
+// data_corrupted: a late outcome whose claim is not in the archive, see
+// migration 024), which no retry of the same statement can fix.
 func contentError(err error) (string, bool) {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23")) {
+	if errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23") ||
+		pgErr.Code == sqlstateDataCorrupted) {
 		return pgErr.Code, true
 	}
 	return "", false

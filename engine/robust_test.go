@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gofrs/uuid/v5"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/ledgerline/outbox/internal/store"
@@ -124,6 +125,43 @@ func TestUnstorableOutcomeDoesNotWedge(t *testing.T) {
 	}
 	if st := r.Stats(); st.Dispatched != total || st.LeftInFlight != 0 {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestOutcomeOfAMissingClaimDoesNotWedge: an outcome that names a claim
+// the archive does not have (archive rows removed; here a relayer's bug)
+// fails its write as data_corrupted. The batch is split, the other
+// outcomes are recorded, that one is left in flight for the reaper, and
+// the relayer keeps going instead of retrying the write forever.
+func TestOutcomeOfAMissingClaimDoesNotWedge(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	const total = 40
+	b.enqueue(t, total, total)
+	r := b.newRelayer(t, b.config("missing-claim"))
+	r.testHooks.outcome = func(o *store.Outcome) {
+		if o.InstructionID == "p005-0" {
+			o.ClaimAttemptID = uuid.Must(uuid.NewV7())
+		}
+	}
+	if err := r.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		if st := r.Stats(); st.Dispatched == total-1 && st.LeftInFlight == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v, want %d dispatched and 1 left in flight", r.Stats(), total-1)
+		}
+	}
+	var instruction string
+	if err := b.pool.QueryRow(b.ctx, `SELECT instruction_id FROM outbox.inflight`).Scan(&instruction); err != nil || instruction != "p005-0" {
+		t.Fatalf("in flight: %q (%v), want p005-0 alone", instruction, err)
+	}
+	var dispatched int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE state = 'DISPATCHED'`).Scan(&dispatched); err != nil || dispatched != total-1 {
+		t.Fatalf("%d DISPATCHED rows (%v), want %d", dispatched, err, total-1)
 	}
 }
 
