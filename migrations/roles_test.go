@@ -685,6 +685,20 @@ func TestAdminAsOperatorRole(t *testing.T) {
 	}
 }
 
+// reapAs reaps as db until n expired leases have been requeued (bounded).
+func (b *rolesBundle) reapAs(t *testing.T, db *pgxpool.Pool, n int) {
+	t.Helper()
+	for reaped, deadline := 0, time.Now().Add(20*time.Second); reaped < n; time.Sleep(10 * time.Millisecond) {
+		r, err := b.st.Reap(b.ctx, db, 10, "reaper-1", 3)
+		if err != nil {
+			t.Fatalf("reap as relayer: %v", err)
+		}
+		if reaped += len(r); reaped < n && time.Now().After(deadline) {
+			t.Fatal("the leases did not run out")
+		}
+	}
+}
+
 // TestLateOutcomesAsRelayerRole: a relayer presumed dead reports its
 // outcomes after the reaper requeued them (a late DISPATCHED withdraws the
 // copy, a late FAILED makes it a dead letter) with nothing but the
@@ -704,15 +718,7 @@ func TestLateOutcomesAsRelayerRole(t *testing.T) {
 	if err != nil || len(claimed) != 2 {
 		t.Fatalf("claim as relayer: %d claimed, %v", len(claimed), err)
 	}
-	for reaped, deadline := 0, time.Now().Add(20*time.Second); reaped < len(claimed); time.Sleep(10 * time.Millisecond) {
-		r, err := b.st.Reap(b.ctx, relayer, 10, "reaper-1", 3)
-		if err != nil {
-			t.Fatalf("reap as relayer: %v", err)
-		}
-		if reaped += len(r); time.Now().After(deadline) {
-			t.Fatal("the leases did not run out")
-		}
-	}
+	b.reapAs(t, relayer, len(claimed))
 	var outcomes []store.Outcome
 	for i, c := range claimed {
 		id, _ := uuid.NewV7()
@@ -754,18 +760,7 @@ func TestLateOutcomeOfADetachedClaimAsRelayerRole(t *testing.T) {
 		t.Fatalf("claim as relayer: %d claimed, %v", len(claimed), err)
 	}
 	c := claimed[0]
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		r, err := b.st.Reap(b.ctx, relayer, 10, "reaper-1", 3)
-		if err != nil {
-			t.Fatalf("reap as relayer: %v", err)
-		}
-		if len(r) == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the lease did not run out")
-		}
-	}
+	b.reapAs(t, relayer, 1)
 	// Detach the claim's month by hand (outbox archive detach refuses a
 	// month that has not ended); the late row goes to the default
 	// partition.

@@ -52,34 +52,21 @@ func decodePlainPayload(data []byte) (Payload, bool) {
 			return p, false
 		}
 		i = skipSpace(data, i+1)
-		field := -1
+		var field int
 		switch string(key) {
 		case "amount_minor":
 			field = 0
-			n, next, ok := plainInt(data, i)
-			if !ok {
-				return p, false
-			}
-			p.AmountMinor, i = n, next
-		case "currency", "destination":
+			p.AmountMinor, i, ok = plainInt(data, i)
+		case "currency":
 			field = 1
-			if key[0] == 'd' {
-				field = 2
-			}
-			s, next, ok := plainString(data, i)
-			if !ok {
-				return p, false
-			}
-			if field == 1 {
-				p.Currency = string(s)
-			} else {
-				p.Destination = string(s)
-			}
-			i = next
+			p.Currency, i, ok = plainText(data, i)
+		case "destination":
+			field = 2
+			p.Destination, i, ok = plainText(data, i)
 		default:
 			return p, false
 		}
-		if seen[field] {
+		if !ok || seen[field] {
 			return p, false
 		}
 		seen[field] = true
@@ -125,6 +112,12 @@ func plainString(data []byte, i int) ([]byte, int, bool) {
 		}
 	}
 	return nil, len(data), false
+}
+
+// plainText is plainString's string, as a Go string.
+func plainText(data []byte, i int) (string, int, bool) {
+	s, next, ok := plainString(data, i)
+	return string(s), next, ok
 }
 
 // plainInt reads a JSON integer at i (no fraction, no exponent, no leading

@@ -144,20 +144,21 @@ func newSandboxLedger(size int) sandboxLedger {
 
 // paid is the payment made under key, if the sandbox remembers one.
 func (s *Sandbox) paid(key sandboxKey) (sandboxPayment, bool) {
-	if p, ok := s.ledger.byKey[key]; ok {
-		return p, true
-	}
-	p, ok := s.previous.byKey[key]
-	return p, ok
+	return recall(s.ledger.byKey, s.previous.byKey, key)
 }
 
 // paidUnder is the key outbox was paid under, if the sandbox remembers it.
 func (s *Sandbox) paidUnder(outbox uuid.UUID) (sandboxKey, bool) {
-	if k, ok := s.ledger.byOutbox[outbox]; ok {
-		return k, true
+	return recall(s.ledger.byOutbox, s.previous.byOutbox, outbox)
+}
+
+// recall looks k up in the current generation, then in the one before.
+func recall[K comparable, V any](current, previous map[K]V, k K) (V, bool) {
+	if v, ok := current[k]; ok {
+		return v, true
 	}
-	k, ok := s.previous.byOutbox[outbox]
-	return k, ok
+	v, ok := previous[k]
+	return v, ok
 }
 
 // rotate starts a new generation once the current one holds Remember
