@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/gofrs/uuid/v5"
@@ -269,10 +270,13 @@ var dispatchingValues = `c.attempt_id, ` + from("c", identityColumns) + `, c.pay
 // asOutcomesSQL ends a claim (claimWritesSQL) with its relation claimed
 // folded into the 13 arrays recordSQL takes, as a relayer whose every
 // dispatch succeeded at once would record them (columns a1 to a13), and
-// the participants the participant lock and the hand-off take (p): the
-// benchmark's ceiling feeds them to the outcome statement through
-// pgbench, with nothing in between (handoffAsOutcomesSQL).
-const asOutcomesSQL = `
+// the participants the participant lock and the hand-off take (p), and
+// leaves them in the session's settings for the next write of the same
+// session to read (CarriedArgument): the benchmark's ceiling feeds them
+// to the outcome statement through pgbench, with nothing in between
+// (handoffAsOutcomesSQL).
+var asOutcomesSQL = `
+, outcomes AS (
 SELECT coalesce(array_agg(gen_random_uuid()), '{}') AS a1, coalesce(array_agg(attempt_id), '{}') AS a2,
        coalesce(array_agg(outbox_id), '{}') AS a3, coalesce(array_agg('DISPATCHED'::text), '{}') AS a4,
        coalesce(array_agg(claimed_at), '{}') AS a5, coalesce(array_agg('ref-' || outbox_id), '{}') AS a6,
@@ -280,4 +284,36 @@ SELECT coalesce(array_agg(gen_random_uuid()), '{}') AS a1, coalesce(array_agg(at
        coalesce(array_agg(''::text), '{}') AS a9, coalesce(array_agg(0), '{}') AS a10,
        coalesce(array_agg(0::bigint), '{}') AS a11, coalesce(array_agg(true), '{}') AS a12,
        coalesce(array_agg(false), '{}') AS a13, coalesce(array_agg(participant_id), '{}') AS p
-FROM claimed`
+FROM claimed
+)
+SELECT ` + carrySettings() + ` FROM outcomes`
+
+// carriedPrefix names the session settings in which handoffAsOutcomesSQL
+// leaves its claims for the next write (a custom setting's name needs a
+// dot).
+const carriedPrefix = "outbox_ceiling."
+
+// carriedNames are the arguments handoffAsOutcomesSQL carries: recordSQL's
+// 13 arrays and the participants.
+var carriedNames = []string{"a1", "a2", "a3", "a4", "a5", "a6", "a7", "a8", "a9", "a10", "a11", "a12", "a13", "p"}
+
+// carrySettings sets each carried argument from the relation outcomes,
+// for the rest of the session (a write that fails takes its settings back
+// with it).
+func carrySettings() string {
+	sets := make([]string, len(carriedNames))
+	for i, n := range carriedNames {
+		sets[i] = "set_config('" + carriedPrefix + n + "', " + n + "::text, false)"
+	}
+	return strings.Join(sets, ", ")
+}
+
+// CarriedArgument is an expression for the hot path's argument name ("a1"
+// to "a13": Record's arrays; "p": the participants) as the session's last
+// HotPath.HandoffAsOutcomes left it, and '{}' before the first. The
+// benchmark's ceiling writes with these in place of parameters: pgbench
+// cannot read a result inside a pipeline, and a relayer's write is one
+// pipeline.
+func CarriedArgument(name string) string {
+	return "coalesce(current_setting('" + carriedPrefix + name + "', true), '{}')"
+}

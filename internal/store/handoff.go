@@ -76,9 +76,10 @@ var handoffSuccessorsSQL = handoffWith(`
 var refillSQL = dueRows("p.zombie_count < "+suspectAfter+" AND p.outbox_id NOT IN (SELECT unnest($6::uuid[]))", "CASE WHEN $7::bool THEN $2 - (SELECT count(*) FROM successors) ELSE 0 END")
 
 // handoffAsOutcomesSQL is handoffSQL with its result folded into the 13
-// arrays recordSQL takes and its participants (asOutcomesSQL): the
-// benchmark's ceiling records one write's hand-offs in the next, as a
-// draining relayer does, with nothing in between.
+// arrays recordSQL takes and its participants, kept in the session's
+// settings (asOutcomesSQL): the benchmark's ceiling records one write's
+// hand-offs in the next, as a draining relayer does, with nothing in
+// between.
 var handoffAsOutcomesSQL = handoffTail(refillSQL, claimWritesSQL+asOutcomesSQL)
 
 // handoffWith renders handoffSQL with refill as its refill relation.

@@ -189,12 +189,17 @@ type HotPath struct {
 	InsertKey, InsertPending, LookupKey string
 	// Claim's statement.
 	Claim string
-	// Record's three statements, in order; RecordDispatched is Record
-	// for outcomes that are all DISPATCHED, which Record sends then.
+	// PlanSettings is what Record sends first, in the same pipeline
+	// (generic plans, no JIT; see genericPlansSQL).
+	PlanSettings string
+	// Record's three statements after it, in order; RecordDispatched is
+	// Record for outcomes that are all DISPATCHED, which Record sends
+	// then.
 	LockParticipants, Record, RecordDispatched, Handoff string
 	// HandoffAsOutcomes is Handoff (with its refill) with its result
 	// folded into Record's arguments (as if every instruction it claimed
-	// were dispatched at once): a draining relayer's writes without the
+	// were dispatched at once) and left in the session's settings, which
+	// CarriedArgument reads: a draining relayer's writes without the
 	// relayer, each recording what the last one handed off.
 	HandoffAsOutcomes string
 }
@@ -203,7 +208,7 @@ type HotPath struct {
 func (s *Store) HotPath() HotPath {
 	return HotPath{
 		InsertKey: s.sql.insertKeyOne, InsertPending: s.sql.insertPendingOne, LookupKey: s.sql.lookupKeyOne,
-		Claim:            s.sql.claim,
+		Claim: s.sql.claim, PlanSettings: genericPlansSQL,
 		LockParticipants: s.sql.lockParticipants, Record: s.sql.record, RecordDispatched: s.sql.recordDispatched,
 		Handoff:           s.sql.handoff,
 		HandoffAsOutcomes: qualify(s.schema, handoffAsOutcomesSQL),
