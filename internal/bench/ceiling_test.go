@@ -11,7 +11,7 @@ import (
 // write as the relayer sends it, one pipeline led by its plan settings.
 // Statements sent one by one and planned afresh at each call measured
 // pgbench's round trips and PostgreSQL's planner instead: over 10
-// participants they ran at 55–62% of this script's rate.
+// participants they ran at 54–62% of this script's rate.
 func TestDispatchScriptIsOneWrite(t *testing.T) {
 	t.Parallel()
 	st, err := store.New("outbox")
