@@ -231,6 +231,25 @@ func TestDeadlineDuringAStandbyWaitIsAnError(t *testing.T) {
 		if _, err := admin.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
 			t.Fatal(err)
 		}
+		// pg_reload_conf only signals the postmaster: a backend it forks
+		// before reloading has the old setting, and the producers' pool
+		// connects afresh. Wait until a new connection has the new one.
+		for {
+			conn, err := pgx.Connect(ctx, cluster.ConnString(""))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got string
+			err = conn.QueryRow(ctx, "SELECT current_setting('synchronous_standby_names')").Scan(&got)
+			_ = conn.Close(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got == names {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 	cfg, err := pgxpool.ParseConfig(cluster.ConnString(""))
 	if err != nil {
