@@ -2,12 +2,14 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // State is the state an archive row records.
@@ -90,6 +92,14 @@ type Recorded struct {
 // ordering invariant can cause), nothing is written; the same outcomes can
 // be recorded again with h.Limit 0.
 //
+// The outcome statement a write sends first takes only outcomes whose
+// in-flight row is still theirs, the common case; if one is not, it writes
+// nothing, and Record writes the batch again with the statement that takes
+// the others too (outcomes_not_fenced, migration 025), a round trip more
+// after a reaped lease or a lost commit reply. In the caller's transaction
+// (db a pgx.Tx), which that first failure would abort, it sends the second
+// statement at once.
+//
 // An outcome whose in-flight row is gone or owned by a newer attempt is
 // late: it is archived with late = true, and if it is DISPATCHED or FAILED
 // and the reaper's requeued copy is still pending, that copy is withdrawn
@@ -110,24 +120,19 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 	if err != nil {
 		return nil, nil, err
 	}
-	railTypes, leaseMS := leaseArrays(h.Leases)
-	b := &pgx.Batch{}
-	generic := queueGenericPlans(b, db, genericPlansSQL)
-	b.Queue(s.sql.lockParticipants, terminal)
 	record := s.sql.recordDispatched
 	if slices.ContainsFunc(outcomes, func(o Outcome) bool { return o.State != Dispatched }) {
 		record = s.sql.record
 	}
-	b.Queue(record, args...)
-	handoff := s.sql.handoffSuccessors
-	if h.Refill {
-		handoff = s.sql.handoff
+	if _, inTx := db.(pgx.Tx); inTx {
+		// A statement that fails would abort the caller's transaction.
+		record = s.sql.recordLate
 	}
-	b.Queue(handoff, h.RelayerID, max(h.Limit, 0), railTypes, leaseMS, terminal, args[2], h.Refill)
-	br := db.SendBatch(ctx, b)
-	recorded, claimed, err := readRecordBatch(br, generic)
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = cerr
+	recorded, claimed, err := s.write(ctx, db, record, args, terminal, h)
+	if isNotFenced(err) {
+		// Nothing was written: some outcome is late or was recorded
+		// before. The whole batch again, with the statement for those.
+		recorded, claimed, err = s.write(ctx, db, s.sql.recordLate, args, terminal, h)
 	}
 	if err != nil {
 		if isOrderingConflict(err) {
@@ -164,6 +169,37 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 		recorded[i].Withdrew = withdrew[recorded[i].ClaimAttemptID]
 	}
 	return recorded, claimed, nil
+}
+
+// write sends one outcome write: the plan settings, the participants'
+// locks, the outcome statement record with args, and the hand-off.
+func (s *Store) write(ctx context.Context, db Batcher, record string, args []any, terminal []string, h HandoffParams) ([]Recorded, []Claimed, error) {
+	railTypes, leaseMS := leaseArrays(h.Leases)
+	b := &pgx.Batch{}
+	generic := queueGenericPlans(b, db, genericPlansSQL)
+	b.Queue(s.sql.lockParticipants, terminal)
+	b.Queue(record, args...)
+	handoff := s.sql.handoffSuccessors
+	if h.Refill {
+		handoff = s.sql.handoff
+	}
+	b.Queue(handoff, h.RelayerID, max(h.Limit, 0), railTypes, leaseMS, terminal, args[2], h.Refill)
+	br := db.SendBatch(ctx, b)
+	recorded, claimed, err := readRecordBatch(br, generic)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	return recorded, claimed, err
+}
+
+// notFencedCode is the SQLSTATE outcomes_not_fenced raises (migration 025).
+const notFencedCode = "OBLT1"
+
+// isNotFenced reports whether err is the outcome statement's refusal of
+// outcomes that no longer find their in-flight row (outcomes_not_fenced).
+func isNotFenced(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == notFencedCode
 }
 
 // recordArgs are recordSQL's arguments for outcomes, and the participants
@@ -251,30 +287,41 @@ const lateValues = `attempt_id, outbox_id, instruction_id, participant_id, seque
          claimed_at, now(), NULL::timestamptz, nullif(rail_reference, ''), nullif(rail_code, ''),
          nullif(error_code, ''), nullif(error_message, ''), latency_ms, true`
 
-// RecordSQL is the outcome statement (with retries and failures), for
-// plan tests.
-func (s *Store) RecordSQL() string { return s.sql.record }
+// RecordSQL is the outcome statement that handles late and repeated
+// outcomes (with retries and failures), the one that reads the archive,
+// for plan tests.
+func (s *Store) RecordSQL() string { return s.sql.recordLate }
 
 // recordSQL: fenced are the outcomes whose in-flight row still belongs to
 // their claim (the common case); its DELETE returns what the other writes
-// need, so they read it alone, without joining outcomes to rows. The rest
-// (unfenced) are late, or repeats of outcomes already archived (a resend
-// after a lost commit reply): only they read the archive, by primary key
-// and in recent partitions (archived_attempt, migration 012: a function,
-// so that the plan of this statement holds none of the archive's
-// partitions), and prior_late says how the first one was recorded. Only
-// fresh ones (prior_late NULL) are archived, with what they repeat of
-// their claim read from its archive row (archived_claim, migration 024).
-var recordSQL = recordWith(requeuedSQL + deadSQL)
+// need, so they read it alone, without joining outcomes to rows. If any
+// outcome is not fenced, the statement fails (outcomes_not_fenced,
+// migration 025) and Record writes the batch again with recordLateSQL:
+// PostgreSQL sets up every node of a plan at each execution, run or not,
+// and the part for late outcomes was about a quarter of the statement's
+// plan, paid by every write for outcomes that come only after a reaped
+// lease or a lost commit reply (over 10 busy participants, writes without
+// it drained 50,000 instructions 8% faster: docs/architecture.md).
+var recordSQL = recordWith(requeuedSQL+deadSQL, false)
 
 // recordDispatchedSQL is recordSQL for outcomes that are all DISPATCHED
 // (Record picks it then): without the retries' insert into pending and
-// the failures' into the dead letters. PostgreSQL sets up every node of a
-// plan at each execution, run or not, and opens the tables and indexes
-// those inserts would write, so a write of ten outcomes paid for both
-// every time; a drain's writes, and most writes at a steady rate, have
-// neither. Same parameters.
-var recordDispatchedSQL = recordWith("")
+// the failures' into the dead letters. PostgreSQL opens the tables and
+// indexes those inserts would write, too, so a write of ten outcomes paid
+// for both every time; a drain's writes, and most writes at a steady rate,
+// have neither. Same parameters.
+var recordDispatchedSQL = recordWith("", false)
+
+// recordLateSQL is recordSQL that also takes outcomes that are not fenced.
+// Those (unfenced) are late, or repeats of outcomes already archived (a
+// resend after a lost commit reply): only they read the archive, by
+// primary key and in recent partitions (archived_attempt, migration 012:
+// a function, so that the plan of this statement holds none of the
+// archive's partitions), and prior_late says how the first one was
+// recorded. Only fresh ones (prior_late NULL) are archived, with what
+// they repeat of their claim read from its archive row (archived_claim,
+// migration 024). Same parameters.
+var recordLateSQL = recordWith(requeuedSQL+deadSQL, true)
 
 // requeuedSQL and deadSQL are recordSQL's retries, back to pending with
 // the same identity after their backoff, and terminal failures, into the
@@ -295,9 +342,32 @@ var (
 )
 
 // recordWith renders recordSQL with inserts (requeuedSQL, deadSQL or
-// neither) after its late outcomes.
-func recordWith(inserts string) string {
-	return `
+// neither) and, if late, recordLateSQL.
+func recordWith(inserts string, late bool) string {
+	if !late {
+		return recordFenced + inserts + recordFinished + `
+)
+SELECT outbox_id, attempt_id, false, due FROM fenced
+UNION ALL
+SELECT NULL, NULL, {schema}.outcomes_not_fenced(cardinality($1::uuid[]) - (SELECT count(*) FROM fenced)), NULL
+WHERE (SELECT count(*) FROM fenced) < cardinality($1::uuid[])`
+	}
+	return recordFenced + recordUnfenced + inserts + recordFinished + `
+  UNION ALL
+  SELECT ` + lateValues + `, archived_at, claim_hash, hash
+  FROM late
+)
+SELECT outbox_id, attempt_id, false, due FROM fenced
+UNION ALL
+SELECT outbox_id, claim_attempt_id, coalesce(prior_late, true), NULL FROM unfenced`
+}
+
+// recordFenced, recordUnfenced and recordFinished are the parts of
+// recordWith's statements: the fenced outcomes, the others (late or
+// repeated), and the writes after the inserts, up to the archive's
+// insert of the fenced ones.
+var (
+	recordFenced = `
 WITH input AS (
   SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::timestamptz[], $6::text[], $7::text[],
                        $8::text[], $9::text[], $10::int[], $11::bigint[], $12::bool[], $13::bool[])
@@ -315,7 +385,8 @@ WITH input AS (
             CASE WHEN o.state = 'RETRYABLE' THEN now() + o.retry_delay_ms * interval '1 millisecond' END AS due,
             clock_timestamp() AS archived_at
 ), stamped AS (
-  SELECT f.*, ` + attemptHash("f.chain_head", outcomeValues, "f.archived_at") + ` AS hash FROM fenced f
+  SELECT f.*, ` + attemptHash("f.chain_head", outcomeValues, "f.archived_at") + ` AS hash FROM fenced f`
+	recordUnfenced = `
 ), unfenced AS (
   SELECT o.*, ({schema}.archived_attempt(o.attempt_id, o.claimed_at - interval '1 day')).late AS prior_late
   FROM input o
@@ -332,7 +403,8 @@ WITH input AS (
                c.hash AS claim_hash, clock_timestamp() AS archived_at
         FROM unfenced o
         CROSS JOIN LATERAL {schema}.archived_claim(o.claim_attempt_id, o.claimed_at - interval '1 day') c
-        WHERE o.prior_late IS NULL) u` + inserts + `
+        WHERE o.prior_late IS NULL) u`
+	recordFinished = `
 ), finished AS (
   UPDATE {schema}.sequences s SET queued = s.queued - t.n
   FROM (SELECT participant_id, count(*) AS n FROM fenced
@@ -341,12 +413,5 @@ WITH input AS (
 ), archived AS (
   INSERT INTO {schema}.attempts (` + chainedArchiveColumns + `)
   SELECT ` + outcomeValues + `, archived_at, chain_head, hash
-  FROM stamped
-  UNION ALL
-  SELECT ` + lateValues + `, archived_at, claim_hash, hash
-  FROM late
+  FROM stamped`
 )
-SELECT outbox_id, attempt_id, false, due FROM fenced
-UNION ALL
-SELECT outbox_id, claim_attempt_id, coalesce(prior_late, true), NULL FROM unfenced`
-}

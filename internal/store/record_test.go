@@ -342,6 +342,84 @@ func TestRecordMixedWrite(t *testing.T) {
 	}
 }
 
+// TestOutcomeStatementTakesOnlyFencedOutcomes: the outcome statements a
+// write sends first (with and without retries and dead letters) have no
+// plan for an outcome whose in-flight row is gone. Given one next to an
+// on-time outcome, each fails with OBLT1 and writes nothing, not even the
+// on-time one; Record then writes the batch whole with the statement that
+// takes both, and in a caller's transaction, which that failure would
+// abort, sends that one at once.
+func TestOutcomeStatementTakesOnlyFencedOutcomes(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	idOnTime := b.enqueue(t, "p1", "k1")
+	idLate := b.enqueue(t, "p2", "k2")
+	onTime := b.claimOne(t, "r1", longLease)
+	late := b.claimOne(t, "slow", shortLease)
+	if onTime.OutboxID != idOnTime || late.OutboxID != idLate {
+		t.Fatalf("claimed %s and %s, want %s and %s", onTime.OutboxID, late.OutboxID, idOnTime, idLate)
+	}
+	b.reap(t, late)
+	outcomes := []store.Outcome{recordOutcome(t, onTime, "r1", store.Dispatched), recordOutcome(t, late, "slow", store.Dispatched)}
+
+	h := b.st.HotPath()
+	for name, stmt := range map[string]string{"dispatched only": h.RecordDispatched, "with retries and dead letters": h.Record} {
+		_, err := b.pool.Exec(b.ctx, stmt, store.RecordArgs(outcomes)...)
+		if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "OBLT1" {
+			t.Fatalf("%s: the outcome statement with a late outcome returned %v, want SQLSTATE OBLT1", name, err)
+		}
+		if w := b.where(t, idOnTime); w.inflight == nil || *w.inflight != onTime.AttemptID {
+			t.Errorf("%s: the on-time outcome's instruction is %+v after the refused write, want still in flight", name, w)
+		}
+		got, _ := b.trail(t, idOnTime)
+		wantTrail(t, got, "DISPATCHING#1")
+	}
+
+	rec := b.record(t, outcomes...)
+	for _, r := range rec {
+		if wantLate := r.ClaimAttemptID == late.AttemptID; r.Late != wantLate {
+			t.Errorf("recorded %+v, want late %v", r, wantLate)
+		}
+	}
+	got, _ := b.trail(t, idOnTime)
+	wantTrail(t, got, "DISPATCHING#1", "DISPATCHED#1")
+	got, _ = b.trail(t, idLate)
+	wantTrail(t, got, "DISPATCHING#1", "ZOMBIE_REQUEUE#1", "DISPATCHED#1+late")
+
+	// In a caller's transaction: one on-time and one late outcome again,
+	// and the transaction goes on.
+	idOnTime2 := b.enqueue(t, "p3", "k3")
+	idLate2 := b.enqueue(t, "p4", "k4")
+	onTime2 := b.claimOne(t, "r1", longLease)
+	late2 := b.claimOne(t, "slow", shortLease)
+	if onTime2.OutboxID != idOnTime2 || late2.OutboxID != idLate2 {
+		t.Fatalf("claimed %s and %s, want %s and %s", onTime2.OutboxID, late2.OutboxID, idOnTime2, idLate2)
+	}
+	b.reap(t, late2)
+	err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		rec, _, err := b.st.Record(b.ctx, tx, []store.Outcome{recordOutcome(t, onTime2, "r1", store.Dispatched),
+			recordOutcome(t, late2, "slow", store.Dispatched)}, store.HandoffParams{})
+		if err != nil {
+			return err
+		}
+		if len(rec) != 2 {
+			return fmt.Errorf("recorded %d of 2 outcomes", len(rec))
+		}
+		_, err = tx.Exec(b.ctx, `SELECT 1`)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("recording in a transaction: %v", err)
+	}
+	got, _ = b.trail(t, idOnTime2)
+	wantTrail(t, got, "DISPATCHING#1", "DISPATCHED#1")
+	got, _ = b.trail(t, idLate2)
+	wantTrail(t, got, "DISPATCHING#1", "ZOMBIE_REQUEUE#1", "DISPATCHED#1+late")
+	if r := b.verifyOK(t); r.Dispatched != 4 || r.Pending != 0 || r.InFlight != 0 {
+		t.Errorf("report %+v, want 4 dispatched, nothing pending or in flight", r)
+	}
+}
+
 func TestRecordFailed(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
