@@ -89,31 +89,31 @@ func qualify(schema, query string) string { return strings.ReplaceAll(query, "{s
 type statements struct {
 	insertKeys, insertPending, lookupKeys string
 	// The same three for one instruction (see single).
-	insertKeyOne, insertPendingOne, lookupKeyOne                 string
-	claim, claimSuspects, suspectsDue, handoff                   string
-	handoffSuccessors                                            string
-	record, recordDispatched, recordLate, withdraw, settlePoison string
-	lockParticipants                                             string
-	reap, reapLock                                               string
-	replay, acknowledge, cancel                                  string
-	trailByOutbox, trailByInstruction                            string
-	openDeadLetters, allDeadLetters                              string
-	listPending                                                  string
-	snapshot, idleRelayers, dueOlderThan                         string
-	vacuumHorizon                                                string
-	verifyCounts                                                 string
-	verifyChecks                                                 []string
-	registerIdle, unregisterIdle                                 string
-	ensurePartitions                                             string
-	takeCheckpoint, checkpoints                                  string
-	retireKeys                                                   string
-	keysRetired                                                  string
-	partitions                                                   string
-	listQueued, listQueuedOf                                     string
-	listInFlight, listInFlightOf, participant                    string
-	participantHead, lastError                                   string
-	railActivity, liveRelayers, deadLetter                       string
-	verifyChains, verifyCheckpoints, verifyDigests               string
+	insertKeyOne, insertPendingOne, lookupKeyOne     string
+	claim, claimSuspects, suspectsDue, handoff       string
+	handoffSuccessors, recordLate                    string
+	record, recordDispatched, withdraw, settlePoison string
+	lockParticipants                                 string
+	reap, reapLock                                   string
+	replay, acknowledge, cancel                      string
+	trailByOutbox, trailByInstruction                string
+	openDeadLetters, allDeadLetters                  string
+	listPending                                      string
+	snapshot, idleRelayers, dueOlderThan             string
+	vacuumHorizon                                    string
+	verifyCounts                                     string
+	verifyChecks                                     []string
+	registerIdle, unregisterIdle                     string
+	ensurePartitions                                 string
+	takeCheckpoint, checkpoints                      string
+	retireKeys                                       string
+	keysRetired                                      string
+	partitions                                       string
+	listQueued, listQueuedOf                         string
+	listInFlight, listInFlightOf, participant        string
+	participantHead, lastError                       string
+	railActivity, liveRelayers, deadLetter           string
+	verifyChains, verifyCheckpoints, verifyDigests   string
 }
 
 func renderStatements(schema string) statements {
