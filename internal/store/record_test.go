@@ -135,6 +135,23 @@ func (b *recordBundle) reap(t *testing.T, c store.Claimed) {
 	}
 }
 
+// onTimeAndLate enqueues two instructions (their participants and keys
+// end in tag), claims the first for r1 with a lease that cannot run out
+// and the second for "slow", and reaps the second: one outcome to record
+// on time, one late.
+func (b *recordBundle) onTimeAndLate(t *testing.T, tag string) (onTime, late store.Claimed) {
+	t.Helper()
+	onTimeID := b.enqueue(t, "p1"+tag, "k1"+tag)
+	lateID := b.enqueue(t, "p2"+tag, "k2"+tag)
+	onTime = b.claimOne(t, "r1", longLease)
+	late = b.claimOne(t, "slow", shortLease)
+	if onTime.OutboxID != onTimeID || late.OutboxID != lateID {
+		t.Fatalf("claimed %s and %s, want %s then %s", onTime.OutboxID, late.OutboxID, onTimeID, lateID)
+	}
+	b.reap(t, late)
+	return onTime, late
+}
+
 // recordOutcome builds the outcome of claim c as relayer would report it.
 func recordOutcome(t *testing.T, c store.Claimed, relayer string, state store.State) store.Outcome {
 	t.Helper()
@@ -352,14 +369,8 @@ func TestRecordMixedWrite(t *testing.T) {
 func TestOutcomeStatementTakesOnlyFencedOutcomes(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
-	idOnTime := b.enqueue(t, "p1", "k1")
-	idLate := b.enqueue(t, "p2", "k2")
-	onTime := b.claimOne(t, "r1", longLease)
-	late := b.claimOne(t, "slow", shortLease)
-	if onTime.OutboxID != idOnTime || late.OutboxID != idLate {
-		t.Fatalf("claimed %s and %s, want %s and %s", onTime.OutboxID, late.OutboxID, idOnTime, idLate)
-	}
-	b.reap(t, late)
+	onTime, late := b.onTimeAndLate(t, "")
+	idOnTime, idLate := onTime.OutboxID, late.OutboxID
 	outcomes := []store.Outcome{recordOutcome(t, onTime, "r1", store.Dispatched), recordOutcome(t, late, "slow", store.Dispatched)}
 
 	h := b.st.HotPath()
@@ -388,14 +399,7 @@ func TestOutcomeStatementTakesOnlyFencedOutcomes(t *testing.T) {
 
 	// In a caller's transaction: one on-time and one late outcome again,
 	// and the transaction goes on.
-	idOnTime2 := b.enqueue(t, "p3", "k3")
-	idLate2 := b.enqueue(t, "p4", "k4")
-	onTime2 := b.claimOne(t, "r1", longLease)
-	late2 := b.claimOne(t, "slow", shortLease)
-	if onTime2.OutboxID != idOnTime2 || late2.OutboxID != idLate2 {
-		t.Fatalf("claimed %s and %s, want %s and %s", onTime2.OutboxID, late2.OutboxID, idOnTime2, idLate2)
-	}
-	b.reap(t, late2)
+	onTime2, late2 := b.onTimeAndLate(t, "-tx")
 	err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
 		rec, _, err := b.st.Record(b.ctx, tx, []store.Outcome{recordOutcome(t, onTime2, "r1", store.Dispatched),
 			recordOutcome(t, late2, "slow", store.Dispatched)}, store.HandoffParams{})
@@ -411,9 +415,9 @@ func TestOutcomeStatementTakesOnlyFencedOutcomes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("recording in a transaction: %v", err)
 	}
-	got, _ = b.trail(t, idOnTime2)
+	got, _ = b.trail(t, onTime2.OutboxID)
 	wantTrail(t, got, "DISPATCHING#1", "DISPATCHED#1")
-	got, _ = b.trail(t, idLate2)
+	got, _ = b.trail(t, late2.OutboxID)
 	wantTrail(t, got, "DISPATCHING#1", "ZOMBIE_REQUEUE#1", "DISPATCHED#1+late")
 	if r := b.verifyOK(t); r.Dispatched != 4 || r.Pending != 0 || r.InFlight != 0 {
 		t.Errorf("report %+v, want 4 dispatched, nothing pending or in flight", r)
@@ -495,14 +499,7 @@ func TestRecordLateDispatchedWithdrawsCopy(t *testing.T) {
 func TestOutcomeRepeatsItsClaimNotItsInput(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
-	onTimeID := b.enqueue(t, "p1", "k1")
-	lateID := b.enqueue(t, "p2", "k2")
-	onTime := b.claimOne(t, "r1", longLease)
-	late := b.claimOne(t, "slow", shortLease)
-	if onTime.OutboxID != onTimeID || late.OutboxID != lateID {
-		t.Fatalf("claimed %s and %s, want %s then %s", onTime.OutboxID, late.OutboxID, onTimeID, lateID)
-	}
-	b.reap(t, late)
+	onTime, late := b.onTimeAndLate(t, "")
 
 	garble := func(o store.Outcome) store.Outcome {
 		o.InstructionID, o.SequenceID, o.IdempotencyKey, o.RailType = "wrong", 99, "wrong", "wrong"
