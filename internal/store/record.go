@@ -77,8 +77,9 @@ type Recorded struct {
 	NextAttemptAt *time.Time
 }
 
-// Record applies a batch of outcomes in one transaction and one round
-// trip. The outcome statement appends each outcome attempt, removes the
+// Record applies a batch of outcomes in one transaction, sent in one round
+// trip (two for a batch with a late or repeated outcome, below). The
+// outcome statement appends each outcome attempt, removes the
 // in-flight row only where it still belongs to that attempt (fencing), puts
 // retries back into pending with the same outbox and sequence id (attempt
 // count: see budget.go, next_attempt_at = now() + RetryDelay), moves
