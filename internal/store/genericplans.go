@@ -40,11 +40,18 @@ const claimPlansSQL = genericPlansSQL + `, set_config('enable_bitmapscan', 'off'
 // statements the settings would outlive into. It reports whether it did,
 // so the reader skips that result.
 func queueGenericPlans(b *pgx.Batch, db Querier, settings string) bool {
-	if _, inTx := db.(pgx.Tx); inTx {
+	if inCallersTx(db) {
 		return false
 	}
 	b.Queue(settings)
 	return true
+}
+
+// inCallersTx reports whether db is a caller's transaction, which the
+// store's statements must neither outlive in settings nor abort.
+func inCallersTx(db Querier) bool {
+	_, ok := db.(pgx.Tx)
+	return ok
 }
 
 // skipGenericPlans reads the result of queueGenericPlans' statement.

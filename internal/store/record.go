@@ -125,7 +125,7 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 	if slices.ContainsFunc(outcomes, func(o Outcome) bool { return o.State != Dispatched }) {
 		record = s.sql.record
 	}
-	if _, inTx := db.(pgx.Tx); inTx {
+	if inCallersTx(db) {
 		// A statement that fails would abort the caller's transaction.
 		record = s.sql.recordLate
 	}
@@ -350,8 +350,8 @@ func recordWith(inserts string, late bool) string {
 )
 SELECT outbox_id, attempt_id, false, due FROM fenced
 UNION ALL
-SELECT NULL, NULL, {schema}.outcomes_not_fenced(cardinality($1::uuid[]) - (SELECT count(*) FROM fenced)), NULL
-WHERE (SELECT count(*) FROM fenced) < cardinality($1::uuid[])`
+SELECT NULL, NULL, {schema}.outcomes_not_fenced(c.n), NULL
+FROM (SELECT cardinality($1::uuid[]) - count(*) AS n FROM fenced) c WHERE c.n > 0`
 	}
 	return recordFenced + recordUnfenced + inserts + recordFinished + `
   UNION ALL
