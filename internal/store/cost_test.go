@@ -100,6 +100,7 @@ func hotPathCost(t *testing.T, emptyStats bool) {
 	exec(`PREPARE record AS ` + h.Record)
 	exec(`PREPARE record_dispatched AS ` + h.RecordDispatched)
 	exec(`PREPARE handoff AS ` + h.Handoff)
+	exec(`PREPARE handoff_late AS ` + h.HandoffLate)
 	// The generic plans are made now, while the in-flight table is empty.
 	empty := strings.TrimSuffix(strings.Repeat(`'{}', `, 13), ", ")
 	exec(`EXECUTE claim('r', 0, '{sandbox}', '{60000}')`)
@@ -107,6 +108,7 @@ func hotPathCost(t *testing.T, emptyStats bool) {
 	exec(`EXECUTE record(` + empty + `)`)
 	exec(`EXECUTE record_dispatched(` + empty + `)`)
 	exec(`EXECUTE handoff('r', 0, '{sandbox}', '{60000}', '{}', '{}', false)`)
+	exec(`EXECUTE handoff_late('r', 0, '{sandbox}', '{60000}', '{}', '{}', false)`)
 	exec(`INSERT INTO outbox.inflight (outbox_id, attempt_id, attempt_no, relayer_id, ordered, claimed_at, lease_until,
 			instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload, created_at)
 		SELECT gen_random_uuid(), gen_random_uuid(), 1, 'churn', false, now(), now(), 'churn', 'churn', n, 'churn', 'sandbox',
@@ -135,9 +137,10 @@ func hotPathCost(t *testing.T, emptyStats bool) {
 	measure("claim", `EXECUTE claim('r', 100, '{sandbox}', '{60000}')`, batch)
 
 	// recordHeld records what relayer r holds, DISPATCHED, with a hand-off
-	// of up to a batch, measuring each statement, and reports how many
-	// successors of the freed participants the hand-off claimed.
-	recordHeld := func(record, handoff string) (successors int) {
+	// (the prepared statement handoff) of up to a batch, measuring each
+	// statement, and reports how many successors of the freed participants
+	// the hand-off claimed.
+	recordHeld := func(record, handoff, what string) (successors int) {
 		t.Helper()
 		rows, err := tx.Query(ctx, `SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
 			attempt_id, attempt_no, claimed_at FROM outbox.inflight WHERE relayer_id = 'r'`)
@@ -168,20 +171,22 @@ func hotPathCost(t *testing.T, emptyStats bool) {
 		parts := arrayLiteral(t, participants)
 		measure("lock", `EXECUTE lock(`+parts+`)`, batch)
 		measure(record, `EXECUTE `+record+`(`+strings.Join(literals, ", ")+`)`, batch)
-		measure(handoff, `EXECUTE handoff('r', 100, '{sandbox}', '{60000}', `+parts+`, `+literals[2]+`, true)`, batch)
+		measure(what, `EXECUTE `+handoff+`('r', 100, '{sandbox}', '{60000}', `+parts+`, `+literals[2]+`, true)`, batch)
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM outbox.inflight WHERE relayer_id = 'r' AND participant_id = ANY($1::text[])`,
 			participants).Scan(&successors); err != nil {
 			t.Fatal(err)
 		}
 		return successors
 	}
-	if n := recordHeld("record", "hand-off"); n != batch {
+	// The hand-off that follows late outcomes looks at each freed
+	// participant's in-flight rows as well.
+	if n := recordHeld("record", "handoff_late", "hand-off after late outcomes"); n != batch {
 		t.Errorf("the hand-off claimed %d successors, want %d", n, batch)
 	}
 	// The successors' participants have nothing left: the hand-off fills
 	// its slots from the due heads of the others (its refill), which must
 	// cost no more than a claim.
-	if n := recordHeld("record_dispatched", "hand-off refilling"); n != 0 {
+	if n := recordHeld("record_dispatched", "handoff", "hand-off refilling"); n != 0 {
 		t.Errorf("the hand-off claimed %d successors of participants with nothing left", n)
 	}
 	var held int

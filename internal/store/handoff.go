@@ -43,7 +43,10 @@ FOR UPDATE`
 //     next instruction (lowest pending sequence) waits (next_attempt_at =
 //     'infinity'), that instruction; those beyond $2, and those of a rail
 //     this relayer does not claim or an operator paused, are made due now
-//     instead. With ordering off nothing waits.
+//     instead. Which of them are beyond $2 is not chosen by age: a relayer
+//     asks for as many as it records terminal outcomes, so none are, and
+//     one made due is claimed by the next claim anyway (sorting them cost
+//     a write of ten outcomes about 2%). With ordering off nothing waits.
 //   - refill, if $7: the slots left are filled from the due queue, as
 //     Claim fills them (dueRows), but never with an instruction of this batch's
 //     outcomes ($6 outbox ids): the reaper's requeued copy of a late
@@ -62,32 +65,62 @@ FOR UPDATE`
 // participant's lock) makes them due or claims them. The refill cannot
 // take a freed participant's next instruction: it waits until promoted,
 // which this statement's own snapshot does not see.
-var handoffSQL = handoffWith(refillSQL)
+var handoffSQL = handoffWith(refillSQL, true)
 
 // handoffSuccessorsSQL is handoffSQL without the refill, for writes that
 // do not ask for one (HandoffParams.Refill false: a relayer at a steady
 // rate, or with a few busy participants): PostgreSQL sets up every node of
 // a plan at each execution, run or not, and the refill's claim is a
 // quarter of the hand-off's plan. Same parameters ($6 and $7 unused).
-var handoffSuccessorsSQL = handoffWith(`
-  SELECT NULL::tid AS row WHERE $7::bool IS NULL AND $6::uuid[] IS NULL`)
+var handoffSuccessorsSQL = handoffWith(noRefillSQL, true)
+
+// handoffFencedSQL and handoffFencedSuccessorsSQL are handoffSQL and
+// handoffSuccessorsSQL without the look for a freed participant's
+// in-flight row, for the writes whose outcome statement took only
+// outcomes still holding their in-flight row (recordSQL,
+// recordDispatchedSQL: anything else and it fails). Each freed
+// participant's one in-flight row (ordering on: the unique index) is then
+// the one this transaction deleted, and any transaction that inserts
+// another waits on that delete until this one ends, so the look can find
+// nothing. Only a late or repeated outcome's participant can be busy
+// (with the attempt the reaper's requeue led to), and those writes send
+// recordLateSQL and the hand-off that looks. Over 10 participants the
+// look was about 2% of a write. Same parameters.
+var (
+	handoffFencedSQL           = handoffWith(refillSQL, false)
+	handoffFencedSuccessorsSQL = handoffWith(noRefillSQL, false)
+)
+
+// noRefillSQL is the refill relation of a hand-off that does not refill.
+const noRefillSQL = `
+  SELECT NULL::tid AS row WHERE $7::bool IS NULL AND $6::uuid[] IS NULL`
 
 // refillSQL is the hand-off's refill (see handoffSQL).
 var refillSQL = dueRows("p.zombie_count < "+suspectAfter+" AND p.outbox_id NOT IN (SELECT unnest($6::uuid[]))", "CASE WHEN $7::bool THEN $2 - (SELECT count(*) FROM successors) ELSE 0 END")
 
-// handoffAsOutcomesSQL is handoffSQL with its result folded into the 13
+// handoffAsOutcomesSQL is handoffFencedSQL with its result folded into the 13
 // arrays recordSQL takes and its participants, kept in the session's
 // settings (asOutcomesSQL): the benchmark's ceiling records one write's
 // hand-offs in the next, as a draining relayer does, with nothing in
 // between.
-var handoffAsOutcomesSQL = handoffTail(refillSQL, claimWritesSQL+asOutcomesSQL)
+var handoffAsOutcomesSQL = handoffTail(refillSQL, false, claimWritesSQL+asOutcomesSQL)
 
-// handoffWith renders handoffSQL with refill as its refill relation.
-func handoffWith(refill string) string { return handoffTail(refill, claimTailSQL) }
+// handoffWith renders handoffSQL with refill as its refill relation, and
+// with the look for busy participants if busy.
+func handoffWith(refill string, busy bool) string { return handoffTail(refill, busy, claimTailSQL) }
 
-// handoffTail renders handoffSQL with refill as its refill relation and
-// tail (the claim's writes and result) after its claims.
-func handoffTail(refill, tail string) string {
+// handoffTail renders handoffSQL with refill as its refill relation, the
+// look for busy participants if busy, and tail (the claim's writes and
+// result) after its claims.
+func handoffTail(refill string, busy bool, tail string) string {
+	waiting := `
+  WHERE h.next_attempt_at = 'infinity'`
+	if busy {
+		waiting = `
+  LEFT JOIN LATERAL (
+    SELECT true AS busy FROM {schema}.inflight i WHERE i.participant_id = f.participant_id AND i.ordered LIMIT 1) b ON true
+  WHERE h.next_attempt_at = 'infinity' AND b.busy IS NULL`
+	}
 	return `
 WITH freed AS (
   SELECT DISTINCT u.participant_id FROM unnest($5::text[]) AS u(participant_id)
@@ -96,14 +129,10 @@ WITH freed AS (
   SELECT h.* FROM freed f
   CROSS JOIN LATERAL (
     SELECT p.ctid AS row, p.next_attempt_at, p.rail_type, p.created_at FROM {schema}.pending p
-    WHERE p.participant_id = f.participant_id ORDER BY p.sequence_id LIMIT 1) h
-  LEFT JOIN LATERAL (
-    SELECT true AS busy FROM {schema}.inflight i WHERE i.participant_id = f.participant_id AND i.ordered LIMIT 1) b ON true
-  WHERE h.next_attempt_at = 'infinity' AND b.busy IS NULL
+    WHERE p.participant_id = f.participant_id ORDER BY p.sequence_id LIMIT 1) h` + waiting + `
 ), successors AS (
   SELECT w.row FROM waiting w
   WHERE w.rail_type = ANY (` + claimableRails + `)
-  ORDER BY w.created_at
   LIMIT $2
 ), refill AS (` + refill + `
 ), locked AS (

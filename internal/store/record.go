@@ -173,16 +173,26 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 }
 
 // write sends one outcome write: the plan settings, the participants'
-// locks, the outcome statement record with args, and the hand-off.
+// locks, the outcome statement record with args, and the hand-off. Only
+// after recordLateSQL, the one statement that takes outcomes whose
+// in-flight row is gone, can a freed participant be busy again, and only
+// then does the hand-off look (handoffFencedSQL).
 func (s *Store) write(ctx context.Context, db Batcher, record string, args []any, terminal []string, h HandoffParams) ([]Recorded, []Claimed, error) {
 	railTypes, leaseMS := leaseArrays(h.Leases)
 	b := &pgx.Batch{}
 	generic := queueGenericPlans(b, db, genericPlansSQL)
 	b.Queue(s.sql.lockParticipants, terminal)
 	b.Queue(record, args...)
-	handoff := s.sql.handoffSuccessors
-	if h.Refill {
+	var handoff string
+	switch late := record == s.sql.recordLate; {
+	case late && h.Refill:
 		handoff = s.sql.handoff
+	case late:
+		handoff = s.sql.handoffSuccessors
+	case h.Refill:
+		handoff = s.sql.handoffFenced
+	default:
+		handoff = s.sql.handoffFencedSuccessors
 	}
 	b.Queue(handoff, h.RelayerID, max(h.Limit, 0), railTypes, leaseMS, terminal, args[2], h.Refill)
 	br := db.SendBatch(ctx, b)

@@ -699,6 +699,66 @@ func TestRecordLateWhileCopyInFlight(t *testing.T) {
 	}
 }
 
+// TestHandoffAfterALateOutcomeLeavesABusyParticipant: the late outcome of
+// a participant whose reaped instruction is in flight again (another
+// relayer claimed the reaper's copy) frees nobody. The hand-off after it
+// must neither claim the participant's next instruction nor make it due:
+// the participant is busy. Only the hand-off after the statement for late
+// outcomes looks for that (handoffFencedSQL leaves the look out); sent
+// after it, the hand-off claimed the successor beside the copy and the
+// write failed on the one-in-flight index, or, asked for no claims, made
+// the successor due while the copy was in flight.
+func TestHandoffAfterALateOutcomeLeavesABusyParticipant(t *testing.T) {
+	t.Parallel()
+	for _, limit := range []int{10, 0} {
+		t.Run("limit "+strconv.Itoa(limit), func(t *testing.T) {
+			t.Parallel()
+			b := setupRecord(t)
+			id := b.enqueue(t, "p1", "k1")
+			next := b.enqueue(t, "p1", "k2")
+			slow := b.claimOne(t, "slow", shortLease)
+			b.reap(t, slow)
+			again := b.claimOne(t, "fast", longLease)
+			if again.OutboxID != id {
+				t.Fatalf("fast claimed %s, want the reaper's copy of %s", again.OutboxID, id)
+			}
+
+			rec, handed, err := b.st.Record(b.ctx, b.pool, []store.Outcome{recordOutcome(t, slow, "slow", store.Dispatched)},
+				store.HandoffParams{RelayerID: "slow", Limit: limit, Leases: map[string]time.Duration{"sandbox": longLease}})
+			if err != nil {
+				t.Fatalf("recording the late outcome: %v", err)
+			}
+			if len(rec) != 1 || !rec[0].Late || len(handed) != 0 {
+				t.Errorf("recorded %+v and handed on %d, want one late outcome and nothing handed on", rec, len(handed))
+			}
+			var waits bool
+			if err := b.pool.QueryRow(b.ctx, `SELECT next_attempt_at = 'infinity' FROM outbox.pending WHERE outbox_id = $1`,
+				next).Scan(&waits); err != nil {
+				t.Fatal(err)
+			}
+			if w := b.where(t, id); !waits || w.inflight == nil || *w.inflight != again.AttemptID {
+				t.Errorf("after the late outcome: successor waits %v, copy %+v; want it waiting behind the copy in flight under %s",
+					waits, w, again.AttemptID)
+			}
+
+			// The copy's own outcome frees the participant: its successor is
+			// handed on.
+			_, handed, err = b.st.Record(b.ctx, b.pool, []store.Outcome{recordOutcome(t, again, "fast", store.Dispatched)},
+				store.HandoffParams{RelayerID: "fast", Limit: 1, Leases: map[string]time.Duration{"sandbox": longLease}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(handed) != 1 || handed[0].OutboxID != next {
+				t.Errorf("the copy's outcome handed on %+v, want %s", handed, next)
+			}
+			b.drain(t, handed)
+			if r := b.verifyOK(t); r.Pending != 0 || r.InFlight != 0 {
+				t.Errorf("report %+v, want nothing left", r)
+			}
+		})
+	}
+}
+
 // TestRecordFencingAfterManualRetake: without the reaper, an operator (or
 // a crashed-and-restarted claim) moved the instruction back to pending and
 // it was claimed again; the first claim's outcome must not close the

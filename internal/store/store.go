@@ -92,6 +92,7 @@ type statements struct {
 	insertKeyOne, insertPendingOne, lookupKeyOne     string
 	claim, claimSuspects, suspectsDue, handoff       string
 	handoffSuccessors, recordLate                    string
+	handoffFenced, handoffFencedSuccessors           string
 	record, recordDispatched, withdraw, settlePoison string
 	lockParticipants                                 string
 	reap, reapLock                                   string
@@ -119,29 +120,31 @@ type statements struct {
 func renderStatements(schema string) statements {
 	q := func(s string) string { return qualify(schema, s) }
 	st := statements{
-		insertKeys:        q(insertKeysSQL),
-		insertPending:     q(insertPendingSQL),
-		lookupKeys:        q(lookupKeysSQL),
-		insertKeyOne:      q(insertKeyOneSQL),
-		insertPendingOne:  q(insertPendingOneSQL),
-		lookupKeyOne:      q(lookupKeyOneSQL),
-		claim:             q(claimSQL),
-		claimSuspects:     q(claimSuspectsSQL),
-		suspectsDue:       q(suspectsDueSQL),
-		handoff:           q(handoffSQL),
-		handoffSuccessors: q(handoffSuccessorsSQL),
-		record:            q(recordSQL),
-		recordDispatched:  q(recordDispatchedSQL),
-		recordLate:        q(recordLateSQL),
-		withdraw:          q(withdrawSQL),
-		settlePoison:      q(settlePoisonSQL),
-		lockParticipants:  q(lockParticipantsSQL),
-		reap:              q(reapSQL),
-		reapLock:          q(reapLockSQL),
-		replay:            q(replaySQL),
-		acknowledge:       q(acknowledgeSQL),
-		cancel:            q(cancelSQL),
-		trailByOutbox:     q(trailSQL("outbox_id = $1")),
+		insertKeys:              q(insertKeysSQL),
+		insertPending:           q(insertPendingSQL),
+		lookupKeys:              q(lookupKeysSQL),
+		insertKeyOne:            q(insertKeyOneSQL),
+		insertPendingOne:        q(insertPendingOneSQL),
+		lookupKeyOne:            q(lookupKeyOneSQL),
+		claim:                   q(claimSQL),
+		claimSuspects:           q(claimSuspectsSQL),
+		suspectsDue:             q(suspectsDueSQL),
+		handoff:                 q(handoffSQL),
+		handoffSuccessors:       q(handoffSuccessorsSQL),
+		handoffFenced:           q(handoffFencedSQL),
+		handoffFencedSuccessors: q(handoffFencedSuccessorsSQL),
+		record:                  q(recordSQL),
+		recordDispatched:        q(recordDispatchedSQL),
+		recordLate:              q(recordLateSQL),
+		withdraw:                q(withdrawSQL),
+		settlePoison:            q(settlePoisonSQL),
+		lockParticipants:        q(lockParticipantsSQL),
+		reap:                    q(reapSQL),
+		reapLock:                q(reapLockSQL),
+		replay:                  q(replaySQL),
+		acknowledge:             q(acknowledgeSQL),
+		cancel:                  q(cancelSQL),
+		trailByOutbox:           q(trailSQL("outbox_id = $1")),
 		// Through the keys' instruction index: the archive keeps no index
 		// by instruction id (migration 005).
 		trailByInstruction: q(trailSQL("outbox_id IN (SELECT outbox_id FROM {schema}.idempotency_keys WHERE instruction_id = $1)")),
@@ -197,6 +200,10 @@ type HotPath struct {
 	// Record for outcomes that are all DISPATCHED, which Record sends
 	// then.
 	LockParticipants, Record, RecordDispatched, Handoff string
+	// HandoffLate is the hand-off Record sends after the outcome statement
+	// for late and repeated outcomes ([Store.RecordSQL]): Handoff, and a
+	// look for freed participants that are busy again.
+	HandoffLate string
 	// HandoffAsOutcomes is Handoff (with its refill) with its result
 	// folded into Record's arguments (as if every instruction it claimed
 	// were dispatched at once) and left in the session's settings, which
@@ -211,7 +218,7 @@ func (s *Store) HotPath() HotPath {
 		InsertKey: s.sql.insertKeyOne, InsertPending: s.sql.insertPendingOne, LookupKey: s.sql.lookupKeyOne,
 		Claim: s.sql.claim, PlanSettings: genericPlansSQL,
 		LockParticipants: s.sql.lockParticipants, Record: s.sql.record, RecordDispatched: s.sql.recordDispatched,
-		Handoff:           s.sql.handoff,
+		Handoff: s.sql.handoffFenced, HandoffLate: s.sql.handoff,
 		HandoffAsOutcomes: qualify(s.schema, handoffAsOutcomesSQL),
 	}
 }
