@@ -152,6 +152,10 @@ type Result struct {
 	// best of those tried).
 	Statements string `json:"statements,omitempty"`
 	Clients    int    `json:"clients,omitempty"`
+	// ClientDispatched is, on a claim+outcome line, how many instructions
+	// each pgbench client dispatched (in client order): whether the
+	// clients wrote side by side or one of them did the work.
+	ClientDispatched []int64 `json:"client_dispatched,omitempty"`
 	// Notify: whether the NOTIFY trigger was on, and how many wakeups it
 	// caused.
 	Trigger  *bool `json:"trigger,omitempty"`

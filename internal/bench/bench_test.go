@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"io"
 	"math"
 	"slices"
 	"strings"
@@ -217,4 +218,37 @@ func drainWrites(t *testing.T, line string, m map[string]any) {
 	if ordered := m["ordered"].(bool); ordered != ok || (ok && math.Abs(bound-10*1000/ms) > 1e-6*bound) {
 		t.Errorf("drain line %q: participants' bound %v (ordered %v), want 10 × 1000 / %v ms with ordering only", line, bound, ordered, ms)
 	}
+}
+
+// TestCeilingClientsWriteSideBySide: two pgbench clients over 10
+// participants are two pipelines of five. With a batch per client, the
+// first client's first claim took all ten heads, the second client never
+// dispatched anything, and the ceiling's best of one and two clients was
+// one pipeline either way.
+func TestCeilingClientsWriteSideBySide(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	results, err := bench.Run(t.Context(), bench.Config{
+		Pool: pool, Out: io.Discard, JSON: true, Ordered: []bool{true},
+		Instructions: 400, Participants: 10, Rate: 200, Duration: time.Second, Producers: 4,
+		Clients: []int{2}, FlushSize: 20,
+	}, []string{"ceiling"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range results {
+		if res.Statements != "claim+outcome" {
+			continue
+		}
+		if len(res.ClientDispatched) != 2 {
+			t.Fatalf("dispatched by client %v, want two clients", res.ClientDispatched)
+		}
+		for i, n := range res.ClientDispatched {
+			if n < 100 {
+				t.Errorf("client %d dispatched %d of %d, want about half", i, n, res.Instructions)
+			}
+		}
+		return
+	}
+	t.Fatal("no claim+outcome line")
 }

@@ -19,7 +19,7 @@ func TestDispatchScriptIsOneWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := st.HotPath()
-	script := dispatchScript(h)
+	script := dispatchScript(h, true)
 	lines := strings.Split(strings.TrimSpace(script), "\n")
 	if lines[0] != `\startpipeline` || lines[len(lines)-1] != `\endpipeline` {
 		t.Errorf("script is not one pipeline: starts %q, ends %q", lines[0], lines[len(lines)-1])
@@ -45,5 +45,63 @@ func TestDispatchScriptIsOneWrite(t *testing.T) {
 	}
 	if i := strings.Index(script, "$"); i >= 0 {
 		t.Errorf("script leaves a parameter unbound: %q", script[i:min(len(script), i+20)])
+	}
+}
+
+// TestDispatchScriptWithoutRefill: when the clients hold every
+// participant, a client's first write refills (its first batch) and every
+// later one sends the hand-off without the refill, as a relayer whose
+// claims come back short does.
+func TestDispatchScriptWithoutRefill(t *testing.T) {
+	t.Parallel()
+	st, err := store.New("outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := st.HotPath()
+	script := dispatchScript(h, false)
+	first, later, ok := strings.Cut(script, `\else`)
+	if !ok || !strings.HasPrefix(first, `\if :first`) || !strings.Contains(first, `\set first 0`) ||
+		!strings.HasSuffix(strings.TrimSpace(later), `\endif`) {
+		t.Fatalf("script is not a first write and the others:\n%s", script)
+	}
+	// The refill is a claim of the due queue, which skips rows other
+	// claims hold; nothing else in a hand-off does.
+	const refill = "SKIP LOCKED"
+	if !strings.Contains(h.HandoffAsOutcomes, refill) || strings.Contains(h.HandoffSuccessorsAsOutcomes, refill) {
+		t.Fatalf("cannot tell the hand-offs apart by %q", refill)
+	}
+	if !strings.Contains(first, refill) {
+		t.Error("the first write does not refill")
+	}
+	if strings.Contains(later, refill) {
+		t.Error("the later writes refill")
+	}
+}
+
+// TestClientBatchSharesHeldParticipants: with ordering on and fewer
+// participants than the clients' batches, each client takes an equal
+// share (so that they write side by side); otherwise the batch stands.
+func TestClientBatchSharesHeldParticipants(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		ordered                      bool
+		clients, batch, participants int
+		want                         int
+		held                         bool
+	}{
+		{true, 1, 256, 10, 10, true},
+		{true, 2, 256, 10, 5, true},
+		{true, 4, 256, 10, 3, true},
+		{true, 2, 256, 1000, 256, false},
+		{true, 4, 256, 1000, 250, true},
+		{false, 2, 256, 10, 256, false},
+		{true, 2, 256, 0, 256, false},
+	} {
+		got, held := clientBatch(c.ordered, c.clients, c.batch, c.participants)
+		if got != c.want || held != c.held {
+			t.Errorf("clientBatch(%v, %d, %d, %d) = %d, %v; want %d, %v", c.ordered, c.clients, c.batch, c.participants,
+				got, held, c.want, c.held)
+		}
 	}
 }

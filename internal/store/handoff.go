@@ -105,6 +105,11 @@ var refillSQL = dueRows("p.zombie_count < "+suspectAfter+" AND p.outbox_id NOT I
 // between.
 var handoffAsOutcomesSQL = handoffTail(refillSQL, false, claimWritesSQL+asOutcomesSQL)
 
+// handoffSuccessorsAsOutcomesSQL is handoffAsOutcomesSQL without the
+// refill (handoffFencedSuccessorsSQL's result so folded), as a relayer
+// sends it while its claims come back short: a few busy participants.
+var handoffSuccessorsAsOutcomesSQL = handoffTail(noRefillSQL, false, claimWritesSQL+asOutcomesSQL)
+
 // handoffWith renders handoffSQL with refill as its refill relation, and
 // with the look for busy participants if busy.
 func handoffWith(refill string, busy bool) string { return handoffTail(refill, busy, claimTailSQL) }

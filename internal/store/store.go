@@ -210,6 +210,9 @@ type HotPath struct {
 	// CarriedArgument reads: a draining relayer's writes without the
 	// relayer, each recording what the last one handed off.
 	HandoffAsOutcomes string
+	// HandoffSuccessorsAsOutcomes is HandoffAsOutcomes without the refill,
+	// as a relayer whose claims come back short sends it.
+	HandoffSuccessorsAsOutcomes string
 }
 
 // HotPath returns the hot-path statements for this store's schema.
@@ -219,6 +222,7 @@ func (s *Store) HotPath() HotPath {
 		Claim: s.sql.claim, PlanSettings: genericPlansSQL,
 		LockParticipants: s.sql.lockParticipants, Record: s.sql.record, RecordDispatched: s.sql.recordDispatched,
 		Handoff: s.sql.handoffFenced, HandoffLate: s.sql.handoff,
-		HandoffAsOutcomes: qualify(s.schema, handoffAsOutcomesSQL),
+		HandoffAsOutcomes:           qualify(s.schema, handoffAsOutcomesSQL),
+		HandoffSuccessorsAsOutcomes: qualify(s.schema, handoffSuccessorsAsOutcomesSQL),
 	}
 }
