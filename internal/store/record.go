@@ -125,15 +125,15 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 	if slices.ContainsFunc(outcomes, func(o Outcome) bool { return o.State != Dispatched }) {
 		record = s.sql.record
 	}
-	if inCallersTx(db) {
-		// A statement that fails would abort the caller's transaction.
+	late := inCallersTx(db) // a statement that fails would abort the caller's transaction
+	if late {
 		record = s.sql.recordLate
 	}
-	recorded, claimed, err := s.write(ctx, db, record, args, terminal, h)
+	recorded, claimed, err := s.write(ctx, db, record, late, args, terminal, h)
 	if isNotFenced(err) {
 		// Nothing was written: some outcome is late or was recorded
 		// before. The whole batch again, with the statement for those.
-		recorded, claimed, err = s.write(ctx, db, s.sql.recordLate, args, terminal, h)
+		recorded, claimed, err = s.write(ctx, db, s.sql.recordLate, true, args, terminal, h)
 	}
 	if err != nil {
 		if isOrderingConflict(err) {
@@ -173,18 +173,18 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 }
 
 // write sends one outcome write: the plan settings, the participants'
-// locks, the outcome statement record with args, and the hand-off. Only
-// after recordLateSQL, the one statement that takes outcomes whose
-// in-flight row is gone, can a freed participant be busy again, and only
-// then does the hand-off look (handoffFencedSQL).
-func (s *Store) write(ctx context.Context, db Batcher, record string, args []any, terminal []string, h HandoffParams) ([]Recorded, []Claimed, error) {
+// locks, the outcome statement record with args, and the hand-off. late
+// says record is recordLateSQL, the one statement that takes outcomes
+// whose in-flight row is gone: only after it can a freed participant be
+// busy again, and only then does the hand-off look (handoffFencedSQL).
+func (s *Store) write(ctx context.Context, db Batcher, record string, late bool, args []any, terminal []string, h HandoffParams) ([]Recorded, []Claimed, error) {
 	railTypes, leaseMS := leaseArrays(h.Leases)
 	b := &pgx.Batch{}
 	generic := queueGenericPlans(b, db, genericPlansSQL)
 	b.Queue(s.sql.lockParticipants, terminal)
 	b.Queue(record, args...)
 	var handoff string
-	switch late := record == s.sql.recordLate; {
+	switch {
 	case late && h.Refill:
 		handoff = s.sql.handoff
 	case late:
