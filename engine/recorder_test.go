@@ -52,6 +52,34 @@ func TestGatherTakesWhatIsQueuedUpToFlushSize(t *testing.T) {
 	}
 }
 
+// TestWritesReuseTheirBatches: a write's batch, once it has ended, is the
+// next write's, emptied and with nothing of its outcomes left in it; a
+// write that finds none spare gets one with room for FlushSize outcomes.
+func TestWritesReuseTheirBatches(t *testing.T) {
+	t.Parallel()
+	const flush = 8
+	rc := newRecorder(&run{Relayer: &Relayer{cfg: Config{FlushSize: flush, MaxConcurrency: 16, OutcomeWriters: 2}}})
+
+	first := rc.newBatch()
+	if len(first) != 0 || cap(first) != flush {
+		t.Fatalf("new batch has length %d, room for %d, want 0 and FlushSize (%d)", len(first), cap(first), flush)
+	}
+	first = append(first, pendingOutcome{Outcome: store.Outcome{AttemptNo: 1, ErrorMessage: "kept?"}})
+	second := append(rc.newBatch(), pendingOutcome{Outcome: store.Outcome{AttemptNo: 2}})
+	rc.reuse(first)
+
+	next := rc.newBatch()
+	if len(next) != 0 || cap(next) != flush || &next[:1][0] != &first[0] {
+		t.Fatalf("the next write's batch is not the one that ended (length %d, room %d)", len(next), cap(next))
+	}
+	if o := next[:1][0]; o.AttemptNo != 0 || o.ErrorMessage != "" {
+		t.Fatalf("a reused batch still holds the outcome of #%d (%q)", o.AttemptNo, o.ErrorMessage)
+	}
+	if other := rc.newBatch(); &other[:1][0] == &second[0] || &other[:1][0] == &first[0] {
+		t.Fatal("a batch still being written was handed to another write")
+	}
+}
+
 // TestHoldWaitsForTheLastWritesHandoffs: after gather, a write waits for
 // the outcomes of the last write's hand-offs that are still out, when a
 // hand-off's dispatch takes less than half a write, for at most twice
