@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"time"
 
@@ -145,6 +146,13 @@ type Result struct {
 
 	// RSSMiB is the largest resident set of this process during the run.
 	RSSMiB float64 `json:"rss_mib"`
+	// Procs is how many processors this process's Go runtime ran Go code
+	// on at once (GOMAXPROCS: the machine's cores unless the environment
+	// or a container's limit says fewer). On a machine whose two cores
+	// the database shares, the relayers used half the processor a message
+	// at 1 (docs/architecture.md, "One processor beside the database"), so
+	// a line says which it ran with.
+	Procs int `json:"procs"`
 	// Seconds is how long the measured part took.
 	Seconds float64 `json:"seconds"`
 
@@ -252,6 +260,7 @@ type runner struct {
 // emit prints one result.
 func (r *runner) emit(res Result) {
 	res.Round = r.round
+	res.Procs = runtime.GOMAXPROCS(0)
 	if r.cfg.JSON {
 		b, _ := json.Marshal(res)
 		fmt.Fprintf(r.cfg.Out, "%s\n", b)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"math"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -49,10 +50,13 @@ func TestEveryWorkloadReports(t *testing.T) {
 		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
 			t.Fatalf("line %q: %v", sc.Text(), err)
 		}
-		for _, f := range []string{"workload", "ordered", "participants", "instructions", "msgs_per_sec", "rss_mib"} {
+		for _, f := range []string{"workload", "ordered", "participants", "instructions", "msgs_per_sec", "rss_mib", "procs"} {
 			if _, ok := m[f]; !ok {
 				t.Errorf("line %q has no %s", sc.Text(), f)
 			}
+		}
+		if p, _ := m["procs"].(float64); int(p) != runtime.GOMAXPROCS(0) {
+			t.Errorf("line %q: procs %v, want GOMAXPROCS (%d)", sc.Text(), m["procs"], runtime.GOMAXPROCS(0))
 		}
 		w, _ := m["workload"].(string)
 		got[w]++
