@@ -141,6 +141,7 @@ func startLiveProducer(pool *pgxpool.Pool, w workload) *liveProducer {
 	lp := &liveProducer{cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(lp.done)
+		var stopped time.Time // when stop found an instruction failing
 		for i := 0; ctx.Err() == nil; i++ {
 			ins := w.instructions(i, i+1)[0]
 			for {
@@ -164,6 +165,16 @@ func startLiveProducer(pool *pgxpool.Pool, w workload) *liveProducer {
 				if errors.Is(err, payment.ErrValidation) || errors.Is(err, pending.ErrIdempotencyMismatch) || errors.Is(err, pending.ErrKeyRetired) {
 					lp.err = fmt.Errorf("enqueue %s: %w", ins.InstructionID, err)
 					return
+				}
+				if ctx.Err() != nil {
+					if stopped.IsZero() {
+						stopped = time.Now()
+					} else if time.Since(stopped) > 30*time.Second {
+						// The database stayed unusable after stop: say so
+						// rather than hang the test.
+						lp.err = fmt.Errorf("stopped, but enqueue %s still failing after 30 s: %w", ins.InstructionID, err)
+						return
+					}
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
