@@ -7,6 +7,16 @@ import (
 	"github.com/ledgerline/outbox/internal/store"
 )
 
+// hotPath is the hot path's statements in the default schema.
+func hotPath(t *testing.T) store.HotPath {
+	t.Helper()
+	st, err := store.New("outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.HotPath()
+}
+
 // TestDispatchScriptIsOneWrite: the ceiling's transaction is a relayer's
 // write as the relayer sends it, one pipeline led by its plan settings.
 // Statements sent one by one and planned afresh at each call measured
@@ -14,11 +24,7 @@ import (
 // participants they ran at 54–62% of this script's rate.
 func TestDispatchScriptIsOneWrite(t *testing.T) {
 	t.Parallel()
-	st, err := store.New("outbox")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := st.HotPath()
+	h := hotPath(t)
 	script := dispatchScript(h, true)
 	lines := strings.Split(strings.TrimSpace(script), "\n")
 	if lines[0] != `\startpipeline` || lines[len(lines)-1] != `\endpipeline` {
@@ -54,11 +60,7 @@ func TestDispatchScriptIsOneWrite(t *testing.T) {
 // claims come back short does.
 func TestDispatchScriptWithoutRefill(t *testing.T) {
 	t.Parallel()
-	st, err := store.New("outbox")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := st.HotPath()
+	h := hotPath(t)
 	script := dispatchScript(h, false)
 	first, later, ok := strings.Cut(script, `\else`)
 	if !ok || !strings.HasPrefix(first, `\if :first`) || !strings.Contains(first, `\set first 0`) ||
