@@ -326,7 +326,7 @@ func (rc *recorder) gather(batch []pendingOutcome) []pendingOutcome {
 // runs, so each participant moves one instruction every two writes. With
 // ten participants on the sandbox rail, writes carried 3.6 to 6.7 outcomes
 // each; holding about 0.2 ms for the hand-offs' outcomes makes one write of
-// all ten (docs/architecture.md, "Group commit").
+// all ten (docs/performance.md, "Group commit").
 func (rc *recorder) hold(batch []pendingOutcome) []pendingOutcome {
 	rc.handoffMu.Lock()
 	h := &rc.handoffs

@@ -150,7 +150,7 @@ type Result struct {
 	// on at once (GOMAXPROCS: the machine's cores unless the environment
 	// or a container's limit says fewer). On a machine whose two cores
 	// the database shares, the relayers used half the processor a message
-	// at 1 (docs/architecture.md, "One processor beside the database"), so
+	// at 1 (docs/performance.md, "One processor beside the database"), so
 	// a line says which it ran with.
 	Procs int `json:"procs"`
 	// Seconds is how long the measured part took.

@@ -312,7 +312,7 @@ func (s *Store) RecordSQL() string { return s.sql.recordLate }
 // and the part for late outcomes was about a quarter of the statement's
 // plan, paid by every write for outcomes that come only after a reaped
 // lease or a lost commit reply (over 10 busy participants, writes without
-// it drained 50,000 instructions 8% faster: docs/architecture.md).
+// it drained 50,000 instructions 8% faster: docs/performance.md).
 var recordSQL = recordWith(requeuedSQL+deadSQL, false)
 
 // recordDispatchedSQL is recordSQL for outcomes that are all DISPATCHED

@@ -1,7 +1,7 @@
 -- The tables of a hand-off write of ten over 10 participants, as the
 -- engine has them (columns, indexes, monthly partitions of the archive),
 -- each participant 5,000 instructions deep with its first in flight: see
--- docs/architecture.md, "What the statements cost beyond their rows".
+-- docs/performance.md, "What the statements cost beyond their rows".
 -- Run it in a scratch database; it drops and creates pending, inflight,
 -- archive and sequences in the current schema.
 DROP TABLE IF EXISTS pending, inflight, archive, sequences CASCADE;
