@@ -816,3 +816,23 @@ func TestRelayFailsFastOnPermanentErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestDemoSaysItsOutageAndKeepsItsInvariants runs the README's demo
+// briefly against this test's database: it announces the outage it
+// scripts, and the run ends with no duplicate payment and every invariant
+// true (the demo exits 1 otherwise).
+func TestDemoSaysItsOutageAndKeepsItsInvariants(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	r := b.cli(t, "", "demo", "--duration", "3s", "--outage", "1s", "--rate", "200", "--participants", "20")
+	requireExit(t, r, 0)
+	for _, want := range []string{
+		"demo: the sandbox rail goes down at 1s for 1s;",
+		"effective duplicates 0\n",
+		"invariants: OK",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, r)
+		}
+	}
+}

@@ -144,6 +144,11 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	}
 	fmt.Fprintf(env.stdout, "demo: %d instr/s over %d participants, %d relayers, sandbox rail (%.1f%% retryable, %.1f%% rejected)\n",
 		df.rate, df.participants, df.relayers, 100*df.retryableRate, 100*df.terminalRate)
+	if df.outage > 0 && df.duration > 0 {
+		// Said up front: the pause in dispatches it causes is the point.
+		fmt.Fprintf(env.stdout, "demo: the sandbox rail goes down at %s for %s; its breaker opens, instructions wait in pending, then it heals (--outage 0: none)\n",
+			(df.duration / 3).Round(100*time.Millisecond), df.outage)
+	}
 	d.header()
 	var producer sync.WaitGroup
 	producer.Add(1)
