@@ -132,8 +132,9 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer closeConsole()
-	if df.outage > 0 && df.duration > 0 {
-		go d.outage(runCtx, df.duration/3, df.outage)
+	outage, outageAt := df.outage > 0 && df.duration > 0, df.duration/3
+	if outage {
+		go d.outage(runCtx, outageAt, df.outage)
 	}
 
 	produceCtx := runCtx
@@ -144,10 +145,10 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	}
 	fmt.Fprintf(env.stdout, "demo: %d instr/s over %d participants, %d relayers, sandbox rail (%.1f%% retryable, %.1f%% rejected)\n",
 		df.rate, df.participants, df.relayers, 100*df.retryableRate, 100*df.terminalRate)
-	if df.outage > 0 && df.duration > 0 {
+	if outage {
 		// Said up front: the pause in dispatches it causes is the point.
 		fmt.Fprintf(env.stdout, "demo: the sandbox rail goes down at %s for %s; its breaker opens, instructions wait in pending, then it heals (--outage 0: none)\n",
-			(df.duration / 3).Round(100*time.Millisecond), df.outage)
+			outageAt.Round(100*time.Millisecond), df.outage)
 	}
 	d.header()
 	var producer sync.WaitGroup
