@@ -110,7 +110,9 @@ WITH o AS (
          -- the requeued copy's head (its ZOMBIE_REQUEUE row) if not found
          coalesce((SELECT a.hash FROM {schema}.attempts a
                    WHERE a.attempt_id = o.attempt_id AND a.created_at >= now() - interval '1 day' LIMIT 1), w.chain_head)
-  FROM withdrawn w JOIN o USING (outbox_id)
+  -- By claim: one write may hold late outcomes of several claims of one
+  -- instruction, and only the claim the copy came from decides its end.
+  FROM withdrawn w JOIN o ON o.claim_attempt_id = w.claim_attempt_id
   WHERE o.state = 'FAILED'
 )
 SELECT claim_attempt_id FROM withdrawn`
