@@ -200,3 +200,66 @@ func TestCancelUnordered(t *testing.T) {
 		t.Fatalf("verify: %d cancelled, %d dispatched", r.Cancelled, r.Dispatched)
 	}
 }
+
+// TestCancelReplayedInstructionBehindInFlight guards a cancel of a
+// replayed instruction that waits behind its participant's instruction in
+// flight: nothing is made due meanwhile, and when the one in flight
+// retries it is the head again, due after its backoff.
+func TestCancelReplayedInstructionBehindInFlight(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	replayed, third, held := b.replayedBehindInFlight(t, "r1", longLease)
+	b.cancel(t, replayed, true)
+	if b.due(t, third) {
+		t.Fatal("cancelling a waiting instruction made another due while one is in flight")
+	}
+	b.verifyOK(t)
+	retry := recordOutcome(t, held, "r1", store.Retryable)
+	retry.RetryDelay = 0
+	b.record(t, retry)
+	b.verifyOK(t)
+	b.wantHeadThenRest(t, held.OutboxID, third)
+}
+
+// TestCancelRacingARetryLeavesAHead guards a cancel of a participant's
+// head against the retry of its instruction in flight, recorded at the
+// same time: the retry makes the replayed instruction the head (due) and
+// itself waits; the cancel waits for it (the participant's lock), and
+// then removes that head and makes the retried instruction due. A cancel
+// that decided from a snapshot without the retry saw the instruction in
+// flight, made nothing due, and left the participant stranded.
+func TestCancelRacingARetryLeavesAHead(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	replayed, third, held := b.replayedBehindInFlight(t, "r1", longLease)
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	retry := recordOutcome(t, held, "r1", store.Retryable)
+	retry.RetryDelay = 0
+	if _, _, err := b.st.Record(b.ctx, tx, []store.Outcome{retry}, store.HandoffParams{}); err != nil {
+		t.Fatal(err)
+	}
+	conn := b.conn(t)
+	done := make(chan error, 1)
+	var cancelled bool
+	go func() {
+		var err error
+		cancelled, err = b.st.Cancel(b.ctx, conn, replayed, "olga", "sent by hand")
+		done <- err
+	}()
+	b.waitForLock(t, conn.Conn().PgConn().PID(), done)
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil || !cancelled {
+		t.Fatalf("cancel: %v, %v", cancelled, err)
+	}
+	if !b.due(t, held.OutboxID) || b.due(t, third) {
+		t.Fatal("after the cancel: want the retried instruction due, the third waiting")
+	}
+	b.verifyOK(t)
+	b.wantHeadThenRest(t, held.OutboxID, third)
+}

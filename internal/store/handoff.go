@@ -23,9 +23,12 @@ type HandoffParams struct {
 }
 
 // lockParticipantsSQL locks the sequences rows of the participants whose
-// outcomes are terminal, in participant order (as producers lock them, so
-// the two cannot deadlock), before the outcome statement decrements their
-// queued counts. With ordering off it locks nothing. $1 participants.
+// outcomes are terminal or retryable, in participant order (as producers
+// lock them, so the two cannot deadlock), before the outcome statement
+// decrements their queued counts or puts a retry back (which may make a
+// replayed instruction the head: requeuedSQL). Replays and cancels take
+// the same lock, so each sees the other's rows. With ordering off it locks
+// nothing. $1 participants.
 const lockParticipantsSQL = `
 SELECT 1 FROM {schema}.sequences
 WHERE participant_id = ANY($1::text[]) AND ` + orderedSQL + `

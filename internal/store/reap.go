@@ -34,15 +34,17 @@ type Requeued struct {
 
 // Reap requeues up to limit in-flight instructions whose lease expired,
 // in one implicit transaction of two pipelined statements. The first locks
-// the sequences rows of the participants whose instruction will be
-// dead-lettered (below), in participant order, as producers and outcomes
-// lock them. The second locks the expired rows (skipping rows another
+// the sequences rows of the participants of expired instructions, in
+// participant order, as producers and outcomes lock them (reapLockSQL).
+// The second locks the expired rows (skipping rows another
 // reaper, or a relayer recording a late outcome, holds), deletes them, puts
 // each back into pending with its identity, payload, first enqueue time
 // and attempt count (see budget.go) marked with the abandoned attempt's id
 // (so only that attempt's late outcome may withdraw this copy) and due
 // since the dead relayer claimed it (it keeps its place in line instead of
-// queueing behind the backlog that built up meanwhile), and appends one
+// queueing behind the backlog that built up meanwhile; with ordering on,
+// unless a lower sequence of its participant, replayed meanwhile, is
+// pending: then that one is made due and the copy waits), and appends one
 // ZOMBIE_REQUEUE attempt that closes the dead relayer's DISPATCHING
 // attempt. reaperID is named in that row's message.
 //
@@ -67,7 +69,7 @@ func (s *Store) Reap(ctx context.Context, db Batcher, limit int, reaperID string
 		zombieLimit = math.MaxInt32
 	}
 	b := &pgx.Batch{}
-	b.Queue(s.sql.reapLock, zombieLimit)
+	b.Queue(s.sql.reapLock)
 	b.Queue(s.sql.reap, limit, reaperID, zombieLimit)
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
@@ -93,12 +95,16 @@ func (s *Store) Reap(ctx context.Context, db Batcher, limit int, reaperID string
 	return batch, nil
 }
 
-// reapLockSQL locks the sequences rows of the participants whose expired
-// instruction reaches the zombie limit ($1), in participant order. With
+// reapLockSQL locks the sequences rows of the participants of expired
+// instructions, in participant order: a poison instruction's dead letter
+// changes its participant's queued count, and a requeue may change who is
+// its participant's head (reapSQL's behind), which replays and cancels,
+// under the same lock, must see. The reap that follows reads the same
+// expired rows or fewer (now() is the transaction's start in both). With
 // ordering off it locks nothing.
 const reapLockSQL = `
 SELECT 1 FROM {schema}.sequences
-WHERE participant_id IN (SELECT participant_id FROM {schema}.inflight WHERE lease_until < now() AND zombie_count >= $1)
+WHERE participant_id IN (SELECT participant_id FROM {schema}.inflight WHERE lease_until < now() AND ordered)
   AND ` + orderedSQL + `
 ORDER BY participant_id
 FOR UPDATE`
@@ -115,10 +121,21 @@ WITH expired AS (
   RETURNING f.*, {schema}.uuidv7() AS zombie_id, clock_timestamp() AS archived_at, f.zombie_count >= $3 AS poisoned
 ), stamped AS (
   SELECT r.*, ` + attemptHash("r.chain_head", zombieValues, "r.archived_at") + ` AS hash FROM reaped r
+), behind AS (
+  -- A requeued instruction is its participant's head again unless a lower
+  -- sequence is pending (a dead letter replayed while it was in flight,
+  -- which waits for it): then it waits, and that lowest row is made due
+  -- (promoted), as for a retry (record.go, requeuedSQL).
+  SELECT s.outbox_id, h.row, h.next_attempt_at FROM stamped s
+  CROSS JOIN LATERAL (SELECT q.ctid AS row, q.next_attempt_at FROM {schema}.pending q
+                      WHERE q.participant_id = s.participant_id AND q.sequence_id < s.sequence_id
+                      ORDER BY q.sequence_id LIMIT 1 FOR UPDATE) h
+  WHERE NOT s.poisoned AND s.ordered
 ), requeued AS (
   INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head, zombie_count)
-  SELECT ` + identityColumns + `, payload,
-         ` + countAfter("attempt_no", "false") + `, claimed_at, created_at, attempt_id, hash, zombie_count + 1
+  SELECT ` + identityColumns + `, payload, ` + countAfter("attempt_no", "false") + `,
+         CASE WHEN outbox_id IN (SELECT outbox_id FROM behind) THEN 'infinity' ELSE claimed_at END,
+         created_at, attempt_id, hash, zombie_count + 1
   FROM stamped WHERE NOT poisoned
 ), poison AS (
   INSERT INTO {schema}.dead_letters (` + deadLetterColumns + `, chain_head, outcome_unknown)
@@ -131,7 +148,8 @@ WITH expired AS (
 ), promoted AS (
   -- The dead-lettered instruction was its participant's one ordered
   -- instruction in flight (the unique index allows no other), so the
-  -- participant's lowest pending row is its head now.
+  -- participant's lowest pending row is its head now; so is the one a
+  -- requeued instruction is behind.
   -- (The row is locked as it is found and picked by id alone: a
   -- condition on next_attempt_at here let the planner read the due
   -- index's waiting rows instead.)
@@ -141,7 +159,9 @@ WITH expired AS (
       CROSS JOIN LATERAL (SELECT q.ctid AS row, q.next_attempt_at FROM {schema}.pending q
                           WHERE q.participant_id = t.participant_id ORDER BY q.sequence_id LIMIT 1
                           FOR UPDATE) h
-      WHERE h.next_attempt_at = 'infinity' AND ` + orderedSQL + `))
+      WHERE h.next_attempt_at = 'infinity' AND ` + orderedSQL + `
+      UNION ALL
+      SELECT row FROM behind WHERE next_attempt_at = 'infinity'))
 ), zombie AS (
   INSERT INTO {schema}.attempts (` + chainedArchiveColumns + `)
   SELECT ` + zombieValues + `, archived_at, chain_head, hash

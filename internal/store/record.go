@@ -31,9 +31,9 @@ const (
 // identity fields repeat what the claim returned; the outcome statement
 // archives an instruction as its in-flight row (or, for a late outcome, its
 // claim's archive row) says it is. Record uses only ParticipantID of
-// them (the participant whose lock a terminal outcome takes) and, for a
-// late terminal outcome, AttemptNo too (withdrawing the reaper's requeued
-// copy).
+// them (the participant whose lock a terminal or retryable outcome takes)
+// and, for a late terminal outcome, AttemptNo too (withdrawing the
+// reaper's requeued copy).
 type Outcome struct {
 	Identity
 	AttemptID      uuid.UUID // the new outcome row's id
@@ -73,7 +73,9 @@ type Recorded struct {
 	// Withdrew is true when a late DISPATCHED/FAILED outcome removed the
 	// requeued copy that nobody had claimed yet.
 	Withdrew bool
-	// NextAttemptAt is when a Retryable instruction is due again.
+	// NextAttemptAt is when a Retryable instruction's backoff ends (with
+	// ordering on, it waits longer behind a lower sequence of its
+	// participant that an operator replayed meanwhile: see requeuedSQL).
 	NextAttemptAt *time.Time
 }
 
@@ -82,10 +84,12 @@ type Recorded struct {
 // outcome statement appends each outcome attempt, removes the
 // in-flight row only where it still belongs to that attempt (fencing), puts
 // retries back into pending with the same outbox and sequence id (attempt
-// count: see budget.go, next_attempt_at = now() + RetryDelay), moves
-// terminal failures to the dead letters and, with ordering on, counts the
-// terminal ones out of their participants' queued (under the participants'
-// row locks, taken first in participant order). The hand-off statement
+// count: see budget.go, next_attempt_at = now() + RetryDelay; with
+// ordering on, behind a lower sequence an operator replayed meanwhile:
+// see requeuedSQL), moves terminal failures to the dead letters and, with
+// ordering on, counts the terminal ones out of their participants' queued
+// (under the row locks of the participants of terminal and retryable
+// outcomes, taken first in participant order). The hand-off statement
 // that follows claims up to h.Limit instructions, the next instruction of
 // the participants it freed first, then (h.Refill) any due one, and returns those
 // claims for the caller to dispatch (see handoff.go). If the database
@@ -117,7 +121,7 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 	if len(outcomes) == 0 {
 		return nil, nil, nil
 	}
-	args, terminal, err := recordArgs(outcomes)
+	args, terminal, locked, err := recordArgs(outcomes)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -129,11 +133,11 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 	if late {
 		record = s.sql.recordLate
 	}
-	recorded, claimed, err := s.write(ctx, db, record, late, args, terminal, h)
+	recorded, claimed, err := s.write(ctx, db, record, late, args, terminal, locked, h)
 	if isNotFenced(err) {
 		// Nothing was written: some outcome is late or was recorded
 		// before. The whole batch again, with the statement for those.
-		recorded, claimed, err = s.write(ctx, db, s.sql.recordLate, true, args, terminal, h)
+		recorded, claimed, err = s.write(ctx, db, s.sql.recordLate, true, args, terminal, locked, h)
 	}
 	if err != nil {
 		if isOrderingConflict(err) {
@@ -172,16 +176,17 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 	return recorded, claimed, nil
 }
 
-// write sends one outcome write: the plan settings, the participants'
-// locks, the outcome statement record with args, and the hand-off. late
+// write sends one outcome write: the plan settings, the locks of the
+// participants locked, the outcome statement record with args, and the
+// hand-off of the participants of terminal outcomes (terminal). late
 // says record is recordLateSQL, the one statement that takes outcomes
 // whose in-flight row is gone: only after it can a freed participant be
 // busy again, and only then does the hand-off look (handoffFencedSQL).
-func (s *Store) write(ctx context.Context, db Batcher, record string, late bool, args []any, terminal []string, h HandoffParams) ([]Recorded, []Claimed, error) {
+func (s *Store) write(ctx context.Context, db Batcher, record string, late bool, args []any, terminal, locked []string, h HandoffParams) ([]Recorded, []Claimed, error) {
 	railTypes, leaseMS := leaseArrays(h.Leases)
 	b := &pgx.Batch{}
 	generic := queueGenericPlans(b, db, genericPlansSQL)
-	b.Queue(s.sql.lockParticipants, terminal)
+	b.Queue(s.sql.lockParticipants, locked)
 	b.Queue(record, args...)
 	var handoff string
 	switch {
@@ -213,12 +218,15 @@ func isNotFenced(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == notFencedCode
 }
 
-// recordArgs are recordSQL's arguments for outcomes, and the participants
-// of the terminal ones. Only what the rail answered is sent, with the ids
+// recordArgs are recordSQL's arguments for outcomes, the participants of
+// the terminal ones (whose next instruction the hand-off looks at), and
+// those of the terminal and retryable ones (whose locks the write takes:
+// a retry may change who is its participant's head, requeuedSQL). Only
+// what the rail answered is sent, with the ids
 // that find the in-flight row (and the claim's time, which bounds the
 // archive's partitions for the rare outcome whose row is gone): the
 // instruction's identity, attempt number and relayer come from that row.
-func recordArgs(outcomes []Outcome) (args []any, terminal []string, err error) {
+func recordArgs(outcomes []Outcome) (args []any, terminal, locked []string, err error) {
 	n := len(outcomes)
 	var (
 		states, refs, codes, errCodes, messages = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -233,8 +241,9 @@ func recordArgs(outcomes []Outcome) (args []any, terminal []string, err error) {
 			terminal = append(terminal, o.ParticipantID)
 		case Retryable:
 		default:
-			return nil, nil, fmt.Errorf("record: outcome %d has state %q", i, o.State)
+			return nil, nil, nil, fmt.Errorf("record: outcome %d has state %q", i, o.State)
 		}
+		locked = append(locked, o.ParticipantID)
 		states[i], refs[i], codes[i], errCodes[i], messages[i] = string(o.State), o.RailReference, o.RailCode, o.ErrorCode, o.ErrorMessage
 		latencies[i], delays[i] = int32(o.LatencyMS), o.RetryDelay.Milliseconds()
 		claimedAt[i], counts[i], unknown[i] = o.ClaimedAt, o.CountAttempt, o.OutcomeUnknown
@@ -243,12 +252,12 @@ func recordArgs(outcomes []Outcome) (args []any, terminal []string, err error) {
 	claimIDs := wireUUIDs(outcomes, func(o *Outcome) uuid.UUID { return o.ClaimAttemptID })
 	outboxIDs := wireUUIDs(outcomes, func(o *Outcome) uuid.UUID { return o.OutboxID })
 	return []any{ids, claimIDs, outboxIDs, states, claimedAt, refs, codes, errCodes, messages, latencies, delays,
-		counts, unknown}, terminal, nil
+		counts, unknown}, terminal, locked, nil
 }
 
 // RecordArgs are the outcome statement's arguments, for plan tests.
 func RecordArgs(outcomes []Outcome) []any {
-	args, _, _ := recordArgs(outcomes)
+	args, _, _, _ := recordArgs(outcomes)
 	return args
 }
 
@@ -337,13 +346,33 @@ var recordLateSQL = recordWith(requeuedSQL+deadSQL, true)
 // requeuedSQL and deadSQL are recordSQL's retries, back to pending with
 // the same identity after their backoff, and terminal failures, into the
 // dead letters.
+//
+// With ordering on, a retry is its participant's head again unless a
+// lower sequence of the participant is pending: a dead letter an operator
+// replayed while this one was in flight, which waits (replay_dead_letter).
+// No terminal outcome will hand that one on, so the retry waits instead and
+// the participant's lowest pending row is made due now (behind, ahead).
+// The participant's lock (Record takes it for retries too) keeps a replay
+// or a cancel from changing those rows meanwhile. The look is one probe of
+// the (participant, sequence) key per retry; the rows are changed only in
+// that rare case.
 var (
 	requeuedSQL = `
+), behind AS (
+  SELECT s.outbox_id, h.row, h.next_attempt_at = 'infinity' AS waits FROM stamped s
+  CROSS JOIN LATERAL (SELECT q.ctid AS row, q.next_attempt_at FROM {schema}.pending q
+                      WHERE q.participant_id = s.participant_id AND q.sequence_id < s.sequence_id
+                      ORDER BY q.sequence_id LIMIT 1 FOR UPDATE) h
+  WHERE s.state = 'RETRYABLE' AND s.ordered
 ), requeued AS (
   INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head, zombie_count)
-  SELECT ` + identityColumns + `, payload, ` + countAfter("attempt_no", "count_attempt") + `, due, created_at, NULL, hash,
+  SELECT ` + identityColumns + `, payload, ` + countAfter("attempt_no", "count_attempt") + `,
+         CASE WHEN outbox_id IN (SELECT outbox_id FROM behind) THEN 'infinity' ELSE due END, created_at, NULL, hash,
          zombie_count
-  FROM stamped WHERE state = 'RETRYABLE'`
+  FROM stamped WHERE state = 'RETRYABLE'
+), ahead AS (
+  UPDATE {schema}.pending p SET next_attempt_at = now()
+  WHERE p.ctid = ANY (ARRAY(SELECT row FROM behind WHERE waits))`
 	deadSQL = `
 ), dead AS (
   INSERT INTO {schema}.dead_letters (` + deadLetterColumns + `, chain_head, outcome_unknown)

@@ -1,0 +1,119 @@
+package store_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+
+	"github.com/ledgerline/outbox/internal/store"
+)
+
+// replayedBehindInFlight enqueues three instructions of participant p1,
+// fails the first (a dead letter), claims the second for relayer with
+// lease, and replays the first while the second is in flight: the
+// replayed instruction waits, since its participant has something in
+// flight.
+func (b *recordBundle) replayedBehindInFlight(t *testing.T, relayer string, lease time.Duration) (replayed, third uuid.UUID, held store.Claimed) {
+	t.Helper()
+	first := b.enqueue(t, "p1", "k1")
+	second := b.enqueue(t, "p1", "k2")
+	third = b.enqueue(t, "p1", "k3")
+	c := b.claimOne(t, "r1", longLease)
+	if c.OutboxID != first {
+		t.Fatalf("claimed %s, want %s", c.OutboxID, first)
+	}
+	b.record(t, recordOutcome(t, c, "r1", store.Failed))
+	held = b.claimOne(t, relayer, lease)
+	if held.OutboxID != second {
+		t.Fatalf("claimed %s, want %s", held.OutboxID, second)
+	}
+	b.replay(t, first)
+	if b.due(t, first) {
+		t.Fatal("replayed instruction is due while its participant has one in flight")
+	}
+	b.verifyOK(t)
+	return first, third, held
+}
+
+func (b *recordBundle) replay(t *testing.T, id uuid.UUID) {
+	t.Helper()
+	if ok, err := b.st.Replay(b.ctx, b.pool, id, "alice", "rail fixed"); err != nil || !ok {
+		t.Fatalf("replay %s: %v, %v", id, ok, err)
+	}
+}
+
+// wantHeadThenRest claims the participant's instructions one at a time,
+// dispatching each, and checks they come in the order given.
+func (b *recordBundle) wantHeadThenRest(t *testing.T, order ...uuid.UUID) {
+	t.Helper()
+	for _, want := range order {
+		c := b.claimOne(t, "r2", longLease)
+		if c.OutboxID != want {
+			t.Fatalf("claimed %s, want %s", c.OutboxID, want)
+		}
+		b.record(t, recordOutcome(t, c, "r2", store.Dispatched))
+		b.verifyOK(t)
+	}
+}
+
+// TestReplayBehindARetryBecomesTheHead guards a replay made while a later
+// instruction of the participant is in flight, whose attempt then ends
+// RETRYABLE (no terminal outcome, so no hand-off): the retry goes back
+// waiting and the replayed instruction, now the lowest pending sequence,
+// is due at once. It once stayed waiting forever, with the retry due
+// behind it and never claimable: the participant stranded.
+func TestReplayBehindARetryBecomesTheHead(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	replayed, third, held := b.replayedBehindInFlight(t, "r1", longLease)
+	retry := recordOutcome(t, held, "r1", store.Retryable)
+	retry.RetryDelay = 0
+	b.record(t, retry)
+	if !b.due(t, replayed) || b.due(t, held.OutboxID) || b.due(t, third) {
+		t.Fatal("after the retry: want the replayed instruction due, the retried one and the third waiting")
+	}
+	b.verifyOK(t)
+	b.wantHeadThenRest(t, replayed, held.OutboxID, third)
+}
+
+// TestReplayBehindAReapedClaimBecomesTheHead guards the same with the
+// in-flight instruction's relayer dead: the reaper's requeued copy waits
+// and the replayed instruction is due at once.
+func TestReplayBehindAReapedClaimBecomesTheHead(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	replayed, third, held := b.replayedBehindInFlight(t, "dies", shortLease)
+	b.reap(t, held)
+	if !b.due(t, replayed) || b.due(t, held.OutboxID) || b.due(t, third) {
+		t.Fatal("after the reap: want the replayed instruction due, the requeued one and the third waiting")
+	}
+	b.verifyOK(t)
+	b.wantHeadThenRest(t, replayed, held.OutboxID, third)
+}
+
+// waitForLock waits (bounded) until the backend pid waits for a lock, or
+// done has an answer (which it puts back): the statement it runs did not
+// need to wait.
+func (b *recordBundle) waitForLock(t *testing.T, pid uint32, done chan error) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var waiting bool
+		if err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock')`,
+			int64(pid)).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			return
+		}
+		select {
+		case err := <-done:
+			done <- err
+			return
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("timed out waiting for the statement to wait for a lock")
+		}
+	}
+}
