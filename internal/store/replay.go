@@ -13,9 +13,13 @@ import (
 // sequence id and a fresh retry budget (see budget.go), and archives a
 // REPLAYED row naming the operator and the reason, through the schema's
 // replay_dead_letter function (migration 008: the only way an operator
-// role may write). With ordering on the instruction becomes its
+// role may write; its statements are replay_dead_letter_any_tenant's since
+// migration 022). With ordering on the instruction becomes its
 // participant's head again when nothing of the participant is in flight
-// and no lower sequence is pending. It reports whether the dead letter
+// and no lower sequence is pending, decided after waiting for a claim of
+// the participant's head that is under way (migration 026); else it waits,
+// and becomes due when the instruction in flight ends or comes back to
+// pending (requeuedSQL, reapSQL). It reports whether the dead letter
 // existed.
 func (s *Store) Replay(ctx context.Context, db Querier, outboxID uuid.UUID, operator, reason string) (bool, error) {
 	if err := checkOperator(operator, reason); err != nil {

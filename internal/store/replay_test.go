@@ -92,6 +92,57 @@ func TestReplayBehindAReapedClaimBecomesTheHead(t *testing.T) {
 	b.wantHeadThenRest(t, replayed, held.OutboxID, third)
 }
 
+// TestReplayWaitsForARacingClaim guards the replay's decision that the
+// replayed instruction is its participant's head against a claim of the
+// current head that has not committed yet: the replay waits for it and
+// then sees it in flight, so the replayed instruction waits too. It once
+// decided from a snapshot without the claim, made the replayed
+// instruction due beside the one in flight, and the database then
+// refused every claim that reached it (ErrOrderingConflict), whatever
+// else the claim would have taken.
+func TestReplayWaitsForARacingClaim(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	first := b.enqueue(t, "p1", "k1")
+	second := b.enqueue(t, "p1", "k2")
+	c1 := b.claimOne(t, "r1", longLease)
+	b.record(t, recordOutcome(t, c1, "r1", store.Failed)) // the second is due
+
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	claimed, err := b.st.Claim(b.ctx, tx, store.ClaimParams{RelayerID: "r1", Limit: 1, Leases: map[string]time.Duration{"sandbox": longLease}})
+	if err != nil || len(claimed) != 1 || claimed[0].OutboxID != second {
+		t.Fatalf("claim in a transaction: %v, %v", outboxIDs(claimed), err)
+	}
+	conn := b.conn(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.st.Replay(b.ctx, conn, first, "alice", "rail fixed")
+		done <- err
+	}()
+	b.waitForLock(t, conn.Conn().PgConn().PID(), done)
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if b.due(t, first) {
+		t.Fatal("the replayed instruction is due beside the one in flight")
+	}
+	b.verifyOK(t)
+	// Another participant's claim is not refused.
+	other := b.enqueue(t, "p2", "other")
+	if got := b.claimAll(t); !sameIDs(got, other) {
+		t.Fatalf("claimed %v, want %s alone", outboxIDs(got), other)
+	}
+	b.record(t, recordOutcome(t, claimed[0], "r1", store.Dispatched))
+	b.wantHeadThenRest(t, first)
+}
+
 // waitForLock waits (bounded) until the backend pid waits for a lock, or
 // done has an answer (which it puts back): the statement it runs did not
 // need to wait.
