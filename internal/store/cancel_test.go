@@ -263,3 +263,41 @@ func TestCancelRacingARetryLeavesAHead(t *testing.T) {
 	b.verifyOK(t)
 	b.wantHeadThenRest(t, held.OutboxID, third)
 }
+
+// TestCancelRacingAReapLeavesAHead guards the same against the reaper:
+// its requeue of the instruction in flight makes the replayed instruction
+// the head, under the participant's lock, which the cancel waits for.
+func TestCancelRacingAReapLeavesAHead(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	replayed, third, held := b.replayedBehindInFlight(t, "dies", shortLease)
+	b.waitExpired(t, held)
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	if requeued, err := b.st.Reap(b.ctx, tx, 10, "test-reaper", 0); err != nil || len(requeued) != 1 {
+		t.Fatalf("reap: %+v, %v", requeued, err)
+	}
+	conn := b.conn(t)
+	done := make(chan error, 1)
+	var cancelled bool
+	go func() {
+		var err error
+		cancelled, err = b.st.Cancel(b.ctx, conn, replayed, "olga", "sent by hand")
+		done <- err
+	}()
+	b.waitForLock(t, conn.Conn().PgConn().PID(), done)
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil || !cancelled {
+		t.Fatalf("cancel: %v, %v", cancelled, err)
+	}
+	if !b.due(t, held.OutboxID) || b.due(t, third) {
+		t.Fatal("after the cancel: want the requeued instruction due, the third waiting")
+	}
+	b.verifyOK(t)
+	b.wantHeadThenRest(t, held.OutboxID, third)
+}
