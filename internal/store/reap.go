@@ -100,8 +100,9 @@ func (s *Store) Reap(ctx context.Context, db Batcher, limit int, reaperID string
 // changes its participant's queued count, and a requeue may change who is
 // its participant's head (reapSQL's behind), which replays and cancels,
 // under the same lock, must see. The reap that follows reads the same
-// expired rows or fewer (now() is the transaction's start in both). With
-// ordering off it locks nothing.
+// expired rows or fewer (now() is the transaction's start in both; only a
+// claim committed in between whose lease was already over, shorter than
+// that gap, could slip past the lock). With ordering off it locks nothing.
 const reapLockSQL = `
 SELECT 1 FROM {schema}.sequences
 WHERE participant_id IN (SELECT participant_id FROM {schema}.inflight WHERE lease_until < now() AND ordered)
