@@ -153,8 +153,9 @@ func validateEnvelope(ins Instruction) error {
 			return Invalid(FieldMetadata, ReasonInvalid, "metadata must be a JSON object")
 		}
 		// Strict (no repeated or invalid names, valid UTF-8) and storable:
-		// PostgreSQL refuses a \u0000 only after the statement was sent,
-		// failing the whole batch and the caller's transaction with it.
+		// PostgreSQL refuses a \u0000, or a number numeric cannot hold
+		// (0e-20000), only after the statement was sent, failing the whole
+		// batch and the caller's transaction with it.
 		if err := strictjson.CheckStorable(m); err != nil {
 			return Invalid(FieldMetadata, ReasonInvalid, "metadata: %v", err)
 		}

@@ -20,7 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"reflect"
 	"strings"
 
@@ -212,24 +211,51 @@ func jsonKind(k jsontext.Kind) string {
 	return "value"
 }
 
-// Number limits of [CheckStorable]: the most significant digit of a
-// non-zero number stands below 10^maxExponent and its least significant
-// digit at or above 10^-maxExponent. PostgreSQL's numeric accepts far more
-// (131072 digits before the point, 16383 after), but stores 1e131071 in
-// jsonb as 128 KiB of digits: a ten-byte input must not become that.
-const maxExponent = 1000
+// Number limits of [CheckStorable], on a number as PostgreSQL stores it
+// in jsonb (a numeric, written back in full: 1e3 as 1000, 0e-3 as 0.000):
+// at most maxIntDigits digits before the decimal point and maxScale after
+// it. numeric's own limits are far wider (a 14-bit display scale, so 16383
+// digits after the point, and an int16 weight in base-10000 digits, so
+// 131072 before it), and a number beyond them fails the INSERT with
+// SQLSTATE 22003 after the statement was sent, aborting the caller's
+// transaction. Within them, a ten-byte 1e131071 is stored as 128 KiB of
+// digits: the tighter bound keeps one number's growth small, and
+// [StoredSize] lets a payload limit count what is stored.
+const (
+	maxIntDigits = 1000
+	maxScale     = 1000
+	// pgMaxExponent is the largest exponent magnitude numeric's input
+	// takes, whatever the digits: PostgreSQL 15 refuses 2^30-1 and above
+	// (PG_INT32_MAX/2), even on zero.
+	pgMaxExponent = 1<<30 - 2
+)
 
 // CheckStorable checks a JSON document from outside by the package's rules
 // and for what PostgreSQL's jsonb would refuse or inflate: a \u0000 in a
 // string (SQLSTATE 22P05, after the rows around it were sent) and numbers
-// beyond ±10^1000 or finer than 10^-1000. It reads the document without
+// that, written out in full as numeric stores them, have more than 1000
+// digits before or after the decimal point (trailing zeros and the zeros
+// of 0e-20 count: numeric keeps them). It reads the document without
 // decoding it into anything.
 func CheckStorable(data []byte) error {
+	_, err := StoredSize(data)
+	return err
+}
+
+// StoredSize checks data as [CheckStorable] does and returns its length
+// once PostgreSQL's jsonb stores it: every number written out in full
+// (1e3 becomes 1000, 0e-3 0.000, -0 0), everything else as in data.
+// (jsonb's text form also normalizes whitespace; that is not counted.)
+// A size limit checked on it holds for what is stored and read back, which
+// a limit on the input's length does not: 4,000 copies of 0e-1000 are 40
+// KB of input and 4 MB of stored digits.
+func StoredSize(data []byte) (int, error) {
+	size := len(data)
 	dec := jsontext.NewDecoder(bytes.NewReader(data))
 	for values := 0; ; {
 		tok, err := dec.ReadToken()
 		if errors.Is(err, io.EOF) && values == 1 {
-			return nil
+			return size, nil
 		}
 		if err == nil && dec.StackDepth() == 0 {
 			values++ // a top-level value ended
@@ -237,50 +263,81 @@ func CheckStorable(data []byte) error {
 		if err == nil && values > 1 || errors.Is(err, io.EOF) {
 			e := newError("", dec.InputOffset(), err)
 			e.Reason, e.msg = ReasonSyntax, "not one JSON value (empty, or more than one)"
-			return e
+			return 0, e
 		}
 		if err != nil {
-			return translate(err, nil)
+			return 0, translate(err, nil)
 		}
 		switch tok.Kind() {
 		case '"':
 			if strings.IndexByte(tok.String(), 0) >= 0 {
 				e := newError(string(dec.StackPointer()), dec.InputOffset(), nil)
 				e.Reason, e.msg = ReasonNUL, fmt.Sprintf("a \\u0000 in %s: PostgreSQL cannot store it", where(e))
-				return e
+				return 0, e
 			}
 		case '0':
-			if !storableNumber(tok.String()) {
+			s := tok.String()
+			n, why := storedNumber(s)
+			if why != "" {
 				e := newError(string(dec.StackPointer()), dec.InputOffset(), nil)
-				e.Reason, e.msg = ReasonNumber, fmt.Sprintf("number %.40s in %s is beyond ±1e%d or finer than 1e-%d", tok.String(), where(e), maxExponent, maxExponent)
-				return e
+				e.Reason, e.msg = ReasonNumber, fmt.Sprintf("number %.40s in %s: %s", s, where(e), why)
+				return 0, e
 			}
+			size += int(n) - len(s)
 		}
 	}
 }
 
-// storableNumber reports whether a JSON number (valid syntax) is zero or
-// has its significant digits within ±maxExponent decimal places.
-func storableNumber(s string) bool {
-	mant, exp, _ := strings.Cut(strings.ToLower(s), "e")
+// storedNumber returns the length of a JSON number (valid syntax) as
+// PostgreSQL's numeric stores and writes it back, or why it is refused.
+// It follows numeric's input: the display scale is the count of digits
+// after the point, trailing zeros included, less the exponent, never below
+// 0, and for zero too (0e-5 is 0.00000); leading zeros are dropped, and
+// zero loses its sign. Arithmetic is in int64: a scale can pass 2^31.
+func storedNumber(s string) (int64, string) {
+	mant, exp, hasExp := strings.Cut(s, "e")
+	if !hasExp {
+		mant, exp, _ = strings.Cut(s, "E")
+	}
+	neg := strings.HasPrefix(mant, "-")
 	mant = strings.TrimPrefix(mant, "-")
 	intPart, frac, _ := strings.Cut(mant, ".")
-	digits := strings.TrimLeft(intPart+frac, "0")
-	if digits == "" {
-		return true // zero, whatever the exponent
-	}
-	e := new(big.Int)
+
+	var e int64
 	if exp != "" {
-		if _, ok := e.SetString(strings.TrimPrefix(exp, "+"), 10); !ok {
-			return false
+		digits := strings.TrimLeft(strings.TrimLeft(exp, "+-"), "0")
+		if len(digits) > 10 { // beyond pgMaxExponent whatever they are
+			return 0, "its exponent is beyond what PostgreSQL accepts"
+		}
+		for _, c := range digits {
+			e = e*10 + int64(c-'0')
+		}
+		if e > pgMaxExponent {
+			return 0, "its exponent is beyond what PostgreSQL accepts"
+		}
+		if exp[0] == '-' {
+			e = -e
 		}
 	}
-	// Value = 0.digits... shifted: the most significant digit of intPart+frac
-	// stands at 10^(len(intPart)-1 - leading zeros) before the exponent.
-	lead := len(intPart+frac) - len(digits)
-	msd := new(big.Int).Add(e, big.NewInt(int64(len(intPart)-1-lead)))
-	lsd := new(big.Int).Add(e, big.NewInt(int64(-len(frac))))
-	// Trailing zeros of the digits do not count as precision.
-	lsd.Add(lsd, big.NewInt(int64(len(digits)-len(strings.TrimRight(digits, "0")))))
-	return msd.Cmp(big.NewInt(maxExponent)) < 0 && lsd.Cmp(big.NewInt(-maxExponent)) >= 0
+
+	scale := max(int64(len(frac))-e, 0)
+	intDigits := int64(1) // zero, or a value below 1, is written with one 0
+	lead := len(intPart+frac) - len(strings.TrimLeft(intPart+frac, "0"))
+	zero := lead == len(intPart+frac)
+	if !zero {
+		// The most significant digit stands at 10^msd.
+		msd := int64(len(intPart)-1-lead) + e
+		intDigits = max(msd+1, 1)
+	}
+	if scale > maxScale || intDigits > maxIntDigits {
+		return 0, fmt.Sprintf("written out in full, as PostgreSQL stores it, it has more than %d digits before or %d after the decimal point", maxIntDigits, maxScale)
+	}
+	n := intDigits
+	if scale > 0 {
+		n += 1 + scale // the point and the digits after it
+	}
+	if neg && !zero {
+		n++
+	}
+	return n, ""
 }

@@ -51,13 +51,24 @@ func TestCheckStorable(t *testing.T) {
 		reason string
 	}{
 		{`{"a":1,"b":[1.5,"x",{"c":null}],"d":12345678901234567890123}`, ""},
-		{`{"a":1e999,"b":1e-1000,"c":0e99999,"d":-9.99e999,"e":1000e-1003}`, ""},
+		{`{"a":1e999,"b":1e-1000,"c":0e99999,"d":-9.99e999,"e":1000e-1000,"f":0e-1000,"g":0.0e-999}`, ""},
 		{`{"a":"x\u0000y"}`, ReasonNUL},
 		{`{"x\u0000":1}`, ReasonNUL},
 		{`{"a":1e1000}`, ReasonNumber},
 		{`{"a":1e-1001}`, ReasonNumber},
 		{`{"a":0.0001e131075}`, ReasonNumber},
 		{`{"a":1.5e-1000}`, ReasonNumber},
+		// numeric keeps trailing zeros and the zeros of a zero's exponent
+		// in its display scale: these store more than 1000 digits after
+		// the point (the first three more than numeric's 16383 at all).
+		{`{"a":0e-20000}`, ReasonNumber},
+		{`{"a":1.` + strings.Repeat("0", 16400) + `}`, ReasonNumber},
+		{`{"a":0e-1073741822}`, ReasonNumber},
+		{`{"a":0e-1001}`, ReasonNumber},
+		{`{"a":1000e-1003}`, ReasonNumber},
+		{`{"a":1.0e-1000}`, ReasonNumber},
+		{`{"a":0e1073741823}`, ReasonNumber},
+		{`{"a":1e99999999999999999999}`, ReasonNumber},
 		{`{"a":1,"a":2}`, ReasonDuplicate},
 		{"{\"a\":\"\xfe\"}", ReasonInvalidUTF8},
 		{`{} {}`, ReasonSyntax},
@@ -72,5 +83,28 @@ func TestCheckStorable(t *testing.T) {
 		case tt.reason != "" && (!errors.As(err, &e) || e.Reason != tt.reason):
 			t.Errorf("%q: got %v, want reason %s", tt.in, err, tt.reason)
 		}
+	}
+}
+
+// TestStoredSize guards the size a payload limit counts: numbers as
+// numeric writes them back in full, the rest of the document as given.
+func TestStoredSize(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		in   string
+		want int // stored length of the number alone
+	}{
+		{`0`, 1}, {`-0`, 1}, {`-0.0`, 3}, {`0e-3`, 5}, {`-0e-3`, 5}, {`0.00e-2`, 6}, {`0e99999`, 1},
+		{`1e3`, 4}, {`-1E+3`, 5}, {`1e0003`, 4}, {`123.456e2`, 7}, {`0.5`, 3}, {`-0.05e1`, 4},
+		{`1000e-1000`, 1002}, {`1e-1000`, 1002}, {`9.99e999`, 1000}, {`0.0001e1003`, 1000},
+	} {
+		got, err := StoredSize([]byte(`[` + tt.in + `]`))
+		if err != nil || got-2 != tt.want {
+			t.Errorf("StoredSize([%s]) = %d, %v; want %d", tt.in, got, err, tt.want+2)
+		}
+	}
+	doc := `{"a": [1e3, "1e3"], "b": 0e-5}` // 1000 and 0.00000: 1+3 bytes more
+	if got, err := StoredSize([]byte(doc)); err != nil || got != len(doc)+4 {
+		t.Errorf("StoredSize(%s) = %d, %v; want %d", doc, got, err, len(doc)+4)
 	}
 }

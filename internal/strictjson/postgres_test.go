@@ -1,0 +1,65 @@
+package strictjson
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/ledgerline/outbox/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// TestNumbersAgreeWithPostgreSQL guards the number rules against the real
+// jsonb: every edge number CheckStorable accepts inserts, and is stored
+// exactly as long as StoredSize says; every one it refuses is one
+// PostgreSQL refuses (value overflows numeric format, after the statement
+// was sent) or stores with more than 1000 digits before or after the point.
+func TestNumbersAgreeWithPostgreSQL(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := t.Context()
+	if _, err := pool.Exec(ctx, `CREATE TABLE numbers (j jsonb)`); err != nil {
+		t.Fatal(err)
+	}
+	zeros := strings.Repeat("0", 16383)
+	for _, n := range []string{
+		"0", "-0", "-0.0", "0.00e-2", "0e-1000", "0.0e-999", "0e-1001", "0e-16383", "0e-16384", "0e-20000",
+		"0e99999", "0e1073741822", "0e1073741823", "0e-1073741822", "1e2000000000",
+		"1e999", "1e1000", "-9.99e999", "0.0001e1003", "0.0001e1004", "1e131071", "1e131072", "0.0001e131075",
+		"1e-1000", "-1e-1000", "1e-1001", "1.0e-1000", "1000e-1000", "1000e-1003", "1.5e-1000", "1E+2", "1e+0002",
+		"123.456e2", "-0.05e1", "12345678901234567890123", "0.000000000000000000001", "5e-324",
+		"1.7976931348623157e308", "1." + zeros[:1000], "1." + zeros[:1001], "1." + zeros, "1." + zeros + "0",
+		"1" + zeros[:999], "1" + zeros[:1000],
+	} {
+		doc := `[` + n + `]`
+		size, checkErr := StoredSize([]byte(doc))
+		var stored int
+		err := pool.QueryRow(ctx, `INSERT INTO numbers VALUES ($1::jsonb) RETURNING octet_length(j::text)`, doc).Scan(&stored)
+		var pgErr *pgconn.PgError
+		switch {
+		case checkErr == nil && err != nil:
+			t.Errorf("%.40s: accepted, PostgreSQL refuses it: %v", n, err)
+		case checkErr == nil && stored != size:
+			t.Errorf("%.40s: StoredSize %d, PostgreSQL stores %d bytes", n, size, stored)
+		case checkErr != nil && err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "22003"):
+			t.Errorf("%.40s: PostgreSQL refuses it with an unexpected error: %v", n, err)
+		case checkErr != nil && err == nil:
+			// Refused though storable: only for being too long written out.
+			var text string
+			if err := pool.QueryRow(ctx, `SELECT ($1::jsonb ->> 0)`, doc).Scan(&text); err != nil {
+				t.Fatal(err)
+			}
+			intPart, frac, _ := strings.Cut(strings.TrimPrefix(text, "-"), ".")
+			if len(intPart) <= maxIntDigits && len(frac) <= maxScale {
+				t.Errorf("%.40s: refused (%v), PostgreSQL stores it as %d+%d digits", n, checkErr, len(intPart), len(frac))
+			}
+		}
+		var e *Error
+		if checkErr != nil && (!errors.As(checkErr, &e) || e.Reason != ReasonNumber) {
+			t.Errorf("%.40s: %v, want a %s error", n, checkErr, ReasonNumber)
+		}
+	}
+}
