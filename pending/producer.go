@@ -13,6 +13,7 @@ import (
 	"github.com/gofrs/uuid/v5"
 
 	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/internal/strictjson"
 	"github.com/ledgerline/outbox/payment"
 )
 
@@ -29,7 +30,8 @@ type Config struct {
 	// Rails are the rail types producers may use and how each validates;
 	// nil means [payment.DefaultCatalog] (sandbox and event).
 	Rails payment.Catalog
-	// MaxPayloadBytes limits the encoded payload; 0 means 64 KiB.
+	// MaxPayloadBytes limits the encoded payload as stored (metadata
+	// numbers written out in full, as jsonb stores them); 0 means 64 KiB.
 	MaxPayloadBytes int
 }
 
@@ -151,9 +153,28 @@ func (p *Producer) prepare(in Instruction) (prepared, error) {
 	if err != nil {
 		return prepared{}, fmt.Errorf("enqueue: encode payload: %w", err)
 	}
-	if len(payload) > p.maxPayload {
-		return prepared{}, &payment.ValidationError{Field: payment.FieldPayload, Reason: payment.ReasonTooLarge,
-			Message: fmt.Sprintf("payload is %d bytes, the limit is %d", len(payload), p.maxPayload)}
+	// The limit holds for the payload as stored and read back, where jsonb
+	// writes every metadata number out in full (0e-1000 is 1,002 bytes):
+	// on the input's length alone, 64 KiB of such numbers became megabytes
+	// in the table and in every relayer's request. The check also runs the
+	// storability rules whatever the rail's profile checked: a number
+	// PostgreSQL refuses would fail the statement, and the caller's
+	// transaction with it, after it was sent.
+	size := len(payload)
+	if meta != nil {
+		stored, err := strictjson.StoredSize(meta)
+		if err != nil {
+			return prepared{}, payment.Invalid(payment.FieldMetadata, payment.ReasonInvalid, "metadata: %v", err)
+		}
+		size += stored - len(meta)
+	}
+	if size > p.maxPayload {
+		msg := fmt.Sprintf("payload is %d bytes, the limit is %d", len(payload), p.maxPayload)
+		if size != len(payload) {
+			msg = fmt.Sprintf("payload is %d bytes as stored (%d as given: PostgreSQL writes its numbers out in full), the limit is %d",
+				size, len(payload), p.maxPayload)
+		}
+		return prepared{}, &payment.ValidationError{Field: payment.FieldPayload, Reason: payment.ReasonTooLarge, Message: msg}
 	}
 	id, err := uuid.NewV7()
 	if err != nil {

@@ -3,6 +3,7 @@ package pending_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -43,5 +44,50 @@ func TestEnqueueUnstorableMetadataNumber(t *testing.T) {
 	}
 	if c := b.counts(t); c != (tableCounts{}) {
 		t.Errorf("counts = %+v, want nothing written", c)
+	}
+}
+
+// TestPayloadLimitCountsStoredNumbers guards the payload limit against
+// jsonb's expansion of numbers: 0e-1000 is 7 bytes given and 1,002
+// stored, so 2,000 of them in a 28 KB payload became 2 MB in the table
+// (and in every relayer's request). The limit counts numbers as stored,
+// and a payload it accepts reads back within it (give or take the space
+// jsonb's text form puts after every ':' and ',').
+func TestPayloadLimitCountsStoredNumbers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	meta := func(n int) json.RawMessage {
+		parts := make([]string, n)
+		for i := range parts {
+			parts[i] = fmt.Sprintf(`"k%d":0e-1000`, i)
+		}
+		return json.RawMessage("{" + strings.Join(parts, ",") + "}")
+	}
+
+	big := payout("p1", "k-big")
+	big.Metadata = meta(2000)
+	p, err := b.producer.Payload(big)
+	var verr *payment.ValidationError
+	if !errors.As(err, &verr) || verr.Field != payment.FieldPayload || verr.Reason != payment.ReasonTooLarge {
+		t.Fatalf("a %d-byte payload storing 2 MB: Payload = %v, want %s/%s", len(p), err, payment.FieldPayload, payment.ReasonTooLarge)
+	}
+
+	const members = 60 // 60 KB stored, under the 64 KiB limit
+	fits := payout("p1", "k-fits")
+	fits.Metadata = meta(members)
+	if _, err := b.producer.Enqueue(b.ctx, b.pool, fits); err != nil {
+		t.Fatal(err)
+	}
+	var stored int
+	if err := b.pool.QueryRow(b.ctx, `SELECT octet_length(payload::text) FROM outbox.pending`).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if limit := payment.DefaultMaxPayloadBytes + 2*(members+4); stored > limit {
+		t.Errorf("an accepted payload reads back as %d bytes, over the limit (%d with jsonb's spaces)", stored, limit)
+	}
+	tooMany := payout("p1", "k-too-many")
+	tooMany.Metadata = meta(66) // 66 KB stored, 1 KB given
+	if err := b.producer.Validate(tooMany); !errors.As(err, &verr) || verr.Reason != payment.ReasonTooLarge {
+		t.Errorf("66 KB stored: Validate = %v, want %s", err, payment.ReasonTooLarge)
 	}
 }
