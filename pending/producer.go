@@ -86,8 +86,9 @@ func EnqueueBatch(ctx context.Context, tx DBTX, ins []Instruction) ([]Receipt, e
 // The participant's sequence row stays locked until tx ends (that is what
 // keeps sequences gap-free), so a transaction that enqueues for several
 // participants should do so in a consistent order, or use EnqueueBatch,
-// which locks them in participant order; otherwise two such transactions
-// can deadlock.
+// which claims keys in key order and locks participants in participant
+// order, whatever the input order; otherwise two such transactions can
+// deadlock.
 func (p *Producer) Enqueue(ctx context.Context, tx DBTX, in Instruction) (Receipt, error) {
 	rs, err := p.EnqueueBatch(ctx, tx, []Instruction{in})
 	if err != nil {

@@ -55,7 +55,9 @@ const retiredRaceCode = "OBKR1"
 // business.
 //
 // The participants' sequence rows stay locked until the caller's
-// transaction ends: that keeps committed sequences gap-free.
+// transaction ends: that keeps committed sequences gap-free. Keys are
+// claimed in key order and participants locked in participant order, so
+// concurrent batches wait for each other but do not deadlock.
 func (s *Store) Enqueue(ctx context.Context, db Batcher, ins []NewInstruction) ([]KeyRow, error) {
 	n := len(ins)
 	var (
@@ -146,10 +148,21 @@ const orderedSQL = `(SELECT ordered FROM {schema}.settings)`
 // commits) is left alone; the statement waits for a concurrent inserter to
 // finish, so racing duplicates resolve to exactly one row. A retired key
 // (archive.go) is not inserted either: the lookup reports it.
+//
+// Keys are inserted in key order, not input order: an inserted key is held
+// until the transaction ends, and a concurrent inserter of it waits, so two
+// batches sharing keys in different orders (a retried batch, reordered)
+// each claimed part and waited for the other's part: a deadlock. In one
+// order, the later batch waits at the first key they share and holds none
+// the earlier one needs. (Byte order, "C": any order both use will do, and
+// it is the cheapest to sort by.) Which receipt goes with which input line
+// is the lookup's business, by ord, and does not change.
+// TestBatchesWithSharedKeysInOppositeOrdersDoNotDeadlock (pending).
 const insertKeysSQL = `
 INSERT INTO {schema}.idempotency_keys (tenant_id, instruction_id, idempotency_key, outbox_id, participant_id, payload_hash)
 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::bytea[]) AS u(t, i, k, o, p, h)
 WHERE (SELECT true FROM {schema}.retired_keys r WHERE r.digest = {schema}.key_digest(u.t, u.i, u.k)) IS NULL
+ORDER BY u.t COLLATE "C", u.i COLLATE "C", u.k COLLATE "C"
 ON CONFLICT DO NOTHING`
 
 // insertPendingSQL allocates sequence ids and inserts pending rows only for
