@@ -186,15 +186,33 @@ func ValidateText(field, v string, max int) error {
 
 // ControlRune reports whether r is a character no identifier may hold:
 // C0 and C1 control characters (U+0000-U+001F, U+007F-U+009F, e.g. the
-// NEL U+0085 that some log pipelines treat as a newline), format
-// characters (Cf: bidi overrides such as U+202E that reverse what a person
-// reads, zero-width characters that make two different keys look equal)
-// and the line and paragraph separators U+2028 and U+2029.
+// NEL U+0085 that some log pipelines treat as a newline), the line and
+// paragraph separators U+2028 and U+2029, and every default-ignorable code
+// point ([defaultIgnorable]): format characters (bidi overrides such as
+// U+202E that reverse what a person reads, zero-width characters) and
+// the others that render as nothing (variation selectors, Hangul fillers,
+// the combining grapheme joiner), which make two different keys look
+// equal.
 func ControlRune(r rune) bool {
 	if r < 0x80 { // every identifier's common case, without the tables
 		return r < 0x20 || r == 0x7f
 	}
-	return unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)
+	return unicode.IsControl(r) || unicode.In(r, unicode.Zl, unicode.Zp) || unicode.In(r, defaultIgnorable...)
+}
+
+// defaultIgnorable is Unicode's Default_Ignorable_Code_Point property,
+// which the unicode package has no table for, from the tables of its
+// derivation (DerivedCoreProperties.txt): Other_Default_Ignorable_Code_Point
+// (which holds the Hangul fillers U+115F, U+1160, U+3164 and U+FFA0, and
+// U+034F), plus Cf, plus Variation_Selector, minus White_Space (none of
+// these), minus the format characters that should stay visible
+// (interlinear annotation marks, Egyptian hieroglyph format controls,
+// prepended concatenation marks such as U+0600): those are Cf, and an
+// identifier has no use for them either, so they stay refused.
+var defaultIgnorable = []*unicode.RangeTable{
+	unicode.Other_Default_Ignorable_Code_Point,
+	unicode.Cf,
+	unicode.Variation_Selector,
 }
 
 // Catalog maps rail types (what instructions carry) to their validation
