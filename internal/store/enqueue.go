@@ -155,14 +155,17 @@ const orderedSQL = `(SELECT ordered FROM {schema}.settings)`
 // each claimed part and waited for the other's part: a deadlock. In one
 // order, the later batch waits at the first key they share and holds none
 // the earlier one needs. (Byte order, "C": any order both use will do, and
-// it is the cheapest to sort by.) Which receipt goes with which input line
-// is the lookup's business, by ord, and does not change.
+// it is the cheapest to sort by.) Twins of one key in a batch stay in
+// input order, so the first line still claims it and the later ones are
+// its duplicates; which receipt goes with which line is the lookup's
+// business, by ord, and does not change.
 // TestBatchesWithSharedKeysInOppositeOrdersDoNotDeadlock (pending).
 const insertKeysSQL = `
 INSERT INTO {schema}.idempotency_keys (tenant_id, instruction_id, idempotency_key, outbox_id, participant_id, payload_hash)
-SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::bytea[]) AS u(t, i, k, o, p, h)
+SELECT u.t, u.i, u.k, u.o, u.p, u.h
+FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::bytea[]) WITH ORDINALITY AS u(t, i, k, o, p, h, n)
 WHERE (SELECT true FROM {schema}.retired_keys r WHERE r.digest = {schema}.key_digest(u.t, u.i, u.k)) IS NULL
-ORDER BY u.t COLLATE "C", u.i COLLATE "C", u.k COLLATE "C"
+ORDER BY u.t COLLATE "C", u.i COLLATE "C", u.k COLLATE "C", u.n
 ON CONFLICT DO NOTHING`
 
 // insertPendingSQL allocates sequence ids and inserts pending rows only for

@@ -103,3 +103,35 @@ func TestBatchesWithSharedKeysInOppositeOrdersDoNotDeadlock(t *testing.T) {
 		t.Fatalf("%d pending rows (%v), want %d", n, err, len(ins))
 	}
 }
+
+// TestBatchTwinsKeepInputOrder guards what claiming keys in key order must
+// not change: of two lines with one key in a batch, the first in input
+// order is enqueued and the later one is its duplicate, and sequence ids
+// follow input order, however the keys sort.
+func TestBatchTwinsKeepInputOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// Keys in reverse key order, then a twin of each of the first ten:
+	// enough rows that PostgreSQL's sort is not its (stable) insertion
+	// sort, which kept twins in input order by chance.
+	var ins []pending.Instruction
+	for i := range 30 {
+		ins = append(ins, payout("p1", fmt.Sprintf("k%02d", 29-i)))
+	}
+	for i := range 10 {
+		ins = append(ins, payout("p1", fmt.Sprintf("k%02d", 29-i)))
+	}
+	rs, err := b.producer.EnqueueBatch(b.ctx, b.pool, ins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rs {
+		want := pending.Receipt{OutboxID: r.OutboxID, SequenceID: int64(i + 1)}
+		if i >= 30 {
+			want = pending.Receipt{OutboxID: rs[i-30].OutboxID, SequenceID: int64(i - 30 + 1), Duplicate: true}
+		}
+		if r != want {
+			t.Errorf("line %d (%s): %+v, want %+v", i, ins[i].IdempotencyKey, r, want)
+		}
+	}
+}
