@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -258,4 +259,66 @@ func x509Pool(t *testing.T, srv *httptest.Server) *x509.CertPool {
 	pool := x509.NewCertPool()
 	pool.AddCert(srv.Certificate())
 	return pool
+}
+
+// TestWebhookServerErrorDeadLetterOutcome guards the dead letters that
+// operators replay blindly: a webhook answer that may come after the
+// receiver acted (500; a gateway's 502 or 504 after its upstream got the
+// payment) must leave a dead letter marked outcome unknown, while 503, a
+// refusal before any processing, must not (docs/operations.md, "After a
+// rail outage").
+func TestWebhookServerErrorDeadLetterOutcome(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		status  int
+		code    rails.ErrorCode
+		unknown bool
+	}{
+		{http.StatusInternalServerError, rails.CodeRailUpstreamError, true},
+		{http.StatusBadGateway, rails.CodeRailUpstreamError, true},
+		{http.StatusGatewayTimeout, rails.CodeRailUpstreamError, true},
+		{http.StatusServiceUnavailable, rails.CodeRailUnavailable, false},
+	} {
+		t.Run(strconv.Itoa(tt.status), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, rails.SandboxOptions{})
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(tt.status) }))
+			t.Cleanup(srv.Close)
+			hook, err := rails.NewWebhook(rails.WebhookOptions{URL: srv.URL, Secret: []byte("0123456789abcdef0123456789abcdef")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: hook,
+				Timeout: 5 * time.Second, Breaker: rails.BreakerOptions{Disabled: true}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := b.config("upstream-error")
+			cfg.Rails, cfg.MaxAttempts = set, 1 // the first answer makes the dead letter
+			r, err := New(nil, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var recs []Recorded
+			if err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+				if _, err := b.producer.Enqueue(b.ctx, tx, instruction("p1", 1)); err != nil {
+					return err
+				}
+				recs, err = r.RelayOnce(b.ctx, tx)
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if len(recs) != 1 || recs[0].Result() != ResultDead {
+				t.Fatalf("recorded %+v, want one dead letter", recs)
+			}
+			rec := recs[0]
+			if rec.RailCode != "HTTP_"+strconv.Itoa(tt.status) || !strings.Contains(rec.ErrorMessage, string(tt.code)) {
+				t.Errorf("rail code %q, message %q: want HTTP_%d classified %s", rec.RailCode, rec.ErrorMessage, tt.status, tt.code)
+			}
+			if rec.OutcomeUnknown != tt.unknown {
+				t.Errorf("HTTP %d dead-lettered with outcome_unknown=%t, want %t", tt.status, rec.OutcomeUnknown, tt.unknown)
+			}
+		})
+	}
 }

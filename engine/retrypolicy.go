@@ -26,12 +26,15 @@ func countsAgainstBudget(code rails.ErrorCode) bool {
 }
 
 // outcomeUnknown: the request may have reached the rail and been acted on,
-// but we cannot know (no answer in time, a broken exchange, an answer we
-// cannot read). Such an attempt that ends an instruction makes a dead
-// letter marked outcome unknown; its replay reuses the idempotency key.
+// but we cannot know (no answer in time, a broken exchange, a server error
+// such as a gateway timeout, an answer we cannot read). Such an attempt
+// that ends an instruction makes a dead letter marked outcome unknown; its
+// replay reuses the idempotency key. Operators replay the other dead
+// letters as ones the rail certainly did not act on, so a code belongs
+// here unless it proves the rail did nothing.
 func outcomeUnknown(code rails.ErrorCode) bool {
 	switch code {
-	case rails.CodeRailTimeout, rails.CodeRailTransport, rails.CodeUnknownRailCode:
+	case rails.CodeRailTimeout, rails.CodeRailTransport, rails.CodeRailUpstreamError, rails.CodeUnknownRailCode:
 		return true
 	}
 	return false

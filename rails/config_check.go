@@ -315,7 +315,7 @@ func checkRail(where string, rc RailConfig, transports map[string]TransportConfi
 // others belong to the relayer (RELEASED, CIRCUIT_OPEN and
 // RAIL_NOT_CONFIGURED do not use up the retry budget, so a rail code mapped
 // to one would be retried forever) or to validation before the call.
-var railAnswerErrors = []ErrorCode{CodeRailRejected, CodeRailUnavailable, CodeRailTimeout, CodeRailTransport, CodeRateLimited}
+var railAnswerErrors = []ErrorCode{CodeRailRejected, CodeRailUnavailable, CodeRailTimeout, CodeRailTransport, CodeRailUpstreamError, CodeRateLimited}
 
 func checkCodeRule(code string, rule CodeRule) error {
 	if code == "" || strings.IndexFunc(code, payment.ControlRune) >= 0 {

@@ -13,9 +13,19 @@ const (
 	CodeValidationFailed ErrorCode = "VALIDATION_FAILED"
 	// CodeRailRejected: the rail answered with a terminal rejection.
 	CodeRailRejected ErrorCode = "RAIL_REJECTED"
-	// CodeRailUnavailable: the rail could not be reached before anything was
-	// sent (connection refused, DNS failure) or said it is unavailable.
+	// CodeRailUnavailable: the rail certainly did not act on the request:
+	// it could not be reached before anything was sent (connection refused,
+	// DNS failure), or it answered with a refusal that comes before any
+	// processing (HTTP 503, 401, 403). A dead letter with this code is not
+	// marked outcome unknown, so nothing whose effect is unsure may map to
+	// it; see CodeRailUpstreamError.
 	CodeRailUnavailable ErrorCode = "RAIL_UNAVAILABLE"
+	// CodeRailUpstreamError: the rail answered with a server-side error
+	// that does not say whether the request was acted on (HTTP 500, or a
+	// gateway's 502/504 after its upstream may have received the payment).
+	// Retryable with the same idempotency key, a breaker failure, and a
+	// dead letter with this code is marked outcome unknown.
+	CodeRailUpstreamError ErrorCode = "RAIL_UPSTREAM_ERROR"
 	// CodeRailTimeout: no answer within the hard timeout. The rail may have
 	// acted, so the retry carries the same idempotency key.
 	CodeRailTimeout ErrorCode = "RAIL_TIMEOUT"

@@ -165,7 +165,7 @@ func (d Decision) breakerFailure() bool {
 		return false
 	}
 	switch d.ErrorCode {
-	case CodeRailUnavailable, CodeRailTimeout, CodeRailTransport, CodeUnknownRailCode:
+	case CodeRailUnavailable, CodeRailTimeout, CodeRailTransport, CodeRailUpstreamError, CodeUnknownRailCode:
 		return true
 	}
 	return false

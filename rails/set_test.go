@@ -317,7 +317,8 @@ func cancelCaller(ctx context.Context) error {
 
 // TestSetBreakerCounts: which dispatch endings count towards opening the
 // breaker. An answer the code table does not know (a misconfigured endpoint
-// answering 404 to everything) does; a call cancelled by the caller (the
+// answering 404 to everything) does, and so does a server error whose
+// outcome is unknown (RAIL_UPSTREAM_ERROR); a call cancelled by the caller (the
 // relayer's hard stop) does not, though it stays retryable.
 func TestSetBreakerCounts(t *testing.T) {
 	t.Parallel()
@@ -325,6 +326,7 @@ func TestSetBreakerCounts(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		send  transportFunc
+		codes rails.CodeTable // rails.SandboxCodes when nil
 		code  rails.ErrorCode
 		trips bool
 	}{
@@ -345,6 +347,17 @@ func TestSetBreakerCounts(t *testing.T) {
 			trips: true,
 		},
 		{
+			// An HTTP 504 behind a gateway: outcome unknown, but still the
+			// rail in trouble.
+			name: "upstream error",
+			send: func(context.Context, payment.Instruction) (rails.Result, error) {
+				return rails.Result{Code: "HTTP_504"}, nil
+			},
+			codes: rails.WebhookCodes,
+			code:  rails.CodeRailUpstreamError,
+			trips: true,
+		},
+		{
 			name: "cancelled by the caller",
 			send: func(ctx context.Context, _ payment.Instruction) (rails.Result, error) {
 				return rails.Result{}, cancelCaller(ctx)
@@ -361,7 +374,11 @@ func TestSetBreakerCounts(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			s := newSet(t, rails.Options{Type: "r", Profile: payment.Generic{}, Transport: tc.send, Codes: rails.SandboxCodes,
+			codes := tc.codes
+			if codes == nil {
+				codes = rails.SandboxCodes
+			}
+			s := newSet(t, rails.Options{Type: "r", Profile: payment.Generic{}, Transport: tc.send, Codes: codes,
 				Breaker: rails.BreakerOptions{ConsecutiveFailures: failures, OpenFor: time.Hour}})
 			for i := range failures {
 				ctx, cancel := context.WithCancel(context.Background())

@@ -59,10 +59,16 @@ var WebhookCodes = CodeTable{
 	"HTTP_422": {Outcome: Failed, Error: CodeRailRejected},
 	"HTTP_408": {Outcome: Retryable, Error: CodeRailTimeout},
 	"HTTP_429": {Outcome: Retryable, Error: CodeRateLimited},
-	"HTTP_500": {Outcome: Retryable, Error: CodeRailUnavailable},
-	"HTTP_502": {Outcome: Retryable, Error: CodeRailUnavailable},
+	// 503 is a refusal before processing (overloaded, in maintenance): the
+	// request was not acted on.
 	"HTTP_503": {Outcome: Retryable, Error: CodeRailUnavailable},
-	"HTTP_504": {Outcome: Retryable, Error: CodeRailUnavailable},
+	// 500, 502 and 504 prove nothing: the receiver may have paid and then
+	// failed, or a gateway may have passed the payment on and lost (502) or
+	// waited too long for (504) the answer. Retried with the same key, and
+	// a dead letter after them is outcome unknown.
+	"HTTP_500": {Outcome: Retryable, Error: CodeRailUpstreamError},
+	"HTTP_502": {Outcome: Retryable, Error: CodeRailUpstreamError},
+	"HTTP_504": {Outcome: Retryable, Error: CodeRailUpstreamError},
 	// 401/403: the rail refused to act on any request of ours, which is a
 	// configuration problem (wrong secret, revoked access), not a verdict on
 	// this instruction. Retryable, so the breaker opens and instructions wait

@@ -128,10 +128,11 @@ func TestWebhookStatusCodes(t *testing.T) {
 		{422, Failed, CodeRailRejected},
 		{408, Retryable, CodeRailTimeout},
 		{429, Retryable, CodeRateLimited},
-		{500, Retryable, CodeRailUnavailable},
-		{502, Retryable, CodeRailUnavailable},
+		// 500/502/504 may come after the receiver acted; 503 is a refusal.
+		{500, Retryable, CodeRailUpstreamError},
+		{502, Retryable, CodeRailUpstreamError},
 		{503, Retryable, CodeRailUnavailable},
-		{504, Retryable, CodeRailUnavailable},
+		{504, Retryable, CodeRailUpstreamError},
 		{401, Retryable, CodeRailUnavailable},
 		{403, Retryable, CodeRailUnavailable},
 		// Not in the table: the safe default, never a guess.
