@@ -303,12 +303,34 @@ func checkRail(where string, rc RailConfig, transports map[string]TransportConfi
 			errs = append(errs, atf(where, "breaker: a disabled breaker takes no other settings"))
 		}
 	}
+	kind := transports[rc.Transport].Kind
 	for _, code := range slices.Sorted(maps.Keys(rc.Codes)) {
 		if err := checkCodeRule(code, rc.Codes[code]); err != nil {
+			errs = append(errs, at(where, fmt.Errorf("codes.%s: %w", code, err)))
+		} else if err := checkAnswerable(kind, code); err != nil {
 			errs = append(errs, at(where, fmt.Errorf("codes.%s: %w", code, err)))
 		}
 	}
 	return rp, errs
+}
+
+// checkAnswerable refuses a codes key that a transport of kind never
+// answers with: its rule would never apply, and the answer it was meant for
+// (HTTP 418 for a key "418") would stay a retryable UNKNOWN_RAIL_CODE. A go
+// transport's codes are its own, so any is accepted; an unknown kind is
+// reported by checkTransport.
+func checkAnswerable(kind, code string) error {
+	switch kind {
+	case TransportKindWebhook:
+		if !isWebhookCode(code) {
+			return fmt.Errorf("a webhook transport answers only HTTP_<status>, with a three-digit HTTP status (such as HTTP_418), never %q", code)
+		}
+	case TransportKindSandbox:
+		if _, ok := SandboxCodes[code]; !ok {
+			return fmt.Errorf("a sandbox transport answers only %s, never %q", strings.Join(slices.Sorted(maps.Keys(SandboxCodes)), ", "), code)
+		}
+	}
+	return nil
 }
 
 // railAnswerErrors are the error codes a rail's answer may map to. The

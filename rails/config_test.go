@@ -351,19 +351,22 @@ func TestConfigErrors(t *testing.T) {
 		"bad_breaker_duration.json":      {`rails[0] (type "ach"): breaker: open_for "-5s": must not be negative`},
 		"bad_sandbox_duration.json":      {`transports.sim: sandbox: latency_max "20 ms": time: unknown unit`},
 		"bad_sandbox_rate.json":          {`transports.sim: sandbox: retryable_rate 2: a rate must be between 0 and 1`},
-		"bad_code_outcome.json":          {`rails[0] (type "ach"): codes.HTTP_418: unknown outcome "OK"`},
-		"bad_code_no_error.json":         {`rails[0] (type "ach"): codes.HTTP_418: outcome FAILED needs an error code`},
-		"bad_code_relayer_error.json":    {`rails[0] (type "ach"): codes.BUSY: error "CIRCUIT_OPEN" is not a rail answer's error code`},
-		"bad_concurrency.json":           {`rails[0] (type "ach"): max_concurrency -1 must not be negative`},
-		"bad_wrong_type.json":            {`rails[0] (type "ach"): max_concurrency: want an integer, got a JSON string`},
-		"bad_webhook_no_url.json":        {`transports.psp: webhook needs url`},
-		"bad_webhook_http.json":          {`transports.psp: webhook URL must be https://`, `not "psp.example"`},
-		"bad_webhook_no_secret.json":     {`transports.psp: webhook needs secret_file or secret_env`},
-		"bad_webhook_two_secrets.json":   {`transports.psp: webhook takes secret_file or secret_env, not both`},
-		"bad_duplicate_key.json":         {`transports: key "psp" appears twice`},
-		"bad_syntax.json":                {`invalid JSON at line 3`},
-		"bad_trailing.json":              {`after top-level value`},
-		"bad_no_rails.json":              {`rails: at least one rail is required`},
+		"bad_code_outcome.json":          {`rails[0] (type "ach"): codes.REJECTED: unknown outcome "OK"`},
+		"bad_code_no_error.json":         {`rails[0] (type "ach"): codes.REJECTED: outcome FAILED needs an error code`},
+		"bad_code_relayer_error.json":    {`rails[0] (type "ach"): codes.RATE_LIMITED: error "CIRCUIT_OPEN" is not a rail answer's error code`},
+		// Codes the transport never answers: the rule would never apply.
+		"bad_code_webhook_status.json": {`rails[0] (type "ach"): codes.418: a webhook transport answers only HTTP_<status>`, `never "418"`},
+		"bad_code_sandbox.json":        {`rails[0] (type "ach"): codes.GONE: a sandbox transport answers only ACCEPTED, DUPLICATE, RATE_LIMITED, REJECTED, TEMPORARILY_UNAVAILABLE`},
+		"bad_concurrency.json":         {`rails[0] (type "ach"): max_concurrency -1 must not be negative`},
+		"bad_wrong_type.json":          {`rails[0] (type "ach"): max_concurrency: want an integer, got a JSON string`},
+		"bad_webhook_no_url.json":      {`transports.psp: webhook needs url`},
+		"bad_webhook_http.json":        {`transports.psp: webhook URL must be https://`, `not "psp.example"`},
+		"bad_webhook_no_secret.json":   {`transports.psp: webhook needs secret_file or secret_env`},
+		"bad_webhook_two_secrets.json": {`transports.psp: webhook takes secret_file or secret_env, not both`},
+		"bad_duplicate_key.json":       {`transports: key "psp" appears twice`},
+		"bad_syntax.json":              {`invalid JSON at line 3`},
+		"bad_trailing.json":            {`after top-level value`},
+		"bad_no_rails.json":            {`rails: at least one rail is required`},
 	}
 	// Every bad fixture has a case, so none is silently untested.
 	files, err := filepath.Glob(filepath.Join("testdata", "config", "bad_*.json"))
@@ -544,6 +547,50 @@ func TestConfigSecretEnv(t *testing.T) {
 	js, _ := json.Marshal(cfg)
 	assertNoCfgSecret(t, "config json", string(js))
 	assertNoCfgSecret(t, "config", fmt.Sprintf("%+v %#v", cfg, *cfg.Transports["psp"].Webhook))
+}
+
+// TestConfigCodesMustBeAnswerable guards a rail's codes against keys its
+// transport can never answer with: a webhook's "418" for HTTP_418 would be
+// accepted and never apply, leaving HTTP 418 a retryable UNKNOWN_RAIL_CODE
+// instead of the rule the operator wrote. A go transport's codes are its
+// own, so any key is accepted there.
+func TestConfigCodesMustBeAnswerable(t *testing.T) {
+	t.Parallel()
+	webhook := rails.TransportConfig{Kind: "webhook", Webhook: &rails.WebhookConfig{URL: "https://psp.example/outbox", SecretEnv: "PSP_SECRET"}}
+	sandbox := rails.TransportConfig{Kind: "sandbox", Sandbox: &rails.SandboxConfig{}}
+	for _, tc := range []struct {
+		transport rails.TransportConfig
+		code      string
+		ok        bool
+	}{
+		{webhook, "HTTP_418", true},
+		{webhook, "HTTP_599", true},
+		{webhook, "418", false},
+		{webhook, "http_418", false},
+		{webhook, "HTTP_4180", false},
+		{webhook, "HTTP_41", false},
+		{webhook, "HTTP_099", false}, // the transport writes 99 as HTTP_99
+		{webhook, "HTTP_+18", false},
+		{webhook, "REJECTED", false},
+		{sandbox, "REJECTED", true},
+		{sandbox, "TEMPORARILY_UNAVAILABLE", true},
+		{sandbox, "GONE", false},
+		{sandbox, "HTTP_418", false},
+		{rails.TransportConfig{Kind: "go"}, "ANY_CODE", true},
+	} {
+		cfg := &rails.Config{
+			Transports: map[string]rails.TransportConfig{"t": tc.transport},
+			Rails: []rails.RailConfig{{Type: "r", Profile: "generic", Transport: "t",
+				Codes: rails.CodeTable{tc.code: {Outcome: rails.Failed, Error: rails.CodeRailRejected}}}},
+		}
+		err := cfg.Validate()
+		if tc.ok != (err == nil) {
+			t.Errorf("%s transport, codes key %q: Validate() = %v, want accepted %t", tc.transport.Kind, tc.code, err, tc.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), fmt.Sprintf("codes.%s: a %s transport answers only", tc.code, tc.transport.Kind)) {
+			t.Errorf("error does not name the key and what is expected: %v", err)
+		}
+	}
 }
 
 // A rail's codes are merged over its transport's table: the rail's entries

@@ -80,6 +80,13 @@ var WebhookCodes = CodeTable{
 // webhookCode is the code of an HTTP status in [WebhookCodes].
 func webhookCode(status int) string { return "HTTP_" + strconv.Itoa(status) }
 
+// isWebhookCode reports whether the webhook transport can answer code:
+// webhookCode of a three-digit status (net/http reads nothing else).
+func isWebhookCode(code string) bool {
+	status, ok := strings.CutPrefix(code, "HTTP_")
+	return ok && len(status) == 3 && isDigits(status) && status[0] != '0'
+}
+
 // WebhookOptions configure a [Webhook].
 //
 // Printing the options (fmt with any verb, slog, encoding/json) never shows
