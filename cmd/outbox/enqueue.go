@@ -213,10 +213,26 @@ type enqueuer struct {
 	slots   []int // index into results for each batch entry
 }
 
+// errInterrupted is returned (wrapped with the context's cause) when
+// reading stdin stopped before its end: a script must not take a batch as
+// done when part of it was never read.
+var errInterrupted = errors.New("interrupted")
+
 func (e *enqueuer) readLines(ctx context.Context, r io.Reader, batchSize int) error {
 	br := bufio.NewReaderSize(r, 64<<10)
-	for ctx.Err() == nil {
+	lines := 0
+	for {
+		if ctx.Err() != nil {
+			// Lines already read have their output lines (those of the
+			// last batch say whether it got in); the rest were never read.
+			e.flush(ctx)
+			return fmt.Errorf("enqueue %w (%w) after reading %d input lines: the rest of stdin, if any, was not read and not enqueued",
+				errInterrupted, context.Cause(ctx), lines)
+		}
 		raw, tooLong, readErr := readLine(br, maxLineBytes)
+		if len(raw) > 0 || tooLong {
+			lines++
+		}
 		if tooLong || len(bytes.TrimSpace(raw)) > 0 {
 			var line inputLine
 			var perr error

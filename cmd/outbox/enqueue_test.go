@@ -1,7 +1,11 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"errors"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -122,5 +126,50 @@ func TestEnqueueIgnoresInstructionEnv(t *testing.T) {
 	help := invokeCLI(t, nil, "", "enqueue", "--help")
 	if !strings.Contains(help.stderr, "--amount-minor  [command line only]") || !strings.Contains(help.stderr, "--database-url  [OUTBOX_DATABASE_URL]") {
 		t.Errorf("help does not say which flags are command line only:\n%s", help.stderr)
+	}
+}
+
+// cancelOnWrite cancels a context at its first write (the first output
+// line of `outbox enqueue`), as a SIGTERM arriving at that moment would.
+type cancelOnWrite struct {
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	cancel context.CancelFunc
+}
+
+func (w *cancelOnWrite) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.cancel()
+	return w.buf.Write(p)
+}
+
+// TestEnqueueInterruptedSaysInputWasNotRead guards scripts such as
+// `outbox enqueue < batch.jsonl && mark-done`: interrupted part way
+// through, enqueue stopped reading stdin and exited 0, so the lines it
+// never read were taken as done. It must exit non-zero and say on stderr
+// that the rest of stdin was not read and not enqueued.
+func TestEnqueueInterruptedSaysInputWasNotRead(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	lines := []string{inputJSON("p1", "k1", "100"), inputJSON("p2", "k2", "200"), inputJSON("p3", "k3", "300")}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	out := &cancelOnWrite{cancel: cancel}
+	var stderr bytes.Buffer
+	env := &environment{stdin: strings.NewReader(strings.Join(lines, "\n") + "\n"), stdout: out, stderr: &stderr,
+		getenv: func(string) string { return "" }}
+	err := run(ctx, env, []string{"enqueue", "--database-url", b.url})
+	if !errors.Is(err, errInterrupted) || !errors.Is(err, context.Canceled) {
+		t.Errorf("run = %v, want errInterrupted wrapping context.Canceled", err)
+	}
+	code := exitCode(env, err)
+	n := b.count(t, "idempotency_keys")
+	if code == 0 || n != 1 {
+		t.Fatalf("exit %d with %d of %d lines enqueued (stdout %q, stderr %q): want exit non-zero with just the first line in",
+			code, n, len(lines), out.buf.String(), stderr.String())
+	}
+	if msg := stderr.String(); !strings.Contains(msg, "after reading 1 input lines") || !strings.Contains(msg, "not read and not enqueued") {
+		t.Errorf("stderr does not say what was left unread: %q", msg)
 	}
 }
