@@ -151,10 +151,34 @@ func commandLineOnly(fs *flag.FlagSet, names ...string) {
 
 func isCommandLineOnly(f *flag.Flag) bool { return strings.HasSuffix(f.Usage, commandLineOnlyNote) }
 
+// formerNameValue is the value of a flag registered by [formerName]: the
+// current flag's value, and the current flag's name.
+type formerNameValue struct {
+	flag.Value
+	of string
+}
+
+// IsBoolFlag forwards to the current flag, so `--former` alone works for
+// a boolean one as it does for the current name.
+func (v formerNameValue) IsBoolFlag() bool {
+	b, ok := v.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
+// formerName registers old as a former name of the already registered
+// flag current: both set one value, and [parseFlags] treats them as one
+// setting, so the environment variable of either never overrides the other
+// given on the command line.
+func formerName(fs *flag.FlagSet, old, current string) {
+	fs.Var(formerNameValue{Value: fs.Lookup(current).Value, of: current}, old, "the former name of --"+current)
+}
+
 // parseFlags parses the command line, then applies OUTBOX_* environment
 // variables to the flags the command line did not set (flags win), except
-// to the flags marked [commandLineOnly]. It returns the names of the flags
-// set on the command line.
+// to the flags marked [commandLineOnly]. A flag and its [formerName] are
+// one setting: either on the command line counts as both, and otherwise
+// the current name's variable wins over the former name's. It returns the
+// names of the flags set on the command line.
 func parseFlags(fs *flag.FlagSet, env *environment, args []string) (map[string]bool, error) {
 	if err := fs.Parse(flagsFirst(fs, args)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -164,9 +188,17 @@ func parseFlags(fs *flag.FlagSet, env *environment, args []string) (map[string]b
 	}
 	onCommandLine := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { onCommandLine[f.Name] = true })
+	fs.VisitAll(func(f *flag.Flag) {
+		if v, ok := f.Value.(formerNameValue); ok && (onCommandLine[f.Name] || onCommandLine[v.of]) {
+			onCommandLine[f.Name], onCommandLine[v.of] = true, true
+		}
+	})
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
 		if onCommandLine[f.Name] || envErr != nil || isCommandLineOnly(f) {
+			return
+		}
+		if v, ok := f.Value.(formerNameValue); ok && env.getenv(envName(v.of)) != "" {
 			return
 		}
 		if v := env.getenv(envName(f.Name)); v != "" {

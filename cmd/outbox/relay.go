@@ -88,7 +88,7 @@ func (f *relayFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.checkpointInterval, "checkpoint-interval", reaper.DefaultCheckpointInterval,
 		"least time between two archive checkpoints, taken by the reaper's passes (negative: off; docs/audit.md)")
 	fs.StringVar(&f.adminAddr, "admin-addr", "", "serve the admin address here (e.g. :9464): /metrics, /healthz, /readyz, and the API with --admin-tokens-*; empty: off")
-	fs.StringVar(&f.adminAddr, "metrics-addr", "", "the former name of --admin-addr")
+	formerName(fs, "metrics-addr", "admin-addr")
 	fs.StringVar(&f.adminTokensFile, "admin-tokens-file", "", "file of API credentials, one per line: ROLE NAME SECRET (role auditor or operator); without tokens the API is off")
 	fs.StringVar(&f.adminTokensEnv, "admin-tokens-env", "", "name of an environment variable holding API credentials in the same format (lines or ';'-separated)")
 	fs.StringVar(&f.adminAuditURL, "admin-audit-database-url", "", "where the console's and the API's audit verify runs: a hot standby (empty: the admin address's connection; on the primary its snapshot holds back vacuum while it runs)")

@@ -1,0 +1,40 @@
+package main
+
+import (
+	"io"
+	"testing"
+)
+
+// TestFormerFlagNameNeverBeatsTheCommandLine guards "flags win over the
+// environment" for a flag with a former name: --admin-addr and
+// --metrics-addr set one value, and OUTBOX_METRICS_ADDR (left over from an
+// older deployment) overrode --admin-addr given on the command line.
+func TestFormerFlagNameNeverBeatsTheCommandLine(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		vars map[string]string
+		args []string
+		want string
+	}{
+		{"current name on the command line", map[string]string{"OUTBOX_METRICS_ADDR": "0.0.0.0:9464"},
+			[]string{"--admin-addr", "127.0.0.1:9500"}, "127.0.0.1:9500"},
+		{"former name on the command line", map[string]string{"OUTBOX_ADMIN_ADDR": "0.0.0.0:9464"},
+			[]string{"--metrics-addr", "127.0.0.1:9500"}, "127.0.0.1:9500"},
+		{"both variables: the current name's wins", map[string]string{"OUTBOX_ADMIN_ADDR": "127.0.0.1:9500", "OUTBOX_METRICS_ADDR": "0.0.0.0:9464"},
+			nil, "127.0.0.1:9500"},
+		{"only the former name's variable", map[string]string{"OUTBOX_METRICS_ADDR": "127.0.0.1:9500"},
+			nil, "127.0.0.1:9500"},
+	} {
+		env := &environment{stdout: io.Discard, stderr: io.Discard, getenv: func(k string) string { return tt.vars[k] }}
+		fs := newFlagSet(env, "relay", "relay")
+		var rf relayFlags
+		rf.register(fs)
+		if _, err := parseFlags(fs, env, tt.args); err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if rf.adminAddr != tt.want {
+			t.Errorf("%s: admin address %q, want %q", tt.name, rf.adminAddr, tt.want)
+		}
+	}
+}
