@@ -97,8 +97,28 @@ func (f *relayFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.horizonAfter, "horizon-degraded-after", admin.DefaultHorizonDegradedAfter, "/readyz says degraded once a transaction has held back vacuum this long (docs/operations.md)")
 }
 
+// errNegativeRailDefault marks a negative --rail-timeout or
+// --rail-max-concurrency.
+var errNegativeRailDefault = errors.New("must not be negative")
+
+// checkRailDefaults refuses negative rail defaults, as the rails file
+// refuses a negative timeout or max_concurrency: taking the default
+// instead would hide the mistake.
+func (f *relayFlags) checkRailDefaults() error {
+	if f.railTimeout < 0 {
+		return fmt.Errorf("--rail-timeout %s %w (0: the default, %s)", f.railTimeout, errNegativeRailDefault, rails.DefaultTimeout)
+	}
+	if f.railMaxConcurrency < 0 {
+		return fmt.Errorf("--rail-max-concurrency %d %w (0: the default, %d)", f.railMaxConcurrency, errNegativeRailDefault, rails.DefaultMaxConcurrency)
+	}
+	return nil
+}
+
 // loadRails builds the rail set from --rails-config (or the default).
 func (f *relayFlags) loadRails(log *slog.Logger) (*rails.Built, error) {
+	if err := f.checkRailDefaults(); err != nil {
+		return nil, err
+	}
 	cfg := rails.DefaultConfig()
 	if f.railsConfig != "" {
 		var err error
@@ -165,7 +185,7 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 	}
 	built, err := rf.loadRails(log)
 	if err != nil {
-		return fmt.Errorf("%w: rails configuration: %v", errUsage, err)
+		return fmt.Errorf("%w: rails configuration: %w", errUsage, err)
 	}
 	conns := int32(*maxConns)
 	if conns <= 0 {

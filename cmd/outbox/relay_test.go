@@ -1,9 +1,16 @@
 package main
 
 import (
+	"errors"
 	"io"
+	"log/slog"
+	"strings"
 	"testing"
 )
+
+// deadDatabaseURL is passed to commands expected to stop before they
+// connect: without a URL db.connect would start an embedded cluster.
+const deadDatabaseURL = "postgres://nobody@127.0.0.1:1/nowhere?sslmode=disable&connect_timeout=1"
 
 // TestFormerFlagNameNeverBeatsTheCommandLine guards "flags win over the
 // environment" for a flag with a former name: --admin-addr and
@@ -35,6 +42,30 @@ func TestFormerFlagNameNeverBeatsTheCommandLine(t *testing.T) {
 		}
 		if rf.adminAddr != tt.want {
 			t.Errorf("%s: admin address %q, want %q", tt.name, rf.adminAddr, tt.want)
+		}
+	}
+}
+
+// TestRelayRefusesNegativeRailDefaults guards against a negative
+// --rail-timeout or --rail-max-concurrency being silently replaced by the
+// default; the rails file refuses the same values.
+func TestRelayRefusesNegativeRailDefaults(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"--rail-timeout", "-5s"}, {"--rail-max-concurrency", "-1"}} {
+		env := &environment{stdout: io.Discard, stderr: io.Discard, getenv: func(string) string { return "" }}
+		fs := newFlagSet(env, "relay", "relay")
+		var rf relayFlags
+		rf.register(fs)
+		if _, err := parseFlags(fs, env, args); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rf.loadRails(slog.New(slog.DiscardHandler)); !errors.Is(err, errNegativeRailDefault) {
+			t.Errorf("%v: loadRails = %v, want errNegativeRailDefault", args, err)
+		}
+		r := invokeCLI(t, nil, "", append([]string{"relay", "--database-url", deadDatabaseURL}, args...)...)
+		requireExit(t, r, 2)
+		if !strings.Contains(r.stderr, args[0]+" "+args[1]+" must not be negative") {
+			t.Errorf("%v: stderr does not name the flag: %s", args, r.stderr)
 		}
 	}
 }
