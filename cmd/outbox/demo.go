@@ -48,7 +48,7 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	var rf relayFlags
 	var df demoFlags
 	db.register(fs, poolconfig.Operator("demo"))
-	rf.register(fs)
+	rf.registerShared(fs)
 	fs.IntVar(&df.rate, "rate", 500, "instructions per second the producer stream enqueues")
 	fs.IntVar(&df.participants, "participants", 100, "participants the stream spreads over")
 	fs.IntVar(&df.relayers, "relayers", 2, "relayers to run")
@@ -67,6 +67,9 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	}
 	if df.rate <= 0 || df.participants <= 0 || df.relayers <= 0 {
 		return fmt.Errorf("%w: --rate, --participants and --relayers must be positive", errUsage)
+	}
+	if err := rf.checkRailDefaults(); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	log, err := newLogger(env.stderr, *logFormat, *logLevel)
 	if err != nil {
@@ -95,8 +98,10 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	// heals within a demo.
 	breaker := rails.BreakerOptions{OpenFor: 2 * time.Second}
 	set, err := rails.NewSet(
-		rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: sandbox, Timeout: rf.railTimeout, Breaker: breaker},
-		rails.Options{Type: "event", Profile: payment.Event{}, Transport: sandbox, Timeout: rf.railTimeout, Breaker: breaker})
+		rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: sandbox, Timeout: rf.railTimeout,
+			MaxConcurrency: rf.railMaxConcurrency, Breaker: breaker},
+		rails.Options{Type: "event", Profile: payment.Event{}, Transport: sandbox, Timeout: rf.railTimeout,
+			MaxConcurrency: rf.railMaxConcurrency, Breaker: breaker})
 	if err != nil {
 		return err
 	}

@@ -61,9 +61,19 @@ type relayFlags struct {
 	horizonAfter       time.Duration
 }
 
+// register registers every flag of `outbox relay`.
 func (f *relayFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.railsConfig, "rails-config", "", "rail configuration file (JSON, see docs/relay-config.md); empty: the sandbox and event rails on the sandbox transport")
 	fs.StringVar(&f.relayerID, "relayer-id", "", "relayer id in attempt rows and logs (default host-pid-random)")
+	f.registerShared(fs)
+	fs.StringVar(&f.adminAuditURL, "admin-audit-database-url", "", "where the console's and the API's audit verify runs: a hot standby (empty: the admin address's connection; on the primary its snapshot holds back vacuum while it runs)")
+	fs.StringVar(&f.adminDatabaseURL, "admin-database-url", "", "the admin address's own connection (e.g. as outbox_operator with options=-c outbox.tenant=*); empty: the relayer's (which, as outbox_relayer, can neither replay nor read keys)")
+}
+
+// registerShared registers the flags that `outbox demo` honours too. The
+// demo builds its own rails and names its relayers, so it must not accept
+// --rails-config or --relayer-id only to ignore them.
+func (f *relayFlags) registerShared(fs *flag.FlagSet) {
 	fs.IntVar(&f.batchSize, "batch-size", engine.DefaultBatchSize, "most instructions per claim")
 	fs.IntVar(&f.maxConcurrency, "max-concurrency", engine.DefaultMaxConcurrency, "dispatches in progress across all rails")
 	fs.DurationVar(&f.pollInterval, "poll-interval", engine.DefaultPollInterval, "fallback poll interval (jittered ±20%)")
@@ -91,8 +101,6 @@ func (f *relayFlags) register(fs *flag.FlagSet) {
 	formerName(fs, "metrics-addr", "admin-addr")
 	fs.StringVar(&f.adminTokensFile, "admin-tokens-file", "", "file of API credentials, one per line: ROLE NAME SECRET (role auditor or operator); without tokens the API is off")
 	fs.StringVar(&f.adminTokensEnv, "admin-tokens-env", "", "name of an environment variable holding API credentials in the same format (lines or ';'-separated)")
-	fs.StringVar(&f.adminAuditURL, "admin-audit-database-url", "", "where the console's and the API's audit verify runs: a hot standby (empty: the admin address's connection; on the primary its snapshot holds back vacuum while it runs)")
-	fs.StringVar(&f.adminDatabaseURL, "admin-database-url", "", "the admin address's own connection (e.g. as outbox_operator with options=-c outbox.tenant=*); empty: the relayer's (which, as outbox_relayer, can neither replay nor read keys)")
 	fs.DurationVar(&f.degradedAfter, "degraded-after", admin.DefaultDegradedAfter, "/readyz says degraded once the oldest due instruction has waited this long")
 	fs.DurationVar(&f.horizonAfter, "horizon-degraded-after", admin.DefaultHorizonDegradedAfter, "/readyz says degraded once a transaction has held back vacuum this long (docs/operations.md)")
 }

@@ -69,3 +69,29 @@ func TestRelayRefusesNegativeRailDefaults(t *testing.T) {
 		}
 	}
 }
+
+// TestDemoRefusesFlagsItWouldIgnore guards `outbox demo` against taking
+// relay flags it does not honour: it builds its own sandbox rails and names
+// its relayers, so --rails-config, --relayer-id and the admin database URLs
+// are unknown flags (a usage error), not silently ignored; and a negative
+// rail default is refused as by relay.
+func TestDemoRefusesFlagsItWouldIgnore(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--rails-config", "/nonexistent/rails.json"}, "flag provided but not defined: -rails-config"},
+		{[]string{"--relayer-id", "r1"}, "flag provided but not defined: -relayer-id"},
+		{[]string{"--admin-database-url", deadDatabaseURL}, "flag provided but not defined: -admin-database-url"},
+		{[]string{"--admin-audit-database-url", deadDatabaseURL}, "flag provided but not defined: -admin-audit-database-url"},
+		{[]string{"--rail-timeout", "-1s"}, "--rail-timeout -1s must not be negative"},
+		{[]string{"--rail-max-concurrency", "-1"}, "--rail-max-concurrency -1 must not be negative"},
+	} {
+		r := invokeCLI(t, nil, "", append([]string{"demo", "--database-url", deadDatabaseURL}, tt.args...)...)
+		requireExit(t, r, 2)
+		if !strings.Contains(r.stderr, tt.want) {
+			t.Errorf("%v: stderr lacks %q: %s", tt.args, tt.want, r.stderr)
+		}
+	}
+}
