@@ -201,24 +201,81 @@ func checkSandbox(where string, s SandboxConfig) (SandboxOptions, []error) {
 		HangRate:      s.HangRate,
 		CrashKeys:     s.CrashKeys,
 	}
+	for _, err := range o.problems(jsonName) {
+		errs = append(errs, at(where, fmt.Errorf("sandbox: %w", err)))
+	}
+	return o, errs
+}
+
+// jsonName names a field as a rails file does: by its JSON name.
+func jsonName(field string) string { return field }
+
+// Check reports every problem for which a rails file's sandbox section
+// with these values is refused: a rate outside [0, 1], a negative
+// latency, LatencyMax below LatencyMin, SlowRate without SlowLatency. It
+// lets other front ends (`outbox sandbox serve`'s flags) refuse exactly
+// what the file refuses. name turns a field's JSON name (slow_rate) into
+// the caller's name for it (--slow-rate); nil keeps the JSON name. The
+// problems are joined with [errors.Join], one per line.
+func (o SandboxOptions) Check(name func(field string) string) error {
+	if name == nil {
+		name = jsonName
+	}
+	return errors.Join(o.problems(name)...)
+}
+
+func (o SandboxOptions) problems(name func(string) string) []error {
+	var errs []error
 	for _, r := range []struct {
 		field string
 		v     float64
 	}{
-		{"slow_rate", s.SlowRate}, {"retryable_rate", s.RetryableRate}, {"terminal_rate", s.TerminalRate},
-		{"timeout_rate", s.TimeoutRate}, {"hang_rate", s.HangRate},
+		{"slow_rate", o.SlowRate}, {"retryable_rate", o.RetryableRate}, {"terminal_rate", o.TerminalRate},
+		{"timeout_rate", o.TimeoutRate}, {"hang_rate", o.HangRate},
 	} {
 		if !(r.v >= 0 && r.v <= 1) { // also catches NaN
-			errs = append(errs, atf(where, "sandbox: %s %v: a rate must be between 0 and 1", r.field, r.v))
+			errs = append(errs, fmt.Errorf("%s %v: a rate must be between 0 and 1", name(r.field), r.v))
+		}
+	}
+	// A file's durations were parsed by parseDuration, which refuses
+	// negatives itself (and leaves zero): these fire for other callers.
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"latency_min", o.LatencyMin}, {"latency_max", o.LatencyMax}, {"slow_latency", o.SlowLatency}} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s %s: must not be negative", name(d.field), d.v))
 		}
 	}
 	if o.LatencyMax > 0 && o.LatencyMax < o.LatencyMin {
-		errs = append(errs, atf(where, "sandbox: latency_max %s is below latency_min %s", o.LatencyMax, o.LatencyMin))
+		errs = append(errs, fmt.Errorf("%s %s is below %s %s", name("latency_max"), o.LatencyMax, name("latency_min"), o.LatencyMin))
 	}
-	if s.SlowRate > 0 && o.SlowLatency == 0 {
-		errs = append(errs, atf(where, "sandbox: slow_rate needs slow_latency"))
+	if o.SlowRate > 0 && o.SlowLatency <= 0 {
+		errs = append(errs, fmt.Errorf("%s needs %s", name("slow_rate"), name("slow_latency")))
 	}
-	return o, errs
+	return errs
+}
+
+// Check reports what a rails file's webhook section is refused for about
+// its secret, reading nothing: neither or both of File and Env (Load would
+// silently prefer the file), AllowWorldReadable without File, an Env that
+// cannot name a variable. name is as for [SandboxOptions.Check], with the
+// JSON names secret_file, secret_env and allow_world_readable_secret.
+func (s SecretSource) Check(name func(field string) string) error {
+	if name == nil {
+		name = jsonName
+	}
+	switch {
+	case s.File == "" && s.Env == "":
+		return fmt.Errorf("needs %s or %s", name("secret_file"), name("secret_env"))
+	case s.File != "" && s.Env != "":
+		return fmt.Errorf("takes %s or %s, not both", name("secret_file"), name("secret_env"))
+	case s.AllowWorldReadable && s.File == "":
+		return fmt.Errorf("%s applies to %s only", name("allow_world_readable_secret"), name("secret_file"))
+	case s.Env != "" && strings.ContainsAny(s.Env, "=\x00"):
+		return fmt.Errorf("%s %q is not an environment variable name", name("secret_env"), s.Env)
+	}
+	return nil
 }
 
 func checkWebhook(where string, w WebhookConfig) []error {
@@ -230,15 +287,9 @@ func checkWebhook(where string, w WebhookConfig) []error {
 		// file: neither is read here.
 		errs = append(errs, at(where, err))
 	}
-	switch {
-	case w.SecretFile == "" && w.SecretEnv == "":
-		errs = append(errs, atf(where, "webhook needs secret_file or secret_env"))
-	case w.SecretFile != "" && w.SecretEnv != "":
-		errs = append(errs, atf(where, "webhook takes secret_file or secret_env, not both"))
-	case w.AllowWorldReadableSecret && w.SecretFile == "":
-		errs = append(errs, atf(where, "webhook allow_world_readable_secret applies to secret_file only"))
-	case w.SecretEnv != "" && strings.ContainsAny(w.SecretEnv, "=\x00"):
-		errs = append(errs, atf(where, "webhook secret_env %q is not an environment variable name", w.SecretEnv))
+	src := SecretSource{File: w.SecretFile, Env: w.SecretEnv, AllowWorldReadable: w.AllowWorldReadableSecret}
+	if err := src.Check(jsonName); err != nil {
+		errs = append(errs, at(where, fmt.Errorf("webhook %w", err)))
 	}
 	return errs
 }

@@ -6,10 +6,15 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/ledgerline/outbox/rails"
 )
+
+// flagName is the flag of a field of the rails configuration file
+// (slow_rate is --slow-rate), for the checks shared with that file.
+func flagName(field string) string { return "--" + strings.ReplaceAll(field, "_", "-") }
 
 // runSandbox serves the sandbox rail over HTTP, speaking the webhook
 // transport's protocol, so its memory of idempotency keys outlives the
@@ -43,20 +48,18 @@ func runSandbox(ctx context.Context, env *environment, args []string) error {
 	if _, err := parseFlags(fs, env, args[1:]); err != nil {
 		return err
 	}
-	var err error
-	var secret []byte
-	switch {
-	case *secretFile != "":
-		secret, err = rails.SecretSource{File: *secretFile, AllowWorldReadable: *allowReadable}.Load()
-	case *secretEnv != "":
-		if secret = []byte(env.getenv(*secretEnv)); len(secret) == 0 {
-			err = fmt.Errorf("secret variable %s is unset or empty", *secretEnv)
-		}
-	default:
-		err = errors.New("give --secret-file or --secret-env: requests are signed")
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
+	// The checks a rails file's sandbox transport and webhook secret get:
+	// the flags must not accept what the file refuses.
+	src := rails.SecretSource{File: *secretFile, Env: *secretEnv, AllowWorldReadable: *allowReadable, Getenv: env.getenv}
+	if err := errors.Join(o.Check(flagName), src.Check(flagName)); err != nil {
+		return fmt.Errorf("%w: sandbox serve: %w", errUsage, err)
+	}
+	secret, err := src.Load()
 	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if *readTimeout <= 0 || *idleTimeout <= 0 {
 		return fmt.Errorf("%w: --read-timeout and --idle-timeout must be positive", errUsage)

@@ -109,3 +109,39 @@ func TestSandboxServerRefusesExposedSecretFile(t *testing.T) {
 		t.Fatalf("want an 'exposed' usage error without the secret, got %s", r)
 	}
 }
+
+// TestSandboxServerRefusesWhatTheRailsFileRefuses guards `outbox sandbox
+// serve` against values the same sandbox in a rails file is refused for
+// (rates outside [0, 1], --slow-rate without --slow-latency, --latency-max
+// below --latency-min, a negative latency) and against both secret
+// sources at once, where the file silently won: each is a usage error
+// naming the flags, before anything listens.
+func TestSandboxServerRefusesWhatTheRailsFileRefuses(t *testing.T) {
+	t.Parallel()
+	secretFile := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secretFile, []byte("fedcba9876543210fedcba9876543210"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--retryable-rate", "1.5"}, "--retryable-rate 1.5: a rate must be between 0 and 1"},
+		{[]string{"--terminal-rate", "-0.2"}, "--terminal-rate -0.2: a rate must be between 0 and 1"},
+		{[]string{"--slow-rate", "0.5"}, "--slow-rate needs --slow-latency"},
+		{[]string{"--latency-min", "50ms", "--latency-max", "10ms"}, "--latency-max 10ms is below --latency-min 50ms"},
+		{[]string{"--latency-min", "-1ms"}, "--latency-min -1ms: must not be negative"},
+		{[]string{"--secret-file", secretFile}, "takes --secret-file or --secret-env, not both"},
+	} {
+		// A regression would serve until the context ends, and exit 0.
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		var stdout, stderr strings.Builder
+		vars := map[string]string{"SANDBOX_SECRET": "0123456789abcdef0123456789abcdef"}
+		env := &environment{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stderr, getenv: func(k string) string { return vars[k] }}
+		err := run(ctx, env, append([]string{"sandbox", "serve", "--secret-env", "SANDBOX_SECRET"}, tt.args...))
+		cancel()
+		if code := exitCode(env, err); code != 2 || !strings.Contains(stderr.String(), tt.want) || stdout.Len() > 0 {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want a usage error saying %q", tt.args, code, stdout.String(), stderr.String(), tt.want)
+		}
+	}
+}
