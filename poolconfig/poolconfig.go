@@ -65,7 +65,11 @@ func ParsePooler(s string) (Pooler, error) {
 }
 
 // Settings are the session settings of one process's connections. A zero
-// duration leaves the server's (or the role's) default.
+// duration leaves the server's (or the role's) default. PostgreSQL takes
+// the timeouts in whole milliseconds, where 0 means no timeout at all, so
+// [Settings.Apply] rounds a duration up to the next millisecond: a positive
+// timeout below 1 ms becomes 1 ms, never "no timeout", and no bound becomes
+// shorter than asked.
 type Settings struct {
 	ApplicationName          string
 	StatementTimeout         time.Duration
@@ -124,7 +128,7 @@ func (s Settings) Apply(cfg *pgx.ConnConfig) (notApplied []string) {
 			notApplied = append(notApplied, p.name)
 			continue
 		}
-		cfg.RuntimeParams[p.name] = strconv.FormatInt(p.d.Milliseconds(), 10)
+		cfg.RuntimeParams[p.name] = strconv.FormatInt(ceilMilliseconds(p.d), 10)
 	}
 	if s.Pooler == PoolerTransaction {
 		// One round trip with an unnamed statement: nothing outlives the
@@ -133,6 +137,16 @@ func (s Settings) Apply(cfg *pgx.ConnConfig) (notApplied []string) {
 		cfg.StatementCacheCapacity, cfg.DescriptionCacheCapacity = 0, 0
 	}
 	return notApplied
+}
+
+// ceilMilliseconds is d in whole milliseconds, rounded up: truncating
+// would send a sub-millisecond timeout as 0, which disables it.
+func ceilMilliseconds(d time.Duration) int64 {
+	ms := d.Milliseconds()
+	if d%time.Millisecond > 0 {
+		ms++
+	}
+	return ms
 }
 
 // ApplyPool sets s on a pool's connections (see [Settings.Apply]) and, behind

@@ -60,6 +60,26 @@ func TestApply(t *testing.T) {
 	}
 }
 
+// TestApplyRoundsTimeoutsUp guards against a positive timeout being sent
+// as 0, which PostgreSQL reads as no timeout at all: --lock-timeout 500us
+// must stay a bound. Durations are rounded up to whole milliseconds, so no
+// bound becomes shorter than asked either.
+func TestApplyRoundsTimeoutsUp(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgx.ParseConfig("postgres://u@localhost/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	poolconfig.Settings{LockTimeout: 500 * time.Microsecond, StatementTimeout: 1500 * time.Microsecond,
+		IdleInTransactionTimeout: 2 * time.Second}.Apply(cfg)
+	want := map[string]string{"lock_timeout": "1", "statement_timeout": "2", "idle_in_transaction_session_timeout": "2000"}
+	for k, v := range want {
+		if cfg.RuntimeParams[k] != v {
+			t.Errorf("%s = %q, want %q", k, cfg.RuntimeParams[k], v)
+		}
+	}
+}
+
 // A producer service's pool behind PgBouncer in transaction mode.
 func ExampleSettings_ApplyPool() {
 	cfg, err := pgxpool.ParseConfig("postgres://payments@pgbouncer:6432/payments")

@@ -34,9 +34,9 @@ func (d *dbFlags) register(fs *flag.FlagSet, defaults poolconfig.Settings) {
 	fs.StringVar(&d.dataDir, "data-dir", ".data/pg", "data directory of the embedded local cluster (used when --database-url is empty)")
 	fs.StringVar(&d.pooler, "pooler", string(poolconfig.PoolerNone), "what stands between us and PostgreSQL: none, or transaction (PgBouncer pool_mode=transaction: no LISTEN, no migrations, timeouts from the role)")
 	fs.StringVar(&d.settings.ApplicationName, "application-name", defaults.ApplicationName, "application_name of the connections (pg_stat_activity); a URL's application_name wins")
-	fs.DurationVar(&d.settings.StatementTimeout, "statement-timeout", defaults.StatementTimeout, "statement_timeout of the connections (0: the server's or role's)")
-	fs.DurationVar(&d.settings.LockTimeout, "lock-timeout", defaults.LockTimeout, "lock_timeout of the connections (0: the server's or role's)")
-	fs.DurationVar(&d.settings.IdleInTransactionTimeout, "idle-in-transaction-timeout", defaults.IdleInTransactionTimeout, "idle_in_transaction_session_timeout of the connections (0: the server's or role's)")
+	fs.DurationVar(&d.settings.StatementTimeout, "statement-timeout", defaults.StatementTimeout, "statement_timeout of the connections (0: the server's or role's; rounded up to whole milliseconds)")
+	fs.DurationVar(&d.settings.LockTimeout, "lock-timeout", defaults.LockTimeout, "lock_timeout of the connections (0: the server's or role's; rounded up to whole milliseconds)")
+	fs.DurationVar(&d.settings.IdleInTransactionTimeout, "idle-in-transaction-timeout", defaults.IdleInTransactionTimeout, "idle_in_transaction_session_timeout of the connections (0: the server's or role's; rounded up to whole milliseconds)")
 }
 
 // behindTransactionPooler reports whether --pooler is transaction.
