@@ -25,6 +25,15 @@ func countsAgainstBudget(code rails.ErrorCode) bool {
 	return true
 }
 
+// RailCalled reports whether the attempt went to the rail's transport:
+// false when it never reached it for reasons of ours (open breaker,
+// released, rail not loaded) or failed validation before the call. Its
+// LatencyMS, whole milliseconds and 0 for a call under 1 ms, is the
+// call's duration only when this is true.
+func (r Recorded) RailCalled() bool {
+	return countsAgainstBudget(rails.ErrorCode(r.ErrorCode)) && r.ErrorCode != string(rails.CodeValidationFailed)
+}
+
 // outcomeUnknown: the request may have reached the rail and been acted on,
 // but we cannot know (no answer in time, a broken exchange, a server error
 // such as a gateway timeout, an answer we cannot read). Such an attempt

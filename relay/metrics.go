@@ -27,7 +27,7 @@ import (
 //	outbox_attempts_total{state}               outcomes recorded by this relayer
 //	outbox_attempt_errors_total{rail,error_code}
 //	outbox_dispatch_latency_seconds            enqueue -> DISPATCHED
-//	outbox_rail_call_seconds{rail}             rail call duration
+//	outbox_rail_call_seconds{rail}             rail call duration, every call (in whole milliseconds)
 //	outbox_rail_breaker_state{rail}            0 closed, 1 half-open, 2 open
 //	outbox_outcome_writes_total, outbox_outcome_write_seconds_total
 //	                                           outcome transactions, and the time they took
@@ -104,7 +104,10 @@ func (m *Metrics) collectors() []prometheus.Collector { return m.all }
 // observe is the relayer's OnRecorded hook.
 func (m *Metrics) observe(recs []engine.Recorded) {
 	for _, r := range recs {
-		if r.LatencyMS > 0 {
+		// Every call counts, those under a millisecond (LatencyMS 0)
+		// included: otherwise _count is not the number of calls and the
+		// quantiles lean towards the slow ones.
+		if r.RailCalled() {
 			m.railTime.WithLabelValues(r.RailType).Observe(float64(r.LatencyMS) / 1000)
 		}
 		switch r.Result() {

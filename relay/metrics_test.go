@@ -112,6 +112,65 @@ func TestMetricsReflectTheQueue(t *testing.T) {
 	}
 }
 
+// TestRailCallHistogramCountsEveryCall guards outbox_rail_call_seconds
+// against dropping fast calls: latency is kept in whole milliseconds and
+// only values above 0 were observed, so every call under 1 ms (all of the
+// in-process sandbox's) was missing, its _count was not the number of rail
+// calls and its quantiles leaned towards the slow ones.
+func TestRailCallHistogramCountsEveryCall(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := testdb.New(t)
+	sbx := rails.NewSandbox(rails.SandboxOptions{}) // answers at once
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: sbx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	svc, err := relay.New(pool, relay.Config{Relayer: engine.Config{Rails: set, PollInterval: 100 * time.Millisecond}, Metrics: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	producer, _ := pending.NewProducer(pending.Config{})
+	const n = 5
+	for i := range n {
+		in := pending.Instruction{InstructionID: fmt.Sprint("m", i), ParticipantID: fmt.Sprint("p", i), IdempotencyKey: fmt.Sprint("k", i),
+			RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1"}
+		if _, err := producer.Enqueue(ctx, pool, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := svc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = svc.Stop(sctx)
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for svc.Relayer().Stats().Dispatched < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("not drained: %+v", svc.Relayer().Stats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if calls := sbx.Stats().Calls; calls != n {
+		t.Fatalf("the rail was called %d times, want %d", calls, n)
+	}
+	if want := fmt.Sprintf(`outbox_rail_call_seconds_count{rail="sandbox"} %d`, n); !strings.Contains(string(body), want) {
+		t.Errorf("the rail was called %d times; scrape lacks %q:\n%s", n, want, body)
+	}
+}
+
 // scraped is the value of an unlabelled metric in a scrape.
 func scraped(t *testing.T, body []byte, name string) float64 {
 	t.Helper()
