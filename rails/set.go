@@ -23,9 +23,24 @@ const (
 // Transport carries an instruction to an external system and returns its
 // explicit answer. One transport (sandbox, webhook, a Go implementation of
 // the embedding program) can serve many rail types.
+//
+// Send must return promptly once ctx is done (its deadline is the rail's
+// timeout; it is also cancelled when the relayer stops), with ctx's error
+// or one wrapping it. The [Set] never abandons a running Send: a call left
+// running after its attempt was recorded could still pay after the
+// instruction was retried or dead-lettered. So a Send that ignores ctx (a
+// blocking client call that takes no context) holds its dispatch, and its
+// rail slot, for as long as it runs; its claim's lease (the timeout plus a
+// grace) may expire meanwhile, and the reaper then requeues the
+// instruction while the call is still under way (its outcome is archived
+// as late). [Set.Overruns] counts such calls.
 type Transport interface {
 	Send(ctx context.Context, ins payment.Instruction) (Result, error)
 }
+
+// OverrunGrace is how long after its context's deadline a Send may return
+// before [Set.Overruns] counts it as ignoring its context.
+const OverrunGrace = 250 * time.Millisecond
 
 // CodeProvider is implemented by transports that come with their own code
 // table (the sandbox and webhook transports do).
@@ -61,7 +76,11 @@ type Options struct {
 	Codes CodeTable
 	// MaxConcurrency caps concurrent dispatches to this rail (default 32).
 	MaxConcurrency int
-	// Timeout is the hard timeout of one dispatch (default 30 s).
+	// Timeout is the deadline of the context each dispatch's Send gets
+	// (default 30 s). It bounds the dispatch only if the transport honours
+	// its context, as [Transport] requires: the Set waits for Send to
+	// return, and an answer that arrives after the deadline is classified
+	// like any other (the rail did answer).
 	Timeout time.Duration
 	Breaker BreakerOptions
 	// OnBreakerChange, if set, is called on every breaker state change.
@@ -92,6 +111,9 @@ type configured struct {
 	// their result), so [Set.Claimable] does not offer the rail for more
 	// probes than the breaker would let through.
 	probes atomic.Int64
+	// overruns counts Sends that returned more than OverrunGrace after
+	// their deadline.
+	overruns atomic.Int64
 }
 
 func (c *configured) Type() string                           { return c.opts.Type }
@@ -201,10 +223,22 @@ func (s *Set) Rail(railType string) (Rail, bool) {
 	return r, ok
 }
 
-// Timeout returns the hard dispatch timeout of a rail type (zero if unknown).
+// Timeout returns the dispatch timeout of a rail type (zero if unknown);
+// see [Options].Timeout for what it bounds.
 func (s *Set) Timeout(railType string) time.Duration {
 	if r, ok := s.rails[railType]; ok {
 		return r.opts.Timeout
+	}
+	return 0
+}
+
+// Overruns returns how many calls to a rail type's transport returned more
+// than [OverrunGrace] after their context's deadline (zero if unknown): a
+// transport that does not honour its context (see [Transport]), whose
+// dispatches the rail's timeout does not bound.
+func (s *Set) Overruns(railType string) int64 {
+	if r, ok := s.rails[railType]; ok {
+		return r.overruns.Load()
 	}
 	return 0
 }
@@ -239,8 +273,10 @@ func (s *Set) Claimable() (closed []string, halfOpen []string) {
 
 // Execute validates ins for its rail, waits for a slot under the rail's
 // concurrency cap, and dispatches it through the breaker with the rail's
-// hard timeout. It always returns a Decision; if ctx ends while waiting for
-// a slot, the decision is a retryable RELEASED that never reached the rail.
+// timeout as the deadline of the transport's context (which bounds the
+// call only if the transport honours it; see [Transport]). It always
+// returns a Decision; if ctx ends while waiting for a slot, the decision
+// is a retryable RELEASED that never reached the rail.
 func (s *Set) Execute(ctx context.Context, ins payment.Instruction) Decision {
 	return s.ExecuteBefore(ctx, ins, time.Time{})
 }
@@ -287,6 +323,9 @@ func (s *Set) ExecuteBefore(ctx context.Context, ins payment.Instruction, leaseU
 		callCtx, cancel := context.WithTimeout(ctx, r.opts.Timeout)
 		defer cancel()
 		res, err := r.Dispatch(callCtx, ins)
+		if deadline, _ := callCtx.Deadline(); time.Since(deadline) > OverrunGrace {
+			r.overruns.Add(1)
+		}
 		d := r.codes.Decide(res, err)
 		switch {
 		case err != nil && errors.Is(ctx.Err(), context.Canceled):

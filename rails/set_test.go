@@ -194,6 +194,42 @@ func TestSetTimeout(t *testing.T) {
 	}
 }
 
+// TestSetTimeoutNeedsATransportThatHonoursIt guards the documented
+// contract of Options.Timeout and Transport: the timeout is the deadline
+// of the transport's context, and the Set never abandons a running Send
+// (a call left running could pay after its attempt was retried). A
+// transport that ignores its context therefore holds Execute until it
+// returns, its late answer is classified as given, and Overruns counts
+// it; one that honours its context ends at the timeout, not counted.
+func TestSetTimeoutNeedsATransportThatHonoursIt(t *testing.T) {
+	t.Parallel()
+	const timeout, blocks = 50 * time.Millisecond, 50*time.Millisecond + 2*rails.OverrunGrace
+	stubborn := transportFunc(func(context.Context, payment.Instruction) (rails.Result, error) {
+		time.Sleep(blocks) // a blocking client call that takes no context
+		return rails.Result{Code: rails.SandboxAccepted}, nil
+	})
+	s := newSet(t,
+		rails.Options{Type: "stubborn", Profile: payment.Generic{}, Transport: stubborn, Codes: rails.SandboxCodes, Timeout: timeout},
+		rails.Options{Type: "honest", Profile: payment.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{HangRate: 1}), Timeout: timeout})
+
+	start := time.Now()
+	d := s.Execute(context.Background(), sandboxIns("stubborn", "k1"))
+	if took := time.Since(start); took < blocks || d.Outcome != rails.Dispatched {
+		t.Errorf("stubborn transport: Execute returned after %v with %+v; want it to wait the %v the call took and keep its answer", took, d, blocks)
+	}
+	if n := s.Overruns("stubborn"); n != 1 {
+		t.Errorf("stubborn transport: Overruns = %d, want 1", n)
+	}
+
+	d = s.Execute(context.Background(), sandboxIns("honest", "k2"))
+	if d.ErrorCode != rails.CodeRailTimeout {
+		t.Errorf("honest transport: %+v, want RAIL_TIMEOUT", d)
+	}
+	if n := s.Overruns("honest"); n != 0 {
+		t.Errorf("honest transport: Overruns = %d, want 0", n)
+	}
+}
+
 // TestSetTimeoutThenRetry: the rail paid but the answer was lost; the retry
 // with the same key is answered DUPLICATE and nothing is paid twice.
 func TestSetTimeoutThenRetry(t *testing.T) {

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,6 +30,7 @@ import (
 //	outbox_dispatch_latency_seconds            enqueue -> DISPATCHED
 //	outbox_rail_call_seconds{rail}             rail call duration, every call (in whole milliseconds)
 //	outbox_rail_breaker_state{rail}            0 closed, 1 half-open, 2 open
+//	outbox_rail_overruns_total{rail}           calls whose transport ignored its deadline (rails.Set.Overruns)
 //	outbox_outcome_writes_total, outbox_outcome_write_seconds_total
 //	                                           outcome transactions, and the time they took
 //	outbox_claim_batches_total, outbox_claimed_total, outbox_notify_wakeups_total,
@@ -64,6 +66,16 @@ func newMetrics(pool *pgxpool.Pool, r *engine.Relayer, rp *reaper.Reaper, svc Co
 	m.all = []prometheus.Collector{m.latency, m.railTime, m.errors,
 		newSnapshotCollector(pool, archive, svc.QueueGaugesMaxAge),
 		breakerCollector{set: cfg.Rails}}
+	// A transport that ignores its context is not bounded by the rail's
+	// timeout (see rails.Transport): this is how an operator learns of it.
+	overruns := prometheus.NewDesc("outbox_rail_overruns_total",
+		fmt.Sprintf("Rail calls whose transport returned more than %s after the call's deadline (it does not honour its context, so the rail's timeout does not bound it), by rail.", rails.OverrunGrace),
+		[]string{"rail"}, nil)
+	m.all = append(m.all, funcCollector{desc: overruns, collect: func(ch chan<- prometheus.Metric) {
+		for _, t := range cfg.Rails.Types() {
+			ch <- prometheus.MustNewConstMetric(overruns, prometheus.CounterValue, float64(cfg.Rails.Overruns(t)), t)
+		}
+	}})
 	counter := func(name, help string, f func(engine.Stats) int64) {
 		m.all = append(m.all, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
 			func() float64 { return float64(f(r.Stats())) }))

@@ -94,6 +94,7 @@ func TestMetricsReflectTheQueue(t *testing.T) {
 		`outbox_inflight 0`,
 		`outbox_snapshot_up 1`,
 		`outbox_rail_breaker_state{rail="sandbox"} 0`,
+		`outbox_rail_overruns_total{rail="sandbox"} 0`,
 		`outbox_reaper_requeues_total 0`,
 	} {
 		if !strings.Contains(string(body), want) {

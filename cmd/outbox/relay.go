@@ -88,7 +88,7 @@ func (f *relayFlags) registerShared(fs *flag.FlagSet) {
 	fs.IntVar(&f.flushSize, "flush-size", engine.DefaultFlushSize, "outcome batch size")
 	fs.IntVar(&f.outcomeWriters, "outcome-writers", engine.DefaultOutcomeWriters, "outcome writes in progress at once (a full write does not wait for the one before it)")
 	fs.DurationVar(&f.stopTimeout, "stop-timeout", engine.DefaultStopTimeout, "on SIGTERM, how long in-flight dispatches may finish")
-	fs.DurationVar(&f.railTimeout, "rail-timeout", 0, "hard timeout of every rail without its own (default 30s)")
+	fs.DurationVar(&f.railTimeout, "rail-timeout", 0, "timeout of every rail without its own (default 30s; bounds a go transport only if it honours its context)")
 	fs.IntVar(&f.railMaxConcurrency, "rail-max-concurrency", 0, "concurrency cap of every rail without its own (default 32)")
 	fs.BoolVar(&f.reaper, "reaper", true, "also run the zombie reaper in the background")
 	fs.DurationVar(&f.reaperInterval, "reaper-interval", reaper.DefaultInterval, "reaper pass interval (>= 1s)")
