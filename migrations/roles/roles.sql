@@ -35,6 +35,14 @@ BEGIN
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
     WHERE n.nspname = '{{schema}}' AND c.relkind IN ('r', 'p', 'S')
     UNION ALL
+    -- Views: the archive view (migration 011), which a migration that adds
+    -- a column to attempts recreates. It reads with its reader's
+    -- privileges (security_invoker), so its owner grants nothing by owning
+    -- it.
+    SELECT format('ALTER VIEW %I.%I OWNER TO outbox_owner', n.nspname, c.relname)
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = '{{schema}}' AND c.relkind = 'v'
+    UNION ALL
     SELECT format('ALTER FUNCTION %s OWNER TO outbox_owner', p.oid::regprocedure)
     FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
     WHERE n.nspname = '{{schema}}'
