@@ -205,6 +205,9 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 			v12 = append(v12, line)
 		}
 	}
+	// Before migration 027 the script granted auditors and operators
+	// every table of the schema, the archive's partitions included.
+	v12 = append(v12, "GRANT SELECT ON ALL TABLES IN SCHEMA "+schema+" TO outbox_auditor, outbox_operator;")
 	if _, err := b.admin.Exec(b.ctx, strings.Join(v12, "\n")); err != nil {
 		t.Fatalf("roles at version 12: %v", err)
 	}
@@ -223,6 +226,7 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 		t.Fatalf("enqueue as producer after the upgrade: %+v, %v", r, err)
 	}
 	for fn, runner := range map[string]string{
+		"upgraded.ensure_attempt_partitions(int)":            migrations.RoleRelayer,
 		"upgraded.allocate_sequence(text)":                   migrations.RoleProducer,
 		"upgraded.settle_poison_dead_letters(uuid[])":        migrations.RoleRelayer,
 		"upgraded.archived_claim(uuid, timestamptz)":         migrations.RoleRelayer,
@@ -251,6 +255,17 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 			"upgraded."+fn+"(uuid, text, text)", migrations.RoleOperator).Scan(&operatorMay); err != nil || operatorMay {
 			t.Errorf("%s: executable by the operator %v (%v), want false", fn, operatorMay, err)
 		}
+	}
+	// Migration 027: the archive's partitions, granted to auditors and
+	// operators by the version-12 script, are the owner's alone, with
+	// row-level security, read through their parents.
+	var open []string
+	if err := b.admin.QueryRow(b.ctx, `SELECT coalesce(array_agg(i.inhrelid::regclass::text ORDER BY 1), '{}')
+		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		WHERE i.inhparent IN ('upgraded.attempts'::regclass, 'upgraded.attempts_detached'::regclass)
+		  AND (NOT c.relrowsecurity OR has_table_privilege($1, c.oid, 'SELECT') OR has_table_privilege($2, c.oid, 'SELECT'))`,
+		migrations.RoleAuditor, migrations.RoleOperator).Scan(&open); err != nil || len(open) > 0 {
+		t.Errorf("after the upgrade, partitions readable by auditors or operators or without row-level security: %v (%v)", open, err)
 	}
 	// vacuum_horizon: for every role that reads the queue, not producers.
 	var definer bool
@@ -879,4 +894,215 @@ func TestVacuumHorizonAsEachRole(t *testing.T) {
 		}
 	}
 	refused(t, b.ctx, producer, `SELECT * FROM outbox.vacuum_horizon()`)
+}
+
+// TestArchivePartitionsReadThroughTheirParentsOnly: row-level security by
+// tenant is on the archive's parents (attempts, attempts_detached), and
+// PostgreSQL applies a parent's policies only to queries that name the
+// parent. An auditor or operator scoped to one tenant, granted SELECT on a
+// partition, read every tenant's rows of that month by naming it. No role
+// but the owner may read a partition, and each has row-level security
+// without a policy (migration 027, roles.sql): the months the migrations
+// created, the default partition, a month a relayer's partition upkeep
+// created later (it runs as the owner, whose default privileges here grant
+// the readers every new table), a month `outbox archive detach` moved
+// into attempts_detached after a grant by hand, and all of them again
+// after --create-roles runs once more over grants made by hand. The
+// readers still read the archive through the parents and the archive
+// view, and `outbox archive export` and `archive list --exact` show a
+// reader scoped to a tenant that tenant's rows of the month alone.
+func TestArchivePartitionsReadThroughTheirParentsOnly(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	relayer := b.as(t, migrations.RoleRelayer, "")
+	for _, tenant := range []string{"tenant-a", "tenant-b"} {
+		if _, err := b.enqueue(t, b.as(t, migrations.RoleProducer, tenant), tenant, tenant+"-k1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if claimed := b.settle(t, relayer, store.Dispatched); len(claimed) != 2 {
+		t.Fatalf("dispatched %d, want 2", len(claimed))
+	}
+	// Copies of the rows (as the superuser; hashes are not checked here)
+	// in the default partition (a century on), in a month that partition
+	// upkeep creates below (eight months on), and in a month that ended
+	// long ago (moved to attempts_detached below).
+	copyRows := func(shift string) {
+		t.Helper()
+		if _, err := b.admin.Exec(b.ctx, `INSERT INTO outbox.attempts
+			SELECT (jsonb_populate_record(NULL::outbox.attempts, to_jsonb(a) || jsonb_build_object('created_at', `+shift+`))).*
+			FROM outbox.attempts a WHERE a.created_at < now() + interval '1 month'`); err != nil {
+			t.Fatalf("copy rows to %s: %v", shift, err)
+		}
+	}
+	copyRows(`a.created_at + interval '100 years'`)
+	// Partition upkeep as the relayer (it runs as the owner), with default
+	// privileges that grant the readers every table the owner creates.
+	if _, err := b.admin.Exec(b.ctx, `ALTER DEFAULT PRIVILEGES FOR ROLE outbox_owner IN SCHEMA outbox
+		GRANT SELECT ON TABLES TO outbox_auditor, outbox_operator, PUBLIC`); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.st.EnsurePartitions(b.ctx, relayer, 9); err != nil {
+		t.Fatalf("partition upkeep as relayer: %v", err)
+	}
+	var upkept string
+	if err := b.admin.QueryRow(b.ctx, `SELECT c.relname FROM pg_class c WHERE c.oid = to_regclass('outbox.attempts_' ||
+		to_char(date_trunc('month', now() AT TIME ZONE 'UTC') + interval '8 months', 'YYYY_MM'))
+		AND pg_get_userbyid(c.relowner) = 'outbox_owner'`).Scan(&upkept); err != nil {
+		t.Fatalf("the month partition upkeep created: %v", err)
+	}
+	copyRows(`date_trunc('month', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' + interval '8 months 1 day'`)
+	// A month long over, readable by the auditors by hand, detached.
+	for _, q := range []string{
+		`CREATE TABLE outbox.attempts_2020_01 PARTITION OF outbox.attempts FOR VALUES FROM ('2020-01-01 00:00Z') TO ('2020-02-01 00:00Z')`,
+		`GRANT SELECT ON outbox.attempts_2020_01 TO outbox_auditor, outbox_operator`,
+	} {
+		if _, err := b.admin.Exec(b.ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	copyRows(`timestamptz '2020-01-15 00:00Z'`)
+	time.Sleep(2 * time.Millisecond)
+	if cp, err := b.st.TakeCheckpoint(b.ctx, relayer, time.Millisecond, 0); err != nil || cp == nil {
+		t.Fatalf("checkpoint as relayer: %v %v", cp, err)
+	}
+	if detached, err := b.st.DetachArchive(b.ctx, b.admin, time.Date(2020, 2, 1, 0, 0, 0, 0, time.UTC), time.Minute); err != nil ||
+		!slices.Equal(detached, []string{"attempts_2020_01"}) {
+		t.Fatalf("detach: %v, %v", detached, err)
+	}
+
+	type partition struct {
+		name, parent string
+		a, b         int // rows of each tenant
+	}
+	partitions := func() []partition {
+		t.Helper()
+		rows, err := b.admin.Query(b.ctx, `WITH archive AS (
+			  SELECT tableoid, tenant_id FROM outbox.attempts UNION ALL SELECT tableoid, tenant_id FROM outbox.attempts_detached)
+			SELECT c.relname, p.relname,
+			(SELECT count(*) FROM archive a WHERE a.tableoid = c.oid AND a.tenant_id = 'tenant-a'),
+			(SELECT count(*) FROM archive a WHERE a.tableoid = c.oid AND a.tenant_id = 'tenant-b')
+			FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent
+			WHERE i.inhparent IN ('outbox.attempts'::regclass, 'outbox.attempts_detached'::regclass) ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []partition
+		for rows.Next() {
+			var p partition
+			if err := rows.Scan(&p.name, &p.parent, &p.a, &p.b); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, p)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	// Each kind of partition holds rows of both tenants.
+	holding := map[string]bool{}
+	for _, p := range partitions() {
+		if p.a > 0 && p.b > 0 {
+			holding[p.name] = true
+		}
+	}
+	for _, name := range []string{"attempts_default", upkept, "attempts_2020_01"} {
+		if !holding[name] {
+			t.Fatalf("partition %s holds rows of only one tenant or none: the test shows nothing there", name)
+		}
+	}
+
+	auditorA, operatorA := b.as(t, migrations.RoleAuditor, "tenant-a"), b.as(t, migrations.RoleOperator, "tenant-a")
+	auditorAll := b.as(t, migrations.RoleAuditor, "*")
+	sealed := func(when string) {
+		t.Helper()
+		for _, p := range partitions() {
+			var rls bool
+			var readers []string
+			if err := b.admin.QueryRow(b.ctx, `SELECT c.relrowsecurity,
+				array(SELECT r FROM unnest($2::text[]) r WHERE has_table_privilege(r, c.oid, 'SELECT') ORDER BY r)
+				FROM pg_class c WHERE c.oid = ('outbox.' || quote_ident($1))::regclass`, p.name,
+				[]string{migrations.RoleProducer, migrations.RoleRelayer, migrations.RoleAuditor, migrations.RoleOperator}).
+				Scan(&rls, &readers); err != nil {
+				t.Fatal(err)
+			}
+			if !rls || len(readers) > 0 {
+				t.Errorf("%s: partition %s (of %s): row-level security %v (want true), readable by %v (want nobody but the owner)",
+					when, p.name, p.parent, rls, readers)
+			}
+			for role, db := range map[string]*pgxpool.Pool{"auditor": auditorA, "operator": operatorA} {
+				var n int
+				err := db.QueryRow(b.ctx, `SELECT count(*) FROM outbox.`+pgx.Identifier{p.name}.Sanitize()+` WHERE tenant_id = 'tenant-b'`).Scan(&n)
+				var pgErr *pgconn.PgError
+				if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+					t.Errorf("%s: %s of tenant A reads partition %s directly: %d of tenant B's rows, %v (want a 42501 refusal)",
+						when, role, p.name, n, err)
+				}
+			}
+		}
+	}
+	sealed("after partition upkeep and a detach")
+
+	// Grants by hand, then --create-roles again (as after the next
+	// migration): nobody but the owner reads a partition still.
+	if _, err := b.admin.Exec(b.ctx, `GRANT SELECT ON outbox.attempts_default, outbox.`+pgx.Identifier{upkept}.Sanitize()+`
+		TO outbox_auditor, outbox_operator, PUBLIC`); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.CreateRoles(b.ctx, b.admin, ""); err != nil {
+		t.Fatal(err)
+	}
+	sealed("after --create-roles")
+
+	// Through the parents and the archive view, each reader reads its own.
+	for name, c := range map[string]struct {
+		db   *pgxpool.Pool
+		a, b bool
+	}{"auditor of tenant A": {auditorA, true, false}, "operator of tenant A": {operatorA, true, false}, "auditor of every tenant": {auditorAll, true, true}} {
+		for _, from := range []string{"outbox.attempts", "outbox.attempts_detached", "outbox.archive"} {
+			var a, bb int
+			if err := c.db.QueryRow(b.ctx, `SELECT count(*) FILTER (WHERE tenant_id = 'tenant-a'), count(*) FILTER (WHERE tenant_id = 'tenant-b') FROM `+from).
+				Scan(&a, &bb); err != nil {
+				t.Fatalf("%s reads %s: %v", name, from, err)
+			}
+			if (a > 0) != c.a || (bb > 0) != c.b {
+				t.Errorf("%s reads %d of tenant A's and %d of tenant B's rows through %s", name, a, bb, from)
+			}
+		}
+	}
+	// archive export and list --exact: a tenant's rows of the month alone,
+	// every tenant's for a reader of every tenant.
+	export := func(db *pgxpool.Pool, name string) (int64, string) {
+		t.Helper()
+		conn, err := db.Acquire(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Release()
+		var csv strings.Builder
+		n, err := b.st.ExportPartition(b.ctx, conn.Conn(), name, &csv)
+		if err != nil {
+			t.Fatalf("export %s: %v", name, err)
+		}
+		return n, csv.String()
+	}
+	listA, err := b.st.Partitions(b.ctx, auditorA, true)
+	if err != nil {
+		t.Fatalf("archive list --exact as auditor of tenant A: %v", err)
+	}
+	counted := map[string]int64{}
+	for _, p := range listA {
+		counted[p.Name] = p.Rows
+	}
+	for _, p := range partitions() {
+		n, csv := export(auditorA, p.name)
+		if n != int64(p.a) || strings.Contains(csv, "tenant-b") || counted[p.name] != int64(p.a) {
+			t.Errorf("partition %s as auditor of tenant A: export of %d rows (tenant B's in it: %v), list --exact %d; want tenant A's %d",
+				p.name, n, strings.Contains(csv, "tenant-b"), counted[p.name], p.a)
+		}
+		if n, _ := export(auditorAll, p.name); n != int64(p.a+p.b) {
+			t.Errorf("partition %s as auditor of every tenant: export of %d rows, want %d", p.name, n, p.a+p.b)
+		}
+	}
 }

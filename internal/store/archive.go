@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/gofrs/uuid/v5"
@@ -50,7 +51,8 @@ WHERE n.nspname = $1 AND p.relname IN ('attempts', 'attempts_detached')
 ORDER BY 3 NULLS FIRST, 1`
 
 // Partitions lists the archive's partitions, oldest first. With exact, Rows
-// is a count (a read of every partition: run it on a replica).
+// is a count (a read of every partition: run it on a replica) of the rows
+// the reader's tenant setting lets it read (see partitionRows).
 func (s *Store) Partitions(ctx context.Context, db Querier, exact bool) ([]Partition, error) {
 	rows, err := db.Query(ctx, s.sql.partitions, s.schema)
 	if err != nil {
@@ -77,7 +79,7 @@ func (s *Store) Partitions(ctx context.Context, db Querier, exact bool) ([]Parti
 	}
 	if exact {
 		for i := range out {
-			if err := db.QueryRow(ctx, "SELECT count(*) FROM "+s.table(out[i].Name)).Scan(&out[i].Rows); err != nil {
+			if err := db.QueryRow(ctx, "SELECT count(*) "+s.partitionRows(out[i], out)).Scan(&out[i].Rows); err != nil {
 				return nil, fmt.Errorf("archive partitions: count %s: %w", out[i].Name, err)
 			}
 		}
@@ -87,6 +89,35 @@ func (s *Store) Partitions(ctx context.Context, db Querier, exact bool) ([]Parti
 
 // table is a table of the schema as a quoted identifier.
 func (s *Store) table(name string) string { return pgx.Identifier{s.schema, name}.Sanitize() }
+
+// partitionRows is the FROM and WHERE of a query of partition p's rows,
+// read through its parent (attempts, or attempts_detached for a detached
+// month; parts is the whole listing, p among it). Row-level security by
+// tenant is on the parents, and PostgreSQL applies a parent's policies
+// only to queries that name the parent: a partition named directly would
+// show a reader scoped to one tenant every tenant's rows, so nobody but
+// the owner may read one (migration 027). The partition's bounds let the
+// planner read that partition alone (for the default partition: outside
+// every attached month's bounds); tableoid keeps to it if the partitions
+// changed since the listing.
+func (s *Store) partitionRows(p Partition, parts []Partition) string {
+	parent := "attempts"
+	if p.State == "detached" {
+		parent = "attempts_detached"
+	}
+	q := fmt.Sprintf("FROM %s WHERE tableoid = '%s'::regclass", s.table(parent), strings.ReplaceAll(s.table(p.Name), "'", "''"))
+	switch {
+	case p.State == "default":
+		for _, o := range parts {
+			if o.State == "attached" && !o.From.IsZero() && !o.To.IsZero() {
+				q += fmt.Sprintf(" AND NOT (created_at >= %s AND created_at < %s)", quoteTime(o.From), quoteTime(o.To))
+			}
+		}
+	case !p.From.IsZero() && !p.To.IsZero():
+		q += fmt.Sprintf(" AND created_at >= %s AND created_at < %s", quoteTime(p.From), quoteTime(p.To))
+	}
+	return q
+}
 
 // DetachArchive moves every attached partition that ends at or before
 // `before` (not in the future; the CLI takes a month) out
@@ -164,6 +195,12 @@ func (s *Store) detachPartition(ctx context.Context, db Batcher, p Partition, lo
 		if _, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (%s) TO (%s)`,
 			s.table("attempts_detached"), name, from, to)); err != nil {
 			return fmt.Errorf("detach %s: attach to attempts_detached: %w", p.Name, err)
+		}
+		// Read through attempts_detached only, under its tenant policy, as
+		// it was through attempts (migration 027): a grant made on the
+		// month meanwhile goes with the move.
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`SELECT %s.seal_archive_partition($1::regclass)`, pgx.Identifier{s.schema}.Sanitize()), name); err != nil {
+			return fmt.Errorf("detach %s: seal: %w", p.Name, err)
 		}
 		return nil
 	})
@@ -322,26 +359,37 @@ func (s *Store) RetireKeysSQL(partition string) string {
 // partitions (attached, detached or default): the name goes into SQL as an
 // identifier, so only names the catalog lists may.
 func (s *Store) checkPartition(ctx context.Context, db Querier, name string) error {
+	_, _, err := s.findPartition(ctx, db, name)
+	return err
+}
+
+// findPartition is checkPartition that also returns the partition and the
+// whole listing.
+func (s *Store) findPartition(ctx context.Context, db Querier, name string) (Partition, []Partition, error) {
 	parts, err := s.Partitions(ctx, db, false)
 	if err != nil {
-		return err
+		return Partition{}, nil, err
 	}
 	for _, p := range parts {
 		if p.Name == name {
-			return nil
+			return p, parts, nil
 		}
 	}
-	return fmt.Errorf("%w: %q is not a partition of the archive (outbox archive list)", ErrArchiveLifecycle, name)
+	return Partition{}, nil, fmt.Errorf("%w: %q is not a partition of the archive (outbox archive list)", ErrArchiveLifecycle, name)
 }
 
 // ExportPartition writes one archive partition (attached or detached) to w
 // as CSV with a header line, in (created_at, attempt_id) order, and returns
-// the number of rows.
+// the number of rows. It reads the partition through its parent, so a
+// reader scoped to a tenant exports that tenant's rows of the month and no
+// other's; the whole month is an export by a reader of every tenant
+// (outbox.tenant '*') or by the owner.
 func (s *Store) ExportPartition(ctx context.Context, conn *pgx.Conn, name string, w io.Writer) (int64, error) {
-	if err := s.checkPartition(ctx, conn, name); err != nil {
+	p, parts, err := s.findPartition(ctx, conn, name)
+	if err != nil {
 		return 0, err
 	}
-	tag, err := conn.PgConn().CopyTo(ctx, w, `COPY (SELECT * FROM `+s.table(name)+` ORDER BY created_at, attempt_id) TO STDOUT WITH (FORMAT csv, HEADER true)`)
+	tag, err := conn.PgConn().CopyTo(ctx, w, `COPY (SELECT * `+s.partitionRows(p, parts)+` ORDER BY created_at, attempt_id) TO STDOUT WITH (FORMAT csv, HEADER true)`)
 	if err != nil {
 		return 0, fmt.Errorf("export %s: %w", name, err)
 	}

@@ -109,12 +109,25 @@ GRANT EXECUTE ON FUNCTION {{schema}}.archived_claim(uuid, timestamptz) TO outbox
 GRANT SELECT ON {{schema}}.rail_pauses TO outbox_relayer; -- claims leave paused rails alone
 
 -- Auditor: reads everything (verify checks the queue against the archive),
--- writes nothing.
-GRANT SELECT ON ALL TABLES IN SCHEMA {{schema}} TO outbox_auditor;
-
--- Operator: reads what an auditor reads; writes only through the
--- functions that record who did it.
-GRANT SELECT ON ALL TABLES IN SCHEMA {{schema}} TO outbox_operator;
+-- writes nothing. Operator: reads what an auditor reads; writes only
+-- through the functions that record who did it.
+--
+-- Every table and view of the schema except the archive's partitions,
+-- which are read through their parents (attempts, attempts_detached, the
+-- archive view): the parents' row-level security below keeps a reader to
+-- its tenant, and PostgreSQL applies it to queries through the parent
+-- only, never to a query that names a partition. Reading through a parent
+-- needs no privilege on its partitions. (Not GRANT ... ON ALL TABLES: that
+-- includes every partition.)
+DO $$
+DECLARE
+  r record;
+BEGIN
+  FOR r IN SELECT c.oid::regclass AS rel FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE n.nspname = '{{schema}}' AND c.relkind IN ('r', 'p', 'v', 'm') AND NOT c.relispartition LOOP
+    EXECUTE format('GRANT SELECT ON TABLE %s TO outbox_auditor, outbox_operator', r.rel);
+  END LOOP;
+END $$;
 GRANT EXECUTE ON FUNCTION {{schema}}.replay_dead_letter(uuid, text, text), {{schema}}.acknowledge_dead_letter(uuid, text, text)
   TO outbox_operator;
 GRANT EXECUTE ON FUNCTION {{schema}}.pause_rail(text, text, text), {{schema}}.resume_rail(text, text, text) TO outbox_operator;
@@ -153,5 +166,35 @@ BEGIN
                             OR coalesce(tenant_id, '') = coalesce(current_setting('outbox.tenant', true), ''))
                      WITH CHECK (current_setting('outbox.tenant', true) = '*'
                                  OR coalesce(tenant_id, '') = coalesce(current_setting('outbox.tenant', true), ''))$p$, t);
+  END LOOP;
+END $$;
+-- The archive's partitions (every month, attached or detached, and the
+-- default partition): no privilege for anyone but the owner, whoever
+-- granted it (the REVOKE above takes back only the outbox roles'; a
+-- version of this script before migration 027 granted auditors and
+-- operators every partition), and row-level security without a policy, so
+-- that a grant made anyway reads no row. The parents' policies do not
+-- reach a query that names a partition; a partition's own do not affect
+-- queries through its parent. Migration 027 does the same, and so do
+-- partition upkeep and `outbox archive detach` for the months they
+-- create and move (seal_archive_partition).
+DO $$
+DECLARE
+  p record;
+  g oid;
+BEGIN
+  FOR p IN SELECT c.oid::regclass AS rel, c.relrowsecurity AS rls, c.relowner, c.relacl FROM pg_inherits i
+           JOIN pg_class c ON c.oid = i.inhrelid
+           WHERE i.inhparent IN ('{{schema}}.attempts'::regclass, '{{schema}}.attempts_detached'::regclass) LOOP
+    IF NOT p.rls THEN
+      EXECUTE format('ALTER TABLE %s ENABLE ROW LEVEL SECURITY', p.rel);
+    END IF;
+    FOR g IN SELECT DISTINCT a.grantee FROM aclexplode(p.relacl) a WHERE a.grantee <> p.relowner LOOP
+      IF g = 0 THEN
+        EXECUTE format('REVOKE ALL ON TABLE %s FROM PUBLIC', p.rel);
+      ELSE
+        EXECUTE format('REVOKE ALL ON TABLE %s FROM %s', p.rel, g::regrole);
+      END IF;
+    END LOOP;
   END LOOP;
 END $$;
