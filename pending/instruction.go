@@ -22,7 +22,10 @@ type Instruction struct {
 	// ParticipantID is whose instructions are kept in order (required).
 	ParticipantID string
 	// IdempotencyKey, with InstructionID (and TenantID), identifies the
-	// instruction forever (required). It is also sent to the rail.
+	// instruction forever (required). It is also sent to the rail, which
+	// deduplicates by the key without the instruction id: a key must not
+	// be shared by two instruction ids, or the rail answers the second as
+	// a repeat of the first and it is recorded as dispatched unpaid.
 	IdempotencyKey string
 	// RailType names the rail, e.g. "sandbox", "ach", "event" (required).
 	RailType string
