@@ -100,6 +100,9 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	if err := CheckTokens(cfg.Tokens); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	if cfg.DegradedAfter <= 0 {
 		cfg.DegradedAfter = DefaultDegradedAfter
 	}

@@ -46,10 +46,10 @@ var ErrTokens = errors.New("admin tokens")
 
 // ParseTokens reads credentials, one per line: ROLE NAME SECRET (role
 // auditor or operator). Blank lines and lines starting with # are skipped.
-// Errors name the line, never the secret.
+// A name or a secret used twice is refused (see CheckTokens). Errors name
+// the line and the tokens, never the secret.
 func ParseTokens(r io.Reader) ([]Token, error) {
 	var out []Token
-	names := map[string]bool{}
 	sc := bufio.NewScanner(r)
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
@@ -64,29 +64,52 @@ func ParseTokens(r io.Reader) ([]Token, error) {
 		if err != nil {
 			return nil, fmt.Errorf("line %d: %w", n, err)
 		}
-		if names[t.Name] {
-			return nil, fmt.Errorf("%w: line %d: token %s is defined twice", ErrTokens, n, t.Name)
-		}
-		names[t.Name] = true
 		out = append(out, t)
+		if err := CheckTokens(out); err != nil {
+			return nil, fmt.Errorf("line %d: %w", n, err)
+		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrTokens, err)
+		return nil, fmt.Errorf("%w: %w", ErrTokens, err)
 	}
 	return out, nil
 }
 
+// CheckTokens refuses credentials that cannot be told apart: two tokens
+// with one name (the archive could not say which acted) or with one secret
+// (a request would get whichever matched, perhaps the operator's role
+// under an auditor's name). Callers joining tokens from several sources
+// check the joined list. The error names the tokens, never the secret.
+func CheckTokens(tokens []Token) error {
+	names := make(map[string]bool, len(tokens))
+	secrets := make(map[[sha256.Size]byte]string, len(tokens))
+	for _, t := range tokens {
+		if names[t.Name] {
+			return fmt.Errorf("%w: token %s is defined twice", ErrTokens, t.Name)
+		}
+		names[t.Name] = true
+		if other, ok := secrets[t.hash]; ok {
+			return fmt.Errorf("%w: tokens %s and %s share a secret; give each its own", ErrTokens, other, t.Name)
+		}
+		secrets[t.hash] = t.Name
+	}
+	return nil
+}
+
 // match returns the token whose secret is secret. Every token is compared,
 // in constant time over fixed-length hashes, so neither the time taken nor
-// the secret's length tells which token came close.
+// the secret's length tells which token came close. A secret matching
+// more than one token matches none: CheckTokens refuses such lists, and
+// guessing between a weaker and a stronger role is worse than refusing.
 func match(tokens []Token, secret string) (Token, bool) {
 	h := sha256.Sum256([]byte(secret))
 	var found Token
-	ok := 0
+	matches := 0
 	for _, t := range tokens {
 		if subtle.ConstantTimeCompare(h[:], t.hash[:]) == 1 {
-			found, ok = t, 1
+			found = t
+			matches++
 		}
 	}
-	return found, ok == 1
+	return found, matches == 1
 }

@@ -275,7 +275,8 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 }
 
 // adminTokens reads the API credentials named by --admin-tokens-file and
-// --admin-tokens-env (none: the API is off).
+// --admin-tokens-env (none: the API is off). A name or a secret used twice,
+// within one source or across the two, is refused.
 func (f *relayFlags) adminTokens(env *environment) ([]admin.Token, error) {
 	var all []admin.Token
 	if f.adminTokensFile != "" {
@@ -298,6 +299,14 @@ func (f *relayFlags) adminTokens(env *environment) ([]admin.Token, error) {
 			return nil, fmt.Errorf("$%s: %w", f.adminTokensEnv, err)
 		}
 		all = append(all, more...)
+		// Each source is checked on its own above; a name or a secret in
+		// both would make the archive's "who" or a request's role depend
+		// on which token matched.
+		if f.adminTokensFile != "" {
+			if err := admin.CheckTokens(all); err != nil {
+				return nil, fmt.Errorf("%s and $%s together: %w", f.adminTokensFile, f.adminTokensEnv, err)
+			}
+		}
 	}
 	return all, nil
 }

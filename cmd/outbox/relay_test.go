@@ -4,8 +4,12 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ledgerline/outbox/admin"
 )
 
 // deadDatabaseURL is passed to commands expected to stop before they
@@ -92,6 +96,42 @@ func TestDemoRefusesFlagsItWouldIgnore(t *testing.T) {
 		requireExit(t, r, 2)
 		if !strings.Contains(r.stderr, tt.want) {
 			t.Errorf("%v: stderr lacks %q: %s", tt.args, tt.want, r.stderr)
+		}
+	}
+}
+
+// TestAdminTokensRefuseDuplicatesAcrossSources: --admin-tokens-file and
+// --admin-tokens-env are joined, and a name or a secret in both is
+// refused (naming the tokens and both sources, never the secret), as
+// within one source: otherwise the archive's "who" or a request's role
+// would depend on which of two tokens matched.
+func TestAdminTokensRefuseDuplicatesAcrossSources(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(file, []byte("operator oscar oscar-secret-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name, env, want string
+	}{
+		{"distinct", "auditor audra audra-secret-0123456789", ""},
+		{"a name in both", "auditor oscar audra-secret-0123456789", "token oscar is defined twice"},
+		{"a secret in both", "auditor audra oscar-secret-0123456789", "tokens oscar and audra share a secret"},
+	} {
+		env := &environment{stdout: io.Discard, stderr: io.Discard, getenv: func(k string) string {
+			if k == "OPS_TOKENS" {
+				return tt.env
+			}
+			return ""
+		}}
+		rf := relayFlags{adminTokensFile: file, adminTokensEnv: "OPS_TOKENS"}
+		toks, err := rf.adminTokens(env)
+		switch {
+		case tt.want == "" && (err != nil || len(toks) != 2):
+			t.Errorf("%s: %d tokens, %v", tt.name, len(toks), err)
+		case tt.want != "" && (!errors.Is(err, admin.ErrTokens) || !strings.Contains(err.Error(), tt.want) ||
+			!strings.Contains(err.Error(), file) || !strings.Contains(err.Error(), "$OPS_TOKENS") || strings.Contains(err.Error(), "secret-0123456789")):
+			t.Errorf("%s: %v, want ErrTokens naming both sources and %q (not the secret)", tt.name, err, tt.want)
 		}
 	}
 }
