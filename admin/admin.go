@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -87,6 +88,9 @@ type Server struct {
 	log      *slog.Logger
 	stopping atomic.Bool
 	sessions sessions // the console's
+	// readyLogged is the detail /readyz last logged (logReadiness).
+	readyMu     sync.Mutex
+	readyLogged string
 	// overviewReads shares the overview's database reads among callers.
 	overviewReads *sharedread.Value[overviewReads]
 }

@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -419,6 +420,58 @@ func TestReadiness(t *testing.T) {
 	}
 }
 
+// TestReadinessWithholdsDetailsWithoutACredential: /readyz needs no
+// credential, so a failed check's cause is generic unless the request
+// carries a valid one; a pgx connect error names the database's user,
+// host and port. The status codes stay those the load balancers read, and
+// the withheld detail is logged.
+func TestReadinessWithholdsDetailsWithoutACredential(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(t.Context(), "postgres://leaky_user@127.0.0.1:1/ledger_db?sslmode=disable&connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	toks, err := admin.ParseTokens(strings.NewReader("auditor audra " + auditorSecret + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	srv, err := admin.New(admin.Config{Pool: pool, Tokens: toks, Logger: slog.New(slog.NewTextHandler(lockedWriter{&logs, &mu}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	b := &bundle{ctx: t.Context(), url: hs.URL}
+	leaks := []string{"leaky_user", "ledger_db", "127.0.0.1:1"}
+	for _, secret := range []string{"", "wrong-secret-0123456789"} {
+		var rd admin.Readiness
+		if code := b.call(t, "GET", "/readyz", secret, nil, &rd); code != http.StatusServiceUnavailable || rd.Status != "not_ready" ||
+			len(rd.Checks) < 2 || rd.Checks[0] != (admin.Check{Name: "database", Cause: "database unreachable"}) || rd.Checks[1].OK {
+			t.Fatalf("readyz with the credential %q: %d %+v", secret, code, rd)
+		}
+		for _, c := range rd.Checks {
+			for _, leak := range leaks {
+				if strings.Contains(c.Cause, leak) {
+					t.Errorf("readyz with the credential %q names %q: %+v", secret, leak, rd)
+				}
+			}
+		}
+	}
+	var rd admin.Readiness
+	if code := b.call(t, "GET", "/readyz", auditorSecret, nil, &rd); code != http.StatusServiceUnavailable || rd.Status != "not_ready" ||
+		!strings.Contains(rd.Checks[0].Cause, "leaky_user") {
+		t.Fatalf("readyz with an auditor's credential: %d %+v, want the connect error", code, rd)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(logs.String(), "leaky_user") {
+		t.Errorf("the withheld detail was not logged:\n%s", logs.String())
+	}
+}
+
 // consoleClient is a console session of the auditor's, over plain HTTP.
 type consoleClient struct {
 	base   string
@@ -549,7 +602,14 @@ func TestReadinessDegradedByAHeldVacuumHorizon(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	want := fmt.Sprintf("session %d (nightly-report, %s, idle in transaction) has held back vacuum", holder.PgConn().PID(), cfg.User)
-	if code := b.call(t, "GET", "/readyz", "", nil, &rd); code != 200 || rd.Status != "degraded" || len(rd.Reasons) != 1 ||
+	// Without a credential the reason is generic: the probe is open to
+	// anyone who reaches the address, and the holder's role and
+	// application are the database's business.
+	if code := b.call(t, "GET", "/readyz", "", nil, &rd); code != 200 || rd.Status != "degraded" ||
+		!slices.Equal(rd.Reasons, []string{"a transaction or replication slot holds back vacuum"}) {
+		t.Fatalf("readyz without a credential, with a transaction older than the threshold: %d %+v", code, rd)
+	}
+	if code := b.call(t, "GET", "/readyz", auditorSecret, nil, &rd); code != 200 || rd.Status != "degraded" || len(rd.Reasons) != 1 ||
 		!strings.HasPrefix(rd.Reasons[0], want) {
 		t.Fatalf("readyz with a transaction older than the threshold: %d %+v, want a reason starting %q", code, rd, want)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,6 +18,8 @@ type Check struct {
 	Name  string `json:"name"`
 	OK    bool   `json:"ok"`
 	Cause string `json:"cause,omitempty"`
+	// public is Cause for a request without a credential.
+	public string
 }
 
 // Readiness is /readyz's body. Status is "ready", "degraded" (still ready,
@@ -25,6 +28,32 @@ type Readiness struct {
 	Status  string   `json:"status"`
 	Checks  []Check  `json:"checks"`
 	Reasons []string `json:"degraded_reasons,omitempty"`
+	// publicReasons are Reasons for a request without a credential.
+	publicReasons []string
+}
+
+// Public is rd as /readyz answers a request without a valid credential:
+// the same status and checks, with generic causes and reasons. The
+// detailed ones name the database's user, host and port (a connect
+// error) or the role and application holding back vacuum, and the probe
+// is open to anyone who reaches the admin address.
+func (rd Readiness) Public() Readiness {
+	out := Readiness{Status: rd.Status, Checks: make([]Check, len(rd.Checks)), Reasons: rd.publicReasons}
+	for i, c := range rd.Checks {
+		out.Checks[i] = Check{Name: c.Name, OK: c.OK, Cause: c.public}
+	}
+	return out
+}
+
+// detail is rd's causes and reasons on one line, for the log.
+func (rd Readiness) detail() string {
+	var parts []string
+	for _, c := range rd.Checks {
+		if !c.OK {
+			parts = append(parts, c.Name+": "+c.Cause)
+		}
+	}
+	return strings.Join(append(parts, rd.Reasons...), "; ")
 }
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
@@ -34,7 +63,10 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 // readyz answers 200 when the process can do its work (database reachable,
 // schema at this build's version, listener connected or poll-only by
 // choice, not stopping), degraded when it can but the queue is late or a
-// rail's breaker is open, and 503 otherwise.
+// rail's breaker is open, and 503 otherwise. The causes and reasons are
+// detailed only for a request with a valid API credential (any role);
+// otherwise they are generic (Readiness.Public), and the detail is logged
+// when it changes (probes come every few seconds).
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 	defer cancel()
@@ -43,26 +75,51 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	if rd.Status == "not_ready" {
 		status = http.StatusServiceUnavailable
 	}
-	writeJSON(w, status, rd)
+	if secret, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		if _, known := match(s.cfg.Tokens, secret); known {
+			writeJSON(w, status, rd)
+			return
+		}
+	}
+	s.logReadiness(rd)
+	writeJSON(w, status, rd.Public())
 }
 
-// Readiness runs the readiness checks.
+// logReadiness logs what /readyz withheld, once per change of it.
+func (s *Server) logReadiness(rd Readiness) {
+	detail := rd.detail()
+	s.readyMu.Lock()
+	changed := detail != s.readyLogged
+	s.readyLogged = detail
+	s.readyMu.Unlock()
+	if changed && detail != "" {
+		s.log.Warn("admin: readiness", "status", rd.Status, "detail", detail)
+	}
+}
+
+// Readiness runs the readiness checks, with detailed causes and reasons
+// (Public withholds them).
 func (s *Server) Readiness(ctx context.Context) Readiness {
 	var rd Readiness
-	add := func(name string, err error) bool {
+	// public is the cause shown without a credential; "": err's text,
+	// for the causes this file words itself.
+	add := func(name string, err error, public string) bool {
 		c := Check{Name: name, OK: err == nil}
 		if err != nil {
-			c.Cause = err.Error()
+			c.Cause, c.public = err.Error(), public
+			if public == "" {
+				c.public = c.Cause
+			}
 		}
 		rd.Checks = append(rd.Checks, c)
 		return err == nil
 	}
-	dbOK := add("database", s.cfg.Pool.Ping(ctx))
+	dbOK := add("database", s.cfg.Pool.Ping(ctx), "database unreachable")
 	if dbOK {
 		_, err := migrations.Ready(ctx, s.cfg.Pool, s.store.Schema())
-		add("schema", err)
+		add("schema", err, "schema not ready")
 	} else {
-		add("schema", fmt.Errorf("not checked: the database is unreachable"))
+		add("schema", fmt.Errorf("not checked: the database is unreachable"), "")
 	}
 	if rl := s.cfg.Relayer; rl != nil {
 		h := rl.Health()
@@ -73,13 +130,13 @@ func (s *Server) Readiness(ctx context.Context) Readiness {
 		case !h.Listening && !h.PollOnly:
 			err = fmt.Errorf("the LISTEN connection is down (polling meanwhile)")
 		}
-		add("relayer", err)
+		add("relayer", err, "")
 	}
 	var err error
 	if s.stopping.Load() {
 		err = fmt.Errorf("shutting down")
 	}
-	add("not_stopping", err)
+	add("not_stopping", err, "")
 	for _, c := range rd.Checks {
 		if !c.OK {
 			rd.Status = "not_ready"
@@ -89,17 +146,23 @@ func (s *Server) Readiness(ctx context.Context) Readiness {
 	rd.Status = "ready"
 	// Not the Snapshot, which reads the whole queue: probes come every few
 	// seconds, backlog or not.
+	degraded := func(reason, public string) {
+		rd.Reasons = append(rd.Reasons, reason)
+		if !slices.Contains(rd.publicReasons, public) {
+			rd.publicReasons = append(rd.publicReasons, public)
+		}
+	}
 	if late, err := s.store.DueOlderThan(ctx, s.cfg.Pool, s.cfg.DegradedAfter); err == nil && late {
-		rd.Reasons = append(rd.Reasons, fmt.Sprintf("the oldest due instruction was enqueued more than %s ago (the threshold)",
-			s.cfg.DegradedAfter))
+		degraded(fmt.Sprintf("the oldest due instruction was enqueued more than %s ago (the threshold)", s.cfg.DegradedAfter),
+			"the queue is late")
 	}
 	if reason := s.horizonReason(ctx); reason != "" {
-		rd.Reasons = append(rd.Reasons, reason)
+		degraded(reason, "a transaction or replication slot holds back vacuum")
 	}
 	if set := s.cfg.Rails; set != nil {
 		for _, t := range set.Types() {
 			if st := set.State(t); st != rails.BreakerClosed {
-				rd.Reasons = append(rd.Reasons, fmt.Sprintf("rail %s: breaker %s", t, st))
+				degraded(fmt.Sprintf("rail %s: breaker %s", t, st), "a rail's breaker is not closed")
 			}
 		}
 	}
