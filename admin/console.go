@@ -23,7 +23,8 @@ import (
 // The operations console: the API's views as HTML pages, readable without
 // JavaScript, behind a sign-in that turns a token into a session cookie
 // (HttpOnly, SameSite=Strict). Every form that changes something carries
-// the session's CSRF token.
+// the session's CSRF token; the sign-in, before there is a session, is
+// refused from another origin (signinOrigin).
 
 //go:embed console
 var consoleFiles embed.FS
@@ -189,12 +190,26 @@ func (s *Server) console(need Role, form bool, h func(w http.ResponseWriter, r *
 			http.Error(w, "the form is stale or forged: reload the page", http.StatusForbidden)
 			return
 		}
-		w.Header().Set("Cache-Control", "no-store")
-		w.Header().Set("X-Frame-Options", "DENY")
-		w.Header().Set("Content-Security-Policy", "default-src 'self'; form-action 'self'; frame-ancestors 'none'")
+		pageHeaders(w)
 		h(w, r, &page{Who: sess.who, Operator: sess.who.Role == RoleOperator, CSRF: sess.csrf})
 	})
 }
+
+// pageHeaders sets what every console page answers with: not cached, not
+// framed by another site (clickjacking), nothing loaded or posted
+// elsewhere.
+func pageHeaders(w http.ResponseWriter) {
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Frame-Options", "DENY")
+	w.Header().Set("Content-Security-Policy", "default-src 'self'; form-action 'self'; frame-ancestors 'none'")
+}
+
+// signinOrigin refuses a browser's cross-origin sign-in (Sec-Fetch-Site,
+// else Origin against Host). There is no session yet whose CSRF token the
+// form could carry, and without this another site could sign a visitor in
+// with its own token (login CSRF), so that what the visitor then does is
+// recorded under that token's name.
+var signinOrigin = http.NewCrossOriginProtection()
 
 // render writes a page with its template.
 func (s *Server) render(w http.ResponseWriter, r *http.Request, name string, p *page) {
@@ -205,10 +220,18 @@ func (s *Server) render(w http.ResponseWriter, r *http.Request, name string, p *
 }
 
 func (s *Server) signinForm(w http.ResponseWriter, r *http.Request) {
+	pageHeaders(w)
 	s.render(w, r, "signin.html", &page{Title: "Sign in"})
 }
 
 func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
+	pageHeaders(w)
+	if err := signinOrigin.Check(r); err != nil {
+		s.log.Warn("admin: refused request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr,
+			"reason", "cross-origin sign-in", "origin", r.Header.Get("Origin"), "sec_fetch_site", r.Header.Get("Sec-Fetch-Site"))
+		http.Error(w, "sign in from the console's own sign-in page", http.StatusForbidden)
+		return
+	}
 	who, ok := match(s.cfg.Tokens, r.PostFormValue("token"))
 	if !ok {
 		s.log.Warn("admin: refused request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "reason", "unknown credential")

@@ -1,0 +1,110 @@
+package admin_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerline/outbox/admin"
+)
+
+// signinServer serves a console whose database is never reached: the
+// sign-in needs none.
+func signinServer(t *testing.T, cfg admin.Config) string {
+	t.Helper()
+	pool, err := pgxpool.New(t.Context(), "postgres://nobody@127.0.0.1:1/nowhere") // connects lazily: never here
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if cfg.Tokens, err = admin.ParseTokens(strings.NewReader("auditor audra " + auditorSecret + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Pool = pool
+	srv, err := admin.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	return hs.URL
+}
+
+// noRedirect is a client that shows a redirect rather than following it.
+var noRedirect = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+// signin posts the token to base's sign-in with the headers given.
+func signin(t *testing.T, base, token string, header map[string]string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), "POST", base+"/console/signin", strings.NewReader(url.Values{"token": {token}}.Encode()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
+	resp, err := noRedirect.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp
+}
+
+// framed reports whether resp lacks the headers that keep the console's
+// pages out of other sites' frames (clickjacking).
+func framed(resp *http.Response) bool {
+	return resp.Header.Get("X-Frame-Options") != "DENY" ||
+		!strings.Contains(resp.Header.Get("Content-Security-Policy"), "frame-ancestors 'none'")
+}
+
+// TestSignInPageIsNotFramed: the sign-in page, and its answer to a wrong
+// token, carry the headers every other console page carries.
+func TestSignInPageIsNotFramed(t *testing.T) {
+	t.Parallel()
+	base := signinServer(t, admin.Config{})
+	resp, err := http.Get(base + "/console/signin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || framed(resp) {
+		t.Errorf("GET /console/signin: %s %v", resp.Status, resp.Header)
+	}
+	if resp := signin(t, base, "wrong-secret-0123456789", nil); resp.StatusCode != http.StatusUnauthorized || framed(resp) {
+		t.Errorf("a wrong token: %s %v", resp.Status, resp.Header)
+	}
+}
+
+// TestSignInRefusesCrossOriginPosts: another site's page must not sign a
+// visitor's browser in with the other site's token (login CSRF: what the
+// visitor then does is recorded under that token). A browser's
+// cross-origin post is refused without a session; a same-origin one, and a
+// client that sends neither Sec-Fetch-Site nor Origin (not a browser),
+// signs in.
+func TestSignInRefusesCrossOriginPosts(t *testing.T) {
+	t.Parallel()
+	base := signinServer(t, admin.Config{})
+	for _, tt := range []struct {
+		name   string
+		header map[string]string
+		want   int
+	}{
+		{"cross-site", map[string]string{"Sec-Fetch-Site": "cross-site"}, http.StatusForbidden},
+		{"same-site, other origin", map[string]string{"Sec-Fetch-Site": "same-site"}, http.StatusForbidden},
+		{"another origin, no Sec-Fetch-Site", map[string]string{"Origin": "http://evil.example"}, http.StatusForbidden},
+		{"same-origin", map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": base}, http.StatusSeeOther},
+		{"not a browser", nil, http.StatusSeeOther},
+	} {
+		resp := signin(t, base, auditorSecret, tt.header)
+		signedIn := len(resp.Cookies()) > 0
+		if resp.StatusCode != tt.want || signedIn != (tt.want == http.StatusSeeOther) || framed(resp) {
+			t.Errorf("%s: %s, session cookie %v, %v", tt.name, resp.Status, signedIn, resp.Header)
+		}
+	}
+}
