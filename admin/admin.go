@@ -77,6 +77,12 @@ type Config struct {
 	// it makes /readyz degraded at once: its standby is gone, and the slot
 	// holds the horizon until it is dropped.
 	HorizonDegradedAfter time.Duration
+	// SecureCookie marks the console's session cookie Secure on every
+	// sign-in. Set it when a TLS-terminating proxy serves the console:
+	// this process then sees plain HTTP, and without it the cookie is
+	// Secure only on requests that came to this process over TLS, so the
+	// browser would also send the session to the host's http:// address.
+	SecureCookie bool
 	// Logger receives refused requests and operator actions (nil: none).
 	Logger *slog.Logger
 }

@@ -241,16 +241,23 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 	}
 	id, _ := s.sessions.create(who)
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: id, Path: "/console", HttpOnly: true,
-		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil, MaxAge: int(sessionTTL.Seconds())})
+		SameSite: http.SameSiteStrictMode, Secure: s.secureCookie(r), MaxAge: int(sessionTTL.Seconds())})
 	s.log.Info("admin: console sign-in", "token", who.Name, "role", who.Role, "remote", r.RemoteAddr)
 	http.Redirect(w, r, "/console/", http.StatusSeeOther)
+}
+
+// secureCookie says whether the session cookie is Secure: always with
+// Config.SecureCookie, else when r came over TLS to this process.
+func (s *Server) secureCookie(r *http.Request) bool {
+	return s.cfg.SecureCookie || r.TLS != nil
 }
 
 func (s *Server) signout(w http.ResponseWriter, r *http.Request, _ *page) {
 	if c, err := r.Cookie(sessionCookie); err == nil {
 		s.sessions.delete(c.Value)
 	}
-	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/console", HttpOnly: true, SameSite: http.SameSiteStrictMode, MaxAge: -1})
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/console", HttpOnly: true, SameSite: http.SameSiteStrictMode,
+		Secure: s.secureCookie(r), MaxAge: -1})
 	http.Redirect(w, r, "/console/signin", http.StatusSeeOther)
 }
 

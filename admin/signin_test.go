@@ -108,3 +108,19 @@ func TestSignInRefusesCrossOriginPosts(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionCookieSecure: by default the session cookie is Secure only
+// when this process terminates TLS; Config.SecureCookie makes it Secure
+// over plain HTTP too, for a console behind a TLS-terminating proxy
+// (otherwise the browser would send the session over plain HTTP to any
+// http:// address of the host).
+func TestSessionCookieSecure(t *testing.T) {
+	t.Parallel()
+	for _, secure := range []bool{false, true} {
+		base := signinServer(t, admin.Config{SecureCookie: secure})
+		resp := signin(t, base, auditorSecret, nil)
+		if c := resp.Cookies(); resp.StatusCode != http.StatusSeeOther || len(c) != 1 || c[0].Secure != secure || !c[0].HttpOnly {
+			t.Errorf("SecureCookie %v: %s %v", secure, resp.Status, resp.Header["Set-Cookie"])
+		}
+	}
+}

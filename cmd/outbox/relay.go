@@ -59,6 +59,7 @@ type relayFlags struct {
 	degradedAfter      time.Duration
 	adminAuditURL      string
 	horizonAfter       time.Duration
+	adminCookieSecure  bool
 }
 
 // register registers every flag of `outbox relay`.
@@ -67,6 +68,7 @@ func (f *relayFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.relayerID, "relayer-id", "", "relayer id in attempt rows and logs (default host-pid-random)")
 	f.registerShared(fs)
 	fs.StringVar(&f.adminAuditURL, "admin-audit-database-url", "", "where the console's and the API's audit verify runs: a hot standby (empty: the admin address's connection; on the primary its snapshot holds back vacuum while it runs)")
+	fs.BoolVar(&f.adminCookieSecure, "admin-cookie-secure", false, "always mark the console's session cookie Secure: set it when a TLS-terminating proxy serves the admin address (default: Secure only over TLS to this process, which serves plain HTTP)")
 	fs.StringVar(&f.adminDatabaseURL, "admin-database-url", "", "the admin address's own connection (e.g. as outbox_operator with options=-c outbox.tenant=*); empty: the relayer's (which, as outbox_relayer, can neither replay nor read keys)")
 }
 
@@ -248,7 +250,8 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 			auditPool = p
 		}
 		adm, err := admin.New(admin.Config{Pool: admPool, AuditPool: auditPool, Schema: db.schema, Tokens: tokens, Rails: built.Set,
-			Relayer: svc.Relayer(), DegradedAfter: rf.degradedAfter, HorizonDegradedAfter: rf.horizonAfter, Logger: log})
+			Relayer: svc.Relayer(), DegradedAfter: rf.degradedAfter, HorizonDegradedAfter: rf.horizonAfter,
+			SecureCookie: rf.adminCookieSecure, Logger: log})
 		if err != nil {
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}

@@ -135,3 +135,32 @@ func TestAdminTokensRefuseDuplicatesAcrossSources(t *testing.T) {
 		}
 	}
 }
+
+// TestAdminCookieSecureFlag: --admin-cookie-secure (or
+// OUTBOX_ADMIN_COOKIE_SECURE) asks for a Secure session cookie behind a
+// TLS-terminating proxy; without it, the cookie is Secure only over TLS
+// to this process (admin.Config.SecureCookie false).
+func TestAdminCookieSecureFlag(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		vars map[string]string
+		args []string
+		want bool
+	}{
+		{"default", nil, nil, false},
+		{"flag", nil, []string{"--admin-cookie-secure"}, true},
+		{"environment", map[string]string{"OUTBOX_ADMIN_COOKIE_SECURE": "true"}, nil, true},
+	} {
+		env := &environment{stdout: io.Discard, stderr: io.Discard, getenv: func(k string) string { return tt.vars[k] }}
+		fs := newFlagSet(env, "relay", "relay")
+		var rf relayFlags
+		rf.register(fs)
+		if _, err := parseFlags(fs, env, tt.args); err != nil {
+			t.Fatalf("%s: %v", tt.name, err)
+		}
+		if rf.adminCookieSecure != tt.want {
+			t.Errorf("%s: adminCookieSecure %v, want %v", tt.name, rf.adminCookieSecure, tt.want)
+		}
+	}
+}
