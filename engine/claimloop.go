@@ -225,7 +225,11 @@ func (r *run) suspectsWaiting(ctx context.Context) bool {
 		return false
 	}
 	r.lastSuspectCheck = time.Now()
-	due, err := r.store.SuspectsDue(ctx, r.pool)
+	// The rails claimSuspect would claim: a suspect it could not take
+	// (breaker not closed, rail paused) must not start an isolation that
+	// drains every dispatch for nothing.
+	closed, _ := r.cfg.Rails.Claimable()
+	due, err := r.store.SuspectsDue(ctx, r.pool, closed)
 	return err == nil && due
 }
 

@@ -190,12 +190,20 @@ func dueRows(which, limit string) string {
   LIMIT ` + limit
 }
 
-// SuspectsDue reports whether suspects (see ClaimParams.Suspects) are due.
-// Relayers ask every so often (4 times a second each); it reads the
-// suspects' partial index only.
-func (s *Store) SuspectsDue(ctx context.Context, db Querier) (bool, error) {
+// SuspectsDue reports whether suspects (see ClaimParams.Suspects) of
+// railTypes that a claim of them could take are due: the rails are those a
+// suspect claim would ask for (breaker closed), and paused ones are left
+// out as the claim leaves them out. Otherwise a suspect on a paused rail
+// would send every relayer into isolation, draining all its dispatches,
+// only to claim nothing, 4 times a second for the whole pause. Relayers ask
+// every so often (4 times a second each); it reads the suspects' partial
+// index only.
+func (s *Store) SuspectsDue(ctx context.Context, db Querier, railTypes []string) (bool, error) {
+	if len(railTypes) == 0 {
+		return false, nil
+	}
 	var due bool
-	if err := db.QueryRow(ctx, s.sql.suspectsDue).Scan(&due); err != nil {
+	if err := db.QueryRow(ctx, s.sql.suspectsDue, railTypes).Scan(&due); err != nil {
 		return false, fmt.Errorf("suspects due: %w", err)
 	}
 	return due, nil
@@ -208,9 +216,12 @@ func (s *Store) SuspectsDue(ctx context.Context, db Querier) (bool, error) {
 // one-sided bound to keep a third of the rows, expects EXISTS to stop
 // within the first few, and chose a sequential scan of every pending row,
 // 14 ms at 100,000 due rows, 4 times a second per relayer. A two-sided
-// range is estimated at half a percent, and the partial index wins.
-const suspectsDueSQL = `SELECT EXISTS (SELECT 1 FROM {schema}.pending
-  WHERE zombie_count >= ` + suspectAfter + ` AND zombie_count < 2147483647 AND next_attempt_at <= now())`
+// range is estimated at half a percent, and the partial index wins. $1 are
+// the rail types; the claimable ones among them are the claim's
+// (claimableRails).
+var suspectsDueSQL = `SELECT EXISTS (SELECT 1 FROM {schema}.pending
+  WHERE zombie_count >= ` + suspectAfter + ` AND zombie_count < 2147483647 AND next_attempt_at <= now()
+    AND rail_type = ANY (` + claimableRailsOf("$1") + `))`
 
 // suspectAfter is the zombie count from which an instruction is a suspect:
 // its relayer died with it in flight twice. Once is what a kill -9 does to

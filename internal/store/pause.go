@@ -43,8 +43,15 @@ var ErrRailType = errors.New("a pause needs a rail type (or * for every rail)")
 // pauses are a handful of rows). A statement whose snapshot was taken after
 // a pause committed claims nothing of the paused rail; [Store.RailQuiet]
 // waits for the ones that started before.
-const claimableRails = `ARRAY(SELECT r FROM unnest($3::text[]) AS r WHERE NOT EXISTS (
+var claimableRails = claimableRailsOf("$3")
+
+// claimableRailsOf is claimableRails for the rail types in parameter param,
+// so that a statement with other parameters (suspectsDueSQL) asks exactly
+// what a claim asks.
+func claimableRailsOf(param string) string {
+	return `ARRAY(SELECT r FROM unnest(` + param + `::text[]) AS r WHERE NOT EXISTS (
       SELECT 1 FROM {schema}.rail_pauses x WHERE x.rail_type = r OR x.rail_type = '` + AllRails + `'))`
+}
 
 // PauseRail pauses dispatch to railType (AllRails: every rail) for every
 // relayer, through the schema's pause_rail function (migration 019), which

@@ -2,6 +2,8 @@ package store_test
 
 import (
 	"testing"
+
+	"github.com/ledgerline/outbox/internal/store"
 )
 
 // TestSuspectsDueReadsOnlySuspects: relayers ask whether suspects are due
@@ -53,7 +55,7 @@ FROM generate_series(1, 20000) AS g`); err != nil {
 			return n, rows
 		}
 		scans0, rows0 := scans()
-		due, err := b.st.SuspectsDue(b.ctx, tx)
+		due, err := b.st.SuspectsDue(b.ctx, tx, []string{"sandbox"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -84,5 +86,53 @@ FROM generate_series(1, 20000) AS g`); err != nil {
 	}
 	if !check("with statistics, a suspect due") {
 		t.Fatal("suspects not due with a suspect due")
+	}
+}
+
+// TestSuspectsDueOnlyOfClaimableRails: a suspect counts as due only if a
+// suspect claim of the same rails could take it: not on a rail the relayer
+// does not claim, nor on a paused rail (or with every rail paused).
+// Otherwise each relayer would isolate itself, draining every dispatch,
+// only to claim nothing, 4 times a second for the whole pause.
+func TestSuspectsDueOnlyOfClaimableRails(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	id := b.enqueue(t, "p-a", "a1")
+	if _, err := b.pool.Exec(b.ctx, `UPDATE outbox.pending SET zombie_count = 2 WHERE outbox_id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	due := func(rails ...string) bool {
+		t.Helper()
+		ok, err := b.st.SuspectsDue(b.ctx, b.pool, rails)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if !due("sandbox", "other") {
+		t.Fatal("a due suspect on a claimable rail is not due")
+	}
+	if due("other") {
+		t.Fatal("a suspect on a rail the relayer does not claim is due")
+	}
+	if due() {
+		t.Fatal("a suspect is due for a relayer with no rail to claim")
+	}
+	b.pause(t, "sandbox")
+	if due("sandbox", "other") {
+		t.Fatal("a suspect on a paused rail is due")
+	}
+	claimed, err := b.st.Claim(b.ctx, b.pool, store.ClaimParams{RelayerID: "r-1", Limit: 1, Leases: bothRails, Suspects: true})
+	if err != nil || len(claimed) != 0 {
+		t.Fatalf("suspect claim on a paused rail: %v, %v (the check above must agree with it)", outboxIDs(claimed), err)
+	}
+	b.resume(t, "sandbox")
+	b.pause(t, store.AllRails)
+	if due("sandbox", "other") {
+		t.Fatal("a suspect is due with every rail paused")
+	}
+	b.resume(t, store.AllRails)
+	if !due("sandbox") {
+		t.Fatal("a suspect is not due after the resume")
 	}
 }
