@@ -26,7 +26,7 @@ import (
 //	outbox_snapshot_up                         queue gauges (scrape time)
 //	outbox_rail_paused_seconds{rail_type}      how long each pause in force has lasted
 //	outbox_attempts_total{state}               outcomes recorded by this relayer
-//	outbox_attempt_errors_total{rail,error_code}
+//	outbox_attempt_errors_total{rail,error_code} failed attempts (not claims a stopping relayer released)
 //	outbox_dispatch_latency_seconds            enqueue -> DISPATCHED
 //	outbox_rail_call_seconds{rail}             rail call duration, every call (in whole milliseconds)
 //	outbox_rail_breaker_state{rail}            0 closed, 1 half-open, 2 open
@@ -125,7 +125,11 @@ func (m *Metrics) observe(recs []engine.Recorded) {
 		switch r.Result() {
 		case engine.ResultDispatched:
 			m.latency.Observe(r.RecordedAt.Sub(r.EnqueuedAt).Seconds())
-		case engine.ResultLate:
+		case engine.ResultLate, engine.ResultReleased:
+			// A released claim was handed back unsent by a stopping
+			// relayer: no failed attempt (outbox_attempts_total counts it
+			// as RELEASED), and counting it would make every rolling
+			// restart look like a burst of rail errors.
 		default:
 			if r.ErrorCode != "" {
 				m.errors.WithLabelValues(r.RailType, r.ErrorCode).Inc()
