@@ -151,14 +151,36 @@ func (s *Service) Start(ctx context.Context) error {
 // stop stops the relayer gracefully (ctx is its hard deadline, see
 // [engine.Relayer.Stop]), then the reaper.
 func (s *Service) stop(ctx context.Context) error {
-	err := s.relayer.Stop(ctx)
+	e := &stopError{relayer: s.relayer.Stop(ctx)}
 	if s.reaper != nil {
 		// The reaper's pass is cut off and rolls back; it needs no grace.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		err = errors.Join(err, s.reaper.Stop(rctx))
+		e.reaper = s.reaper.Stop(rctx)
 	}
-	return err
+	if e.relayer == nil && e.reaper == nil {
+		return nil
+	}
+	return e
+}
+
+// stopError keeps the relayer's and the reaper's stop errors apart, so
+// that Run can forgive the relayer's hard deadline without dropping the
+// reaper's error, which is a deadline exceeded too when the reaper did not
+// stop in time.
+type stopError struct{ relayer, reaper error }
+
+func (e *stopError) Error() string { return errors.Join(e.relayer, e.reaper).Error() }
+
+// Unwrap lets errors.Is and errors.As see both errors.
+func (e *stopError) Unwrap() []error {
+	var errs []error
+	for _, err := range []error{e.relayer, e.reaper} {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
 }
 
 // Stop stops the service: the relayer gracefully, with ctx as the hard
@@ -169,7 +191,7 @@ func (s *Service) Stop(ctx context.Context) error { return s.lc.Stop(ctx) }
 // Run starts the service, runs until ctx is cancelled, then stops it with
 // the relayer's StopTimeout (default [engine.DefaultStopTimeout]) as the
 // hard deadline. A dispatch cut off at that deadline is not an error (it
-// stays leased for the reaper).
+// stays leased for the reaper); a reaper that did not stop in time is.
 func (s *Service) Run(ctx context.Context) error {
 	if err := s.Start(ctx); err != nil {
 		return err
@@ -181,8 +203,23 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
-	if err := s.Stop(stopCtx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+	return runStopError(s.Stop(stopCtx))
+}
+
+// runStopError is what Run reports of Stop's error: all of it but a
+// dispatch cut off at the relayer's hard deadline.
+func runStopError(err error) error {
+	var e *stopError
+	if errors.As(err, &e) {
+		if errors.Is(e.relayer, context.DeadlineExceeded) {
+			return e.reaper
+		}
 		return err
 	}
-	return nil
+	if errors.Is(err, context.DeadlineExceeded) {
+		// Stop's wait for a concurrent Start or Stop ran out: that one
+		// goes on.
+		return nil
+	}
+	return err
 }
