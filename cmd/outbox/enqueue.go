@@ -48,6 +48,7 @@ var instructionFlags = []string{"instruction-id", "participant-id", "idempotency
 const (
 	codeInvalidInput  = "INVALID_INPUT"
 	codeMismatch      = "IDEMPOTENCY_MISMATCH"
+	codeKeyRetired    = "KEY_RETIRED"
 	codeDatabaseError = "DATABASE_ERROR"
 )
 
@@ -114,6 +115,10 @@ func classify(err error) *lineError {
 		return &lineError{Code: string(rails.CodeValidationFailed), Field: verr.Field, Message: verr.Message}
 	case errors.As(err, &merr):
 		return &lineError{Code: codeMismatch, Field: payment.FieldIdempotencyKey, Message: merr.Error()}
+	case errors.Is(err, pending.ErrKeyRetired):
+		// Refused for good, like a mismatch: a retry will not help, so it
+		// must not read as the database's trouble.
+		return &lineError{Code: codeKeyRetired, Field: payment.FieldIdempotencyKey, Message: err.Error()}
 	case errors.As(err, &jerr):
 		return &lineError{Code: codeInvalidInput, Field: jerr.Name, Message: "not a valid instruction: " + jerr.Error()}
 	default:

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/ledgerline/outbox/pending"
 )
 
 // TestEnqueueRefusesAmbiguousLines: a line that names a field twice, in
@@ -171,5 +174,24 @@ func TestEnqueueInterruptedSaysInputWasNotRead(t *testing.T) {
 	}
 	if msg := stderr.String(); !strings.Contains(msg, "after reading 1 input lines") || !strings.Contains(msg, "not read and not enqueued") {
 		t.Errorf("stderr does not say what was left unread: %q", msg)
+	}
+}
+
+// TestClassifyRetiredKey: a key retired with its archive months is refused
+// forever, as the key's own answer, not the database's trouble: it was
+// reported as DATABASE_ERROR, which invites a retry that cannot succeed.
+func TestClassifyRetiredKey(t *testing.T) {
+	t.Parallel()
+	for _, err := range []error{
+		&pending.RetiredError{InstructionID: "ins-1", IdempotencyKey: "k1"},
+		fmt.Errorf("enqueue: %w: key_retired_race", pending.ErrKeyRetired),
+	} {
+		got := classify(err)
+		if got.Code != "KEY_RETIRED" || got.Field != "idempotency_key" || got.Message != err.Error() {
+			t.Errorf("%v: %+v, want KEY_RETIRED on idempotency_key", err, got)
+		}
+	}
+	if got := classify(errors.New("connection refused")); got.Code != "DATABASE_ERROR" {
+		t.Errorf("a database error: %+v", got)
 	}
 }
