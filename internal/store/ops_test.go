@@ -137,7 +137,14 @@ func TestReplayReadsByKey(t *testing.T) {
 	if r := after[0].seqTuples - before[0].seqTuples; r > 0 {
 		t.Errorf("sequential scans read %d rows of pending", r)
 	}
-	if r := after[0].indexEntries - before[0].indexEntries; r > 4*n {
+	// A replay reads its participant's rows by key three times (whether a
+	// lower sequence waits, the lock on the lowest pending row that a
+	// claim could hold: migration 026, and the demotion of the rest), and
+	// each may step over the entries of rows deleted since the last vacuum
+	// (the claimed heads), which stay while another transaction's
+	// snapshot could see them: 28 entries for the 8 replays alone, 40
+	// beside other tests. A scan of the backlog would return thousands.
+	if r := after[0].indexEntries - before[0].indexEntries; r > 6*n {
 		t.Errorf("pending's indexes returned %d entries for %d replays", r, n)
 	}
 	if err := tx.Commit(b.ctx); err != nil {
