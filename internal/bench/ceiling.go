@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -271,7 +272,11 @@ func (r *runner) ceilingEnqueue(ctx context.Context, bin, dir string, clients in
 		return Result{}, err
 	}
 	defer drop()
-	secs := max(1, int(r.cfg.Duration.Seconds()/2))
+	// At least long enough for each client to run, at the rate, four
+	// times the transactions readTxLogs leaves out: a test's short run (32
+	// clients at 200/s for a second) on a busy machine once gave no client
+	// a transaction past its warm-up, and so had no figure.
+	secs := max(1, int(r.cfg.Duration.Seconds()/2), int(math.Ceil(float64(4*warmTransactions*clients)/float64(max(r.cfg.Rate, 1)))))
 	run, err := r.runPgBench(ctx, bin, dir, r.enqueueScript(st), clients, []string{"-T", strconv.Itoa(secs)})
 	if err != nil {
 		return Result{}, err
@@ -318,7 +323,7 @@ func (r *runner) enqueueScript(st *store.Store) string {
 
 // ceilingAtRate runs statements (statementsEnqueue or statementsCommit)
 // through pgbench at the latency workload's rate (Config.Rate) for half of
-// Config.Duration, with as many clients as that workload has producers,
+// Config.Duration (or longer, see secs), with as many clients as that workload has producers,
 // on a fresh schema, and reports each transaction's own time as the
 // latency workload reports its enqueue (EnqueueP50, EnqueueP99: from the
 // start of the transaction to its commit returning). pgbench's schedule
