@@ -76,14 +76,7 @@ func TestMetricsReflectTheQueue(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 
-	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	defer srv.Close()
-	resp, err := srv.Client().Get(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	body := scrapeOnce(t, reg)
 	for _, want := range []string{
 		`outbox_attempts_total{state="DISPATCHED"} 4`,
 		`outbox_attempts_total{state="FAILED"} 1`,
@@ -156,20 +149,27 @@ func TestRailCallHistogramCountsEveryCall(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	defer srv.Close()
-	resp, err := srv.Client().Get(srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	body := scrapeOnce(t, reg)
 	if calls := sbx.Stats().Calls; calls != n {
 		t.Fatalf("the rail was called %d times, want %d", calls, n)
 	}
 	if want := fmt.Sprintf(`outbox_rail_call_seconds_count{rail="sandbox"} %d`, n); !strings.Contains(string(body), want) {
 		t.Errorf("the rail was called %d times; scrape lacks %q:\n%s", n, want, body)
 	}
+}
+
+// scrapeOnce serves reg as /metrics does and returns one scrape.
+func scrapeOnce(t *testing.T, reg *prometheus.Registry) []byte {
+	t.Helper()
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return body
 }
 
 // scraped is the value of an unlabelled metric in a scrape.

@@ -84,11 +84,19 @@ func TestEnqueueRefusesInvalidUTF8(t *testing.T) {
 // the same --batch are enqueued (PostgreSQL used to refuse the whole batch).
 func TestEnqueueNULMetadataDoesNotSinkItsBatch(t *testing.T) {
 	t.Parallel()
+	badMetadataDoesNotSinkItsBatch(t, map[string]any{"note": "a\x00b"})
+}
+
+// badMetadataDoesNotSinkItsBatch enqueues a --batch of 10 lines whose
+// sixth carries metadata, which must be refused up front as that line's
+// validation error while the 9 good lines are enqueued.
+func badMetadataDoesNotSinkItsBatch(t *testing.T, metadata map[string]any) {
+	t.Helper()
 	b := setupCLI(t)
 	var lines []string
-	for i, key := range []string{"k1", "k2", "k3", "k4", "k5", "k-nul", "k6", "k7", "k8", "k9"} {
-		if key == "k-nul" {
-			lines = append(lines, inputJSON("p1", key, "100", "metadata", map[string]any{"note": "a\x00b"}))
+	for i, key := range []string{"k1", "k2", "k3", "k4", "k5", "k-bad", "k6", "k7", "k8", "k9"} {
+		if key == "k-bad" {
+			lines = append(lines, inputJSON("p1", key, "100", "metadata", metadata))
 			continue
 		}
 		lines = append(lines, inputJSON("p"+string(rune('a'+i)), key, "100"))

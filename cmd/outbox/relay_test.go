@@ -37,11 +37,8 @@ func TestFormerFlagNameNeverBeatsTheCommandLine(t *testing.T) {
 		{"only the former name's variable", map[string]string{"OUTBOX_METRICS_ADDR": "127.0.0.1:9500"},
 			nil, "127.0.0.1:9500"},
 	} {
-		env := &environment{stdout: io.Discard, stderr: io.Discard, getenv: func(k string) string { return tt.vars[k] }}
-		fs := newFlagSet(env, "relay", "relay")
-		var rf relayFlags
-		rf.register(fs)
-		if _, err := parseFlags(fs, env, tt.args); err != nil {
+		rf, err := parseRelayFlags(tt.vars, tt.args)
+		if err != nil {
 			t.Fatalf("%s: %v", tt.name, err)
 		}
 		if rf.adminAddr != tt.want {
@@ -50,17 +47,25 @@ func TestFormerFlagNameNeverBeatsTheCommandLine(t *testing.T) {
 	}
 }
 
+// parseRelayFlags parses args as `outbox relay` does, with vars as the
+// environment.
+func parseRelayFlags(vars map[string]string, args []string) (relayFlags, error) {
+	env := &environment{stdout: io.Discard, stderr: io.Discard, getenv: func(k string) string { return vars[k] }}
+	fs := newFlagSet(env, "relay", "relay")
+	var rf relayFlags
+	rf.register(fs)
+	_, err := parseFlags(fs, env, args)
+	return rf, err
+}
+
 // TestRelayRefusesNegativeRailDefaults guards against a negative
 // --rail-timeout or --rail-max-concurrency being silently replaced by the
 // default; the rails file refuses the same values.
 func TestRelayRefusesNegativeRailDefaults(t *testing.T) {
 	t.Parallel()
 	for _, args := range [][]string{{"--rail-timeout", "-5s"}, {"--rail-max-concurrency", "-1"}} {
-		env := &environment{stdout: io.Discard, stderr: io.Discard, getenv: func(string) string { return "" }}
-		fs := newFlagSet(env, "relay", "relay")
-		var rf relayFlags
-		rf.register(fs)
-		if _, err := parseFlags(fs, env, args); err != nil {
+		rf, err := parseRelayFlags(nil, args)
+		if err != nil {
 			t.Fatal(err)
 		}
 		if _, err := rf.loadRails(slog.New(slog.DiscardHandler)); !errors.Is(err, errNegativeRailDefault) {
@@ -152,11 +157,8 @@ func TestAdminCookieSecureFlag(t *testing.T) {
 		{"flag", nil, []string{"--admin-cookie-secure"}, true},
 		{"environment", map[string]string{"OUTBOX_ADMIN_COOKIE_SECURE": "true"}, nil, true},
 	} {
-		env := &environment{stdout: io.Discard, stderr: io.Discard, getenv: func(k string) string { return tt.vars[k] }}
-		fs := newFlagSet(env, "relay", "relay")
-		var rf relayFlags
-		rf.register(fs)
-		if _, err := parseFlags(fs, env, tt.args); err != nil {
+		rf, err := parseRelayFlags(tt.vars, tt.args)
+		if err != nil {
 			t.Fatalf("%s: %v", tt.name, err)
 		}
 		if rf.adminCookieSecure != tt.want {

@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/pending"
@@ -242,26 +244,26 @@ func TestCancelRacingARetryLeavesAHead(t *testing.T) {
 	if _, _, err := b.st.Record(b.ctx, tx, []store.Outcome{retry}, store.HandoffParams{}); err != nil {
 		t.Fatal(err)
 	}
-	conn := b.conn(t)
-	done := make(chan error, 1)
-	var cancelled bool
-	go func() {
-		var err error
-		cancelled, err = b.st.Cancel(b.ctx, conn, replayed, "olga", "sent by hand")
-		done <- err
-	}()
-	b.waitForLock(t, conn.Conn().PgConn().PID(), done)
-	if err := tx.Commit(b.ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil || !cancelled {
-		t.Fatalf("cancel: %v, %v", cancelled, err)
-	}
+	b.cancelWaitingOn(t, tx, replayed)
 	if !b.due(t, held.OutboxID) || b.due(t, third) {
 		t.Fatal("after the cancel: want the retried instruction due, the third waiting")
 	}
 	b.verifyOK(t)
 	b.wantHeadThenRest(t, held.OutboxID, third)
+}
+
+// cancelWaitingOn cancels id while tx holds its participant's lock, and
+// commits tx once the cancel waits for it.
+func (b *recordBundle) cancelWaitingOn(t *testing.T, tx pgx.Tx, id uuid.UUID) {
+	t.Helper()
+	var cancelled bool
+	err := b.waitingOn(t, tx, func(conn *pgxpool.Conn) (err error) {
+		cancelled, err = b.st.Cancel(b.ctx, conn, id, "olga", "sent by hand")
+		return err
+	})
+	if err != nil || !cancelled {
+		t.Fatalf("cancel: %v, %v", cancelled, err)
+	}
 }
 
 // TestCancelRacingAReapLeavesAHead guards the same against the reaper:
@@ -280,21 +282,7 @@ func TestCancelRacingAReapLeavesAHead(t *testing.T) {
 	if requeued, err := b.st.Reap(b.ctx, tx, 10, "test-reaper", 0); err != nil || len(requeued) != 1 {
 		t.Fatalf("reap: %+v, %v", requeued, err)
 	}
-	conn := b.conn(t)
-	done := make(chan error, 1)
-	var cancelled bool
-	go func() {
-		var err error
-		cancelled, err = b.st.Cancel(b.ctx, conn, replayed, "olga", "sent by hand")
-		done <- err
-	}()
-	b.waitForLock(t, conn.Conn().PgConn().PID(), done)
-	if err := tx.Commit(b.ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil || !cancelled {
-		t.Fatalf("cancel: %v, %v", cancelled, err)
-	}
+	b.cancelWaitingOn(t, tx, replayed)
 	if !b.due(t, held.OutboxID) || b.due(t, third) {
 		t.Fatal("after the cancel: want the requeued instruction due, the third waiting")
 	}

@@ -122,16 +122,7 @@ WITH expired AS (
   RETURNING f.*, {schema}.uuidv7() AS zombie_id, clock_timestamp() AS archived_at, f.zombie_count >= $3 AS poisoned
 ), stamped AS (
   SELECT r.*, ` + attemptHash("r.chain_head", zombieValues, "r.archived_at") + ` AS hash FROM reaped r
-), behind AS (
-  -- A requeued instruction is its participant's head again unless a lower
-  -- sequence is pending (a dead letter replayed while it was in flight,
-  -- which waits for it): then it waits, and that lowest row is made due
-  -- (promoted), as for a retry (record.go, requeuedSQL).
-  SELECT s.outbox_id, h.row, h.next_attempt_at FROM stamped s
-  CROSS JOIN LATERAL (SELECT q.ctid AS row, q.next_attempt_at FROM {schema}.pending q
-                      WHERE q.participant_id = s.participant_id AND q.sequence_id < s.sequence_id
-                      ORDER BY q.sequence_id LIMIT 1 FOR UPDATE) h
-  WHERE NOT s.poisoned AND s.ordered
+` + behindSQL("NOT s.poisoned") + `
 ), requeued AS (
   INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head, zombie_count)
   SELECT ` + identityColumns + `, payload, ` + countAfter("attempt_no", "false") + `,
@@ -162,7 +153,7 @@ WITH expired AS (
                           FOR UPDATE) h
       WHERE h.next_attempt_at = 'infinity' AND ` + orderedSQL + `
       UNION ALL
-      SELECT row FROM behind WHERE next_attempt_at = 'infinity'))
+      SELECT row FROM behind WHERE waits))
 ), zombie AS (
   INSERT INTO {schema}.attempts (` + chainedArchiveColumns + `)
   SELECT ` + zombieValues + `, archived_at, chain_head, hash
@@ -171,6 +162,25 @@ WITH expired AS (
 SELECT outbox_id, instruction_id, participant_id, sequence_id, attempt_no, relayer_id, claimed_at, lease_until, now(), poisoned
 FROM reaped
 ORDER BY lease_until, outbox_id`
+
+// behindSQL is the CTE behind, after a CTE stamped of instructions going
+// back to pending (a retry, a reaper's requeue): for each of them that
+// filter keeps (over s) and ordering covers, the lowest pending row of its
+// participant below its sequence, locked, and whether that row waits
+// (waits). Such a row is a dead letter an operator replayed while the
+// instruction was in flight, which waits for it; no terminal outcome will
+// hand it on, so the instruction goes back waiting and that row is made
+// due (a write's ahead, a reap's promoted). One probe of the (participant,
+// sequence) key per instruction; rows change only in that rare case.
+func behindSQL(filter string) string {
+	return `
+), behind AS (
+  SELECT s.outbox_id, h.row, h.next_attempt_at = 'infinity' AS waits FROM stamped s
+  CROSS JOIN LATERAL (SELECT q.ctid AS row, q.next_attempt_at FROM {schema}.pending q
+                      WHERE q.participant_id = s.participant_id AND q.sequence_id < s.sequence_id
+                      ORDER BY q.sequence_id LIMIT 1 FOR UPDATE) h
+  WHERE ` + filter + ` AND s.ordered`
+}
 
 // zombieMessage says what happened to a reaped instruction ($2 is the
 // reaper's id).

@@ -243,7 +243,6 @@ func recordArgs(outcomes []Outcome) (args []any, terminal, locked []string, err 
 		default:
 			return nil, nil, nil, fmt.Errorf("record: outcome %d has state %q", i, o.State)
 		}
-		locked = append(locked, o.ParticipantID)
 		states[i], refs[i], codes[i], errCodes[i], messages[i] = string(o.State), o.RailReference, o.RailCode, o.ErrorCode, o.ErrorMessage
 		latencies[i], delays[i] = int32(o.LatencyMS), o.RetryDelay.Milliseconds()
 		claimedAt[i], counts[i], unknown[i] = o.ClaimedAt, o.CountAttempt, o.OutcomeUnknown
@@ -252,7 +251,21 @@ func recordArgs(outcomes []Outcome) (args []any, terminal, locked []string, err 
 	claimIDs := wireUUIDs(outcomes, func(o *Outcome) uuid.UUID { return o.ClaimAttemptID })
 	outboxIDs := wireUUIDs(outcomes, func(o *Outcome) uuid.UUID { return o.OutboxID })
 	return []any{ids, claimIDs, outboxIDs, states, claimedAt, refs, codes, errCodes, messages, latencies, delays,
-		counts, unknown}, terminal, locked, nil
+		counts, unknown}, terminal, lockedParticipants(outcomes, terminal), nil
+}
+
+// lockedParticipants are the participants of outcomes, whose locks a
+// write takes: terminal itself when every outcome is terminal, as in a
+// drain, so the common write builds no second list.
+func lockedParticipants(outcomes []Outcome, terminal []string) []string {
+	if len(terminal) == len(outcomes) {
+		return terminal
+	}
+	locked := make([]string, len(outcomes))
+	for i, o := range outcomes {
+		locked[i] = o.ParticipantID
+	}
+	return locked
 }
 
 // RecordArgs are the outcome statement's arguments, for plan tests.
@@ -351,19 +364,11 @@ var recordLateSQL = recordWith(requeuedSQL+deadSQL, true)
 // lower sequence of the participant is pending: a dead letter an operator
 // replayed while this one was in flight, which waits (replay_dead_letter).
 // No terminal outcome will hand that one on, so the retry waits instead and
-// the participant's lowest pending row is made due now (behind, ahead).
+// the participant's lowest pending row is made due now (behindSQL, ahead).
 // The participant's lock (Record takes it for retries too) keeps a replay
-// or a cancel from changing those rows meanwhile. The look is one probe of
-// the (participant, sequence) key per retry; the rows are changed only in
-// that rare case.
+// or a cancel from changing those rows meanwhile.
 var (
-	requeuedSQL = `
-), behind AS (
-  SELECT s.outbox_id, h.row, h.next_attempt_at = 'infinity' AS waits FROM stamped s
-  CROSS JOIN LATERAL (SELECT q.ctid AS row, q.next_attempt_at FROM {schema}.pending q
-                      WHERE q.participant_id = s.participant_id AND q.sequence_id < s.sequence_id
-                      ORDER BY q.sequence_id LIMIT 1 FOR UPDATE) h
-  WHERE s.state = 'RETRYABLE' AND s.ordered
+	requeuedSQL = behindSQL("s.state = 'RETRYABLE'") + `
 ), requeued AS (
   INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head, zombie_count)
   SELECT ` + identityColumns + `, payload, ` + countAfter("attempt_no", "count_attempt") + `,

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerline/outbox/internal/store"
 )
@@ -117,17 +119,10 @@ func TestReplayWaitsForARacingClaim(t *testing.T) {
 	if err != nil || len(claimed) != 1 || claimed[0].OutboxID != second {
 		t.Fatalf("claim in a transaction: %v, %v", outboxIDs(claimed), err)
 	}
-	conn := b.conn(t)
-	done := make(chan error, 1)
-	go func() {
+	if err := b.waitingOn(t, tx, func(conn *pgxpool.Conn) error {
 		_, err := b.st.Replay(b.ctx, conn, first, "alice", "rail fixed")
-		done <- err
-	}()
-	b.waitForLock(t, conn.Conn().PgConn().PID(), done)
-	if err := tx.Commit(b.ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	if b.due(t, first) {
@@ -141,6 +136,21 @@ func TestReplayWaitsForARacingClaim(t *testing.T) {
 	}
 	b.record(t, recordOutcome(t, claimed[0], "r1", store.Dispatched))
 	b.wantHeadThenRest(t, first)
+}
+
+// waitingOn runs op on a connection of its own while tx holds locks op
+// needs: it waits until op waits for a lock (or has finished without
+// waiting), commits tx, and returns op's error.
+func (b *recordBundle) waitingOn(t *testing.T, tx pgx.Tx, op func(*pgxpool.Conn) error) error {
+	t.Helper()
+	conn := b.conn(t)
+	done := make(chan error, 1)
+	go func() { done <- op(conn) }()
+	b.waitForLock(t, conn.Conn().PgConn().PID(), done)
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	return <-done
 }
 
 // waitForLock waits (bounded) until the backend pid waits for a lock, or

@@ -177,7 +177,8 @@ END $$;
 -- reach a query that names a partition; a partition's own do not affect
 -- queries through its parent. Migration 027 does the same, and so do
 -- partition upkeep and `outbox archive detach` for the months they
--- create and move (seal_archive_partition).
+-- create and move (seal_archive_partition); this script does it itself
+-- because it also runs on schemas from before 027.
 DO $$
 DECLARE
   p record;
