@@ -21,11 +21,13 @@ type Instruction struct {
 	InstructionID string
 	// ParticipantID is whose instructions are kept in order (required).
 	ParticipantID string
-	// IdempotencyKey, with InstructionID (and TenantID), identifies the
-	// instruction forever (required). It is also sent to the rail, which
-	// deduplicates by the key without the instruction id: a key must not
-	// be shared by two instruction ids, or the rail answers the second as
-	// a repeat of the first and it is recorded as dispatched unpaid.
+	// IdempotencyKey identifies the instruction forever, per TenantID
+	// (required), and is sent to the rail, which deduplicates by it. A key
+	// belongs to one InstructionID: enqueued again under another, it is
+	// refused with a [*MismatchError], since the rail would answer the
+	// second instruction as a repeat of the first and it would be recorded
+	// as dispatched unpaid. The same key and instruction id again is a
+	// duplicate (the original receipt), with another payload a mismatch.
 	IdempotencyKey string
 	// RailType names the rail, e.g. "sandbox", "ach", "event" (required).
 	RailType string
@@ -55,7 +57,7 @@ type Receipt struct {
 }
 
 // ErrIdempotencyMismatch is returned when an idempotency key is reused with
-// a different payload. Nothing is written.
+// a different payload, or by another instruction id. Nothing is written.
 var ErrIdempotencyMismatch = errors.New("idempotency key reused with a different payload")
 
 // MismatchError details an [ErrIdempotencyMismatch].
@@ -63,9 +65,17 @@ type MismatchError struct {
 	InstructionID  string
 	IdempotencyKey string
 	OutboxID       uuid.UUID // the instruction the key already belongs to
+	// Owner is the instruction id the key belongs to when it is not
+	// InstructionID; "" when the key is this instruction's own, enqueued
+	// with another payload.
+	Owner string
 }
 
 func (e *MismatchError) Error() string {
+	if e.Owner != "" {
+		return fmt.Sprintf("%v: instruction %q: key %q already belongs to instruction %q (outbox id %s); a key may name one instruction only",
+			ErrIdempotencyMismatch, e.InstructionID, e.IdempotencyKey, e.Owner, e.OutboxID)
+	}
 	return fmt.Sprintf("%v: instruction %q key %q already belongs to outbox id %s",
 		ErrIdempotencyMismatch, e.InstructionID, e.IdempotencyKey, e.OutboxID)
 }

@@ -79,8 +79,8 @@ func EnqueueBatch(ctx context.Context, tx DBTX, ins []Instruction) ([]Receipt, e
 // payment.ErrValidation) before anything is sent to the database. A key seen
 // before with the same payload returns the original receipt with
 // Duplicate=true (no sequence id is used), even long after the instruction
-// was dispatched; with a different payload it returns a [*MismatchError]
-// (errors.Is ErrIdempotencyMismatch). In both cases nothing is written and
+// was dispatched; with a different payload, or under another instruction
+// id, it returns a [*MismatchError] (errors.Is ErrIdempotencyMismatch). In both cases nothing is written and
 // tx remains usable.
 //
 // The participant's sequence row stays locked until tx ends (that is what
@@ -186,7 +186,8 @@ func (p *Producer) prepare(in Instruction) (prepared, error) {
 
 // write enqueues prepared instructions (see [store.Store.Enqueue]) and
 // turns what their keys map to into receipts: the instruction's own outbox
-// id is a fresh enqueue, another outbox id with the same payload hash a
+// id is a fresh enqueue; a key of another instruction id a mismatch;
+// another outbox id of the same instruction with the same payload hash a
 // duplicate, with another hash a mismatch.
 func (p *Producer) write(ctx context.Context, db DBTX, preps []prepared) ([]Receipt, error) {
 	rows := make([]store.NewInstruction, len(preps))
@@ -211,6 +212,8 @@ func (p *Producer) write(ctx context.Context, db DBTX, preps []prepared) ([]Rece
 			receipts[i] = Receipt{OutboxID: k.OutboxID, SequenceID: *k.SequenceID}
 		case k.OutboxID == pr.outboxID:
 			return nil, fmt.Errorf("enqueue: instruction %d got no sequence id", i)
+		case k.InstructionID != pr.in.InstructionID:
+			return nil, &BatchError{Index: i, Err: &MismatchError{InstructionID: pr.in.InstructionID, IdempotencyKey: pr.in.IdempotencyKey, OutboxID: k.OutboxID, Owner: k.InstructionID}}
 		case !bytes.Equal(k.PayloadHash, pr.hash):
 			return nil, &BatchError{Index: i, Err: &MismatchError{InstructionID: pr.in.InstructionID, IdempotencyKey: pr.in.IdempotencyKey, OutboxID: k.OutboxID}}
 		case k.SequenceID == nil:

@@ -506,7 +506,8 @@ func TestEnqueueFromStdin(t *testing.T) {
 		inputJSON("p1", "k4", "401"), // 11: mismatch of a key new in the same batch
 		inputJSON("p1", "k1", "100"), // 12: exact replay of line 0
 		"",
-		inputJSON("p1", "k5", "500"), // 13: no final newline
+		inputJSON("p1", "k5", "500"), // 13
+		inputJSON("p1", "k5", "500", "instruction_id", "ins-other"), // 14: k5 under another instruction id; no final newline
 	}, "\n")
 	want := []wantLine{
 		0:  wantReceipt(1),
@@ -523,6 +524,7 @@ func TestEnqueueFromStdin(t *testing.T) {
 		11: wantMismatch("idempotency_key"),
 		12: wantDup(0, 1),
 		13: wantReceipt(5),
+		14: wantMismatch("idempotency_key"),
 	}
 	// Every enqueued line, with its participant and key.
 	enqueued := map[int]queuedRow{
@@ -539,9 +541,9 @@ func TestEnqueueFromStdin(t *testing.T) {
 		transactions [][]string
 	}{
 		{"one transaction per line", nil, [][]string{{"k1"}, {"k-ev"}, {"k2"}, {"k3"}, {"k4"}, {"k5"}}},
-		// Batches of 3 lines: [0 1 2] [3 4 5] [6 7 8] [9 10 11] [12 13], so
-		// line 8 mismatches a committed key inside a batch of good lines and
-		// line 11 one that is new in its own batch.
+		// Batches of 3 lines: [0 1 2] [3 4 5] [6 7 8] [9 10 11] [12 13 14],
+		// so line 8 mismatches a committed key inside a batch of good lines,
+		// and lines 11 and 14 one that is new in their own batch.
 		{"batch of 3", []string{"--batch", "3"}, [][]string{{"k1"}, {"k-ev", "k2"}, {"k3", "k4"}, {"k5"}}},
 		{"one batch", []string{"--batch", "100"}, [][]string{{"k-ev", "k1", "k2", "k3", "k4", "k5"}}},
 	} {

@@ -227,6 +227,29 @@ func TestArchiveDetachRetireExport(t *testing.T) {
 			t.Fatalf("replay of new-0: outbox %s, want %s", r.OutboxID, fresh)
 		}
 	}
+	// A live key belongs to its instruction id (migration 028); a retired
+	// one is remembered only as its instruction's, so another instruction
+	// id may take it, and the retired instruction is still refused as
+	// retired, not as the new owner's mismatch or a retirement race.
+	taken := pending.Instruction{
+		InstructionID: "ins-later", ParticipantID: "p1", IdempotencyKey: "old-0",
+		RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
+	}
+	if r, err := b.producer.Enqueue(b.ctx, b.pool, taken); err != nil || r.Duplicate {
+		t.Fatalf("another instruction id under a retired key: %+v %v, want a fresh receipt", r, err)
+	}
+	_, err = b.producer.Enqueue(b.ctx, b.pool, pending.Instruction{
+		InstructionID: "ins-old-0", ParticipantID: "p1", IdempotencyKey: "old-0",
+		RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
+	})
+	if !errors.As(err, &re) || re.OutboxID != dispatched[0] {
+		t.Fatalf("the retired instruction once its key was taken: %v, want a RetiredError for %s", err, dispatched[0])
+	}
+	taken.InstructionID = "ins-live-key-thief"
+	taken.IdempotencyKey = "new-0"
+	if _, err := b.producer.Enqueue(b.ctx, b.pool, taken); !errors.Is(err, pending.ErrIdempotencyMismatch) {
+		t.Fatalf("another instruction id under a live key: %v, want ErrIdempotencyMismatch", err)
+	}
 
 	var csv bytes.Buffer
 	conn := b.conn(t)

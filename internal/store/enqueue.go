@@ -27,9 +27,13 @@ type NewInstruction struct {
 // KeyRow is what an instruction's idempotency key maps to after an
 // enqueue: its own fresh outbox id, or the one it was first enqueued under.
 type KeyRow struct {
-	OutboxID    uuid.UUID
-	SequenceID  *int64 // nil only for a key another transaction has not committed yet, or a retired one
-	PayloadHash []byte // nil for a retired key
+	OutboxID uuid.UUID
+	// InstructionID is the instruction the key belongs to: a key belongs
+	// to one instruction id per tenant (migration 028), and one enqueued
+	// under another id is not the same instruction. "" for a retired key.
+	InstructionID string
+	SequenceID    *int64 // nil only for a key another transaction has not committed yet, or a retired one
+	PayloadHash   []byte // nil for a retired key
 	// Retired says the key was used by an instruction whose archive months
 	// were detached: only its digest and outbox id remain, and it can never
 	// be enqueued again.
@@ -102,8 +106,14 @@ func (s *Store) Enqueue(ctx context.Context, db Batcher, ins []NewInstruction) (
 		ord int32
 		kr  KeyRow
 	)
-	var race *bool
-	_, err = pgx.ForEachRow(rows, []any{&ord, scanUUID(&kr.OutboxID), &kr.SequenceID, &kr.PayloadHash, &kr.Retired, &race}, func() error {
+	var (
+		race  *bool
+		instr *string
+	)
+	_, err = pgx.ForEachRow(rows, []any{&ord, scanUUID(&kr.OutboxID), &kr.SequenceID, &kr.PayloadHash, &instr, &kr.Retired, &race}, func() error {
+		if instr != nil {
+			kr.InstructionID = *instr
+		}
 		out[ord], seen[ord] = kr, true
 		kr = KeyRow{}
 		return nil
@@ -149,23 +159,24 @@ const orderedSQL = `(SELECT ordered FROM {schema}.settings)`
 // finish, so racing duplicates resolve to exactly one row. A retired key
 // (archive.go) is not inserted either: the lookup reports it.
 //
-// Keys are inserted in key order, not input order: an inserted key is held
-// until the transaction ends, and a concurrent inserter of it waits, so two
-// batches sharing keys in different orders (a retried batch, reordered)
-// each claimed part and waited for the other's part: a deadlock. In one
-// order, the later batch waits at the first key they share and holds none
-// the earlier one needs. (Byte order, "C": any order both use will do, and
-// it is the cheapest to sort by.) Twins of one key in a batch stay in
-// input order, so the first line still claims it and the later ones are
-// its duplicates; which receipt goes with which line is the lookup's
-// business, by ord, and does not change.
+// Keys are inserted in key order (tenant and key, the unique index's
+// columns), not input order: an inserted key is held until the
+// transaction ends, and a concurrent inserter of it waits, so two batches
+// sharing keys in different orders (a retried batch, reordered) each
+// claimed part and waited for the other's part: a deadlock. In one order,
+// the later batch waits at the first key they share and holds none the
+// earlier one needs. (Byte order, "C": any order both use will do, and it
+// is the cheapest to sort by.) Twins of one key in a batch stay in input
+// order, whatever their instruction ids, so the first line claims it and
+// the later ones are its duplicates or mismatches; which receipt goes with
+// which line is the lookup's business, by ord, and does not change.
 // TestBatchesWithSharedKeysInOppositeOrdersDoNotDeadlock (pending).
 const insertKeysSQL = `
 INSERT INTO {schema}.idempotency_keys (tenant_id, instruction_id, idempotency_key, outbox_id, participant_id, payload_hash)
 SELECT u.t, u.i, u.k, u.o, u.p, u.h
 FROM unnest($1::text[], $2::text[], $3::text[], $4::uuid[], $5::text[], $6::bytea[]) WITH ORDINALITY AS u(t, i, k, o, p, h, n)
 WHERE (SELECT true FROM {schema}.retired_keys r WHERE r.digest = {schema}.key_digest(u.t, u.i, u.k)) IS NULL
-ORDER BY u.t COLLATE "C", u.i COLLATE "C", u.k COLLATE "C", u.n
+ORDER BY u.t COLLATE "C", u.k COLLATE "C", u.n
 ON CONFLICT DO NOTHING`
 
 // insertPendingSQL allocates sequence ids and inserts pending rows only for
@@ -243,25 +254,30 @@ FROM firsts f WHERE k.outbox_id = $1::uuid`
 
 	// lookupKeyOneSQL is lookupKeysSQL for one key (its ord is 0).
 	lookupKeyOneSQL = `
-SELECT 0, coalesce(k.outbox_id, r.outbox_id), k.sequence_id, k.payload_hash, r.digest IS NOT NULL,
-       CASE WHEN k.outbox_id IS NOT NULL AND r.digest IS NOT NULL THEN {schema}.key_retired_race(k.outbox_id) END
+SELECT 0, coalesce(r.outbox_id, k.outbox_id), k.sequence_id, k.payload_hash, k.instruction_id, r.digest IS NOT NULL,
+       CASE WHEN k.instruction_id = i.instruction_id AND r.digest IS NOT NULL THEN {schema}.key_retired_race(k.outbox_id) END
 FROM (SELECT $1::text AS tenant_id, $2::text AS instruction_id, $3::text AS idempotency_key) AS i
-LEFT JOIN {schema}.idempotency_keys k USING (tenant_id, instruction_id, idempotency_key)
+LEFT JOIN {schema}.idempotency_keys k ON (k.tenant_id, k.idempotency_key) = (i.tenant_id, i.idempotency_key)
 LEFT JOIN {schema}.retired_keys r ON r.digest = {schema}.key_digest(i.tenant_id, i.instruction_id, i.idempotency_key)
 WHERE k.outbox_id IS NOT NULL OR r.digest IS NOT NULL`
 )
 
-// lookupKeysSQL reads what every key of the batch maps to now.
-// A key can be live and retired at once only if its retirement committed
-// while this transaction's insert waited on the old row's lock (after
-// insertKeysSQL's snapshot): key_retired_race then fails the statement, and
-// with it the transaction, so the key is never enqueued twice.
+// lookupKeysSQL reads what every key of the batch maps to now: the row of
+// the tenant's key, whichever instruction id it belongs to (the caller
+// tells its own from another's), and whether this instruction's key was
+// retired. A retired key reports the retired outbox id: the key itself may
+// since belong to another instruction (retirement frees it, months after
+// its instruction ended). A key can be live and retired at once only if
+// its retirement committed while this transaction's insert waited on the
+// old row's lock (after insertKeysSQL's snapshot): key_retired_race then
+// fails the statement, and with it the transaction, so the key is never
+// enqueued twice.
 const lookupKeysSQL = `
-SELECT i.ord, coalesce(k.outbox_id, r.outbox_id), k.sequence_id, k.payload_hash, r.digest IS NOT NULL,
-       CASE WHEN k.outbox_id IS NOT NULL AND r.digest IS NOT NULL THEN {schema}.key_retired_race(k.outbox_id) END
+SELECT i.ord, coalesce(r.outbox_id, k.outbox_id), k.sequence_id, k.payload_hash, k.instruction_id, r.digest IS NOT NULL,
+       CASE WHEN k.instruction_id = i.instruction_id AND r.digest IS NOT NULL THEN {schema}.key_retired_race(k.outbox_id) END
 FROM unnest($1::text[], $2::text[], $3::text[], $4::int[]) AS i(tenant_id, instruction_id, idempotency_key, ord)
-LEFT JOIN LATERAL (SELECT k.outbox_id, k.sequence_id, k.payload_hash FROM {schema}.idempotency_keys k
-                   WHERE (k.tenant_id, k.instruction_id, k.idempotency_key) = (i.tenant_id, i.instruction_id, i.idempotency_key)
+LEFT JOIN LATERAL (SELECT k.outbox_id, k.sequence_id, k.payload_hash, k.instruction_id FROM {schema}.idempotency_keys k
+                   WHERE (k.tenant_id, k.idempotency_key) = (i.tenant_id, i.idempotency_key)
                    LIMIT 1) k ON true
 LEFT JOIN LATERAL (SELECT r.digest, r.outbox_id FROM {schema}.retired_keys r
                    WHERE r.digest = {schema}.key_digest(i.tenant_id, i.instruction_id, i.idempotency_key) LIMIT 1) r ON true

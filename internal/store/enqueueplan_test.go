@@ -88,7 +88,7 @@ func TestSingleAndBatchEnqueueAgree(t *testing.T) {
 	b := setupRecord(t)
 	ins := func(participant string, n int, payloadAmount int64) pending.Instruction {
 		in := pending.Instruction{
-			InstructionID: fmt.Sprintf("%s-%d", participant, n), ParticipantID: participant, IdempotencyKey: fmt.Sprintf("k-%d", n),
+			InstructionID: fmt.Sprintf("%s-%d", participant, n), ParticipantID: participant, IdempotencyKey: fmt.Sprintf("%s-k-%d", participant, n),
 			RailType: "sandbox", AmountMinor: payloadAmount, Currency: "USD", Destination: "acct-1",
 		}
 		if n%2 == 0 {
@@ -100,7 +100,7 @@ func TestSingleAndBatchEnqueueAgree(t *testing.T) {
 		t.Helper()
 		r, err := b.pool.Query(b.ctx, `
 			SELECT format('%s seq %s key %s rail %s tenant %s corr %s payload %s attempts %s due %s zombie %s %s key-seq %s',
-			              substr(p.instruction_id, length($1) + 1), p.sequence_id, p.idempotency_key, p.rail_type,
+			              substr(p.instruction_id, length($1) + 1), p.sequence_id, substr(p.idempotency_key, length($1) + 1), p.rail_type,
 			              coalesce(p.tenant_id, '-'), coalesce(p.correlation_id, '-'), p.payload, p.attempt_count,
 			              CASE WHEN p.next_attempt_at = 'infinity' THEN 'waits' WHEN p.next_attempt_at <= now() THEN 'now' ELSE 'later' END,
 			              p.zombie_count, coalesce(p.zombie_attempt_id::text, '-'), k.sequence_id)
