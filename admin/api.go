@@ -350,6 +350,14 @@ func readReason(w http.ResponseWriter, r *http.Request) (string, bool) {
 // other action is refused with ErrUnknownAction before anything is read:
 // a misspelled action must not fall through to another one.
 func (s *Server) Act(ctx context.Context, id uuid.UUID, operator, action, reason string) (ActionResult, error) {
+	return s.takeAction(ctx, id, nil, operator, action, reason)
+}
+
+// takeAction is Act. With shown (the failure time of the dead letter the
+// console's form was shown with), a replay or an acknowledgement acts only
+// on that dead letter, and returns store.ErrDeadLetterChanged when someone
+// replayed or acknowledged it since (store.ReplayShown).
+func (s *Server) takeAction(ctx context.Context, id uuid.UUID, shown *time.Time, operator, action, reason string) (ActionResult, error) {
 	res := ActionResult{OutboxID: id, Action: action, By: operator, Reason: reason}
 	var err error
 	switch action {
@@ -364,13 +372,18 @@ func (s *Server) Act(ctx context.Context, id uuid.UUID, operator, action, reason
 			return res, err
 		}
 		res.OutcomeUnknown = dl.OutcomeUnknown
-		if action == ActionReplay {
+		switch {
+		case action == ActionReplay && shown != nil:
+			res.Done, err = s.store.ReplayShown(ctx, s.cfg.Pool, id, *shown, operator, reason)
+		case action == ActionReplay:
 			res.Done, err = s.store.Replay(ctx, s.cfg.Pool, id, operator, reason)
-			if res.OutcomeUnknown {
-				res.Note = attempts.OutcomeUnknownReplay
-			}
-		} else {
+		case shown != nil:
+			res.Done, err = s.store.AcknowledgeShown(ctx, s.cfg.Pool, id, *shown, operator, reason)
+		default:
 			res.Done, err = s.store.Acknowledge(ctx, s.cfg.Pool, id, operator, reason)
+		}
+		if action == ActionReplay && res.OutcomeUnknown {
+			res.Note = attempts.OutcomeUnknownReplay
 		}
 	default:
 		return res, fmt.Errorf("%w %q (want %s, %s or %s)", ErrUnknownAction, action, ActionReplay, ActionAcknowledge, ActionCancel)

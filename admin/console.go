@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -110,6 +111,8 @@ var consoleTemplates = template.Must(template.New("").Funcs(template.FuncMap{
 		return time.Duration(f * float64(time.Second)).Round(time.Second).String()
 	},
 	"lower": strings.ToLower,
+	// micros is a time as the dead letters' forms carry it back.
+	"micros": func(t time.Time) int64 { return t.UnixMicro() },
 	"query": func(kv ...string) template.URL {
 		v := url.Values{}
 		for i := 0; i+1 < len(kv); i += 2 {
@@ -376,11 +379,23 @@ func (s *Server) pageAct(w http.ResponseWriter, r *http.Request, p *page) {
 		return
 	}
 	reason := strings.TrimSpace(r.PostFormValue("reason"))
+	// The failure the form was shown with: the action is for that one
+	// only, not for a later failure under the same outbox id, nor for one
+	// acknowledged or replayed since by someone else.
+	failed, ferr := strconv.ParseInt(r.PostFormValue("failed"), 10, 64)
+	shown := time.UnixMicro(failed)
 	d := deadLettersPage{}
-	if reason == "" {
+	switch {
+	case ferr != nil:
+		p.Error = "The form does not say which failure it was shown with: reload the page."
+	case reason == "":
 		p.Error = "A reason is required: it is recorded in the archive with your name."
-	} else {
-		res, err := s.Act(r.Context(), id, p.Who.Name, action, reason)
+	default:
+		res, err := s.takeAction(r.Context(), id, &shown, p.Who.Name, action, reason)
+		if errors.Is(err, store.ErrDeadLetterChanged) {
+			p.Error = "That dead letter changed since this page was shown: someone replayed or acknowledged it (it may have failed again). Nothing was done; look at it again below before you act."
+			break
+		}
 		if err != nil {
 			s.internalError(w, r, err)
 			return

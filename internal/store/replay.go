@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
 )
 
 // Replay sends a dead letter back to pending with the same outbox and
@@ -48,3 +50,62 @@ func checkOperator(operator, reason string) error {
 	}
 	return nil
 }
+
+// ErrDeadLetterChanged is returned by ReplayShown and AcknowledgeShown when
+// the dead letter is no longer the one the operator was shown: since the
+// failure shown, someone replayed or acknowledged it (and it may have
+// failed again under the same outbox id). Nothing is done.
+var ErrDeadLetterChanged = errors.New("the dead letter changed since it was shown")
+
+// ReplayShown is Replay of the dead letter an operator was shown, the one
+// that failed at failedAt (DeadLetter.FailedAt): it replays only if nobody
+// replayed or acknowledged it since, else it returns ErrDeadLetterChanged
+// and does nothing. A form shown before another operator acknowledged the
+// dead letter (a payment refunded by hand) must not send it, nor may a
+// form submitted twice replay a failure that came after the first replay.
+func (s *Store) ReplayShown(ctx context.Context, db TxBeginner, outboxID uuid.UUID, failedAt time.Time, operator, reason string) (bool, error) {
+	return s.actOnShown(ctx, db, s.sql.replay, outboxID, failedAt, operator, reason)
+}
+
+// AcknowledgeShown is Acknowledge of the dead letter an operator was shown,
+// as ReplayShown: a failure that came after a replay nobody has seen is
+// not accepted in its place.
+func (s *Store) AcknowledgeShown(ctx context.Context, db TxBeginner, outboxID uuid.UUID, failedAt time.Time, operator, reason string) (bool, error) {
+	return s.actOnShown(ctx, db, s.sql.acknowledge, outboxID, failedAt, operator, reason)
+}
+
+// actOnShown runs the operator function query and, in the same
+// transaction, counts the replays and acknowledgements archived since
+// failedAt: exactly this one when the dead letter was the one shown. The
+// count is a statement after the function's, so it sees an action that
+// committed while the function waited for its row lock; a failure after a
+// replay has a later failed_at, so the actions of earlier failures are
+// before failedAt. Otherwise the transaction is rolled back.
+func (s *Store) actOnShown(ctx context.Context, db TxBeginner, query string, outboxID uuid.UUID, failedAt time.Time, operator, reason string) (bool, error) {
+	if err := checkOperator(operator, reason); err != nil {
+		return false, err
+	}
+	var done bool
+	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		var n int64
+		if err := tx.QueryRow(ctx, query, outboxID, operator, reason).Scan(&n); err != nil || n != 1 {
+			return err
+		}
+		var acts int64
+		if err := tx.QueryRow(ctx, s.Qualify(operatorActsSinceSQL), outboxID, failedAt).Scan(&acts); err != nil {
+			return err
+		}
+		if acts != 1 {
+			return ErrDeadLetterChanged
+		}
+		done = true
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("dead letter %s: %w", outboxID, err)
+	}
+	return done, nil
+}
+
+const operatorActsSinceSQL = `SELECT count(*) FROM {schema}.archive
+WHERE outbox_id = $1 AND created_at > $2 AND state IN ('REPLAYED', 'ACKNOWLEDGED')`

@@ -1,0 +1,62 @@
+package store_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ledgerline/outbox/internal/store"
+)
+
+// TestReplayShownWaitsForAnAcknowledgement: an acknowledgement that holds
+// the dead letter's row while ReplayShown runs commits first; the replay,
+// which waited for it, sees it and does nothing (ErrDeadLetterChanged), so
+// the payment acknowledged as refunded by hand is not sent. Without the
+// acknowledgement the same call replays.
+func TestReplayShownWaitsForAnAcknowledgement(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	id := b.enqueue(t, "p1", "k1")
+	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Failed))
+	dl, err := b.st.DeadLetter(b.ctx, b.pool, id)
+	if err != nil || dl == nil {
+		t.Fatalf("dead letter: %v %v", dl, err)
+	}
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx)
+	if ok, err := b.st.Acknowledge(b.ctx, tx, id, "bob", "refunded by hand"); err != nil || !ok {
+		t.Fatalf("acknowledge: %v %v", ok, err)
+	}
+	replayed := make(chan error, 1)
+	go func() {
+		_, err := b.st.ReplayShown(b.ctx, b.pool, id, dl.FailedAt, "alice", "customer asked again")
+		replayed <- err
+	}()
+	select {
+	case err := <-replayed:
+		t.Fatalf("the replay did not wait for the acknowledgement's row lock: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-replayed; !errors.Is(err, store.ErrDeadLetterChanged) {
+		t.Fatalf("replay after a concurrent acknowledgement: %v, want ErrDeadLetterChanged", err)
+	}
+	if dl, err := b.st.DeadLetter(b.ctx, b.pool, id); err != nil || dl == nil || dl.AcknowledgedAt == nil {
+		t.Fatalf("the dead letter after the refused replay: %+v %v, want it there, acknowledged", dl, err)
+	}
+
+	other := b.enqueue(t, "p2", "k2")
+	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Failed))
+	dl, err = b.st.DeadLetter(b.ctx, b.pool, other)
+	if err != nil || dl == nil {
+		t.Fatalf("dead letter: %v %v", dl, err)
+	}
+	if ok, err := b.st.ReplayShown(b.ctx, b.pool, other, dl.FailedAt, "alice", "account fixed"); err != nil || !ok {
+		t.Fatalf("replay of the dead letter shown: %v %v", ok, err)
+	}
+}
