@@ -405,10 +405,15 @@ func (s *Server) pageAct(w http.ResponseWriter, r *http.Request, p *page) {
 		}
 		d.Done = &res
 	}
-	if d.Items, err = s.store.DeadLettersAfter(r.Context(), s.cfg.Pool, false, store.Cursor{}, defaultPageSize); err != nil {
+	items, err := s.store.DeadLettersAfter(r.Context(), s.cfg.Pool, false, store.Cursor{}, defaultPageSize)
+	if err != nil {
 		s.internalError(w, r, err)
 		return
 	}
+	// The first page as the list shows it, with its link to the next: a
+	// full page without one reads as every open dead letter.
+	pg := pageOf(items, defaultPageSize, deadLetterCursor)
+	d.Items, d.Next = pg.Items, pg.Next
 	p.Title, p.Nav, p.Data = "Dead letters", "dead", d
 	s.render(w, r, "deadletters.html", p)
 }

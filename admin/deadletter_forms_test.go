@@ -1,6 +1,7 @@
 package admin_test
 
 import (
+	"fmt"
 	"html"
 	"net/url"
 	"regexp"
@@ -107,5 +108,36 @@ func TestConsoleActsOnlyOnTheDeadLetterShown(t *testing.T) {
 	if after := op.postShown(t, "/console/dead-letters/"+again.String()+"/acknowledge", ackForm); !strings.Contains(after, "Acknowledged "+again.String()) ||
 		attempts(again, "ACKNOWLEDGED") != 1 {
 		t.Fatalf("an acknowledgement from a fresh page:\n%s", after)
+	}
+}
+
+// TestDeadLettersPageAfterAnActionPages: the page that answers a replay or
+// an acknowledgement lists the first page of open dead letters, and like
+// the list itself links to the next page when there are more: without the
+// link, an operator sees 50 rows and takes them for all there are.
+func TestDeadLettersPageAfterAnActionPages(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	const n = 53 // more than a page (50) after one is acknowledged
+	var first uuid.UUID
+	for i := range n {
+		id := b.enqueue(t, fmt.Sprintf("p%d", i), fmt.Sprintf("k%d", i))
+		b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
+		if i == 0 {
+			first = id
+		}
+	}
+	op := consoleAs(t, b.url, operatorSecret)
+	page := op.get(t, "/console/dead-letters")
+	if !strings.Contains(page, "Next page") {
+		t.Fatalf("the list of %d dead letters has no next page:\n%s", n, page)
+	}
+	path := "/console/dead-letters/" + first.String() + "/acknowledge"
+	after := op.postShown(t, path, shownForm(t, page, path, "refunded by hand"))
+	if !strings.Contains(after, "Acknowledged "+first.String()) {
+		t.Fatalf("the acknowledgement:\n%s", after)
+	}
+	if rows := strings.Count(after, `action="/console/dead-letters/`) / 2; rows != 50 || !strings.Contains(after, "Next page") {
+		t.Fatalf("after the acknowledgement: %d rows and no link to the other %d open dead letters:\n%s", rows, n-1-rows, after)
 	}
 }
