@@ -261,16 +261,19 @@ type LiveRelayer struct {
 	InFlight  int64     `json:"in_flight"`
 }
 
+// liveRelayersSQL leaves out the operators' rows (REPLAYED, ACKNOWLEDGED,
+// CANCELLED), whose relayer_id is the operator's name: an operator who
+// acted is not a relayer, and listed as one would hide that none runs.
 const liveRelayersSQL = `
 SELECT relayer_id, max(at), sum(n)::bigint FROM (
   SELECT relayer_id, max(created_at) AS at, 0 AS n FROM {schema}.attempts
-  WHERE created_at > now() - $1::interval GROUP BY relayer_id
+  WHERE created_at > now() - $1::interval AND state NOT IN ('REPLAYED', 'ACKNOWLEDGED', 'CANCELLED') GROUP BY relayer_id
   UNION ALL
   SELECT relayer_id, max(claimed_at), count(*) FROM {schema}.inflight WHERE lease_until >= now() GROUP BY relayer_id
 ) x GROUP BY relayer_id ORDER BY relayer_id`
 
 // LiveRelayers lists the relayers (and reapers) that wrote to the archive
-// within `window` or hold a live lease.
+// within `window` or hold a live lease; operators' actions do not count.
 func (s *Store) LiveRelayers(ctx context.Context, db Querier, window time.Duration) ([]LiveRelayer, error) {
 	rows, err := db.Query(ctx, s.sql.liveRelayers, window)
 	if err != nil {

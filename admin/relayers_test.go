@@ -1,0 +1,41 @@
+package admin_test
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/ledgerline/outbox/admin"
+	"github.com/ledgerline/outbox/internal/store"
+)
+
+// TestOverviewRelayersAreRelayers: the overview's relayers are the
+// processes that claimed or recorded work; an operator who replayed,
+// acknowledged or cancelled something (archive rows under the operator's
+// name) is not one. Listed as a relayer seen seconds ago, an operator
+// hides that no relayer is running.
+func TestOverviewRelayersAreRelayers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	dead := b.enqueue(t, "p1", "k1")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
+	queued := b.enqueue(t, "p2", "k2")
+	reason := map[string]string{"reason": "refunded by hand"}
+	if code := b.call(t, "POST", "/api/v1/dead-letters/"+dead.String()+"/acknowledge", operatorSecret, reason, nil); code != http.StatusOK {
+		t.Fatalf("acknowledge: %d", code)
+	}
+	if code := b.call(t, "POST", "/api/v1/instructions/"+queued.String()+"/cancel", operatorSecret, reason, nil); code != http.StatusOK {
+		t.Fatalf("cancel: %d", code)
+	}
+	var ov admin.Overview
+	if code := b.call(t, "GET", "/api/v1/overview", auditorSecret, nil, &ov); code != http.StatusOK {
+		t.Fatalf("overview: %d", code)
+	}
+	var ids []string
+	for _, r := range ov.Relayers {
+		ids = append(ids, r.RelayerID)
+	}
+	if len(ids) != 1 || ids[0] != "r1" {
+		t.Fatalf("relayers %v, want only r1 (not the operator oscar)", ids)
+	}
+}
