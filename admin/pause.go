@@ -135,6 +135,13 @@ func (s *Server) pagePause(w http.ResponseWriter, r *http.Request, p *page) {
 		default:
 			p.Notice = "Paused rail " + rail + ": no new claims; what was in flight is still finishing (the in-flight count shows it)."
 		}
+		// As `outbox rails pause` warns: a pause of a name nothing uses
+		// (a misspelling, another letter case) holds nothing, while the
+		// rail meant goes on sending.
+		if res.Done && action == ActionPause && res.Held == 0 && rail != store.AllRails &&
+			(s.cfg.Rails == nil || !contains(s.cfg.Rails.Types(), rail)) {
+			p.Error = fmt.Sprintf("No instruction of rail type %q is pending and this relayer has no such rail: is the name right? Rail types are case-sensitive; a pause of a name no relayer serves holds nothing.", rail)
+		}
 	}
 	p.RefreshURL = "/console/"
 	s.pageOverview(w, r, p)

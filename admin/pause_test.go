@@ -112,3 +112,27 @@ func TestPauseRailThroughAPIAndConsole(t *testing.T) {
 		t.Errorf("the pauses are not logged:\n%s", logs)
 	}
 }
+
+// TestConsolePauseOfANameNothingUsesWarns: a pause from the console of a
+// rail type that nothing pending has and this process does not serve (a
+// misspelling, another letter case) warns that the name may be wrong, as
+// `outbox rails pause` does, instead of only "Paused rail Sandbox: nothing
+// of it is in flight", while the real rail goes on sending.
+func TestConsolePauseOfANameNothingUsesWarns(t *testing.T) {
+	t.Parallel()
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := setup(t, admin.Config{Rails: set})
+	b.enqueue(t, "acme", "k1")
+	op := consoleAs(t, b.url, operatorSecret)
+	page := op.post(t, "/console/rails/pause", url.Values{"rail": {"Sandbox"}, "reason": {"bank incident"}})
+	if !strings.Contains(page, "Paused rail Sandbox") || !strings.Contains(page, "is the name right?") {
+		t.Fatalf("a pause of a rail type nothing pending has, that no rail of this process is:\n%s", page)
+	}
+	page = op.post(t, "/console/rails/pause", url.Values{"rail": {"sandbox"}, "reason": {"bank incident"}})
+	if !strings.Contains(page, "Paused rail sandbox") || strings.Contains(page, "is the name right?") {
+		t.Fatalf("a pause of the rail with an instruction pending:\n%s", page)
+	}
+}
