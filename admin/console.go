@@ -423,6 +423,11 @@ type trailPage struct {
 	ID, InstructionID string
 	Attempts          []store.Attempt
 	Searched          bool
+	// Instructions is how many outbox ids the attempts are of: more than
+	// one for an instruction id enqueued under several keys or tenants,
+	// whose trails the timeline interleaves (each event then names its
+	// outbox id).
+	Instructions int
 }
 
 func (s *Server) pageTrail(w http.ResponseWriter, r *http.Request, p *page) {
@@ -446,6 +451,11 @@ func (s *Server) pageTrail(w http.ResponseWriter, r *http.Request, p *page) {
 		s.internalError(w, r, err)
 		return
 	}
+	ids := map[uuid.UUID]bool{}
+	for _, a := range d.Attempts {
+		ids[a.OutboxID] = true
+	}
+	d.Instructions = len(ids)
 	p.Title, p.Nav, p.Data = "Trail", "trail", d
 	s.render(w, r, "trail.html", p)
 }
