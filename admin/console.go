@@ -270,8 +270,16 @@ func (s *Server) pageOverview(w http.ResponseWriter, r *http.Request, p *page) {
 		s.internalError(w, r, err)
 		return
 	}
-	p.Title, p.Nav, p.Refresh, p.Data = "Overview", "overview", 5, ov
+	p.Title, p.Nav, p.Refresh, p.Data = "Overview", "overview", 5, overviewPage{Overview: ov, DegradedAfterSecs: s.cfg.DegradedAfter.Seconds()}
 	s.render(w, r, "overview.html", p)
+}
+
+// overviewPage is the overview page's data: the overview, and the oldest
+// due age /readyz calls degraded (Config.DegradedAfter), past which the
+// page shows that figure as bad: the page and the probe agree.
+type overviewPage struct {
+	Overview
+	DegradedAfterSecs float64
 }
 
 // instructionsPage is the instructions page's data.

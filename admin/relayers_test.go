@@ -2,6 +2,7 @@ package admin_test
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,5 +38,24 @@ func TestOverviewRelayersAreRelayers(t *testing.T) {
 	}
 	if len(ids) != 1 || ids[0] != "r1" {
 		t.Fatalf("relayers %v, want only r1 (not the operator oscar)", ids)
+	}
+}
+
+// TestOverviewOldestDueTileUsesTheThreshold: the overview shows the oldest
+// due age as bad from the age /readyz calls degraded (Config.DegradedAfter),
+// not from a fixed minute, so the page and the probe agree.
+func TestOverviewOldestDueTileUsesTheThreshold(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		after time.Duration
+		bad   bool
+	}{{20 * time.Millisecond, true}, {0, false}} {
+		b := setup(t, admin.Config{DegradedAfter: tc.after})
+		b.enqueue(t, "p1", "k1")
+		time.Sleep(100 * time.Millisecond)
+		page := consoleAt(t, b.url).get(t, "/console/")
+		if bad := strings.Contains(page, `<div class="tile bad"><span class="n">0.1`); bad != tc.bad {
+			t.Errorf("DegradedAfter %s: the oldest due tile is bad: %v, want %v\n%s", tc.after, bad, tc.bad, page)
+		}
 	}
 }
