@@ -229,9 +229,14 @@ func quoteTime(t time.Time) string {
 //
 // A concurrent enqueue of one of these keys waits on its row lock and then
 // either finds the digest or, if its snapshot was older, fails
-// (key_retired_race): it is never enqueued twice. A replay or an
-// acknowledgement of the dead letter meanwhile waits on its row lock; a
-// replay then finds it gone, like one of a dead letter that never was.
+// (key_retired_race): it is never enqueued twice. A replay of the dead
+// letter that comes after waits on its row lock and then finds it gone,
+// like one of a dead letter that never was. One that came first (its
+// statement's snapshot is older than this one's, or it had not committed
+// yet) moved the instruction back to pending: the delete, having waited
+// for it, finds the dead letter gone, and the key stays with it (a key
+// leaves only with the dead letter it came with, never without it), or
+// the instruction would be pending with its key retired.
 //
 // Each key is found by its outbox id (a LATERAL lookup per instruction,
 // the queue checked the same way) and deleted by row id. Joined to the
@@ -252,7 +257,7 @@ WITH ids AS (
     SELECT bool_or(a.state <> 'ACKNOWLEDGED') AS final, array_agg(a.hash) FILTER (WHERE a.state = 'ACKNOWLEDGED') AS acks
     FROM %[1]s a WHERE a.outbox_id = i.outbox_id AND a.state IN ('DISPATCHED', 'CANCELLED', 'ACKNOWLEDGED')) e
 ), targets AS (
-  SELECT k.row, k.dead FROM done d
+  SELECT d.outbox_id, k.row, k.dead FROM done d
   CROSS JOIN LATERAL (
     SELECT k.ctid AS row, dl.ctid AS dead FROM {schema}.idempotency_keys k
     LEFT JOIN {schema}.dead_letters dl ON dl.outbox_id = k.outbox_id
@@ -264,8 +269,10 @@ WITH ids AS (
     LIMIT 1) k
 ), settled AS (
   DELETE FROM {schema}.dead_letters dl WHERE dl.ctid = ANY (ARRAY(SELECT dead FROM targets WHERE dead IS NOT NULL))
+  RETURNING dl.outbox_id
 ), moved AS (
-  DELETE FROM {schema}.idempotency_keys k WHERE k.ctid = ANY (ARRAY(SELECT row FROM targets))
+  DELETE FROM {schema}.idempotency_keys k
+  WHERE k.ctid = ANY (ARRAY(SELECT row FROM targets WHERE dead IS NULL OR outbox_id IN (SELECT outbox_id FROM settled)))
   RETURNING k.tenant_id, k.instruction_id, k.idempotency_key, k.outbox_id, k.participant_id, k.sequence_id, k.created_at
 ), retired AS (
   INSERT INTO {schema}.retired_keys (digest, outbox_id, tenant_id, participant_id, sequence_id, created_at)

@@ -554,3 +554,57 @@ func TestRetireKeysLooksUpEachKey(t *testing.T) {
 		t.Fatalf("retired %d keys, %d left; want %d and 0", retired, left, n)
 	}
 }
+
+// TestRetireKeysLeavesAReplayedDeadLetterItsKey: an acknowledged dead
+// letter replayed while its month's keys are being retired either leaves
+// with its key (the retirement went first: the replay finds nothing) or
+// keeps it (the replay went first: the instruction is pending again and
+// its key must answer duplicates exactly). A retirement that waited for
+// the replay's lock on the dead letter retired the key of an instruction
+// that was pending again.
+func TestRetireKeysLeavesAReplayedDeadLetterItsKey(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	id := b.enqueue(t, "p1", "k-replayed")
+	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Failed))
+	if ok, err := b.st.Acknowledge(b.ctx, b.pool, id, "olga", "refunded by hand"); err != nil || !ok {
+		t.Fatalf("acknowledge: %v %v", ok, err)
+	}
+	month := "attempts_" + time.Now().UTC().Format("2006_01")
+
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx)
+	if ok, err := b.st.Replay(b.ctx, tx, id, "olga", "sent after all"); err != nil || !ok {
+		t.Fatalf("replay: %v %v", ok, err)
+	}
+	var retired int64
+	err = b.waitingOn(t, tx, func(conn *pgxpool.Conn) error {
+		var err error
+		retired, err = b.st.RetireKeys(b.ctx, conn, month, 0)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := b.where(t, id); !w.pending {
+		t.Fatalf("the replayed instruction is not pending: %+v", w)
+	}
+	var live int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.idempotency_keys WHERE outbox_id = $1`, id).Scan(&live); err != nil {
+		t.Fatal(err)
+	}
+	if live != 1 || retired != 0 {
+		t.Fatalf("retired %d keys, %d live key left for the pending instruction; want 0 and 1", retired, live)
+	}
+	r, err := b.producer.Enqueue(b.ctx, b.pool, pending.Instruction{
+		InstructionID: "ins-k-replayed", ParticipantID: "p1", IdempotencyKey: "k-replayed",
+		RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
+	})
+	if err != nil || !r.Duplicate || r.OutboxID != id {
+		t.Fatalf("enqueue of the pending instruction's key: %+v %v, want its receipt", r, err)
+	}
+	b.verifyOK(t)
+}
