@@ -212,31 +212,34 @@ func quoteTime(t time.Time) string {
 	return "'" + t.UTC().Format("2006-01-02 15:04:05.999999Z07:00") + "'"
 }
 
-// retireKeysSQL moves into their compact form (migration 011) the keys of
+// retireKeysSQL writes the compact form (migration 011) of the keys of
 // the next $2 instructions that ended in an archive partition (%[1]s), in
 // outbox id order after $1 (its outbox id index), and returns the last
-// outbox id it looked at and how many keys it moved. An instruction ended
-// there if the partition holds its DISPATCHED or CANCELLED row (both
-// final: a cancelled instruction is never sent, and its key only answers a
-// duplicate), and it is then neither pending, in flight nor a dead letter
-// (a late outcome's requeued copy, a replay under its key); or if its dead
-// letter was acknowledged there and nothing happened to it since (the dead
-// letter's chain head is that ACKNOWLEDGED row): the dead letter then
-// leaves dead_letters with its key, in the same statement, so neither is
-// ever without the other. Its history stays in the archive, and
-// dead_letters holds what an operator has still to look at plus what was
-// acknowledged within the attached months.
+// outbox id it looked at and the batch's outbox ids; the keys themselves
+// stay live until dropRetiredKeysSQL removes them (see retireKeys). An
+// instruction ended there if the partition holds its DISPATCHED or
+// CANCELLED row (both final: a cancelled instruction is never sent, and
+// its key only answers a duplicate), and it is then neither pending, in
+// flight nor a dead letter (a late outcome's requeued copy, a replay under
+// its key); or if its dead letter was acknowledged there and nothing
+// happened to it since (the dead letter's chain head is that ACKNOWLEDGED
+// row): the dead letter then leaves dead_letters in the same statement
+// that retires its key, so that it can no longer be replayed. Its history
+// stays in the archive, and dead_letters holds what an operator has still
+// to look at plus what was acknowledged within the attached months. A
+// digest already written (a run cut short before its keys went) is left
+// as it is.
 //
-// A concurrent enqueue of one of these keys waits on its row lock and then
-// either finds the digest or, if its snapshot was older, fails
-// (key_retired_race): it is never enqueued twice. A replay of the dead
-// letter that comes after waits on its row lock and then finds it gone,
-// like one of a dead letter that never was. One that came first (its
-// statement's snapshot is older than this one's, or it had not committed
-// yet) moved the instruction back to pending: the delete, having waited
-// for it, finds the dead letter gone, and the key stays with it (a key
-// leaves only with the dead letter it came with, never without it), or
-// the instruction would be pending with its key retired.
+// Once a digest is committed every enqueue of its key is refused:
+// insertKeysSQL skips it and the lookup fails the transaction
+// (key_retired_race) while the key is still live beside it. A replay of
+// the dead letter that comes after waits on its row lock and then finds
+// it gone, like one of a dead letter that never was. One that came first
+// (its statement's snapshot is older than this one's, or it had not
+// committed yet) moved the instruction back to pending: the delete,
+// having waited for it, finds the dead letter gone, and the key is not
+// retired (a key is retired only with the dead letter it came with, never
+// without it), or the instruction would be pending with its key retired.
 //
 // Each key is found by its outbox id (a LATERAL lookup per instruction,
 // the queue checked the same way) and deleted by row id. Joined to the
@@ -270,18 +273,52 @@ WITH ids AS (
 ), settled AS (
   DELETE FROM {schema}.dead_letters dl WHERE dl.ctid = ANY (ARRAY(SELECT dead FROM targets WHERE dead IS NOT NULL))
   RETURNING dl.outbox_id
-), moved AS (
-  DELETE FROM {schema}.idempotency_keys k
-  WHERE k.ctid = ANY (ARRAY(SELECT row FROM targets WHERE dead IS NULL OR outbox_id IN (SELECT outbox_id FROM settled)))
-  RETURNING k.tenant_id, k.instruction_id, k.idempotency_key, k.outbox_id, k.participant_id, k.sequence_id, k.created_at
 ), retired AS (
   INSERT INTO {schema}.retired_keys (digest, outbox_id, tenant_id, participant_id, sequence_id, created_at)
-  SELECT {schema}.key_digest(tenant_id, instruction_id, idempotency_key), outbox_id, nullif(tenant_id, ''),
-         participant_id, sequence_id, created_at
-  FROM moved
+  SELECT {schema}.key_digest(k.tenant_id, k.instruction_id, k.idempotency_key), k.outbox_id, nullif(k.tenant_id, ''),
+         k.participant_id, k.sequence_id, k.created_at
+  FROM {schema}.idempotency_keys k
+  WHERE k.ctid = ANY (ARRAY(SELECT row FROM targets WHERE dead IS NULL OR outbox_id IN (SELECT outbox_id FROM settled)))
+  ON CONFLICT (digest) DO NOTHING
+)
+SELECT (SELECT outbox_id FROM ids ORDER BY outbox_id DESC LIMIT 1), ARRAY(SELECT outbox_id FROM ids)`
+
+// dropRetiredKeysSQL removes the live keys, among the outbox ids $1 (a
+// batch of retireKeysSQL), whose digest is retired, by outbox id (its
+// unique index), and returns how many. It runs once no transaction that
+// could still miss the digests is left (see retireKeys).
+const dropRetiredKeysSQL = `
+WITH moved AS (
+  DELETE FROM {schema}.idempotency_keys k
+  WHERE k.outbox_id = ANY ($1::uuid[])
+    AND EXISTS (SELECT 1 FROM {schema}.retired_keys r
+                WHERE r.digest = {schema}.key_digest(k.tenant_id, k.instruction_id, k.idempotency_key))
   RETURNING 1
 )
-SELECT (SELECT outbox_id FROM ids ORDER BY outbox_id DESC LIMIT 1), (SELECT count(*) FROM retired)`
+SELECT count(*) FROM moved`
+
+// runningXactsSQL and stillRunningSQL find the client sessions'
+// transactions of this database that are running now (each holds its
+// virtual transaction id's lock from its start to its end, whether it
+// wrote or only read), and which of them still are. pg_locks shows every
+// session's locks to every role, where pg_stat_activity hides other
+// roles' snapshots. Autovacuum and other background processes enqueue
+// nothing and may run for long: they are not waited for.
+const (
+	runningXactsSQL = `
+SELECT coalesce(array_agg(l.virtualtransaction), '{}')
+FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'virtualxid' AND l.granted AND a.datname = current_database() AND a.backend_type = 'client backend'
+  AND l.pid <> pg_backend_pid()`
+	stillRunningSQL = `
+SELECT count(*) FROM pg_locks l
+WHERE l.locktype = 'virtualxid' AND l.granted AND l.virtualtransaction = ANY ($1::text[])`
+)
+
+// retiredKeysWait bounds how long a retirement waits for the transactions
+// that were running when it committed a batch's digests (as checkpoints
+// wait for theirs).
+const retiredKeysWait = 30 * time.Second
 
 // RetireKeys moves the idempotency keys of the instructions that ended in
 // an archive partition (dispatched, cancelled, or a dead letter
@@ -309,16 +346,62 @@ func (s *Store) retireKeys(ctx context.Context, db Querier, partition string, ba
 	var total int64
 	for after := uuid.Nil; ; {
 		var last *uuid.UUID
-		var n int64
-		if err := db.QueryRow(ctx, q, after, batch).Scan(&last, &n); err != nil {
+		var ids []uuid.UUID
+		if err := db.QueryRow(ctx, q, after, batch).Scan(&last, &ids); err != nil {
 			return total, fmt.Errorf("retire keys of %s after %s: %w", partition, after, err)
 		}
-		total += n
 		if last == nil {
 			return total, nil
 		}
+		// The digests are committed, the keys still live. A transaction
+		// that reads from one snapshot (REPEATABLE READ, SERIALIZABLE)
+		// taken before that commit does not see the digests; had the keys
+		// gone with them, its enqueue of one found neither and enqueued
+		// the instruction again, to be paid twice. While the key is live
+		// such an enqueue is a duplicate; every later snapshot sees the
+		// digest (an enqueue is refused). So the keys go once every
+		// transaction running now has ended. A wait cut short leaves them
+		// live beside their digests, which is safe, and the next run
+		// removes them (their digests are found again).
+		if err := s.waitForRunningTransactions(ctx, db, retiredKeysWait); err != nil {
+			return total, fmt.Errorf("retire keys of %s after %s: %w", partition, after, err)
+		}
+		var n int64
+		if err := db.QueryRow(ctx, s.sql.dropRetiredKeys, ids).Scan(&n); err != nil {
+			return total, fmt.Errorf("retire keys of %s after %s: %w", partition, after, err)
+		}
+		total += n
 		after = *last
 	}
+}
+
+// waitForRunningTransactions waits (at most wait) until every transaction
+// of this database that is running now, other than db's own, has ended.
+func (s *Store) waitForRunningTransactions(ctx context.Context, db Querier, wait time.Duration) error {
+	var running []string
+	if err := db.QueryRow(ctx, runningXactsSQL).Scan(&running); err != nil {
+		return fmt.Errorf("transactions running: %w", err)
+	}
+	deadline := time.Now().Add(wait)
+	for len(running) > 0 {
+		var n int
+		if err := db.QueryRow(ctx, stillRunningSQL, running).Scan(&n); err != nil {
+			return fmt.Errorf("transactions running: %w", err)
+		}
+		if n == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: %d transactions that were running when the keys' digests were committed are still open after %s: run it again",
+				ErrArchiveLifecycle, n, wait)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // RetireDetachedKeys retires the keys of every detached partition that no

@@ -608,3 +608,85 @@ func TestRetireKeysLeavesAReplayedDeadLetterItsKey(t *testing.T) {
 	}
 	b.verifyOK(t)
 }
+
+// TestRetiredKeyRefusedToAnOlderSnapshot: a producer whose transaction
+// reads from one snapshot (REPEATABLE READ) taken before a retirement
+// committed does not see the key's digest; had the retirement removed the
+// key meanwhile, its enqueue found neither and enqueued the instruction
+// again, under a new outbox id, to be paid a second time. The key stays
+// until no snapshot older than its digest is left: the enqueue answers
+// with the original receipt, and one after it is refused.
+func TestRetiredKeyRefusedToAnOlderSnapshot(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	id := b.enqueue(t, "p1", "k-old-snapshot")
+	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched))
+	// An acknowledged dead letter leaves with the first phase, its key
+	// with the second.
+	acked := b.enqueue(t, "p2", "k-acked")
+	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Failed))
+	if ok, err := b.st.Acknowledge(b.ctx, b.pool, acked, "olga", "refunded by hand"); err != nil || !ok {
+		t.Fatalf("acknowledge: %v %v", ok, err)
+	}
+	month := "attempts_" + time.Now().UTC().Format("2006_01")
+	in := pending.Instruction{
+		InstructionID: "ins-k-old-snapshot", ParticipantID: "p1", IdempotencyKey: "k-old-snapshot",
+		RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
+	}
+
+	ptx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptx.Rollback(b.ctx)
+	if _, err := ptx.Exec(b.ctx, `SELECT 1 FROM outbox.settings`); err != nil { // the business transaction's first read
+		t.Fatal(err)
+	}
+	retired := make(chan error, 1)
+	go func() {
+		_, err := b.st.RetireKeys(b.ctx, b.pool, month, 0)
+		retired <- err
+	}()
+	// The digest is committed before the key goes.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var n int
+		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.retired_keys`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 2 {
+			break
+		}
+		select {
+		case err := <-retired:
+			retired <- err
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the retirement never committed the digest")
+		}
+	}
+	b.verifyOK(t) // a key live beside its digest is one instruction, counted once
+	r, err := b.producer.Enqueue(b.ctx, ptx, in)
+	if err != nil || !r.Duplicate || r.OutboxID != id {
+		t.Fatalf("enqueue from a snapshot older than the retirement: %+v %v, want the original receipt", r, err)
+	}
+	if err := ptx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-retired; err != nil {
+		t.Fatal(err)
+	}
+	var live, pendingRows int
+	if err := b.pool.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM outbox.idempotency_keys), (SELECT count(*) FROM outbox.pending)`).
+		Scan(&live, &pendingRows); err != nil {
+		t.Fatal(err)
+	}
+	if live != 0 || pendingRows != 0 {
+		t.Fatalf("after the retirement: %d live keys, %d pending rows; want none", live, pendingRows)
+	}
+	var re *pending.RetiredError
+	if _, err := b.producer.Enqueue(b.ctx, b.pool, in); !errors.As(err, &re) || re.OutboxID != id {
+		t.Fatalf("enqueue after the retirement: %v, want a RetiredError for %s", err, id)
+	}
+	b.verifyOK(t)
+}

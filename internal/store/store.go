@@ -109,6 +109,7 @@ type statements struct {
 	takeCheckpoint, checkpoints                      string
 	retireKeys                                       string
 	keysRetired                                      string
+	dropRetiredKeys                                  string
 	partitions                                       string
 	listQueued, listQueuedOf                         string
 	listInFlight, listInFlightOf, participant        string
@@ -162,6 +163,7 @@ func renderStatements(schema string) statements {
 		takeCheckpoint:     q(takeCheckpointSQL),
 		retireKeys:         q(retireKeysSQL),
 		keysRetired:        q(keysRetiredSQL),
+		dropRetiredKeys:    q(dropRetiredKeysSQL),
 		partitions:         q(partitionsSQL),
 		listQueued:         q(queuedPageSQL(queuedPendingColumns, "pending", false)),
 		listQueuedOf:       q(queuedPageSQL(queuedPendingColumns, "pending", true)),
