@@ -231,8 +231,8 @@ func quoteTime(t time.Time) string {
 // as it is.
 //
 // Once a digest is committed every enqueue of its key is refused:
-// insertKeysSQL skips it and the lookup fails the transaction
-// (key_retired_race) while the key is still live beside it. A replay of
+// insertKeysSQL skips it, and the lookup reports it retired while the key
+// is still live beside it (the caller's transaction stays usable). A replay of
 // the dead letter that comes after waits on its row lock and then finds
 // it gone, like one of a dead letter that never was. One that came first
 // (its statement's snapshot is older than this one's, or it had not

@@ -666,6 +666,23 @@ func TestRetiredKeyRefusedToAnOlderSnapshot(t *testing.T) {
 		}
 	}
 	b.verifyOK(t) // a key live beside its digest is one instruction, counted once
+	// A snapshot that sees the digest meanwhile: refused as retired, and
+	// its transaction stays usable (not failed as a retirement race).
+	ntx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ntx.Rollback(b.ctx)
+	var re *pending.RetiredError
+	if _, err := b.producer.Enqueue(b.ctx, ntx, in); !errors.As(err, &re) || re.OutboxID != id {
+		t.Fatalf("enqueue from a snapshot that sees the digest beside the live key: %v, want a RetiredError for %s", err, id)
+	}
+	if _, err := ntx.Exec(b.ctx, `SELECT 1`); err != nil {
+		t.Fatalf("the refused enqueue's transaction is not usable: %v", err)
+	}
+	if err := ntx.Rollback(b.ctx); err != nil {
+		t.Fatal(err)
+	}
 	r, err := b.producer.Enqueue(b.ctx, ptx, in)
 	if err != nil || !r.Duplicate || r.OutboxID != id {
 		t.Fatalf("enqueue from a snapshot older than the retirement: %+v %v, want the original receipt", r, err)
@@ -684,7 +701,6 @@ func TestRetiredKeyRefusedToAnOlderSnapshot(t *testing.T) {
 	if live != 0 || pendingRows != 0 {
 		t.Fatalf("after the retirement: %d live keys, %d pending rows; want none", live, pendingRows)
 	}
-	var re *pending.RetiredError
 	if _, err := b.producer.Enqueue(b.ctx, b.pool, in); !errors.As(err, &re) || re.OutboxID != id {
 		t.Fatalf("enqueue after the retirement: %v, want a RetiredError for %s", err, id)
 	}

@@ -81,11 +81,11 @@ func (s *Store) Enqueue(ctx context.Context, db Batcher, ins []NewInstruction) (
 	if n == 1 { // the common case: one instruction per business transaction
 		b.Queue(s.sql.insertKeyOne, tenants[0], instrIDs[0], keys[0], ids[0], participants[0], hashes[0])
 		b.Queue(s.sql.insertPendingOne, ids[0], instrIDs[0], participants[0], keys[0], railTypes[0], tenants[0], correlats[0], payloads[0])
-		b.Queue(s.sql.lookupKeyOne, tenants[0], instrIDs[0], keys[0])
+		b.Queue(s.sql.lookupKeyOne, tenants[0], instrIDs[0], keys[0], ids[0])
 	} else {
 		b.Queue(s.sql.insertKeys, tenants, instrIDs, keys, ids, participants, hashes)
 		b.Queue(s.sql.insertPending, ids, ords, instrIDs, participants, keys, railTypes, tenants, correlats, payloads)
-		b.Queue(s.sql.lookupKeys, tenants, instrIDs, keys, ords)
+		b.Queue(s.sql.lookupKeys, tenants, instrIDs, keys, ords, ids)
 	}
 	br := db.SendBatch(ctx, b)
 	defer br.Close()
@@ -255,8 +255,8 @@ FROM firsts f WHERE k.outbox_id = $1::uuid`
 	// lookupKeyOneSQL is lookupKeysSQL for one key (its ord is 0).
 	lookupKeyOneSQL = `
 SELECT 0, coalesce(r.outbox_id, k.outbox_id), k.sequence_id, k.payload_hash, k.instruction_id, r.digest IS NOT NULL,
-       CASE WHEN k.instruction_id = i.instruction_id AND r.digest IS NOT NULL THEN {schema}.key_retired_race(k.outbox_id) END
-FROM (SELECT $1::text AS tenant_id, $2::text AS instruction_id, $3::text AS idempotency_key) AS i
+       CASE WHEN k.outbox_id = i.outbox_id AND r.digest IS NOT NULL THEN {schema}.key_retired_race(k.outbox_id) END
+FROM (SELECT $1::text AS tenant_id, $2::text AS instruction_id, $3::text AS idempotency_key, $4::uuid AS outbox_id) AS i
 LEFT JOIN {schema}.idempotency_keys k ON (k.tenant_id, k.idempotency_key) = (i.tenant_id, i.idempotency_key)
 LEFT JOIN {schema}.retired_keys r ON r.digest = {schema}.key_digest(i.tenant_id, i.instruction_id, i.idempotency_key)
 WHERE k.outbox_id IS NOT NULL OR r.digest IS NOT NULL`
@@ -267,15 +267,22 @@ WHERE k.outbox_id IS NOT NULL OR r.digest IS NOT NULL`
 // tells its own from another's), and whether this instruction's key was
 // retired. A retired key reports the retired outbox id: the key itself may
 // since belong to another instruction (retirement frees it, months after
-// its instruction ended). A key can be live and retired at once only if
-// its retirement committed while this transaction's insert waited on the
-// old row's lock (after insertKeysSQL's snapshot): key_retired_race then
-// fails the statement, and with it the transaction, so the key is never
-// enqueued twice.
+// its instruction ended).
+//
+// A key is live beside its digest while its retirement waits for the
+// snapshots older than the digest to end (archive.go): that is a retired
+// key, refused as such, and the caller's transaction stays usable. Only
+// this transaction's own fresh row beside a digest is a race: a
+// retirement that removed the old row in the statement that wrote the
+// digest (builds before the wait) committed while this transaction's
+// insert waited on that row's lock, and the insert, whose snapshot did not
+// see the digest, wrote the key again. key_retired_race then fails the
+// statement, and with it the transaction, so the key is never enqueued
+// twice.
 const lookupKeysSQL = `
 SELECT i.ord, coalesce(r.outbox_id, k.outbox_id), k.sequence_id, k.payload_hash, k.instruction_id, r.digest IS NOT NULL,
-       CASE WHEN k.instruction_id = i.instruction_id AND r.digest IS NOT NULL THEN {schema}.key_retired_race(k.outbox_id) END
-FROM unnest($1::text[], $2::text[], $3::text[], $4::int[]) AS i(tenant_id, instruction_id, idempotency_key, ord)
+       CASE WHEN k.outbox_id = i.outbox_id AND r.digest IS NOT NULL THEN {schema}.key_retired_race(k.outbox_id) END
+FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::uuid[]) AS i(tenant_id, instruction_id, idempotency_key, ord, outbox_id)
 LEFT JOIN LATERAL (SELECT k.outbox_id, k.sequence_id, k.payload_hash, k.instruction_id FROM {schema}.idempotency_keys k
                    WHERE (k.tenant_id, k.idempotency_key) = (i.tenant_id, i.idempotency_key)
                    LIMIT 1) k ON true
