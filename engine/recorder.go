@@ -476,16 +476,21 @@ func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed b
 // once. It returns how many were handed off.
 func (rc *recorder) record(ctx context.Context, outcomes []store.Outcome, terminal int, handoff bool) ([]store.Recorded, int, error) {
 	r := rc.r
-	// Stop closes stopping under the write lock: a hand-off either
-	// finishes (its dispatches counted) before Stop waits for dispatches,
-	// or does not happen.
-	r.handoffMu.RLock()
-	defer r.handoffMu.RUnlock()
 	h := store.HandoffParams{RelayerID: r.cfg.RelayerID}
+	// Stop closes stopping under handoffMu's write lock: a write that may
+	// hand off counts as a dispatch in progress from here until its
+	// hand-offs are dispatching, so Stop's wait for dispatches covers them
+	// (or no hand-off happens). The lock is not held across the write:
+	// Stop must not wait for a write held up by a participant's lock
+	// before it stops claiming, nor beyond its deadline.
+	r.handoffMu.RLock()
 	if handoff && !r.isStopping() && !r.isolating.Load() {
 		closed, _ := r.cfg.Rails.Claimable()
 		h.Limit, h.Leases, h.Refill = terminal, r.leases(closed), r.backlog.Load()
+		r.dispatches.Add(1)
+		defer r.dispatches.Done()
 	}
+	r.handoffMu.RUnlock()
 	claimStart := time.Now()
 	recorded, handed, err := r.store.Record(ctx, r.pool, outcomes, h)
 	if recorded == nil {

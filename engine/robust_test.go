@@ -388,3 +388,85 @@ func TestConfigRejectsStaleIdleRefresh(t *testing.T) {
 		t.Errorf("IdleRefresh 5s: %v", err)
 	}
 }
+
+// TestStopBeginsWhileAWriteWaitsForALock: an outcome write waits for its
+// participant's lock (a producer's transaction holds it) when Stop is
+// called. Stop begins at once: the claim loop stops claiming, so an
+// instruction enqueued after Stop began is not claimed. Before, Stop
+// waited for the write (up to its 30 s timeout) before it even stopped
+// claiming, ignoring its context, and the relayer went on claiming and
+// calling rails that whole time, only to cut those calls off at the hard
+// deadline that had meanwhile passed.
+func TestStopBeginsWhileAWriteWaitsForALock(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	enqueue := func(participant string) {
+		t.Helper()
+		if err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+			_, err := b.producer.Enqueue(b.ctx, tx, instruction(participant, 0))
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	enqueue("held")
+	lock, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback(context.WithoutCancel(b.ctx))
+	if _, err := lock.Exec(b.ctx, `SELECT 1 FROM outbox.sequences WHERE participant_id = 'held' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	r := b.newRelayer(t, b.config("held-stop"))
+	r.testHooks.abandonWait = 50 * time.Millisecond
+	if err := r.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the held participant's outcome write to wait for its lock", func() bool {
+		var waiting bool
+		err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting)
+		return err == nil && waiting && b.sandbox.Stats().Payments == 1
+	})
+
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		stopped <- r.Stop(ctx)
+	}()
+	waitFor(t, 10*time.Second, "Stop to begin", func() bool { return !r.Health().Running })
+	enqueue("late")
+	claimed := func() bool {
+		var n int
+		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE participant_id = 'late'`).Scan(&n)
+		return err == nil && n > 0
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(StopRecordTimeout + 15*time.Second)
+	for done := false; !done; {
+		select {
+		case err := <-stopped:
+			t.Logf("Stop: %v", err)
+			done = true
+		case <-tick.C:
+			if claimed() {
+				t.Fatal("an instruction enqueued after Stop began was claimed")
+			}
+		case <-deadline:
+			t.Fatal("Stop did not return while a write waited for a lock")
+		}
+	}
+	if claimed() {
+		t.Fatal("an instruction enqueued after Stop began was claimed")
+	}
+	if err := lock.Rollback(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Stats(); st.Dispatched != 0 || st.LeftInFlight != 1 {
+		t.Errorf("stats %+v, want the held outcome left in flight for the reaper", st)
+	}
+	b.verify(t, true)
+}
