@@ -187,3 +187,30 @@ func TestStartStopStress(t *testing.T) {
 		t.Fatalf("after the stress: %d in flight, violations %v", rep.InFlight, rep.Violations)
 	}
 }
+
+// TestStopWithDoneContextStopsEverything: a program that stops the service
+// with the context whose cancellation told it to stop gets every part of
+// it stopped (dispatches in progress cut off, as at a deadline). Before,
+// the service's Stop and then the relayer's raced the done context for
+// their start/stop token, and most such Stops returned the context's error
+// with the service or its relayer still running.
+func TestStopWithDoneContextStopsEverything(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	svc, err := relay.New(b.pool, relay.Config{Relayer: engine.Config{Rails: b.set, PollInterval: 50 * time.Millisecond},
+		Reaper: reaper.Config{Interval: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, cancel := context.WithCancel(b.ctx)
+	cancel()
+	for i := range 20 {
+		if err := svc.Start(b.ctx); err != nil {
+			t.Fatalf("start %d: %v", i, err)
+		}
+		_ = svc.Stop(done)
+		if svc.Relayer().Health().Running {
+			t.Fatalf("stop %d with a done context left the relayer running", i)
+		}
+	}
+}

@@ -57,6 +57,16 @@ type Lifecycle struct {
 
 func (l *Lifecycle) acquire(ctx context.Context) error {
 	l.init.Do(func() { l.token = make(chan struct{}, 1) })
+	// A free token is taken whatever ctx says: ctx bounds the wait for a
+	// Start or Stop in progress, not the Stop itself. A select over both
+	// picks at random when ctx is already done, and a Stop given a
+	// cancelled context then returned its error half the time without
+	// stopping anything.
+	select {
+	case l.token <- struct{}{}:
+		return nil
+	default:
+	}
 	select {
 	case l.token <- struct{}{}:
 		return nil

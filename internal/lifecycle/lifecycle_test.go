@@ -100,6 +100,28 @@ func TestStopWaitsForSlowStop(t *testing.T) {
 	}
 }
 
+// TestStopWithDoneContextStops: Stop with a context that is already done
+// (a program that stops its services with the context whose cancellation
+// told it to stop) cuts the graceful part off but stops the service, every
+// time. Before, waiting for the token raced the done context: about half
+// such Stops returned the context's error and left the service running,
+// and the relay service's own stop then left its relayer running.
+func TestStopWithDoneContextStops(t *testing.T) {
+	t.Parallel()
+	f := &fake{}
+	done, cancel := context.WithCancel(t.Context())
+	cancel()
+	for i := range 100 {
+		if err := f.Start(t.Context()); err != nil {
+			t.Fatalf("start %d: %v", i, err)
+		}
+		_ = f.Stop(done)
+		if f.lc.Running() || f.running.Load() != 0 {
+			t.Fatalf("stop %d with a done context left the service running", i)
+		}
+	}
+}
+
 // stopping reports whether the token is held (a Start or Stop in progress).
 func stopping(l *Lifecycle) bool {
 	select {
