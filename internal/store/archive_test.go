@@ -706,3 +706,35 @@ func TestRetiredKeyRefusedToAnOlderSnapshot(t *testing.T) {
 	}
 	b.verifyOK(t)
 }
+
+// TestResentOutcomeOfADetachedMonth: a relayer cut off from the database
+// across a month's end resends an outcome (the reply to its first write
+// was lost) after an operator detached that month. It was archived
+// already, on time: the resend archives nothing. Looked for in the
+// attached months only, it was archived again as late (the same attempt
+// id twice, its claim closed twice).
+func TestResentOutcomeOfADetachedMonth(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	boundary := time.Now().Add(time.Second).Truncate(time.Millisecond)
+	splitCurrentMonth(t, b.pool, boundary)
+	b.enqueue(t, "p1", "k-resent")
+	o := recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched)
+	b.record(t, o)
+	time.Sleep(time.Until(boundary) + 50*time.Millisecond)
+	b.checkpoint(t)
+	if d, err := b.st.DetachArchive(b.ctx, b.pool, boundary, time.Second); err != nil || len(d) != 1 {
+		t.Fatalf("detach: %v %v", d, err)
+	}
+	if rec := b.record(t, o); rec[0].Late {
+		t.Errorf("the resent outcome was taken for a late one: %+v", rec[0])
+	}
+	var n int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.archive WHERE attempt_id = $1`, o.AttemptID).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Errorf("the outcome is archived %d times, want once", n)
+	}
+	b.verifyOK(t)
+}

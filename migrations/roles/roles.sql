@@ -68,6 +68,10 @@ REVOKE ALL ON FUNCTION {{schema}}.settle_poison_dead_letters(uuid[]) FROM PUBLIC
 -- it may be in a detached month, which relayers do not read otherwise.
 ALTER FUNCTION {{schema}}.archived_claim(uuid, timestamptz) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 REVOKE ALL ON FUNCTION {{schema}}.archived_claim(uuid, timestamptz) FROM PUBLIC;
+-- Likewise whether a resent outcome was archived already (migration 029:
+-- it reads the detached months too).
+ALTER FUNCTION {{schema}}.archived_attempt(uuid, timestamptz) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION {{schema}}.archived_attempt(uuid, timestamptz) FROM PUBLIC;
 -- Operators pause and resume rails (migration 019) as the owner: they may
 -- not write rail_pauses themselves, and every pause is recorded.
 ALTER FUNCTION {{schema}}.pause_rail(text, text, text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
@@ -106,6 +110,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON {{schema}}.relayer_idle TO outbox_relaye
 GRANT EXECUTE ON FUNCTION {{schema}}.ensure_attempt_partitions(int) TO outbox_relayer;
 GRANT EXECUTE ON FUNCTION {{schema}}.settle_poison_dead_letters(uuid[]) TO outbox_relayer;
 GRANT EXECUTE ON FUNCTION {{schema}}.archived_claim(uuid, timestamptz) TO outbox_relayer;
+GRANT EXECUTE ON FUNCTION {{schema}}.archived_attempt(uuid, timestamptz) TO outbox_relayer;
 GRANT SELECT ON {{schema}}.rail_pauses TO outbox_relayer; -- claims leave paused rails alone
 
 -- Auditor: reads everything (verify checks the queue against the archive),
