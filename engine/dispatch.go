@@ -72,7 +72,7 @@ func (r *run) execute(c store.Claimed, ins payment.Instruction, callDeadline tim
 				Message: fmt.Sprintf("rail %s panicked: %v", c.RailType, p)}
 		}
 	}()
-	return r.cfg.Rails.ExecuteBefore(r.dispatchCtx, ins, callDeadline)
+	return r.cfg.Rails.ExecuteWithin(r.dispatchCtx, r.slotWait, ins, callDeadline)
 }
 
 // payloadFailure is the decision for an instruction whose stored payload

@@ -259,13 +259,17 @@ type run struct {
 	listening       atomic.Bool
 	listenRecovered func() // set by listen before it connects
 
-	stopping     chan struct{}      // closed when Stop begins
-	dispatchCtx  context.Context    // cancelled at the hard deadline
-	hardStop     context.CancelFunc // cancels dispatchCtx
-	listenCancel context.CancelFunc
-	loopDone     chan struct{}
-	listenDone   chan struct{}
-	dispatches   sync.WaitGroup
+	stopping    chan struct{}      // closed when Stop begins
+	dispatchCtx context.Context    // cancelled at the hard deadline
+	hardStop    context.CancelFunc // cancels dispatchCtx
+	// slotWait bounds a dispatch's wait for a rail slot: cancelled when
+	// Stop begins (releaseUnsent), so claims not yet sent go back.
+	slotWait      context.Context
+	releaseUnsent context.CancelFunc
+	listenCancel  context.CancelFunc
+	loopDone      chan struct{}
+	listenDone    chan struct{}
+	dispatches    sync.WaitGroup
 }
 
 func (r *Relayer) newRun() *run {
@@ -279,6 +283,7 @@ func (r *Relayer) newRun() *run {
 		listenDone: make(chan struct{}),
 	}
 	ru.dispatchCtx, ru.hardStop = context.WithCancel(context.Background())
+	ru.slotWait, ru.releaseUnsent = context.WithCancel(ru.dispatchCtx)
 	ru.rec = newRecorder(ru)
 	return ru
 }
@@ -302,6 +307,7 @@ func (r *run) stop(ctx context.Context) error {
 	r.handoffMu.Lock()
 	close(r.stopping)
 	r.handoffMu.Unlock()
+	r.releaseUnsent()
 	<-r.loopDone
 
 	done := make(chan struct{})

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -467,6 +468,69 @@ func TestStopBeginsWhileAWriteWaitsForALock(t *testing.T) {
 	}
 	if st := r.Stats(); st.Dispatched != 0 || st.LeftInFlight != 1 {
 		t.Errorf("stats %+v, want the held outcome left in flight for the reaper", st)
+	}
+	b.verify(t, true)
+}
+
+// TestStopHandsBackClaimsWaitingForARailSlot: Stop hands back the claims
+// not yet sent, including those waiting for a slot under the rail's
+// concurrency cap when it begins. Before, they waited on through the stop
+// (none handed back while the first call ran), held Stop up, and called
+// the rail once the slot came free if their leases still left the rail's
+// timeout.
+func TestStopHandsBackClaimsWaitingForARailSlot(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	release := make(chan struct{})
+	var calls atomic.Int64
+	tr := funcTransport(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
+		if calls.Add(1) == 1 {
+			<-release
+		}
+		return rails.Result{Code: rails.SandboxAccepted, Reference: "ref-" + ins.IdempotencyKey}, nil
+	})
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: tr, Codes: rails.SandboxCodes,
+		Timeout: 2 * time.Second, MaxConcurrency: 1, Breaker: rails.BreakerOptions{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.rails = set
+	b.enqueue(t, 3, 3)
+	r := b.newRelayer(t, b.config("capped"))
+	if err := r.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.waitInFlight(t, 3) // one in the rail, two waiting for its slot
+	for deadline := time.Now().Add(30 * time.Second); calls.Load() == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the rail was never called")
+		}
+	}
+
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		stopped <- r.Stop(ctx)
+	}()
+	// Well within the claims' leases, so that claims still waiting when
+	// the first call ends have the time to call the rail.
+	deadline := time.Now().Add(5 * time.Second)
+	for r.Stats().Released < 2 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	released := r.Stats().Released
+	close(release)
+	if err := <-stopped; err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if st := r.Stats(); released != 2 || calls.Load() != 1 || st.Dispatched != 1 {
+		t.Fatalf("while the first call ran: %d released; after Stop: %d rail calls, stats %+v; want the two waiting handed back unsent",
+			released, calls.Load(), st)
+	}
+	var pendingRows int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.pending`).Scan(&pendingRows); err != nil || pendingRows != 2 {
+		t.Fatalf("%d pending rows (%v), want the two handed back", pendingRows, err)
 	}
 	b.verify(t, true)
 }

@@ -287,6 +287,15 @@ func (s *Set) Execute(ctx context.Context, ins payment.Instruction) Decision {
 // (the call could outlive the lease, and the reaper would hand the
 // instruction to someone else mid-call). A zero leaseUntil means no limit.
 func (s *Set) ExecuteBefore(ctx context.Context, ins payment.Instruction, leaseUntil time.Time) Decision {
+	return s.ExecuteWithin(ctx, ctx, ins, leaseUntil)
+}
+
+// ExecuteWithin is ExecuteBefore whose wait for a rail slot also ends when
+// wait is done, and at once if it is done already: a relayer that begins
+// to stop hands back the instructions still waiting for a slot (a
+// retryable RELEASED that never reached the rail), while the calls in
+// progress, bound by ctx alone, run on to their answers.
+func (s *Set) ExecuteWithin(ctx, wait context.Context, ins payment.Instruction, leaseUntil time.Time) Decision {
 	r, ok := s.rails[ins.RailType]
 	if !ok {
 		return Decision{Outcome: Retryable, ErrorCode: CodeRailNotConfigured,
@@ -295,7 +304,10 @@ func (s *Set) ExecuteBefore(ctx context.Context, ins payment.Instruction, leaseU
 	if err := r.Validate(ins); err != nil {
 		return r.codes.Decide(Result{}, err)
 	}
-	if err := r.slots.Acquire(ctx, 1); err != nil {
+	if ctx.Err() != nil || wait.Err() != nil {
+		return Decision{Outcome: Retryable, ErrorCode: CodeReleased, Message: "released without calling the rail: stopped before a rail slot was free"}
+	}
+	if err := r.slots.Acquire(wait, 1); err != nil {
 		return Decision{Outcome: Retryable, ErrorCode: CodeReleased, Message: "released without calling the rail: stopped while waiting for a rail slot"}
 	}
 	defer r.slots.Release(1)
