@@ -9,6 +9,10 @@ import (
 	"github.com/ledgerline/outbox/internal/store"
 )
 
+// persistentConflict is how long claims may keep failing on ordering
+// conflicts before the claim loop logs it: far longer than any race.
+const persistentConflict = 10 * time.Second
+
 // claimLoop claims while there is work and slots, and otherwise waits for a
 // notification, a local wake (an outcome batch gave slots back) or the poll.
 func (r *run) claimLoop(ctx context.Context) {
@@ -25,6 +29,15 @@ func (r *run) claimLoop(ctx context.Context) {
 
 	registered := false
 	empty := 0 // consecutive claims that found nothing
+	// conflictsSince is when the current run of ordering conflicts began
+	// (zero: the last claim had none), conflictsLogged when one was last
+	// logged.
+	var conflictsSince, conflictsLogged time.Time
+	conflicts := 0
+	longConflict := persistentConflict
+	if r.testHooks.persistentConflict > 0 {
+		longConflict = r.testHooks.persistentConflict
+	}
 	var lastRefresh time.Time
 	failures := &retry.Loop{Log: r.log, What: "claim", Min: 50 * time.Millisecond, Max: claimBackoffCap}
 	idleFailures := &retry.Loop{Log: r.log, What: "idle registration", Min: r.cfg.IdleRefresh, Max: r.cfg.IdleRefresh}
@@ -35,7 +48,20 @@ func (r *run) claimLoop(ctx context.Context) {
 			return
 		case errors.Is(err, store.ErrOrderingConflict):
 			// A concurrent claim won a participant; try again shortly (not
-			// at once: two relayers retrying in lockstep would spin).
+			// at once: two relayers retrying in lockstep would spin). Races
+			// end within a claim or two; conflicts that go on mean a due
+			// row the database refuses to put in flight every time (a
+			// broken invariant, which audit verify names), and no claim of
+			// this relayer succeeds meanwhile: say so, once a minute.
+			conflicts++
+			if conflictsSince.IsZero() {
+				conflictsSince = time.Now()
+			}
+			if time.Since(conflictsSince) >= longConflict && time.Since(conflictsLogged) >= time.Minute {
+				conflictsLogged = time.Now()
+				r.log.Error("every claim fails on the one-in-flight-per-participant index; run `outbox audit verify`",
+					"conflicts", conflicts, "since", conflictsSince, "err", err)
+			}
 			if !r.sleep(stopCtx, r.cfg.Debounce) {
 				return
 			}
@@ -47,6 +73,7 @@ func (r *run) claimLoop(ctx context.Context) {
 			continue
 		}
 		failures.Succeeded()
+		conflictsSince, conflicts = time.Time{}, 0
 		if n > 0 {
 			empty = 0
 		} else {

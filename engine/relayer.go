@@ -96,6 +96,8 @@ type Relayer struct {
 		// abandonWait replaces the wait for dispatches after the hard
 		// deadline.
 		abandonWait time.Duration
+		// persistentConflict replaces the constant of that name.
+		persistentConflict time.Duration
 	}
 }
 

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -534,3 +535,59 @@ func TestStopHandsBackClaimsWaitingForARailSlot(t *testing.T) {
 	}
 	b.verify(t, true)
 }
+
+// TestPersistentOrderingConflictsAreLogged: a claim refused by the
+// one-in-flight-per-participant index is a race with another relayer and
+// is retried quietly; one refused every time (a participant's second row
+// due beside its instruction in flight: a broken invariant) stops every
+// claim of the relayer, so it says so. Before, it retried every Debounce
+// without a word.
+func TestPersistentOrderingConflictsAreLogged(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	b.enqueue(t, 2, 1) // p000's first and second
+	st, err := store.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := st.Claim(b.ctx, b.pool, store.ClaimParams{RelayerID: "elsewhere", Limit: 1,
+		Leases: map[string]time.Duration{"sandbox": time.Hour}})
+	if err != nil || len(held) != 1 {
+		t.Fatalf("claim: %v %v", held, err)
+	}
+	// The corruption: the second made due beside the first in flight.
+	if _, err := b.pool.Exec(b.ctx, `UPDATE outbox.pending SET next_attempt_at = now() WHERE participant_id = 'p000'`); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu   sync.Mutex
+		logs strings.Builder
+	)
+	cfg := b.config("conflicted")
+	cfg.Logger = slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	r := b.newRelayer(t, cfg)
+	r.testHooks.persistentConflict = 200 * time.Millisecond
+	if err := r.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		mu.Lock()
+		got := strings.Contains(logs.String(), "run `outbox audit verify`")
+		mu.Unlock()
+		if got {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no log line about the conflicts after 30 s:\n%s", logs.String())
+		}
+	}
+}
+
+// writerFunc is an io.Writer made of a function.
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
