@@ -26,7 +26,7 @@ func runBench(ctx context.Context, env *environment, args []string) error {
 	fs.StringVar(&ordered, "ordered", "both", "drain and ceiling: ordering on, off or both")
 	fs.IntVar(&cfg.Relayers, "relayers", 2, "relayers (in this process)")
 	fs.IntVar(&cfg.Rate, "rate", 1000, "latency and soak: steady enqueue rate (instructions/s)")
-	fs.DurationVar(&cfg.Duration, "duration", 0, "latency, enqueue and notify: how long to run (default 20s); soak: how long (default 10m)")
+	fs.DurationVar(&cfg.Duration, "duration", 0, "how long to run (0: 20s for latency, enqueue and notify; 10m for soak)")
 	fs.DurationVar(&cfg.Report, "report", bench.DefaultSoakReport, "soak: interval between reports of table sizes, dead tuples, RSS, goroutines and p99")
 	fs.IntVar(&cfg.Producers, "producers", 16, "enqueue and notify: concurrent producers (one instruction per transaction); latency uses at least 32")
 	fs.IntVar(&cfg.Pairs, "pairs", 3, "notify: trigger on/off run pairs")

@@ -153,7 +153,7 @@ func runAudit(ctx context.Context, env *environment, args []string) error {
 	var db dbFlags
 	db.register(fs, auditSettings())
 	instructionID := fs.String("instruction-id", "", "trail: the producer's instruction id instead of an outbox id")
-	unordered := fs.Bool("unordered", false, "verify: skip the ordering invariants (ordering was off at some time: outbox migrate ordering off)")
+	unordered := fs.Bool("unordered", false, "verify: skip the ordering invariants (ordering was off at some time: outbox migrate ordering-off)")
 	against := fs.String("checkpoints", "", "verify: also compare with this export of the checkpoints (outbox audit checkpoints), kept outside the database")
 	settle := fs.Duration("settle", attempts.DefaultCheckpointSettle, "checkpoint: end the period this long before now")
 	workers := fs.Int("workers", attempts.DefaultVerifyWorkers, "verify: connections reading at once, in one shared snapshot (1: one connection, the checks one after another)")

@@ -90,8 +90,8 @@ func (f *relayFlags) registerShared(fs *flag.FlagSet) {
 	fs.IntVar(&f.flushSize, "flush-size", engine.DefaultFlushSize, "outcome batch size")
 	fs.IntVar(&f.outcomeWriters, "outcome-writers", engine.DefaultOutcomeWriters, "outcome writes in progress at once (a full write does not wait for the one before it)")
 	fs.DurationVar(&f.stopTimeout, "stop-timeout", engine.DefaultStopTimeout, "on SIGTERM, how long in-flight dispatches may finish")
-	fs.DurationVar(&f.railTimeout, "rail-timeout", 0, "timeout of every rail without its own (default 30s; bounds a go transport only if it honours its context)")
-	fs.IntVar(&f.railMaxConcurrency, "rail-max-concurrency", 0, "concurrency cap of every rail without its own (default 32)")
+	fs.DurationVar(&f.railTimeout, "rail-timeout", 0, "timeout of every rail without its own (0: 30s; bounds a go transport only if it honours its context)")
+	fs.IntVar(&f.railMaxConcurrency, "rail-max-concurrency", 0, "concurrency cap of every rail without its own (0: 32)")
 	fs.BoolVar(&f.reaper, "reaper", true, "also run the zombie reaper in the background")
 	fs.DurationVar(&f.reaperInterval, "reaper-interval", reaper.DefaultInterval, "reaper pass interval (>= 1s)")
 	fs.IntVar(&f.reaperBatch, "reaper-batch", reaper.DefaultBatchSize, "instructions the reaper requeues per transaction")
@@ -180,7 +180,7 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 	var rf relayFlags
 	db.register(fs, poolconfig.Relayer(relayerIDPlaceholder))
 	rf.register(fs)
-	maxConns := fs.Int("max-conns", 0, "database pool size (default: max-concurrency/4 + 8)")
+	maxConns := fs.Int("max-conns", 0, "database pool size (0: max-concurrency/4 + 8)")
 	logFormat := fs.String("log-format", "json", "log format: json or text")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	if _, err := parseFlags(fs, env, args); err != nil {
