@@ -5,6 +5,8 @@
 // Every flag can also be set through an environment variable: the flag name
 // upper-cased with dashes as underscores and an OUTBOX_ prefix
 // (--database-url is OUTBOX_DATABASE_URL). Flags win over the environment.
+// The exceptions are marked "command line only" in --help: enqueue's
+// instruction flags.
 package main
 
 import (
@@ -110,7 +112,7 @@ func usage(w io.Writer) {
 	for _, c := range cs {
 		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintln(w, "\nEvery flag is also read from OUTBOX_<FLAG_NAME> (e.g. OUTBOX_DATABASE_URL).")
+	fmt.Fprintln(w, "\nEvery flag is also read from OUTBOX_<FLAG_NAME> (e.g. OUTBOX_DATABASE_URL), unless its --help says command line only.")
 }
 
 // newFlagSet returns a FlagSet for a subcommand whose --help lists every
