@@ -5,8 +5,9 @@
 // puts it back into pending with the same identity and appends a
 // ZOMBIE_REQUEUE attempt that closes the dead relayer's DISPATCHING attempt.
 //
-// A pass reads only the in-flight table (through its lease index), so its
-// cost grows with the work in flight, never with the size of the archive.
+// A pass reads only the in-flight table (the whole of it: it has no lease
+// index since migration 014), so its cost grows with the work in flight,
+// never with the size of the archive.
 // Several reapers may run at once: rows one of them is requeuing are locked
 // and skipped by the others.
 package reaper
