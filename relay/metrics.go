@@ -33,7 +33,7 @@ import (
 //	outbox_rail_overruns_total{rail}           calls whose transport ignored its deadline (rails.Set.Overruns)
 //	outbox_outcome_writes_total, outbox_outcome_write_seconds_total
 //	                                           outcome transactions, and the time they took
-//	outbox_claim_batches_total, outbox_claimed_total, outbox_notify_wakeups_total,
+//	outbox_claim_batches_total, outbox_claimed_total, outbox_handoffs_total, outbox_notify_wakeups_total,
 //	outbox_poll_wakeups_total, outbox_hot_poll_wakeups_total, outbox_late_outcomes_total
 //	outbox_reaper_requeues_total               (with a reaper)
 //	outbox_reaper_poison_total                 poison instructions dead-lettered (with a reaper)
