@@ -4,11 +4,11 @@
 // acknowledgement, the operators' cancellations of pending instructions and
 // pauses of rails, and a snapshot of the queue.
 //
-// The database rejects UPDATE, DELETE and TRUNCATE on the archive; retention
-// drops whole monthly partitions. Relayers write the archive (package
-// engine); this package reads it, and changes dead letters, pending
-// instructions (cancel) and rail pauses only through the transitions that
-// record who did it.
+// The database rejects UPDATE, DELETE and TRUNCATE on the archive; old
+// months are detached, never dropped ([Archive.Detach]). Relayers write
+// the archive (package engine); this package reads it, and changes dead
+// letters, pending instructions (cancel) and rail pauses only through the
+// transitions that record who did it.
 package attempts
 
 import (
@@ -45,8 +45,9 @@ const (
 	Cancelled = store.Cancelled
 )
 
-// ErrOperatorAction is returned by Replay and Acknowledge without an
-// operator's name or a reason (both are archived with the action).
+// ErrOperatorAction is returned by Replay, Acknowledge, Cancel, PauseRail
+// and ResumeRail without an operator's name or a reason (both are archived
+// with the action).
 var ErrOperatorAction = store.ErrOperatorAction
 
 // Attempt is one archive row.
@@ -165,7 +166,8 @@ func (a *Archive) Replay(ctx context.Context, db DB, outboxID uuid.UUID, operato
 }
 
 // Acknowledge marks a dead letter as handled by an operator (it stays in
-// the table as the instruction's final place) and archives an ACKNOWLEDGED
+// the table until [Archive.Detach] detaches the month that acknowledged
+// it, and leaves with its key) and archives an ACKNOWLEDGED
 // row naming the operator and the reason. It reports whether an
 // unacknowledged dead letter existed.
 func (a *Archive) Acknowledge(ctx context.Context, db DB, outboxID uuid.UUID, operator, reason string) (bool, error) {
@@ -255,8 +257,9 @@ func (a *Archive) Verify(ctx context.Context, db TxBeginner, opts VerifyOptions)
 // TakeCheckpoint appends the next checkpoint of the archive: from the end
 // of the last one to settle before now (0 means
 // [DefaultCheckpointSettle]), cut at a month's end. It returns nil when
-// there is nothing to checkpoint yet. Relayers' reapers call it every
-// minute; db must be in READ COMMITTED mode (the default).
+// there is nothing to checkpoint yet. Relayers' reapers take one at most
+// every reaper.Config.CheckpointInterval (a minute by default); db must be
+// in READ COMMITTED mode (the default).
 func (a *Archive) TakeCheckpoint(ctx context.Context, db DB, settle time.Duration) (*Checkpoint, error) {
 	return a.store.TakeCheckpoint(ctx, db, settle, 0)
 }

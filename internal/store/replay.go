@@ -37,8 +37,8 @@ func (s *Store) Replay(ctx context.Context, db Querier, outboxID uuid.UUID, oper
 const replaySQL = `SELECT {schema}.replay_dead_letter($1, $2, $3)`
 
 // ErrOperatorAction is returned for an operator action (replay,
-// acknowledge) without the operator's name or without a reason: both are
-// archived with the action.
+// acknowledge, cancel, pause, resume) without the operator's name or
+// without a reason: both are archived with the action.
 var ErrOperatorAction = errors.New("an operator action needs the operator's name and a reason")
 
 func checkOperator(operator, reason string) error {
