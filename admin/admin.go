@@ -1,15 +1,16 @@
 // Package admin is the relayer's admin address: health probes (/healthz,
-// /readyz) and a JSON API for operations (queue overview, instructions by
-// participant, rail and state, a participant's view of why it is not
-// moving, dead letters with replay and acknowledge, attempt trails, audit
-// verify on demand).
+// /readyz), a JSON API for operations (queue overview, instructions by
+// participant, rail and state, cancelling a pending one, a participant's
+// view of why it is not moving, dead letters with replay and acknowledge,
+// pausing and resuming rails, attempt trails, audit verify on demand) and
+// the operations console (/console/: the same views as HTML pages).
 //
 // Every API request needs a credential (Authorization: Bearer SECRET) of
-// one of two roles: auditor (read) or operator (also replay and
-// acknowledge). Secrets are compared in constant time and never logged; a
-// refused request is logged without its credential. Replays and
-// acknowledgements are archived with the token's name as who acted and a
-// required reason.
+// one of two roles: auditor (read) or operator (also replay, acknowledge,
+// cancel, pause and resume); the console signs in with the same
+// credentials. Secrets are compared in constant time and never logged; a
+// refused request is logged without its credential. Operators' actions
+// are archived with the token's name as who acted and a required reason.
 package admin
 
 import (
