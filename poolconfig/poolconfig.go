@@ -7,10 +7,10 @@
 // [Migrator]):
 //
 //	process              application_name            statement  lock  idle in transaction
-//	outbox relay / reap  outbox-relay <relayer id>   30s        5s    60s
+//	outbox relay         outbox-relay <relayer id>   30s        5s    60s
 //	producer (enqueue)   outbox-producer             10s        5s    60s
-//	operator commands    outbox-<command>            60s        5s    60s
-//	audit (trail/verify) outbox-audit                none       5s    60s
+//	operator commands    outbox-<command>            60s        5s    60s   (reap included)
+//	audit, archive       outbox-audit                none       5s    60s
 //	migrate              outbox-migrate              none       1m    60s   (1m: the migration lock's wait)
 //
 // A lock timeout makes a statement that waits behind someone else's lock
