@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -223,44 +224,94 @@ type enqueuer struct {
 // done when part of it was never read.
 var errInterrupted = errors.New("interrupted")
 
+// readLines reads stdin line by line, enqueuing batches of batchSize, until
+// its end or until ctx is done (an interrupt). An interrupt stops the
+// reading at once, even while stdin is waiting for input, but not the
+// database work: the batch held (lines already read, validated and
+// answered for) is still enqueued, with its own deadline, and a write in
+// progress is not cut off mid-commit, where whether it committed would be
+// unknown.
 func (e *enqueuer) readLines(ctx context.Context, r io.Reader, batchSize int) error {
+	work, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
 	br := bufio.NewReaderSize(r, 64<<10)
+	type read struct {
+		raw     []byte
+		tooLong bool
+		err     error
+	}
+	// The reader runs one line ahead at most; left blocked on stdin after
+	// an interrupt, it ends with the process.
+	reads := make(chan read)
+	go func() {
+		for {
+			raw, tooLong, err := readLine(br, maxLineBytes)
+			select {
+			case reads <- read{raw, tooLong, err}:
+			case <-work.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	interrupted := func(lines int) error {
+		// Lines already read have their output lines (those of the last
+		// batch say whether it got in); the rest were never read.
+		e.flushWithin(work)
+		return fmt.Errorf("enqueue %w (%w) after reading %d input lines: the rest of stdin, if any, was not read and not enqueued",
+			errInterrupted, context.Cause(ctx), lines)
+	}
 	lines := 0
 	for {
+		// An interrupt wins over a line that is ready.
 		if ctx.Err() != nil {
-			// Lines already read have their output lines (those of the
-			// last batch say whether it got in); the rest were never read.
-			e.flush(ctx)
-			return fmt.Errorf("enqueue %w (%w) after reading %d input lines: the rest of stdin, if any, was not read and not enqueued",
-				errInterrupted, context.Cause(ctx), lines)
+			return interrupted(lines)
 		}
-		raw, tooLong, readErr := readLine(br, maxLineBytes)
-		if len(raw) > 0 || tooLong {
+		var rd read
+		select {
+		case <-ctx.Done():
+			return interrupted(lines)
+		case rd = <-reads:
+		}
+		if len(rd.raw) > 0 || rd.tooLong {
 			lines++
 		}
-		if tooLong || len(bytes.TrimSpace(raw)) > 0 {
+		if rd.tooLong || len(bytes.TrimSpace(rd.raw)) > 0 {
 			var line inputLine
 			var perr error
-			if tooLong {
+			if rd.tooLong {
 				perr = fmt.Errorf("line is longer than %d bytes", maxLineBytes)
 			} else {
-				perr = decodeLine(raw, &line)
+				perr = decodeLine(rd.raw, &line)
 			}
-			e.add(ctx, line, perr)
+			e.add(work, line, perr)
 			if len(e.results) >= batchSize {
-				e.flush(ctx)
+				e.flush(work)
 			}
 		}
-		if readErr == io.EOF {
+		if rd.err == io.EOF {
 			break
 		}
-		if readErr != nil {
-			e.flush(ctx)
-			return fmt.Errorf("read stdin: %w", readErr)
+		if rd.err != nil {
+			e.flushWithin(work)
+			return fmt.Errorf("read stdin: %w", rd.err)
 		}
 	}
-	e.flush(ctx)
+	e.flush(work)
 	return nil
+}
+
+// finishTimeout bounds the enqueue of the batch held when reading stops
+// early (an interrupt, a read error).
+const finishTimeout = 30 * time.Second
+
+// flushWithin is flush with finishTimeout as its deadline.
+func (e *enqueuer) flushWithin(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, finishTimeout)
+	defer cancel()
+	e.flush(ctx)
 }
 
 // readLine reads one line, keeping at most max bytes of it in memory: the

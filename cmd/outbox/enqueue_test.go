@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ledgerline/outbox/pending"
 )
@@ -202,4 +204,60 @@ func TestClassifyRetiredKey(t *testing.T) {
 	if got := classify(errors.New("connection refused")); got.Code != "DATABASE_ERROR" {
 		t.Errorf("a database error: %+v", got)
 	}
+}
+
+// TestEnqueueInterruptedWhileWaitingForInput: an interrupt while stdin is
+// open but sends nothing stops enqueue at once (it waited for the next
+// line, and if stdin then closed, exited 0 as if nothing had happened),
+// and the batch it holds is still enqueued (the interrupt cancelled its
+// write: every line of it failed with DATABASE_ERROR "context canceled").
+func TestEnqueueInterruptedWhileWaitingForInput(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	held := []string{inputJSON("p1", "k1", "100"), inputJSON("p2", "k2", "200"), inputJSON("p3", "k3", "300")}
+	// stdin gives the three lines, then, asked for more, interrupts and
+	// waits: by then each line was handed on and taken into the batch.
+	stdin := &interruptingReader{data: []byte(strings.Join(held, "\n") + "\n"), interrupt: cancel, block: make(chan struct{})}
+	defer close(stdin.block)
+	var stdout, stderr bytes.Buffer
+	env := &environment{stdin: stdin, stdout: &stdout, stderr: &stderr, getenv: func(string) string { return "" }}
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, env, []string{"enqueue", "--database-url", b.url, "--batch", "5"}) }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("enqueue did not stop on the interrupt while waiting for input")
+	}
+	if !errors.Is(err, errInterrupted) || exitCode(env, err) == 0 {
+		t.Fatalf("run = %v (exit %d), want interrupted, non-zero", err, exitCode(env, err))
+	}
+	if n := b.count(t, "pending"); n != 3 {
+		t.Fatalf("%d of the 3 held lines enqueued (stdout %q, stderr %q)", n, stdout.String(), stderr.String())
+	}
+	checkEnqueueOutput(t, stdout.String(), []wantLine{wantReceipt(1), wantReceipt(1), wantReceipt(1)})
+	if msg := stderr.String() + err.Error(); !strings.Contains(msg, "after reading 3 input lines") {
+		t.Errorf("the interrupt does not say how many lines were read: %q", msg)
+	}
+}
+
+// interruptingReader returns data, then, on the next read, calls interrupt
+// and blocks until block is closed: a terminal or a pipe that stays open.
+type interruptingReader struct {
+	data      []byte
+	interrupt func()
+	block     chan struct{}
+}
+
+func (r *interruptingReader) Read(p []byte) (int, error) {
+	if len(r.data) > 0 {
+		n := copy(p, r.data)
+		r.data = r.data[n:]
+		return n, nil
+	}
+	r.interrupt()
+	<-r.block
+	return 0, io.EOF
 }
