@@ -838,3 +838,28 @@ func TestDemoSaysItsOutageAndKeepsItsInvariants(t *testing.T) {
 		}
 	}
 }
+
+// TestMigrateSaysWhatTheServerAdvises: a migration that stops on data it
+// cannot change (028, a key two instruction ids share) explains itself in
+// PostgreSQL's detail and hint, with the query that lists the rows; the
+// CLI printed the message alone.
+func TestMigrateSaysWhatTheServerAdvises(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	if err := migrations.MigrateWith(b.ctx, b.pool, migrations.Options{Schema: "shared", TargetVersion: 27}); err != nil {
+		t.Fatal(err)
+	}
+	for _, instruction := range []string{"ins-1", "ins-2"} {
+		if _, err := b.pool.Exec(b.ctx, `INSERT INTO shared.idempotency_keys
+			(instruction_id, idempotency_key, outbox_id, participant_id, sequence_id, payload_hash)
+			VALUES ($1, 'k1', gen_random_uuid(), 'p1', 1, '\x00')`, instruction); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := b.cli(t, "", "migrate", "--schema", "shared", "up")
+	requireExit(t, r, 1)
+	if !strings.Contains(r.stderr, "outbox: detail: A rail deduplicates by the key alone") ||
+		!strings.Contains(r.stderr, "outbox: hint: List them with: SELECT tenant_id, idempotency_key") {
+		t.Fatalf("stderr leaves out the server's detail and hint:\n%s", r.stderr)
+	}
+}

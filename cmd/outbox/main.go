@@ -21,6 +21,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // command is one subcommand.
@@ -83,7 +85,25 @@ func exitCode(env *environment, err error) int {
 		return 2
 	default:
 		fmt.Fprintln(env.stderr, "outbox:", err)
+		printServerAdvice(env.stderr, err)
 		return 1
+	}
+}
+
+// printServerAdvice prints the detail and hint PostgreSQL gave with an
+// error, which its message leaves out: a migration that stops on data it
+// cannot change (028, keys shared by two instruction ids) says there what
+// happened and how to find the rows.
+func printServerAdvice(w io.Writer, err error) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return
+	}
+	if pgErr.Detail != "" {
+		fmt.Fprintln(w, "outbox: detail:", pgErr.Detail)
+	}
+	if pgErr.Hint != "" {
+		fmt.Fprintln(w, "outbox: hint:", pgErr.Hint)
 	}
 }
 
