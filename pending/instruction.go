@@ -83,6 +83,26 @@ func (e *MismatchError) Error() string {
 // Unwrap makes errors.Is(err, ErrIdempotencyMismatch) work.
 func (e *MismatchError) Unwrap() error { return ErrIdempotencyMismatch }
 
+// ErrSchemaBehind is returned when the database's outbox schema is older
+// than this producer's statements need: run `outbox migrate` (it is
+// checked once per Producer, and nothing is written).
+var ErrSchemaBehind = errors.New("outbox schema is older than this producer")
+
+// SchemaError details an [ErrSchemaBehind].
+type SchemaError struct {
+	Schema  string
+	Version int32 // the schema's migration version; 0: never migrated
+	Needed  int32
+}
+
+func (e *SchemaError) Error() string {
+	return fmt.Sprintf("%v: schema %s is at version %d, this producer needs %d: run `outbox migrate`",
+		ErrSchemaBehind, e.Schema, e.Version, e.Needed)
+}
+
+// Unwrap makes errors.Is(err, ErrSchemaBehind) work.
+func (e *SchemaError) Unwrap() error { return ErrSchemaBehind }
+
 // ErrKeyRetired is returned when an idempotency key belongs to an
 // instruction enqueued before the archive's retention horizon: its archive
 // months were detached (`outbox archive detach`) and the key kept only in

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/gofrs/uuid/v5"
 
@@ -40,6 +41,9 @@ type Producer struct {
 	rails      payment.Catalog
 	maxPayload int
 	store      *store.Store
+	// schemaOK is set once a database answered with a schema version the
+	// enqueue statements are right for; until then each enqueue asks.
+	schemaOK atomic.Bool
 }
 
 // NewProducer validates cfg and returns a Producer.
@@ -117,6 +121,11 @@ func (p *Producer) EnqueueBatch(ctx context.Context, tx DBTX, ins []Instruction)
 		}
 		preps[i] = pr
 	}
+	if !p.schemaOK.Load() {
+		if err := p.checkSchema(ctx, tx); err != nil {
+			return nil, err
+		}
+	}
 	if len(preps) == 1 {
 		// A lone instruction that mismatches writes nothing in the first
 		// place: no savepoint needed.
@@ -135,6 +144,23 @@ func (p *Producer) EnqueueBatch(ctx context.Context, tx DBTX, ins []Instruction)
 		return nil, fmt.Errorf("enqueue: commit: %w", err)
 	}
 	return receipts, nil
+}
+
+// checkSchema refuses a schema older than the enqueue statements need
+// (store.EnqueueSchemaVersion), once per Producer: producers are often
+// deployed before `outbox migrate` runs, and, unlike relayers, are not
+// started in a way that could refuse. A role that may not read the
+// version table is let through.
+func (p *Producer) checkSchema(ctx context.Context, db DBTX) error {
+	version, visible, err := p.store.SchemaVersion(ctx, db)
+	if err != nil {
+		return fmt.Errorf("enqueue: %w", err)
+	}
+	if visible && version < store.EnqueueSchemaVersion {
+		return &SchemaError{Schema: p.store.Schema(), Version: version, Needed: store.EnqueueSchemaVersion}
+	}
+	p.schemaOK.Store(true)
+	return nil
 }
 
 // prepare validates an instruction and encodes its payload.
