@@ -135,3 +135,42 @@ func uuidV7(t *testing.T) uuid.UUID {
 	}
 	return id
 }
+
+// TestReapTakesTheFleetsZombieLimit: a manual `outbox reap` pass takes
+// --zombie-limit as the relayers do. It had none, and dead-lettered at
+// the default (3) what a fleet running a higher limit, or none, would
+// have requeued.
+func TestReapTakesTheFleetsZombieLimit(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		dead bool
+	}{{nil, true}, {[]string{"--zombie-limit", "5"}, false}, {[]string{"--zombie-limit", "-1"}, false}} {
+		b := setupCLI(t)
+		producer, err := pending.NewProducer(pending.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := store.New("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := producer.Enqueue(b.ctx, b.pool, pending.Instruction{InstructionID: "ins-1", ParticipantID: "p1",
+			IdempotencyKey: "k1", RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1"}); err != nil {
+			t.Fatal(err)
+		}
+		if c, err := st.Claim(b.ctx, b.pool, store.ClaimParams{RelayerID: "r1", Limit: 1,
+			Leases: map[string]time.Duration{"sandbox": time.Hour}}); err != nil || len(c) != 1 {
+			t.Fatalf("claim: %v %v", c, err)
+		}
+		// Its relayer died, as its two before it did.
+		if _, err := b.pool.Exec(b.ctx, `UPDATE outbox.inflight SET zombie_count = 3, lease_until = now() - interval '1 second'`); err != nil {
+			t.Fatal(err)
+		}
+		requireExit(t, b.cli(t, "", "reap", tc.args...), 0)
+		if dead := b.count(t, "dead_letters") == 1; dead != tc.dead || b.count(t, "pending")+b.count(t, "dead_letters") != 1 {
+			t.Errorf("reap %v: dead-lettered %v, want %v (pending %d, dead letters %d)", tc.args, dead, tc.dead,
+				b.count(t, "pending"), b.count(t, "dead_letters"))
+		}
+	}
+}

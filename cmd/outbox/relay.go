@@ -347,6 +347,10 @@ func runReap(ctx context.Context, env *environment, args []string) error {
 	var db dbFlags
 	db.register(fs, poolconfig.Operator("reap"))
 	batch := fs.Int("batch", reaper.DefaultBatchSize, "instructions requeued per transaction")
+	// The fleet's limit, or a manual pass dead-letters at the default what
+	// the relayers' reapers would have requeued (or the other way round).
+	zombieLimit := fs.Int("zombie-limit", reaper.DefaultZombieLimit,
+		"requeues of an instruction whose relayer died before it is dead-lettered (outcome unknown) as a poison instruction (negative: no limit); use the relayers' --zombie-limit")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	if _, err := parseFlags(fs, env, args); err != nil {
 		return err
@@ -360,7 +364,7 @@ func runReap(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer cleanup()
-	rp, err := reaper.New(pool, reaper.Config{Schema: db.schema, BatchSize: *batch, Logger: log})
+	rp, err := reaper.New(pool, reaper.Config{Schema: db.schema, BatchSize: *batch, ZombieLimit: *zombieLimit, Logger: log})
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
