@@ -27,7 +27,7 @@ func (r *Relayer) RelayOnce(ctx context.Context, db Batcher) ([]Recorded, error)
 	if len(types) == 0 {
 		return nil, nil
 	}
-	ru := &run{Relayer: r, dispatchCtx: ctx}
+	ru := &run{Relayer: r, dispatchCtx: ctx, slotWait: ctx}
 	claimStart := time.Now()
 	claimed, err := r.store.Claim(ctx, db, store.ClaimParams{RelayerID: r.cfg.RelayerID, Limit: r.cfg.BatchSize,
 		Leases: ru.leases(types)})

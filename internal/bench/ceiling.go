@@ -317,7 +317,7 @@ func (r *runner) enqueueScript(st *store.Store) string {
 		"\\startpipeline\n" +
 		pgbenchSQL(h.InsertKey, map[int]string{1: `''`, 2: id, 3: id, 4: uuid, 5: part, 6: `'\x00'::bytea`}) + ";\n" +
 		pgbenchSQL(h.InsertPending, map[int]string{1: uuid, 2: id, 3: part, 4: id, 5: `'sandbox'`, 6: `''`, 7: `''`, 8: payload}) + ";\n" +
-		pgbenchSQL(h.LookupKey, map[int]string{1: `''`, 2: id, 3: id}) + ";\n" +
+		pgbenchSQL(h.LookupKey, map[int]string{1: `''`, 2: id, 3: id, 4: uuid}) + ";\n" +
 		"\\endpipeline\n"
 }
 
