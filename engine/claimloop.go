@@ -183,6 +183,31 @@ func (r *run) waitForWork(ctx context.Context, w wait) bool {
 	}
 }
 
+// defaultRoundTripDeadline bounds each of a relayer's round trips to the
+// database: a claim, an outcome write, and the claim loop's other
+// statements (the look for suspects, the idle registration and its
+// checks). On a connection that went silent (a black-holed network, a
+// primary that died without resetting its connections) nothing else ends
+// the wait before TCP gives up, about 15 minutes on Linux, and
+// PostgreSQL's statement_timeout cannot help a server that is not there.
+// The context's deadline makes pgx drop the connection, so the next
+// statement takes a fresh one.
+const defaultRoundTripDeadline = 30 * time.Second
+
+// roundTripDeadline is defaultRoundTripDeadline, or what a test set.
+func (r *run) roundTripDeadline() time.Duration {
+	if d := r.testHooks.statementDeadline; d > 0 {
+		return d
+	}
+	return defaultRoundTripDeadline
+}
+
+// bounded derives from ctx the context of one round trip of the claim
+// loop (see defaultRoundTripDeadline).
+func (r *run) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, r.roundTripDeadline())
+}
+
 func (r *run) pollDelay() time.Duration {
 	r.rndMu.Lock()
 	j := 0.8 + 0.4*r.rnd.Float64()
@@ -221,7 +246,7 @@ func (r *run) claimOnce(ctx context.Context) (n int, full bool, err error) {
 	// while its caller gives up would leave instructions in flight that
 	// nobody dispatches (until the reaper). It is short, so it gets its own
 	// timeout instead.
-	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.roundTripDeadline())
 	// Taken before the claim, so it is no later than the database's claim
 	// time: leases measured from it by this process's clock end no later
 	// than the database's, however the two clocks disagree.
@@ -256,6 +281,8 @@ func (r *run) suspectsWaiting(ctx context.Context) bool {
 	// (breaker not closed, rail paused) must not start an isolation that
 	// drains every dispatch for nothing.
 	closed, _ := r.cfg.Rails.Claimable()
+	ctx, cancel := r.bounded(ctx)
+	defer cancel()
 	due, err := r.store.SuspectsDue(ctx, r.pool, closed)
 	return err == nil && due
 }
@@ -280,7 +307,7 @@ func (r *run) claimSuspect(ctx context.Context) (int, bool, error) {
 	var err error
 	claimStart := time.Now()
 	if len(closed) > 0 {
-		claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.roundTripDeadline())
 		r.stats.claims.Add(1)
 		claimed, err = r.store.Claim(claimCtx, r.pool, store.ClaimParams{RelayerID: r.cfg.RelayerID, Limit: 1,
 			Leases: r.leases(closed), Suspects: true})

@@ -429,7 +429,7 @@ func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed b
 	}
 	handoff := true
 	for {
-		ctx, cancel := context.WithTimeout(rc.ctx, 30*time.Second)
+		ctx, cancel := context.WithTimeout(rc.ctx, r.roundTripDeadline())
 		recorded, handed, err := rc.record(ctx, outcomes, terminal, handoff)
 		cancel()
 		if recorded != nil {

@@ -98,6 +98,8 @@ type Relayer struct {
 		abandonWait time.Duration
 		// persistentConflict replaces the constant of that name.
 		persistentConflict time.Duration
+		// statementDeadline replaces defaultRoundTripDeadline.
+		statementDeadline time.Duration
 	}
 }
 

@@ -95,12 +95,12 @@ func (r *run) goIdle(ctx context.Context) (found bool, err error) {
 	if h := r.testHooks.beforeRegister; h != nil {
 		h()
 	}
-	if err := r.store.RegisterIdle(ctx, r.pool, r.cfg.RelayerID); err != nil {
+	if err := r.registerIdle(ctx); err != nil {
 		return false, err
 	}
 	// The snapshot must be taken after the registration committed, so it
 	// is a separate statement (and implicit transaction).
-	running, err := store.RunningWriters(ctx, r.pool)
+	running, err := r.runningWriters(ctx)
 	if err != nil {
 		return false, err
 	}
@@ -134,7 +134,7 @@ func (r *run) awaitFinished(ctx context.Context, xids []string) (found bool, err
 	nextClaim, claimWait := start.Add(awaitClaimFirst), awaitClaimFirst
 	delay := time.Millisecond
 	for time.Now().Before(deadline) {
-		done, err := store.AllFinished(ctx, r.pool, xids)
+		done, err := r.allFinished(ctx, xids)
 		if err != nil {
 			return false, nil // the claim loop's next claim reports the database's trouble
 		}
@@ -162,6 +162,28 @@ func (r *run) awaitFinished(ctx context.Context, xids []string) (found bool, err
 	return false, nil
 }
 
+// registerIdle, runningWriters, allFinished and unregisterIdle run their
+// statements each within a round-trip deadline (see bounded).
+func (r *run) registerIdle(ctx context.Context) error {
+	ctx, cancel := r.bounded(ctx)
+	defer cancel()
+	return r.store.RegisterIdle(ctx, r.pool, r.cfg.RelayerID)
+}
+
+func (r *run) runningWriters(ctx context.Context) ([]string, error) {
+	ctx, cancel := r.bounded(ctx)
+	defer cancel()
+	return store.RunningWriters(ctx, r.pool)
+}
+
+func (r *run) allFinished(ctx context.Context, xids []string) (bool, error) {
+	ctx, cancel := r.bounded(ctx)
+	defer cancel()
+	return store.AllFinished(ctx, r.pool, xids)
+}
+
 func (r *run) unregisterIdle(ctx context.Context) error {
+	ctx, cancel := r.bounded(ctx)
+	defer cancel()
 	return r.store.UnregisterIdle(ctx, r.pool, r.cfg.RelayerID)
 }
