@@ -13,6 +13,15 @@
 //	audit, archive       outbox-audit                none       5s    60s
 //	migrate              outbox-migrate              none       1m    60s   (1m: the migration lock's wait)
 //
+// Every process also bounds each connection attempt to one server at
+// [DefaultConnectTimeout] (a URL's connect_timeout wins): a URL that names
+// a primary and its standby (host=db1,db2&target_session_attrs=read-write,
+// docs/operations.md "Failover") is tried host by host, and without a
+// bound an attempt spends its caller's whole context on a first host that
+// does not answer (a hung server, a black-holed address, where the kernel
+// gives up on the handshake only after about two minutes), never reaching
+// the second.
+//
 // A lock timeout makes a statement that waits behind someone else's lock
 // (an ACCESS EXCLUSIVE lock taken by hand, a long migration) fail with
 // SQLSTATE 55P03 instead of hanging; the relayer's loops back off and try
@@ -71,28 +80,36 @@ func ParsePooler(s string) (Pooler, error) {
 // timeout below 1 ms becomes 1 ms, never "no timeout", and no bound becomes
 // shorter than asked.
 type Settings struct {
-	ApplicationName          string
+	ApplicationName string
+	// ConnectTimeout bounds each connection attempt to one server (pgx's
+	// ConnectTimeout), unless the URL set connect_timeout; zero leaves
+	// pgx's default, no bound.
+	ConnectTimeout           time.Duration
 	StatementTimeout         time.Duration
 	LockTimeout              time.Duration
 	IdleInTransactionTimeout time.Duration
 	Pooler                   Pooler
 }
 
+// DefaultConnectTimeout is every process's Settings.ConnectTimeout: a
+// connection to a live server takes milliseconds, also through PgBouncer.
+const DefaultConnectTimeout = 10 * time.Second
+
 // Relayer returns the defaults of a relayer (and a reaper) named id.
 func Relayer(id string) Settings {
-	return Settings{ApplicationName: "outbox-relay " + id, StatementTimeout: 30 * time.Second,
+	return Settings{ApplicationName: "outbox-relay " + id, ConnectTimeout: DefaultConnectTimeout, StatementTimeout: 30 * time.Second,
 		LockTimeout: 5 * time.Second, IdleInTransactionTimeout: time.Minute}
 }
 
 // Producer returns the defaults of a producer.
 func Producer() Settings {
-	return Settings{ApplicationName: "outbox-producer", StatementTimeout: 10 * time.Second,
+	return Settings{ApplicationName: "outbox-producer", ConnectTimeout: DefaultConnectTimeout, StatementTimeout: 10 * time.Second,
 		LockTimeout: 5 * time.Second, IdleInTransactionTimeout: time.Minute}
 }
 
 // Operator returns the defaults of an operator or auditor command.
 func Operator(command string) Settings {
-	return Settings{ApplicationName: "outbox-" + command, StatementTimeout: time.Minute,
+	return Settings{ApplicationName: "outbox-" + command, ConnectTimeout: DefaultConnectTimeout, StatementTimeout: time.Minute,
 		LockTimeout: 5 * time.Second, IdleInTransactionTimeout: time.Minute}
 }
 
@@ -100,7 +117,7 @@ func Operator(command string) Settings {
 // a minute for the migration lock and each lock a migration statement
 // needs (migrations.Options.LockTimeout).
 func Migrator() Settings {
-	return Settings{ApplicationName: "outbox-migrate", LockTimeout: time.Minute, IdleInTransactionTimeout: time.Minute}
+	return Settings{ApplicationName: "outbox-migrate", ConnectTimeout: DefaultConnectTimeout, LockTimeout: time.Minute, IdleInTransactionTimeout: time.Minute}
 }
 
 // Apply sets s on cfg. It returns the settings it could not apply (the
@@ -112,6 +129,10 @@ func (s Settings) Apply(cfg *pgx.ConnConfig) (notApplied []string) {
 	}
 	if s.ApplicationName != "" && cfg.RuntimeParams["application_name"] == "" {
 		cfg.RuntimeParams["application_name"] = truncateName(s.ApplicationName)
+	}
+	if s.ConnectTimeout > 0 && cfg.ConnectTimeout == 0 {
+		// pgx bounds each host's attempt with it, then tries the next.
+		cfg.ConnectTimeout = s.ConnectTimeout
 	}
 	for _, p := range []struct {
 		name string
