@@ -127,6 +127,8 @@ func (s *Server) Readiness(ctx context.Context) Readiness {
 		switch {
 		case !h.Running:
 			err = fmt.Errorf("the relayer is not running")
+		case h.ReadOnly:
+			err = fmt.Errorf("the database refuses the relayer's claims as read-only: its connections reach a standby, not the primary")
 		case !h.Listening && !h.PollOnly:
 			err = fmt.Errorf("the LISTEN connection is down (polling meanwhile)")
 		}

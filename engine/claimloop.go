@@ -5,6 +5,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/ledgerline/outbox/internal/retry"
 	"github.com/ledgerline/outbox/internal/store"
 )
@@ -43,6 +45,9 @@ func (r *run) claimLoop(ctx context.Context) {
 	idleFailures := &retry.Loop{Log: r.log, What: "idle registration", Min: r.cfg.IdleRefresh, Max: r.cfg.IdleRefresh}
 	for !r.isStopping() {
 		n, full, err := r.claimOnce(stopCtx)
+		if stopCtx.Err() == nil {
+			r.readOnly.Store(isReadOnly(err))
+		}
 		switch {
 		case err != nil && stopCtx.Err() != nil:
 			return
@@ -109,6 +114,14 @@ func (r *run) claimLoop(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// isReadOnly reports whether err is the database refusing a write because
+// it is read-only (read_only_sql_transaction: a standby, or
+// default_transaction_read_only), which no retry on the same server fixes.
+func isReadOnly(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "25006"
 }
 
 // idleAfterEmptyClaims is how many claims in a row must find nothing

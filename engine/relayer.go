@@ -134,6 +134,11 @@ type Health struct {
 	Running   bool // started, and no stop has begun
 	Listening bool // its LISTEN connection is up
 	PollOnly  bool // LISTEN is off by configuration (Config.PollOnly)
+	// ReadOnly says the database refused the relayer's last claim as
+	// read-only (SQLSTATE 25006): its connections reach a standby (a
+	// pooler or a URL that still names the old primary after a
+	// failover), so it cannot claim anything until they reach a primary.
+	ReadOnly bool
 }
 
 // Health reports whether the relayer runs and whether its listener is
@@ -142,6 +147,7 @@ func (r *Relayer) Health() Health {
 	h := Health{Running: r.lc.Serving(), PollOnly: r.cfg.PollOnly}
 	if run := r.current.Load(); run != nil && h.Running {
 		h.Listening = run.listening.Load()
+		h.ReadOnly = run.readOnly.Load()
 	}
 	return h
 }
@@ -262,6 +268,9 @@ type run struct {
 
 	listening       atomic.Bool
 	listenRecovered func() // set by listen before it connects
+	// readOnly is set while claims fail because the database is read-only
+	// (Health.ReadOnly).
+	readOnly atomic.Bool
 
 	stopping    chan struct{}      // closed when Stop begins
 	dispatchCtx context.Context    // cancelled at the hard deadline
