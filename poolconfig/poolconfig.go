@@ -35,7 +35,11 @@
 // run; migrate with a direct URL), and PgBouncer refuses the timeouts as
 // startup parameters: set them on the database role instead (ALTER ROLE
 // outbox_relayer SET statement_timeout = '30s', ...). application_name
-// passes through.
+// passes through. For the same reason outbox.tenant (row-level security)
+// must be set per transaction or per login role there, never per
+// connection: a per-connection setting stays on the server session and
+// scopes the next client's transaction to the wrong tenant
+// (docs/audit.md, "Tenants").
 package poolconfig
 
 import (

@@ -1,0 +1,145 @@
+package poolconfig_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"slices"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerline/outbox/internal/pglocal"
+	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/pending"
+	"github.com/ledgerline/outbox/poolconfig"
+)
+
+// TestTenantBehindATransactionPooler: behind PgBouncer in transaction
+// mode, outbox.tenant set per connection (pgx's AfterConnect with
+// set_config(..., false), which docs/audit.md used to offer beside per
+// transaction) stays on the server session that ran it, and the next
+// client whose transaction lands there reads as that tenant: a reader
+// scoped to tenant A read tenant B's keys. Set per transaction
+// (set_config(..., true)) it holds for that transaction only. The test
+// shows both on a real PgBouncer with one server connection, the
+// deterministic form of any pool under load.
+func TestTenantBehindATransactionPooler(t *testing.T) {
+	t.Parallel()
+	cluster := testdb.Cluster(t)
+	if cluster == nil {
+		t.Skip("tests run against OUTBOX_TEST_DATABASE_URL: no local cluster to put PgBouncer in front of")
+	}
+	ctx := t.Context()
+	dbURL := testdb.URL(t)
+	admin, err := pgxpool.New(ctx, testdb.AsAdmin(t, dbURL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(admin.Close)
+	if err := migrations.CreateRoles(ctx, admin, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, tenant := range []string{"tenant-a", "tenant-b"} {
+		if _, err := pending.Enqueue(ctx, admin, pending.Instruction{InstructionID: "i-" + tenant, ParticipantID: "p-" + tenant,
+			IdempotencyKey: "k-" + tenant, TenantID: tenant, RailType: "sandbox", AmountMinor: 100, Currency: "USD",
+			Destination: "acct-1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bouncer, err := pglocal.StartPgBouncer(ctx, cluster, pglocal.PgBouncerOptions{Users: []string{migrations.RoleAuditor}, PoolSize: 1})
+	if errors.Is(err, pglocal.ErrNoPgBouncer) && os.Getenv("OUTBOX_REQUIRE_PGBOUNCER") == "" {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bouncer.Stop)
+	viaBouncer, err := bouncer.Rewrite(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// connect opens a pool through PgBouncer as the auditor, with
+	// afterConnect run on each new connection.
+	connect := func(afterConnect func(context.Context, *pgx.Conn) error) *pgxpool.Pool {
+		t.Helper()
+		cfg, err := pgxpool.ParseConfig(viaBouncer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.User, cfg.ConnConfig.Password = migrations.RoleAuditor, ""
+		s := poolconfig.Operator("audit")
+		s.Pooler = poolconfig.PoolerTransaction
+		s.ApplyPool(cfg)
+		cfg.AfterConnect = afterConnect
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		return pool
+	}
+	tenantsSeen := func(q interface {
+		Query(context.Context, string, ...any) (pgx.Rows, error)
+	}) []string {
+		t.Helper()
+		rows, err := q.Query(ctx, `SELECT tenant_id FROM outbox.idempotency_keys ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+
+	// Per connection: the last client to connect chose the tenant of the
+	// one server session, for everyone.
+	perConnection := func(tenant string) *pgxpool.Pool {
+		return connect(func(ctx context.Context, c *pgx.Conn) error {
+			_, err := c.Exec(ctx, "SELECT set_config($1, $2, false)", migrations.TenantSetting, tenant)
+			return err
+		})
+	}
+	readerA := perConnection("tenant-a")
+	if got := tenantsSeen(readerA); !slices.Equal(got, []string{"tenant-a"}) {
+		t.Fatalf("reader A alone sees the keys of %v", got)
+	}
+	if err := perConnection("tenant-b").Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	leaked := tenantsSeen(readerA)
+	t.Logf("per connection, reader A then sees the keys of %v", leaked)
+	if !slices.Equal(leaked, []string{"tenant-b"}) {
+		t.Fatalf("reader A saw the keys of %v after reader B connected; this test expects the leak PgBouncer causes", leaked)
+	}
+
+	// Per transaction: each transaction reads its own tenant, and leaves
+	// nothing behind on the server session.
+	perTx := connect(nil)
+	// Clear what the per-connection readers left on the server session.
+	if _, err := perTx.Exec(ctx, "SELECT set_config($1, '', false)", migrations.TenantSetting); err != nil {
+		t.Fatal(err)
+	}
+	for _, tenant := range []string{"tenant-a", "tenant-b"} {
+		var got []string
+		if err := pgx.BeginFunc(ctx, perTx, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SELECT set_config($1, $2, true)", migrations.TenantSetting, tenant); err != nil {
+				return err
+			}
+			got = tenantsSeen(tx)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, []string{tenant}) {
+			t.Errorf("a transaction of %s sees the keys of %v", tenant, got)
+		}
+	}
+	if got := tenantsSeen(perTx); len(got) != 0 {
+		t.Errorf("after the transactions, a statement without a tenant sees the keys of %v", got)
+	}
+}
