@@ -47,6 +47,17 @@ const (
 	// partitionMonthsAhead is how many monthly archive partitions each
 	// background pass makes sure exist beyond the current month.
 	partitionMonthsAhead = 3
+	// roundTripDeadline bounds each statement of a pass but the
+	// checkpoint: the partition upkeep and each requeue batch. On a
+	// connection that went silent (a black-holed network, a primary that
+	// died without resetting its connections) nothing else ends the wait
+	// before TCP gives up, about 15 minutes on Linux, and a reaper stuck
+	// there requeues nothing meanwhile. The deadline makes pgx drop the
+	// connection, so the next pass gets a fresh one.
+	roundTripDeadline = 30 * time.Second
+	// checkpointDeadline bounds a checkpoint, which first waits up to 30 s
+	// for the transactions running when it began, then digests its period.
+	checkpointDeadline = 2 * time.Minute
 )
 
 // ErrInvalidConfig is wrapped by the errors [New] returns for a bad Config.
@@ -149,6 +160,9 @@ type Reaper struct {
 	stats   Stats
 
 	lc lifecycle.Lifecycle
+
+	// testRoundTrip replaces the statement deadlines in tests.
+	testRoundTrip time.Duration
 }
 
 // New validates cfg and returns a reaper that is not yet running.
@@ -231,8 +245,19 @@ func (r *Reaper) countPass(requeued int, err error) {
 	r.stats.LastPass = time.Now()
 }
 
+// bounded derives from ctx the context of one statement with deadline d
+// (see roundTripDeadline), or the test's.
+func (r *Reaper) bounded(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if r.testRoundTrip > 0 {
+		d = r.testRoundTrip
+	}
+	return context.WithTimeout(ctx, d)
+}
+
 // reapBatch requeues one batch (one statement, see [store.Store.Reap]).
 func (r *Reaper) reapBatch(ctx context.Context) ([]Requeued, error) {
+	ctx, cancel := r.bounded(ctx, roundTripDeadline)
+	defer cancel()
 	batch, err := r.store.Reap(ctx, r.pool, r.cfg.BatchSize, r.cfg.ReaperID, r.cfg.ZombieLimit)
 	if err != nil {
 		return nil, fmt.Errorf("reaper: requeue expired leases: %w", err)
@@ -330,7 +355,9 @@ func (r *Reaper) loop(ctx context.Context, done chan struct{}) {
 func (r *Reaper) pass(ctx context.Context, failures *retry.Loop) {
 	// Partition upkeep failing (it needs a lock on the archive) must not
 	// stop the reaping: both run, either failing counts.
-	perr := r.store.EnsurePartitions(ctx, r.pool, partitionMonthsAhead)
+	pctx, cancel := r.bounded(ctx, roundTripDeadline)
+	perr := r.store.EnsurePartitions(pctx, r.pool, partitionMonthsAhead)
+	cancel()
 	_, err := r.RunOnce(ctx)
 	err = errors.Join(err, perr, r.checkpoint(ctx))
 	switch {
@@ -348,6 +375,8 @@ func (r *Reaper) checkpoint(ctx context.Context) error {
 	if r.cfg.CheckpointInterval < 0 {
 		return nil
 	}
+	ctx, cancel := r.bounded(ctx, checkpointDeadline)
+	defer cancel()
 	cp, err := r.store.TakeCheckpoint(ctx, r.pool, store.DefaultCheckpointSettle, r.cfg.CheckpointInterval)
 	if err != nil || cp == nil {
 		return err

@@ -1,0 +1,125 @@
+package testdb
+
+import (
+	"net"
+	"sync"
+	"time"
+)
+
+// HoldingProxy forwards TCP connections to the database and can
+// black-hole the ones open at a moment for good, as a primary that died
+// without a word does to the connections it had (its address answers no
+// more, and nothing resets them), while connections opened afterwards
+// flow (to the new primary). A held connection's bytes are read and
+// dropped, so the client's kernel sees them acknowledged: the client
+// notices nothing until its own deadline, as with a real black hole
+// before TCP gives up (about 15 minutes of retransmissions on Linux).
+type HoldingProxy struct {
+	ln     net.Listener
+	target string
+
+	mu     sync.Mutex
+	conns  map[*heldConn]struct{}
+	closed chan struct{}
+	wg     sync.WaitGroup
+}
+
+// heldConn is one proxied connection.
+type heldConn struct {
+	client, server net.Conn
+	mu             sync.Mutex
+	held           bool
+}
+
+// StartHoldingProxy listens on a free loopback port and forwards to
+// target; it is closed when the test ends.
+func StartHoldingProxy(t TB, target string) *HoldingProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("testdb: proxy: %v", err)
+	}
+	p := &HoldingProxy{ln: ln, target: target, conns: map[*heldConn]struct{}{}, closed: make(chan struct{})}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.close)
+	return p
+}
+
+// Addr is the proxy's host:port.
+func (p *HoldingProxy) Addr() string { return p.ln.Addr().String() }
+
+// HoldExisting black-holes every connection open now, for good, and
+// returns how many there were.
+func (p *HoldingProxy) HoldExisting() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		c.mu.Lock()
+		c.held = true
+		c.mu.Unlock()
+	}
+	return len(p.conns)
+}
+
+func (p *HoldingProxy) close() {
+	close(p.closed)
+	p.ln.Close()
+	p.mu.Lock()
+	for c := range p.conns {
+		c.client.Close()
+		c.server.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+func (p *HoldingProxy) accept() {
+	defer p.wg.Done()
+	for {
+		client, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		server, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+		if err != nil {
+			client.Close()
+			continue
+		}
+		c := &heldConn{client: client, server: server}
+		p.mu.Lock()
+		p.conns[c] = struct{}{}
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go p.pipe(c, server, client)
+		go p.pipe(c, client, server)
+	}
+}
+
+// pipe copies src to dst until either ends or the proxy closes; while c
+// is held, what src sends is dropped and nothing reaches dst.
+func (p *HoldingProxy) pipe(c *heldConn, dst, src net.Conn) {
+	defer p.wg.Done()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if err != nil {
+			if !c.isHeld() {
+				dst.Close()
+			}
+			return
+		}
+		if c.isHeld() {
+			continue
+		}
+		if _, err := dst.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
+
+func (c *heldConn) isHeld() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.held
+}
