@@ -8,8 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerline/outbox/internal/strictjson"
@@ -185,7 +188,7 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 	}
 	defer cleanup()
 
-	e := &enqueuer{producer: producer, pool: pool, out: json.NewEncoder(env.stdout)}
+	e := &enqueuer{producer: producer, pool: pool, out: json.NewEncoder(env.stdout), log: log}
 	if single {
 		if amount != "" {
 			line.AmountMinor, _ = json.Marshal(amount) // a JSON string: amountText reads it back as written
@@ -212,6 +215,7 @@ type enqueuer struct {
 	producer *pending.Producer
 	pool     *pgxpool.Pool
 	out      *json.Encoder
+	log      *slog.Logger
 	failed   int
 
 	results []lineResult // output for the current batch, in input order
@@ -367,9 +371,26 @@ func (e *enqueuer) add(ctx context.Context, line inputLine, parseErr error) {
 
 // flush enqueues the pending batch in one transaction (a mismatching line
 // is reported and the rest retried without it) and writes the output lines.
+//
+// A batch whose connection broke before the database answered may have
+// committed: it is sent again under the same keys (outcomeUnknown), and a
+// key that committed answers with its original receipt, marked duplicate.
+// Reported as failed, it would read as not enqueued, and a script that
+// enqueued it again under a new key would pay twice.
 func (e *enqueuer) flush(ctx context.Context) {
+	resent := 0
 	for len(e.batch) > 0 {
 		receipts, err := e.enqueue(ctx, e.batch)
+		if resent < outcomeUnknownResends && outcomeUnknown(ctx, err) {
+			resent++
+			e.log.Warn("the connection broke before the database answered; the transaction may have committed: sending it again under the same keys",
+				"instructions", len(e.batch), "attempt", resent+1, "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Duration(resent) * 200 * time.Millisecond):
+			}
+			continue
+		}
 		var be *pending.BatchError
 		if errors.As(err, &be) {
 			e.results[e.slots[be.Index]].err = classify(be.Err)
@@ -393,6 +414,27 @@ func (e *enqueuer) flush(ctx context.Context) {
 		_ = e.out.Encode(r)
 	}
 	e.results, e.batch, e.slots = e.results[:0], e.batch[:0], e.slots[:0]
+}
+
+// outcomeUnknownResends is how many times flush sends a batch again whose
+// outcome is unknown: each attempt may take another connection the same
+// failure broke (a pool's connections to a primary that failed over).
+const outcomeUnknownResends = 3
+
+// outcomeUnknown reports whether err, a batch's failure, leaves it unknown
+// whether its transaction committed: the connection broke or the server
+// went away (SQLSTATE classes 08 and 57P) before the answer arrived, and
+// we are not stopping. Sending the same instructions again under the same
+// keys settles it (docs/operations.md, "Failover").
+func outcomeUnknown(ctx context.Context, err error) bool {
+	if err == nil || ctx.Err() != nil || classify(err).Code != codeDatabaseError {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return true
+	}
+	return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P")
 }
 
 func (e *enqueuer) enqueue(ctx context.Context, ins []pending.Instruction) ([]pending.Receipt, error) {

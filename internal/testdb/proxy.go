@@ -1,6 +1,7 @@
 package testdb
 
 import (
+	"bytes"
 	"net"
 	"sync"
 	"time"
@@ -22,6 +23,9 @@ type HoldingProxy struct {
 	conns  map[*heldConn]struct{}
 	closed chan struct{}
 	wg     sync.WaitGroup
+	// cutAfter, if set, arms CutReplyAfter: the next client message
+	// holding it makes its connection's reply the one that is cut.
+	cutAfter []byte
 }
 
 // heldConn is one proxied connection.
@@ -29,6 +33,7 @@ type heldConn struct {
 	client, server net.Conn
 	mu             sync.Mutex
 	held           bool
+	cut            bool // the next reply is dropped and the connection closed
 }
 
 // StartHoldingProxy listens on a free loopback port and forwards to
@@ -44,6 +49,16 @@ func StartHoldingProxy(t TB, target string) *HoldingProxy {
 	go p.accept()
 	t.Cleanup(p.close)
 	return p
+}
+
+// CutReplyAfter arms a cut, once: on the first connection whose client
+// sends bytes holding marker, the server's next reply is dropped and both
+// sockets are closed, as when a connection breaks after the server acted
+// on a request (committed a transaction) and before its answer arrived.
+func (p *HoldingProxy) CutReplyAfter(marker []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cutAfter = marker
 }
 
 // Addr is the proxy's host:port.
@@ -112,10 +127,39 @@ func (p *HoldingProxy) pipe(c *heldConn, dst, src net.Conn) {
 		if c.isHeld() {
 			continue
 		}
+		if src == c.server && c.cutNow() {
+			c.client.Close()
+			c.server.Close()
+			return
+		}
+		if src == c.client {
+			p.armCut(c, buf[:n])
+		}
 		if _, err := dst.Write(buf[:n]); err != nil {
 			return
 		}
 	}
+}
+
+// armCut marks c's next reply for the cut when data holds the armed
+// marker (CutReplyAfter), and disarms it.
+func (p *HoldingProxy) armCut(c *heldConn, data []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cutAfter == nil || !bytes.Contains(data, p.cutAfter) {
+		return
+	}
+	p.cutAfter = nil
+	c.mu.Lock()
+	c.cut = true
+	c.mu.Unlock()
+}
+
+// cutNow reports whether c's reply is to be cut.
+func (c *heldConn) cutNow() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cut
 }
 
 func (c *heldConn) isHeld() bool {

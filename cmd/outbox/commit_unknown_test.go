@@ -1,0 +1,79 @@
+package main
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/ledgerline/outbox/internal/testdb"
+)
+
+// TestEnqueueCommitOutcomeUnknown: when the connection breaks after the
+// database committed an enqueue and before its answer arrived, `outbox
+// enqueue` must not report the line as failed: the instruction is queued
+// and will be paid, and a script that takes DATABASE_ERROR for "not
+// enqueued" would enqueue the payment again under a new key. It sends the
+// same instructions again under the same keys, as docs/operations.md asks
+// of every producer, and prints the receipt they answer with (the
+// original outbox id, marked duplicate). Before the fix the line was a
+// DATABASE_ERROR (exit 1) while the instruction was committed. Both the
+// single-line path (one implicit transaction) and a --batch (an explicit
+// one) are cut.
+func TestEnqueueCommitOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	u, err := url.Parse(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testdb.StartHoldingProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	// Exec mode (as behind PgBouncer): a statement's text and its
+	// execution go in one message, so the cut lands on the reply of the
+	// round trip that commits.
+	db := []string{"--database-url", u.String(), "--pooler", "transaction"}
+
+	check := func(what string, r cliResult, keys ...string) {
+		t.Helper()
+		committed := make([]string, len(keys))
+		for i, key := range keys {
+			if err := b.pool.QueryRow(b.ctx, `SELECT outbox_id::text FROM outbox.idempotency_keys WHERE idempotency_key = $1`,
+				key).Scan(&committed[i]); err != nil {
+				t.Fatalf("%s: key %s not committed: %v", what, key, err)
+			}
+		}
+		if r.code != 0 {
+			t.Fatalf("%s: every instruction committed (%v), but the command reported: %s", what, committed, r)
+		}
+		if !strings.Contains(r.stderr, "may have committed") {
+			t.Fatalf("%s: the connection was not cut (the test proves nothing): %s", what, r)
+		}
+		lines := stdoutLines(t, r.stdout)
+		if len(lines) != len(keys) {
+			t.Fatalf("%s: want %d lines, got %s", what, len(keys), r)
+		}
+		for i, committed := range committed {
+			got := decodeEnqueueLine(t, lines[i])
+			if !got.receipt || got.outboxID != committed {
+				t.Fatalf("%s: line %d is %+v, want the receipt of the committed instruction %s", what, i, got, committed)
+			}
+		}
+	}
+
+	// One instruction: its statements and the commit are one round trip.
+	proxy.CutReplyAfter([]byte("idempotency_keys"))
+	r := invokeCLI(t, nil, "", append([]string{"enqueue", "--instruction-id", "ins-1", "--participant-id", "m-1",
+		"--idempotency-key", "key-1", "--rail", "sandbox", "--amount-minor", "100", "--currency", "USD",
+		"--destination", "acct-1"}, db...)...)
+	check("single", r, "key-1")
+
+	// A batch: the explicit transaction's COMMIT is cut.
+	var lines strings.Builder
+	for i := 2; i <= 3; i++ {
+		fmt.Fprintf(&lines, `{"instruction_id":"ins-%d","participant_id":"m-1","idempotency_key":"key-%d","rail":"sandbox","amount_minor":100,"currency":"USD","destination":"acct-1"}`+"\n", i, i)
+	}
+	proxy.CutReplyAfter([]byte("commit"))
+	r = invokeCLI(t, nil, lines.String(), append([]string{"enqueue", "--batch", "2"}, db...)...)
+	check("batch", r, "key-2", "key-3")
+}
