@@ -85,19 +85,23 @@ func MigrateWith(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("migrate: acquire connection: %w", err)
 	}
-	// The lock is session-level; release the connection only after unlock.
-	defer conn.Release()
+	// The connection goes back to no pool: tern resets every session
+	// setting after each migration (RESET ALL), which would hand the
+	// caller's pool a connection without the settings its AfterConnect
+	// made. It is closed, after the unlock below, with whatever it holds.
+	defer func() { _ = conn.Hijack().Close(context.WithoutCancel(ctx)) }()
 
 	timeout := opts.LockTimeout
 	if timeout <= 0 {
 		timeout = DefaultLockTimeout
 	}
-	// Session-level, for the lock wait and every statement after it; reset
-	// before the connection goes back to the caller's pool.
-	if _, err := conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)", strconv.FormatInt(timeout.Milliseconds(), 10)); err != nil {
+	// Whole milliseconds, rounded up: 0 would mean no timeout at all.
+	timeoutMS := strconv.FormatInt(max(1, (timeout+time.Millisecond-1).Milliseconds()), 10)
+	// Session-level, for the lock wait and the first migration; set again
+	// before each migration (OnStart below).
+	if _, err := conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)", timeoutMS); err != nil {
 		return fmt.Errorf("migrate: set lock_timeout: %w", err)
 	}
-	defer conn.Exec(context.WithoutCancel(ctx), "RESET lock_timeout")
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", lockName(schema)); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
@@ -128,6 +132,15 @@ func MigrateWith(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 	m, err := newMigrator(ctx, conn.Conn(), schema)
 	if err != nil {
 		return err
+	}
+	// tern's RESET ALL after each migration takes the lock timeout back to
+	// the server's default (none, unless the role or the connection's
+	// startup set one), so every migration after the first would wait for
+	// its locks for as long as their holders keep them. OnStart runs in the
+	// migration's transaction before its statements; a failure here aborts
+	// that transaction, so the migration fails too.
+	m.OnStart = func(int32, string, string, string) {
+		_, _ = conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)", timeoutMS)
 	}
 	target := opts.TargetVersion
 	if target == 0 {
