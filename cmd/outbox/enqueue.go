@@ -427,7 +427,7 @@ const outcomeUnknownResends = 3
 // we are not stopping. Sending the same instructions again under the same
 // keys settles it (docs/operations.md, "Failover").
 func outcomeUnknown(ctx context.Context, err error) bool {
-	if err == nil || ctx.Err() != nil || classify(err).Code != codeDatabaseError {
+	if err == nil || ctx.Err() != nil || classify(err).Code != codeDatabaseError || errors.Is(err, pending.ErrSchemaBehind) {
 		return false
 	}
 	var pgErr *pgconn.PgError
