@@ -591,3 +591,80 @@ func TestPersistentOrderingConflictsAreLogged(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestClaimThatCommitsAfterStopIsReleasedUnsent: a claim under way when
+// Stop begins is not cancelled (its caller would lose what it committed,
+// stranded in flight until the reaper), and what it took is handed back
+// without calling the rail: RELEASED, back in pending at once with its
+// retry budget untouched, nothing paid. The claim is held on a lock (a
+// SHARE lock on the in-flight table blocks its insert, not the relayer's
+// reads) until Stop has begun. Nothing else checks that a stopping
+// relayer sends nothing: the rolling-deploy fault scenario counts
+// RELEASED rows but only logs the count.
+func TestClaimThatCommitsAfterStopIsReleasedUnsent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	var calls sync.Map
+	b.useTransport(t, funcTransport(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
+		calls.Store(ins.InstructionID, true)
+		return rails.Result{Code: rails.SandboxAccepted, Reference: "ref-" + ins.IdempotencyKey}, nil
+	}), 30*time.Second)
+	const total = 3
+	b.enqueue(t, total, total) // one head each of three participants
+
+	lock, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback(context.WithoutCancel(b.ctx))
+	if _, err := lock.Exec(b.ctx, `LOCK TABLE outbox.inflight IN SHARE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	r := b.newRelayer(t, b.config("released"))
+	if err := r.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the claim to wait for the lock", func() bool {
+		var waiting bool
+		err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting)
+		return err == nil && waiting
+	})
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		stopped <- r.Stop(ctx)
+	}()
+	waitFor(t, 10*time.Second, "Stop to begin", func() bool { return !r.Health().Running })
+	if err := lock.Rollback(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatalf("Stop: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Stop did not return")
+	}
+
+	calls.Range(func(id, _ any) bool {
+		t.Errorf("the rail was called for %v, claimed after Stop began", id)
+		return true
+	})
+	if st := r.Stats(); st.Claimed != total || st.Released != total || st.Dispatched != 0 || st.LeftInFlight != 0 {
+		t.Fatalf("stats %+v, want %d claimed and all released, nothing dispatched or left in flight", st, total)
+	}
+	var released, pendingNow, budgetUsed int
+	if err := b.pool.QueryRow(b.ctx, `SELECT
+		(SELECT count(*) FROM outbox.attempts WHERE state = 'RETRYABLE' AND error_code = 'RELEASED'),
+		(SELECT count(*) FROM outbox.pending WHERE next_attempt_at <= now()),
+		(SELECT count(*) FROM outbox.pending WHERE attempt_count <> 0)`).Scan(&released, &pendingNow, &budgetUsed); err != nil {
+		t.Fatal(err)
+	}
+	if released != total || pendingNow != total || budgetUsed != 0 {
+		t.Fatalf("%d RELEASED attempts, %d due again, %d with their budget used; want %d, %d, 0", released, pendingNow, budgetUsed, total, total)
+	}
+	b.verify(t, true)
+}
