@@ -217,6 +217,61 @@ func TestTamperingIsReported(t *testing.T) {
 			wantBreak(t, got, "checkpoint digests", "13 rows in the archive, 15 when it was taken")
 		},
 	}, {
+		// Same number of rows, each matching its hash and linked: only the
+		// period's digest differs from the checkpoint's.
+		name:           "a row changed and rehashed under a checkpoint",
+		withCheckpoint: true,
+		tamper: func(t *testing.T, b *recordBundle, h tamperHistory) {
+			b.execAll(t, `SET session_replication_role = replica`, fmt.Sprintf(forgeAndRehash, h.dispatched, h.dispatched))
+		},
+		want: func(t *testing.T, got []store.Violation, h tamperHistory) {
+			wantBreak(t, got, "checkpoint digests", "15 rows in the archive, 15 when it was taken")
+			for _, v := range got {
+				if v.Check == "row hashes" || v.Check == "chain links" {
+					t.Errorf("the rehashed row was reported as %s (%s): the case would not show the digest", v.Check, v.Detail)
+				}
+			}
+		},
+	}, {
+		// The last row of a chain cut loose from its predecessor and
+		// rehashed: it matches its hash and follows no missing row, but
+		// its instruction's chain now starts twice.
+		name: "a row made to start a chain of its own",
+		tamper: func(t *testing.T, b *recordBundle, h tamperHistory) {
+			b.execAll(t, `SET session_replication_role = replica`,
+				fmt.Sprintf(`UPDATE outbox.attempts SET prev_hash = NULL WHERE outbox_id = '%s' AND state = 'DISPATCHED'`, h.retried),
+				fmt.Sprintf(rehashDispatched, h.retried))
+		},
+		want: func(t *testing.T, got []store.Violation, h tamperHistory) {
+			wantBreak(t, got, "chain links", h.retried.String(), "starts a second chain")
+		},
+	}, {
+		// The middle one of three checkpoints deleted: the periods left
+		// still digest, but one is missing between them.
+		name:           "a checkpoint taken out of the middle",
+		withCheckpoint: true,
+		tamper: func(t *testing.T, b *recordBundle, h tamperHistory) {
+			cps := b.threeCheckpoints(t)
+			b.execAll(t, `SET session_replication_role = replica`,
+				fmt.Sprintf(`DELETE FROM outbox.checkpoints WHERE period_start = '%s'`, cps[1].PeriodStart.Format(time.RFC3339Nano)))
+		},
+		want: func(t *testing.T, got []store.Violation, h tamperHistory) {
+			wantBreak(t, got, "checkpoint chain", "a checkpoint is missing")
+		},
+	}, {
+		// The first checkpoint deleted: the rest are contiguous and still
+		// digest; only the next one's link to it is left to tell.
+		name:           "the first checkpoint deleted",
+		withCheckpoint: true,
+		tamper: func(t *testing.T, b *recordBundle, h tamperHistory) {
+			cps := b.threeCheckpoints(t)
+			b.execAll(t, `SET session_replication_role = replica`,
+				fmt.Sprintf(`DELETE FROM outbox.checkpoints WHERE period_start = '%s'`, cps[0].PeriodStart.Format(time.RFC3339Nano)))
+		},
+		want: func(t *testing.T, got []store.Violation, h tamperHistory) {
+			wantBreak(t, got, "checkpoint chain", "does not follow the checkpoint before it")
+		},
+	}, {
 		name:           "the month's partition dropped",
 		withCheckpoint: true,
 		tamper: func(t *testing.T, b *recordBundle, h tamperHistory) {
@@ -272,12 +327,7 @@ func TestRewriteOfEverythingNeedsTheExport(t *testing.T) {
 	// The forgery: a terminal row (nothing follows it in its chain)
 	// changed and rehashed, then the checkpoints taken again from scratch.
 	b.execAll(t, `SET session_replication_role = replica`,
-		fmt.Sprintf(`UPDATE outbox.attempts SET rail_reference = 'forged' WHERE outbox_id = '%s' AND state = 'DISPATCHED'`, h.dispatched),
-		fmt.Sprintf(`UPDATE outbox.attempts a SET hash = outbox.attempt_hash(a.prev_hash, a.attempt_id, a.outbox_id,
-		    a.instruction_id, a.participant_id, a.sequence_id, a.idempotency_key, a.rail_type, a.tenant_id, a.correlation_id,
-		    a.payload, a.attempt_no, a.state, a.relayer_id, a.claim_attempt_id, a.claimed_at, a.completed_at,
-		    a.next_attempt_at, a.rail_reference, a.rail_code, a.error_code, a.error_message, a.latency_ms, a.late, a.created_at)
-		  WHERE outbox_id = '%s' AND state = 'DISPATCHED'`, h.dispatched),
+		fmt.Sprintf(forgeAndRehash, h.dispatched, h.dispatched),
 		`DELETE FROM outbox.checkpoints`,
 		`SELECT outbox.take_checkpoint(clock_timestamp())`)
 
@@ -289,6 +339,43 @@ func TestRewriteOfEverythingNeedsTheExport(t *testing.T) {
 		t.Fatal("verify against the export reported nothing")
 	}
 	wantBreak(t, got, "exported checkpoints", export[0].PeriodStart.UTC().Format("2006-01-02"))
+}
+
+// forgeAndRehash changes the rail reference of an instruction's DISPATCHED
+// row (the last of its chain: nothing follows it) and recomputes its hash
+// with the schema's own function, so the row matches its hash and its
+// chain still links; only a checkpoint that covers it can tell. Two %s:
+// the outbox id, twice.
+const forgeAndRehash = `UPDATE outbox.attempts SET rail_reference = 'forged' WHERE outbox_id = '%s' AND state = 'DISPATCHED';
+	` + rehashDispatched
+
+// rehashDispatched recomputes the hash of an instruction's DISPATCHED row
+// (%s: its outbox id) from its columns as they are now.
+const rehashDispatched = `UPDATE outbox.attempts a SET hash = outbox.attempt_hash(a.prev_hash, a.attempt_id, a.outbox_id,
+	    a.instruction_id, a.participant_id, a.sequence_id, a.idempotency_key, a.rail_type, a.tenant_id, a.correlation_id,
+	    a.payload, a.attempt_no, a.state, a.relayer_id, a.claim_attempt_id, a.claimed_at, a.completed_at,
+	    a.next_attempt_at, a.rail_reference, a.rail_code, a.error_code, a.error_message, a.latency_ms, a.late, a.created_at)
+	  WHERE outbox_id = '%s' AND state = 'DISPATCHED'`
+
+// threeCheckpoints takes two more checkpoints after the one the history
+// already has, each over one more dispatched instruction, and returns the
+// three.
+func (b *recordBundle) threeCheckpoints(t *testing.T) []store.Checkpoint {
+	t.Helper()
+	for i := range 2 {
+		p := fmt.Sprintf("p-more-%d", i)
+		b.enqueue(t, p, "k-"+p)
+		b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched))
+		b.checkpoint(t)
+	}
+	cps, err := b.st.Checkpoints(b.ctx, b.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cps) != 3 {
+		t.Fatalf("%d checkpoints, want 3", len(cps))
+	}
+	return cps
 }
 
 // execAll runs statements in order on one session (settings such as
