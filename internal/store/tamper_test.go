@@ -205,6 +205,18 @@ func TestTamperingIsReported(t *testing.T) {
 			wantBreak(t, got, "chain heads", "pending row", "its chain head is not in the archive")
 		},
 	}, {
+		// The hot row forgets its chain head: the archive is intact, but a
+		// head deleted now would go unseen.
+		name: "the chain head of a pending instruction cleared",
+		tamper: func(t *testing.T, b *recordBundle, h tamperHistory) {
+			id := b.enqueue(t, "p9", "k9")
+			b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Retryable))
+			b.execAll(t, fmt.Sprintf(`UPDATE outbox.pending SET chain_head = NULL WHERE outbox_id = '%s'`, id))
+		},
+		want: func(t *testing.T, got []store.Violation, h tamperHistory) {
+			wantBreak(t, got, "chain heads", "pending row", "has no chain head, but its instruction has chained archive rows")
+		},
+	}, {
 		name:           "a whole instruction deleted: attempts, key, sequence",
 		withCheckpoint: true,
 		tamper: func(t *testing.T, b *recordBundle, h tamperHistory) {
