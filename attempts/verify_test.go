@@ -3,6 +3,7 @@ package attempts_test
 import (
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -362,7 +363,10 @@ type corruption struct {
 	check     string
 	also      []string
 	ordered   bool // the check runs only with VerifyOptions.Ordered
-	build     func(t *testing.T, b *verifyBundle)
+	// detail, when set, must be in a violation of check: a check that
+	// reads several tables must report the one the corruption is in.
+	detail string
+	build  func(t *testing.T, b *verifyBundle)
 }
 
 var corruptions = []corruption{
@@ -421,6 +425,26 @@ var corruptions = []corruption{
 		},
 	},
 	{
+		// The key of an instruction in flight is gone: its in-flight row
+		// (and its DISPATCHING row) name an outbox id no key owns.
+		name: "orphan in-flight row", invariant: 1, check: "no orphans", detail: "inflight row", also: []string{"gap-free sequences"},
+		build: func(t *testing.T, b *verifyBundle) {
+			id := b.enqueue(t, "p1", "k1")
+			b.claim(t, id, true)
+			b.exec(t, "DELETE FROM outbox.idempotency_keys WHERE outbox_id = $1", id)
+		},
+	},
+	{
+		// The key of a dispatched instruction is gone: only its archive
+		// rows are left to show it was ever enqueued.
+		name: "orphan archive rows", invariant: 1, check: "no orphans", detail: "attempts row", also: []string{"gap-free sequences"},
+		build: func(t *testing.T, b *verifyBundle) {
+			id := b.enqueue(t, "p1", "k1")
+			b.outcome(t, b.claim(t, id, true), attempts.Dispatched)
+			b.exec(t, "DELETE FROM outbox.idempotency_keys WHERE outbox_id = $1", id)
+		},
+	},
+	{
 		name: "sequence allocated without a key", invariant: 2, check: "gap-free sequences", also: []string{"queued counts"},
 		build: func(t *testing.T, b *verifyBundle) {
 			b.enqueue(t, "p1", "k1")
@@ -455,6 +479,24 @@ var corruptions = []corruption{
 		build: func(t *testing.T, b *verifyBundle) {
 			id := b.enqueue(t, "p1", "k1")
 			b.exec(t, "UPDATE outbox.pending SET idempotency_key = 'k-other' WHERE outbox_id = $1", id)
+		},
+	},
+	{
+		name: "in-flight row with another key", invariant: 3, check: "one key one identity", detail: "inflight row",
+		build: func(t *testing.T, b *verifyBundle) {
+			id := b.enqueue(t, "p1", "k1")
+			b.claim(t, id, true)
+			b.exec(t, "UPDATE outbox.inflight SET idempotency_key = 'k-other' WHERE outbox_id = $1", id)
+		},
+	},
+	{
+		// The archive is append-only, so the key is what changed: only
+		// the archive rows of the dispatched instruction disagree with it.
+		name: "archive rows disagree with their key", invariant: 3, check: "one key one identity", detail: "attempts row",
+		build: func(t *testing.T, b *verifyBundle) {
+			id := b.enqueue(t, "p1", "k1")
+			b.outcome(t, b.claim(t, id, true), attempts.Dispatched)
+			b.exec(t, "UPDATE outbox.idempotency_keys SET instruction_id = 'ins-other' WHERE outbox_id = $1", id)
 		},
 	},
 	{
@@ -625,6 +667,11 @@ func TestVerifyDetectsCorruption(t *testing.T) {
 
 			r := b.verify(t, attempts.VerifyOptions{Ordered: true})
 			requireOnly(t, r, c.invariant, c.check, c.also)
+			if c.detail != "" && !slices.ContainsFunc(r.Violations, func(v attempts.Violation) bool {
+				return v.Check == c.check && strings.Contains(v.Detail, c.detail)
+			}) {
+				t.Errorf("no violation of %s mentions %q: %v", c.check, c.detail, r.Violations)
+			}
 
 			unordered := b.verify(t, attempts.VerifyOptions{Ordered: false})
 			if c.ordered {
