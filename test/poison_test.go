@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/pending"
@@ -115,6 +117,38 @@ func TestFaultPoisonInstruction(t *testing.T) {
 	}
 	if deaths < 4 {
 		t.Errorf("%d relayer deaths, want at least the 4 claims of the poison instruction", deaths)
+	}
+	// Suspects (instructions requeued twice already) were dispatched
+	// alone: while a suspect's claim was open, its relayer had no other
+	// claim open. That is what keeps the poison from killing others with
+	// it; the dead-letter count above shows it only when the timing of a
+	// run happens to put a second claim beside the poison.
+	rows, err := pool.Query(t.Context(), `
+		WITH claims AS (
+		  SELECT c.attempt_id, c.outbox_id, c.relayer_id,
+		         (SELECT count(*) FROM outbox.attempts z
+		          WHERE z.outbox_id = c.outbox_id AND z.state = 'ZOMBIE_REQUEUE' AND z.created_at < c.created_at) >= 2 AS suspect,
+		         tstzrange(c.created_at, coalesce((SELECT min(x.created_at) FROM outbox.attempts x
+		                                           WHERE x.claim_attempt_id = c.attempt_id AND NOT x.late), 'infinity')) AS open
+		  FROM outbox.attempts c WHERE c.state = 'DISPATCHING')
+		SELECT format('suspect %s (claim %s of %s) was in flight beside claim %s of %s', d.outbox_id, d.attempt_id,
+		              d.relayer_id, c.attempt_id, c.outbox_id)
+		FROM claims d JOIN claims c ON c.relayer_id = d.relayer_id AND c.attempt_id <> d.attempt_id AND c.open && d.open
+		WHERE d.suspect`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	beside, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range beside {
+		t.Errorf("not dispatched alone: %s", b)
+	}
+	suspectClaims := mustInts(t, pool, `SELECT count(*) FROM outbox.attempts c WHERE c.state = 'DISPATCHING' AND (
+		SELECT count(*) FROM outbox.attempts z WHERE z.outbox_id = c.outbox_id AND z.state = 'ZOMBIE_REQUEUE' AND z.created_at < c.created_at) >= 2`)[0]
+	if suspectClaims < 2 {
+		t.Errorf("%d claims of suspects, want at least the poison's last two", suspectClaims)
 	}
 	// Its participant's later instructions went out, after it ended (the
 	// order itself is invariant 4, which verifyNow checks).
