@@ -197,10 +197,24 @@ func TestEnqueueMismatchWritesNothingAndKeepsTxUsable(t *testing.T) {
 	if !errors.Is(err, pending.ErrIdempotencyMismatch) || !errors.As(err, &mismatch) || mismatch.OutboxID != first.OutboxID {
 		t.Fatalf("err = %v, want ErrIdempotencyMismatch naming %s", err, first.OutboxID)
 	}
-	// Also a different participant under the same key is a mismatch.
+	// Also a different participant or rail under the same key is a
+	// mismatch: each changes what a rail would be asked to do, and neither
+	// is in the stored payload, so only the hash of what the key promised
+	// (payloadHash) tells them apart.
 	moved := payout("p2", "k1")
 	if _, err := b.producer.Enqueue(b.ctx, tx, moved); !errors.Is(err, pending.ErrIdempotencyMismatch) {
 		t.Fatalf("err = %v, want ErrIdempotencyMismatch", err)
+	}
+	rails := payment.DefaultCatalog()
+	rails["sandbox-eu"] = rails["sandbox"] // the same validation: only the rail differs
+	twoRails, err := pending.NewProducer(pending.Config{Rails: rails})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rerouted := payout("p1", "k1")
+	rerouted.RailType = "sandbox-eu"
+	if _, err := twoRails.Enqueue(b.ctx, tx, rerouted); !errors.Is(err, pending.ErrIdempotencyMismatch) {
+		t.Fatalf("same key on another rail: err = %v, want ErrIdempotencyMismatch", err)
 	}
 	// The caller's transaction is still usable.
 	if _, err := b.producer.Enqueue(b.ctx, tx, payout("p1", "k2")); err != nil {
