@@ -403,8 +403,10 @@ func TestPollOnlyAndTriggerOffStillDrain(t *testing.T) {
 }
 
 // TestRetriesBackOffThenDeadLetter: a rail that always fails: each retry
-// waits within the growing, capped bound, and the last allowed attempt ends
-// FAILED with MAX_ATTEMPTS_EXCEEDED and a dead letter.
+// waits within the growing, capped bound (full jitter: some wait, none
+// longer than its bound), the next attempt is not claimed before its
+// retry's time, and the last allowed attempt ends FAILED with
+// MAX_ATTEMPTS_EXCEEDED and a dead letter.
 func TestRetriesBackOffThenDeadLetter(t *testing.T) {
 	t.Parallel()
 	b := setup(t, rails.SandboxOptions{RetryableRate: 1})
@@ -417,14 +419,19 @@ func TestRetriesBackOffThenDeadLetter(t *testing.T) {
 	b.waitDrained(t, time.Minute)
 	b.verify(t, true)
 
-	rows, err := b.pool.Query(b.ctx, `SELECT attempt_no, extract(epoch FROM next_attempt_at - completed_at)
-		FROM outbox.attempts WHERE state = 'RETRYABLE' ORDER BY attempt_no`)
+	rows, err := b.pool.Query(b.ctx, `SELECT r.attempt_no, extract(epoch FROM r.next_attempt_at - r.completed_at),
+		extract(epoch FROM (SELECT d.created_at FROM outbox.attempts d WHERE d.state = 'DISPATCHING' AND d.attempt_no = r.attempt_no + 1)
+		                   - r.next_attempt_at)
+		FROM outbox.attempts r WHERE r.state = 'RETRYABLE' ORDER BY r.attempt_no`)
 	if err != nil {
 		t.Fatal(err)
 	}
 	type retry struct {
 		No    int
 		Delay float64
+		// Early is how long after the retry's time the next claim came
+		// (negative: before it).
+		Early float64
 	}
 	retries, err := pgx.CollectRows(rows, pgx.RowToStructByPos[retry])
 	if err != nil {
@@ -434,10 +441,21 @@ func TestRetriesBackOffThenDeadLetter(t *testing.T) {
 		t.Fatalf("%d retries, want 4 before the 5th attempt fails", len(retries))
 	}
 	bo := Backoff{Base: cfg.BackoffBase, Cap: cfg.BackoffCap}
+	longest := 0.0
 	for i, r := range retries {
 		if r.No != i+1 || r.Delay < 0 || r.Delay > bo.Bound(r.No).Seconds()+0.001 {
 			t.Errorf("retry %d: attempt %d waited %.3fs, bound %v", i, r.No, r.Delay, bo.Bound(r.No))
 		}
+		if r.Early < 0 {
+			t.Errorf("attempt %d was claimed %.3fs before its retry's time", r.No+1, -r.Early)
+		}
+		longest = max(longest, r.Delay)
+	}
+	// Each delay is uniform in [0, bound] (bounds 20, 40, 80, 80 ms): all
+	// four under a millisecond has a chance of about 1 in 10 million. A
+	// retry policy that does not back off at all stores 0 for each.
+	if longest < 0.001 {
+		t.Errorf("retries %+v: none waited a millisecond, want backoff", retries)
 	}
 	var code string
 	var count int
