@@ -999,6 +999,9 @@ func TestRecordLateWithdrawIsFenced(t *testing.T) {
 			if w := b.where(t, id); !w.pending || w.dead || w.inflight != nil {
 				t.Errorf("the pending copy was touched: %+v", w)
 			}
+			// The late outcome is archived as late, beside the reaper's
+			// requeue that closed its claim on time.
+			b.verifyOK(t)
 		})
 	}
 }
