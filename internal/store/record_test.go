@@ -1110,6 +1110,7 @@ func TestReapedZombieKeepsItsPlace(t *testing.T) {
 	if c := b.claimOne(t, "r-1", longLease); c.OutboxID != zombie {
 		t.Fatalf("claimed %s first, want the zombie %s (not %s, due after its claim)", c.OutboxID, zombie, later)
 	}
+	b.verifyOK(t) // the dead relayer's claim closed by the reaper, the new one in flight
 }
 
 // TestHandoffUnderReaperAndLateCompletion: the outcomes of twenty heads
