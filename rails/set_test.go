@@ -535,3 +535,33 @@ func TestSetHalfOpenProbeCancelled(t *testing.T) {
 		t.Fatalf("half-open claimable %v after a cancelled probe, want [r]", halfOpen)
 	}
 }
+
+// TestSetReleasesACallItsLeaseCannotCover: ExecuteBefore does not call the
+// rail when less than the rail's timeout is left of the claim's lease (the
+// call could outlive the lease, and the reaper would hand the instruction
+// to another relayer mid-call): the decision is a retryable RELEASED that
+// says the rail was not called. With the timeout left, or no lease given,
+// the rail is called. The margins are minutes, so no clock can blur them.
+func TestSetReleasesACallItsLeaseCannotCover(t *testing.T) {
+	t.Parallel()
+	const timeout = time.Minute
+	g := &gate{release: make(chan struct{})}
+	close(g.release) // every call answers at once
+	s := newSet(t, rails.Options{Type: "r", Profile: payment.Generic{}, Transport: g, Codes: rails.SandboxCodes, Timeout: timeout})
+
+	d := s.ExecuteBefore(context.Background(), sandboxIns("r", "short"), time.Now().Add(timeout/2))
+	if d.Outcome != rails.Retryable || d.ErrorCode != rails.CodeReleased || d.RailCalled {
+		t.Fatalf("half the timeout left of the lease: %+v, want RELEASED without calling the rail", d)
+	}
+	if _, _, n := g.snapshot(); n != 0 {
+		t.Fatalf("the transport was called %d times for a lease too short for the call", n)
+	}
+	for _, until := range []time.Time{time.Now().Add(10 * timeout), {}} {
+		if d := s.ExecuteBefore(context.Background(), sandboxIns("r", fmt.Sprint("long-", until.IsZero())), until); d.Outcome != rails.Dispatched {
+			t.Fatalf("lease until %v: %+v, want the rail called and the payment dispatched", until, d)
+		}
+	}
+	if _, _, n := g.snapshot(); n != 2 {
+		t.Fatalf("the transport was called %d times, want 2", n)
+	}
+}
