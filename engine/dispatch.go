@@ -15,34 +15,57 @@ import (
 // here only when there is nothing to record. handoffOf and started say
 // which write's hand-off claimed it (0: a claim) and when its dispatch
 // started, for the recorder (see recorder.hold).
+//
+// Each dispatch runs on a goroutine of its own, whose stack is copied to
+// a larger one whenever the frames down to the rail's transport outgrow
+// it: so the frames on that path stay small. Building the outcome and the
+// cold paths' log lines are in functions of their own, off it (a frame 16
+// bytes wider below this one cost the drain 3 µs of processor time a
+// message, in stack copies).
 func (r *run) dispatch(c store.Claimed, callDeadline time.Time, handoffOf uint64, started time.Time) {
 	defer r.dispatches.Done()
 	defer r.inFlight.Add(-1)
 
 	var d rails.Decision
-	var latency time.Duration
+	latency, answered := r.send(&c, &d, callDeadline)
+	if !answered {
+		return
+	}
+	r.queueOutcome(&c, &d, latency, handoffOf, started)
+}
+
+// send decides c's outcome into d: the rail's answer, or a release or a
+// failure without calling it. It reports false for a call cut off at the
+// hard deadline without an answer: no outcome is recorded, the lease
+// stands and the reaper will requeue it.
+func (r *run) send(c *store.Claimed, d *rails.Decision, callDeadline time.Time) (time.Duration, bool) {
 	ins, payloadErr := railInstruction(c)
 	switch {
 	case payloadErr != nil:
-		d = payloadFailure(payloadErr)
+		*d = payloadFailure(payloadErr)
 	case r.isStopping():
-		d = rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeReleased, Message: "released: relayer stopping"}
+		*d = released("released: relayer stopping")
 	default:
 		start := time.Now()
-		d = r.execute(c, ins, callDeadline)
-		latency = time.Since(start)
+		*d = r.execute(c, &ins, callDeadline)
+		latency := time.Since(start)
 		if r.dispatchCtx.Err() != nil && d.RailCalled && d.Outcome == rails.Retryable {
-			// Cut off at the hard deadline without an answer: no outcome is
-			// recorded, the lease stands and the reaper will requeue it.
-			r.slots.Release(1)
-			r.stats.leftInFlight.Add(1)
-			r.log.Warn("dispatch cut off at stop deadline; left in flight for the reaper",
-				"outbox_id", c.OutboxID, "instruction_id", c.InstructionID, "participant", c.ParticipantID,
-				"attempt_no", c.AttemptNo, "lease_until", c.LeaseUntil)
-			return
+			r.leaveInFlight(c, "dispatch cut off at stop deadline; left in flight for the reaper")
+			return latency, false
 		}
+		return latency, true
 	}
-	po := pendingOutcome{Outcome: r.outcome(c, d, latency), enqueuedAt: c.EnqueuedAt,
+	return 0, true
+}
+
+// released is the decision for an instruction handed back unsent.
+func released(msg string) rails.Decision {
+	return rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeReleased, Message: msg}
+}
+
+// queueOutcome hands c's outcome to the recorder.
+func (r *run) queueOutcome(c *store.Claimed, d *rails.Decision, latency time.Duration, handoffOf uint64, started time.Time) {
+	po := pendingOutcome{Outcome: r.outcome(*c, *d, latency), enqueuedAt: c.EnqueuedAt,
 		handoffOf: handoffOf, took: time.Since(started)}
 	if h := r.testHooks.outcome; h != nil {
 		h(&po.Outcome)
@@ -52,19 +75,28 @@ func (r *run) dispatch(c store.Claimed, callDeadline time.Time, handoffOf uint64
 	}
 	// Stop stopped recording before this dispatch returned (it ignored the
 	// hard deadline): the lease stands and the reaper requeues it.
+	r.leaveInFlight(c, "outcome arrived after recording stopped; left in flight for the reaper", "state", po.State)
+}
+
+// leaveInFlight gives back c's slot without an outcome: its lease stands,
+// and the reaper requeues it.
+func (r *run) leaveInFlight(c *store.Claimed, msg string, more ...any) {
 	r.slots.Release(1)
 	r.stats.leftInFlight.Add(1)
-	r.log.Warn("outcome arrived after recording stopped; left in flight for the reaper",
-		"outbox_id", c.OutboxID, "instruction_id", c.InstructionID, "participant", c.ParticipantID,
-		"attempt_no", c.AttemptNo, "state", po.State)
+	r.log.Warn(msg, append([]any{"outbox_id", c.OutboxID, "instruction_id", c.InstructionID, "participant", c.ParticipantID,
+		"attempt_no", c.AttemptNo, "lease_until", c.LeaseUntil}, more...)...)
 }
 
 // execute calls the rail, turning a panic in a rail (a transport registered
 // by the embedding program) into a retryable transport error: whether the
 // request left is unknown, so the retry carries the same idempotency key.
 // A panic must not take the relayer, and every other instruction it holds,
-// down with it.
-func (r *run) execute(c store.Claimed, ins payment.Instruction, callDeadline time.Time) (d rails.Decision) {
+// down with it. It takes pointers: every dispatch runs on a goroutine of
+// its own, whose stack grows (a copy) once the frames down to the rail's
+// transport outgrow it, and the claim and the instruction by value were
+// 900 bytes of those frames (measured: a 16-byte wider frame below this
+// one cost the drain 3 µs of processor time a message).
+func (r *run) execute(c *store.Claimed, ins *payment.Instruction, callDeadline time.Time) (d rails.Decision) {
 	defer func() {
 		if p := recover(); p != nil {
 			r.log.Error("rail panicked", "rail", c.RailType, "outbox_id", c.OutboxID, "panic", p, "stack", string(debug.Stack()))
@@ -72,7 +104,7 @@ func (r *run) execute(c store.Claimed, ins payment.Instruction, callDeadline tim
 				Message: fmt.Sprintf("rail %s panicked: %v", c.RailType, p)}
 		}
 	}()
-	return r.cfg.Rails.ExecuteWithin(r.dispatchCtx, r.slotWait, ins, callDeadline)
+	return r.cfg.Rails.ExecuteWithin(r.dispatchCtx, r.slotWait, *ins, callDeadline)
 }
 
 // payloadFailure is the decision for an instruction whose stored payload
@@ -85,7 +117,7 @@ func payloadFailure(err error) rails.Decision {
 
 // railInstruction is the rail's view of a claimed instruction, its
 // payload decoded.
-func railInstruction(c store.Claimed) (payment.Instruction, error) {
+func railInstruction(c *store.Claimed) (payment.Instruction, error) {
 	ins := payment.Instruction{
 		OutboxID: c.OutboxID, InstructionID: c.InstructionID, ParticipantID: c.ParticipantID,
 		SequenceID: c.SequenceID, IdempotencyKey: c.IdempotencyKey, RailType: c.RailType,

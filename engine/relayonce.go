@@ -43,12 +43,12 @@ func (r *Relayer) RelayOnce(ctx context.Context, db Batcher) ([]Recorded, error)
 	for _, c := range claimed {
 		var d rails.Decision
 		var latency time.Duration
-		ins, perr := railInstruction(c)
+		ins, perr := railInstruction(&c)
 		if perr != nil {
 			d = payloadFailure(perr)
 		} else {
 			start := time.Now()
-			d = ru.execute(c, ins, ru.callDeadline(claimStart, c))
+			d = ru.execute(&c, &ins, ru.callDeadline(claimStart, c))
 			latency = time.Since(start)
 		}
 		outcomes = append(outcomes, r.outcome(c, d, latency))

@@ -304,10 +304,11 @@ func (s *Set) ExecuteWithin(ctx, wait context.Context, ins payment.Instruction, 
 	if err := r.Validate(ins); err != nil {
 		return r.codes.Decide(Result{}, err)
 	}
-	if ctx.Err() != nil || wait.Err() != nil {
-		return Decision{Outcome: Retryable, ErrorCode: CodeReleased, Message: "released without calling the rail: stopped before a rail slot was free"}
-	}
-	if err := r.slots.Acquire(wait, 1); err != nil {
+	// Acquire fails on a wait that is done, even with a slot free; ctx
+	// is checked too, for a wait that does not derive from it. (One
+	// return here: each Decision literal widens this frame, and every
+	// dispatch goroutine's stack with it.)
+	if ctx.Err() != nil || r.slots.Acquire(wait, 1) != nil {
 		return Decision{Outcome: Retryable, ErrorCode: CodeReleased, Message: "released without calling the rail: stopped while waiting for a rail slot"}
 	}
 	defer r.slots.Release(1)
