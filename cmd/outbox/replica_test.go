@@ -107,7 +107,9 @@ func TestReadOnlyCommandsOnAReplica(t *testing.T) {
 	}
 	stop.Store(true)
 	wg.Wait()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	// 60 s: on a loaded machine the producers above can leave a backlog
+	// queued over 10 ordered participants.
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		var left int
 		if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox.pending) + (SELECT count(*) FROM outbox.inflight)`).Scan(&left); err != nil {
 			t.Fatal(err)
@@ -116,7 +118,16 @@ func TestReadOnlyCommandsOnAReplica(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d instructions left on the primary", left)
+			// What is left says why: retries backing off, successors
+			// waiting, or something stranded (in flight past its lease).
+			var state string
+			_ = pool.QueryRow(ctx, `SELECT format('pending: %s due, %s waiting, %s later (max attempt %s, last due %s); in flight: %s, %s past their leases',
+				count(*) FILTER (WHERE next_attempt_at <= now()), count(*) FILTER (WHERE next_attempt_at = 'infinity'),
+				count(*) FILTER (WHERE next_attempt_at > now() AND next_attempt_at <> 'infinity'), max(attempt_count),
+				max(next_attempt_at) FILTER (WHERE next_attempt_at <> 'infinity') - now(),
+				(SELECT count(*) FROM outbox.inflight), (SELECT count(*) FROM outbox.inflight WHERE lease_until < now()))
+				FROM outbox.pending`).Scan(&state)
+			t.Fatalf("%d instructions left on the primary (%s)", left, state)
 		}
 	}
 	if err := svc.Stop(ctx); err != nil {
