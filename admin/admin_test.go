@@ -537,16 +537,7 @@ func TestVerifyRunsOnTheAuditPool(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	primary, pool := testdb.OwnCluster(t)
-	standby, err := primary.StartReplica(ctx, pglocal.Options{TCP: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = standby.Stop(context.Background()) })
-	replica, err := pgxpool.New(ctx, standby.ConnString("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(replica.Close)
+	replica := startStandby(t, primary)
 	toks, err := admin.ParseTokens(strings.NewReader("auditor audra " + auditorSecret + "\n"))
 	if err != nil {
 		t.Fatal(err)
@@ -711,4 +702,21 @@ func TestOverviewReadsAreShared(t *testing.T) {
 	if n := pendingNow(); n != 2 {
 		t.Fatalf("overview past its max age: %d pending, want 2", n)
 	}
+}
+
+// startStandby starts a streaming standby of primary and returns a pool
+// of it; both end with the test.
+func startStandby(t *testing.T, primary *pglocal.Cluster) *pgxpool.Pool {
+	t.Helper()
+	standby, err := primary.StartReplica(t.Context(), pglocal.Options{TCP: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = standby.Stop(context.Background()) })
+	replica, err := pgxpool.New(t.Context(), standby.ConnString("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(replica.Close)
+	return replica
 }

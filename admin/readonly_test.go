@@ -6,11 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/ledgerline/outbox/admin"
 	"github.com/ledgerline/outbox/engine"
-	"github.com/ledgerline/outbox/internal/pglocal"
 	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
@@ -32,16 +29,7 @@ func TestReadinessOnAStandby(t *testing.T) {
 		IdempotencyKey: "k-1", RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1"}); err != nil {
 		t.Fatal(err)
 	}
-	standby, err := primary.StartReplica(ctx, pglocal.Options{TCP: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = standby.Stop(context.Background()) })
-	replica, err := pgxpool.New(ctx, standby.ConnString("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(replica.Close)
+	replica := startStandby(t, primary)
 	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})})
 	if err != nil {
 		t.Fatal(err)

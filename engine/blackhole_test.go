@@ -2,11 +2,8 @@ package engine
 
 import (
 	"context"
-	"net/url"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/internal/testdb"
@@ -28,42 +25,9 @@ import (
 // was never dispatched.
 func TestClaimLoopSurvivesBlackHoledConnections(t *testing.T) {
 	t.Parallel()
-	dbURL := testdb.URL(t)
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	direct, err := pgxpool.New(t.Context(), dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(direct.Close)
-	proxy := testdb.StartHoldingProxy(t, u.Host)
-	u.Host = proxy.Addr()
-	cfg, err := pgxpool.ParseConfig(u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 4
-	proxied, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxied.Close)
 	// Every connection the pool may hold is open (and idle) before the
-	// hole, so that the claim loop's next statements all take silent ones
-	// (a pool opens a connection only when none is idle).
-	var conns []*pgxpool.Conn
-	for range cfg.MaxConns {
-		c, err := proxied.Acquire(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns = append(conns, c)
-	}
-	for _, c := range conns {
-		c.Release()
-	}
+	// hole, so that the claim loop's next statements all take silent ones.
+	direct, proxied, proxy := testdb.NewProxied(t, 4, 4)
 
 	producer, err := pending.NewProducer(pending.Config{})
 	if err != nil {
@@ -102,8 +66,8 @@ func TestClaimLoopSurvivesBlackHoledConnections(t *testing.T) {
 	}
 	enqueue(0)
 	statsOnceDispatched(t, r, 1)
-	if n := proxied.Stat().TotalConns(); n != cfg.MaxConns {
-		t.Fatalf("the pool has %d connections, want %d", n, cfg.MaxConns)
+	if n, want := proxied.Stat().TotalConns(), proxied.Config().MaxConns; n != want {
+		t.Fatalf("the pool has %d connections, want %d", n, want)
 	}
 
 	held := proxy.HoldExisting()

@@ -292,24 +292,8 @@ func TestWriteHeldUpByALockHoldsUpOnlyItsOwnOutcomes(t *testing.T) {
 		t.Run(fmt.Sprintf("%d writers, FlushSize %d", writers, tc.flush), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, rails.SandboxOptions{})
-			enqueue := func(participant string) {
-				t.Helper()
-				if err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-					_, err := b.producer.Enqueue(b.ctx, tx, instruction(participant, 0))
-					return err
-				}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			enqueue("held")
-			lock, err := b.pool.Begin(b.ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer lock.Rollback(context.WithoutCancel(b.ctx))
-			if _, err := lock.Exec(b.ctx, `SELECT 1 FROM outbox.sequences WHERE participant_id = 'held' FOR UPDATE`); err != nil {
-				t.Fatal(err)
-			}
+			b.enqueueOne(t, "held")
+			lock := b.lockParticipant(t, "held")
 
 			cfg := b.config("writers")
 			cfg.OutcomeWriters, cfg.FlushSize = writers, tc.flush
@@ -323,7 +307,7 @@ func TestWriteHeldUpByALockHoldsUpOnlyItsOwnOutcomes(t *testing.T) {
 			})
 			held := time.Now()
 
-			enqueue("free")
+			b.enqueueOne(t, "free")
 			waitFor(t, 10*time.Second, "the free participant's instruction to be paid", func() bool {
 				return b.sandbox.Stats().Payments == 2
 			})
@@ -358,4 +342,32 @@ func TestWriteHeldUpByALockHoldsUpOnlyItsOwnOutcomes(t *testing.T) {
 			b.verify(t, true)
 		})
 	}
+}
+
+// enqueueOne enqueues participant's instruction 0 in a transaction of its
+// own.
+func (b *testBundle) enqueueOne(t *testing.T, participant string) {
+	t.Helper()
+	if err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := b.producer.Enqueue(b.ctx, tx, instruction(participant, 0))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// lockParticipant holds participant's sequence row, as a producer's open
+// transaction does, until the returned transaction ends (at the latest
+// when the test ends): an outcome write for the participant waits on it.
+func (b *testBundle) lockParticipant(t *testing.T, participant string) pgx.Tx {
+	t.Helper()
+	lock, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lock.Rollback(context.WithoutCancel(b.ctx)) })
+	if _, err := lock.Exec(b.ctx, `SELECT 1 FROM outbox.sequences WHERE participant_id = $1 FOR UPDATE`, participant); err != nil {
+		t.Fatal(err)
+	}
+	return lock
 }

@@ -402,24 +402,8 @@ func TestConfigRejectsStaleIdleRefresh(t *testing.T) {
 func TestStopBeginsWhileAWriteWaitsForALock(t *testing.T) {
 	t.Parallel()
 	b := setup(t, rails.SandboxOptions{})
-	enqueue := func(participant string) {
-		t.Helper()
-		if err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-			_, err := b.producer.Enqueue(b.ctx, tx, instruction(participant, 0))
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	enqueue("held")
-	lock, err := b.pool.Begin(b.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.Rollback(context.WithoutCancel(b.ctx))
-	if _, err := lock.Exec(b.ctx, `SELECT 1 FROM outbox.sequences WHERE participant_id = 'held' FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
+	b.enqueueOne(t, "held")
+	lock := b.lockParticipant(t, "held")
 	r := b.newRelayer(t, b.config("held-stop"))
 	r.testHooks.abandonWait = 50 * time.Millisecond
 	if err := r.Start(b.ctx); err != nil {
@@ -439,7 +423,7 @@ func TestStopBeginsWhileAWriteWaitsForALock(t *testing.T) {
 		stopped <- r.Stop(ctx)
 	}()
 	waitFor(t, 10*time.Second, "Stop to begin", func() bool { return !r.Health().Running })
-	enqueue("late")
+	b.enqueueOne(t, "late")
 	claimed := func() bool {
 		var n int
 		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE participant_id = 'late'`).Scan(&n)

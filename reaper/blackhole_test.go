@@ -2,11 +2,8 @@ package reaper
 
 import (
 	"context"
-	"net/url"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerline/outbox/internal/testdb"
 )
@@ -22,44 +19,12 @@ import (
 // statement and the zombie made after the hole was never requeued.
 func TestReaperSurvivesBlackHoledConnections(t *testing.T) {
 	t.Parallel()
-	dbURL := testdb.URL(t)
-	u, err := url.Parse(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	direct, err := pgxpool.New(t.Context(), dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(direct.Close)
-	b := setupSchema(t, direct, "")
-	proxy := testdb.StartHoldingProxy(t, u.Host)
-	u.Host = proxy.Addr()
-	cfg, err := pgxpool.ParseConfig(u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 4
-	proxied, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxied.Close)
 	// Two connections are open (and idle) before the hole, so that the
-	// reaper's next statements take silent ones (a pool opens a connection
-	// only when none is idle). The other two slots stay free: pgx takes up
-	// to 15 s to clean up a connection it dropped, holding its slot.
-	var conns []*pgxpool.Conn
-	for range 2 {
-		c, err := proxied.Acquire(t.Context())
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns = append(conns, c)
-	}
-	for _, c := range conns {
-		c.Release()
-	}
+	// reaper's next statements take silent ones. The other two slots stay
+	// free: pgx takes up to 15 s to clean up a connection it dropped,
+	// holding its slot.
+	direct, proxied, proxy := testdb.NewProxied(t, 4, 2)
+	b := setupSchema(t, direct, "")
 
 	r, err := New(proxied, Config{Interval: MinInterval, ReaperID: "reaper-hole"})
 	if err != nil {

@@ -2,9 +2,13 @@ package testdb
 
 import (
 	"bytes"
+	"context"
 	"net"
+	"net/url"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // HoldingProxy forwards TCP connections to the database and can
@@ -49,6 +53,48 @@ func StartHoldingProxy(t TB, target string) *HoldingProxy {
 	go p.accept()
 	t.Cleanup(p.close)
 	return p
+}
+
+// NewProxied makes a fresh test database (URL) and two pools of it:
+// direct, and proxied, of maxConns connections through a HoldingProxy,
+// with open of them opened and left idle, so that the next statements on
+// proxied take connections the proxy can hold (a pool opens a connection
+// only when none is idle). Both pools close when the test ends.
+func NewProxied(t TB, maxConns int32, open int) (direct, proxied *pgxpool.Pool, proxy *HoldingProxy) {
+	t.Helper()
+	ctx := context.Background()
+	dbURL := URL(t)
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	if direct, err = pgxpool.New(ctx, dbURL); err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	t.Cleanup(direct.Close)
+	proxy = StartHoldingProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	cfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	cfg.MaxConns = maxConns
+	if proxied, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	t.Cleanup(proxied.Close)
+	var conns []*pgxpool.Conn
+	for range open {
+		c, err := proxied.Acquire(ctx)
+		if err != nil {
+			t.Fatalf("testdb: %v", err)
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+	return direct, proxied, proxy
 }
 
 // CutReplyAfter arms a cut, once: on the first connection whose client
