@@ -148,6 +148,12 @@ func validateEnvelope(ins Instruction) error {
 			return err
 		}
 	}
+	// The key travels in an HTTP header too (Idempotency-Key), whose
+	// value loses its surrounding spaces on the wire: "k-1 " would reach
+	// the rail as "k-1", another instruction's key.
+	if k := ins.IdempotencyKey; k[0] == ' ' || k[len(k)-1] == ' ' {
+		return Invalid(FieldIdempotencyKey, ReasonInvalid, "%s must not begin or end with a space", FieldIdempotencyKey)
+	}
 	if m := bytes.TrimSpace(ins.Metadata); len(m) > 0 {
 		if m[0] != '{' {
 			return Invalid(FieldMetadata, ReasonInvalid, "metadata must be a JSON object")

@@ -367,6 +367,11 @@ func TestEnvelope(t *testing.T) {
 		{"blank key", func(i *payment.Instruction) { i.IdempotencyKey = "   " }, payment.FieldIdempotencyKey, payment.ReasonRequired},
 		{"control in participant", func(i *payment.Instruction) { i.ParticipantID = "acme\x00" }, payment.FieldParticipantID, payment.ReasonInvalid},
 		{"DEL in key", func(i *payment.Instruction) { i.IdempotencyKey = "k\x7f" }, payment.FieldIdempotencyKey, payment.ReasonInvalid},
+		// An HTTP rail sends the key in a header, which drops a value's
+		// surrounding spaces: "k-1 " would reach it as "k-1", another key.
+		{"trailing space in key", func(i *payment.Instruction) { i.IdempotencyKey = "k-1 " }, payment.FieldIdempotencyKey, payment.ReasonInvalid},
+		{"leading space in key", func(i *payment.Instruction) { i.IdempotencyKey = " k-1" }, payment.FieldIdempotencyKey, payment.ReasonInvalid},
+		{"inner space in key", func(i *payment.Instruction) { i.IdempotencyKey = "k 1" }, "", ""},
 		{"newline in correlation", func(i *payment.Instruction) { i.CorrelationID = "a\nb" }, payment.FieldCorrelationID, payment.ReasonInvalid},
 		{"invalid UTF-8", func(i *payment.Instruction) { i.InstructionID = "ins-\xff" }, payment.FieldInstructionID, payment.ReasonInvalid},
 		{"oversize instruction id", func(i *payment.Instruction) { i.InstructionID = strings.Repeat("i", 201) }, payment.FieldInstructionID, payment.ReasonTooLarge},

@@ -145,7 +145,10 @@ func (o WebhookOptions) LogValue() slog.Value { return slog.StringValue(o.String
 //	X-Outbox-Attempt: <attempt number, 1, 2, ...; informational, not signed>
 //	X-Outbox-Attempt-Id: <the attempt's id in the archive; informational, not signed>
 //
-// with a [WebhookRequest] as the JSON body. The body of every attempt of one
+// with a [WebhookRequest] as the JSON body. An instruction whose key would
+// not reach the receiver unchanged in the Idempotency-Key header (a
+// leading or trailing space, which HTTP drops, or a control character) is
+// refused before anything is sent, as VALIDATION_FAILED. The body of every attempt of one
 // instruction is byte-identical (the attempt's number and id are only in
 // the X-Outbox-Attempt headers), so a receiver that fingerprints the payload per
 // idempotency key sees a retry as the same request. The receiver verifies
@@ -330,6 +333,12 @@ func (w *Webhook) Send(ctx context.Context, ins payment.Instruction) (Result, er
 		// Without a key a retry could pay twice; never send such a request.
 		return Result{}, payment.Invalid(payment.FieldIdempotencyKey, payment.ReasonRequired, "the webhook rail needs an idempotency key")
 	}
+	if !headerExact(ins.IdempotencyKey) {
+		// net/http would drop the surrounding spaces (another key at the
+		// receiver) or refuse to send a control character: terminal.
+		return Result{}, payment.Invalid(payment.FieldIdempotencyKey, payment.ReasonInvalid,
+			"the idempotency key cannot travel unchanged in the %s header", HeaderIdempotencyKey)
+	}
 	// The body must not depend on anything that changes between attempts
 	// (see HeaderAttempt): NewWebhookRequest leaves AttemptNo out.
 	body, err := json.Marshal(NewWebhookRequest(ins))
@@ -432,6 +441,18 @@ func (w *Webhook) transportError(ctx context.Context, err error, wrote bool) err
 		}
 	}
 	return fmt.Errorf("webhook: %w", err)
+}
+
+// headerExact reports whether a header value reaches the receiver as
+// given: no control characters (net/http refuses them) and no leading or
+// trailing space or tab (HTTP drops them).
+func headerExact(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < 0x20 || c == 0x7f {
+			return false
+		}
+	}
+	return v == strings.Trim(v, " ")
 }
 
 // isDigits reports whether s is made of ASCII digits only (true for "":

@@ -649,7 +649,14 @@ func TestWebhookRefusesUnsendableInstructions(t *testing.T) {
 	noKey := testInstruction(t, "")
 	badMeta := testInstruction(t, "key-bad-meta")
 	badMeta.Metadata = json.RawMessage(`{"unterminated"`)
-	for name, ins := range map[string]payment.Instruction{"no key": noKey, "invalid metadata": badMeta} {
+	// net/http trims a header value's leading and trailing spaces, so
+	// "key-1 " and " key-1" would both reach the receiver as "key-1": a
+	// receiver deduplicating on the header answers the second of two
+	// payments as a replay of the first (recorded dispatched, never paid),
+	// and VerifySignature refuses each (header and body keys differ).
+	trailing, leading := testInstruction(t, "key-1 "), testInstruction(t, " key-1")
+	for name, ins := range map[string]payment.Instruction{"no key": noKey, "invalid metadata": badMeta,
+		"trailing space in key": trailing, "leading space in key": leading} {
 		res, err := w.Send(t.Context(), ins)
 		if d := w.Codes().Decide(res, err); d.Outcome != Failed || d.ErrorCode != CodeValidationFailed || d.RailCalled {
 			t.Errorf("%s: decision = %+v, want terminal VALIDATION_FAILED without calling the rail", name, d)
