@@ -12,7 +12,8 @@ import (
 )
 
 // DefaultMaxPayloadBytes is the default limit on an instruction's encoded
-// payload (payment fields plus metadata).
+// payload (payment fields plus metadata), counted as PostgreSQL writes the
+// stored jsonb back: numbers in full, jsonb's spacing.
 const DefaultMaxPayloadBytes = 64 << 10
 
 // Profile validates instructions for one kind of rail. Producers run it at

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/ledgerline/outbox/payment"
+	"github.com/ledgerline/outbox/pending"
 )
 
 // TestEnqueueUnstorableMetadataNumber guards the promise that an
@@ -89,5 +90,48 @@ func TestPayloadLimitCountsStoredNumbers(t *testing.T) {
 	tooMany.Metadata = meta(66) // 66 KB stored, 1 KB given
 	if err := b.producer.Validate(tooMany); !errors.As(err, &verr) || verr.Reason != payment.ReasonTooLarge {
 		t.Errorf("66 KB stored: Validate = %v, want %s", err, payment.ReasonTooLarge)
+	}
+}
+
+// TestPayloadLimitCountsStoredSpacing guards the payload limit against
+// jsonb's spacing: the payload is read back (by every relayer, the
+// console, exports) with a space after every ',' and ':', so a limit on
+// the compact form let 1,000 bytes of [1,1,...] be stored and read back
+// as 1,300. The largest metadata of that kind the producer accepts reads
+// back within the limit, give or take the 7 separators of the payload
+// object's own four members, which the producer still counts on the
+// compact form.
+func TestPayloadLimitCountsStoredSpacing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const limit = 1000
+	producer, err := pending.NewProducer(pending.Config{MaxPayloadBytes: limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ones := func(n int) json.RawMessage {
+		return json.RawMessage(`{"a":[` + strings.TrimSuffix(strings.Repeat("1,", n), ",") + `]}`)
+	}
+	in := payout("p1", "k-spacing")
+	n := 1
+	for ; ; n++ {
+		in.Metadata = ones(n)
+		if err := producer.Validate(in); err != nil {
+			if !errors.Is(err, payment.ErrValidation) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	in.Metadata = ones(n - 1)
+	if _, err := producer.Enqueue(b.ctx, b.pool, in); err != nil {
+		t.Fatal(err)
+	}
+	var stored int
+	if err := b.pool.QueryRow(b.ctx, `SELECT octet_length(payload::text) FROM outbox.pending`).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if stored > limit+7 {
+		t.Errorf("a payload accepted under a %d-byte limit reads back as %d bytes", limit, stored)
 	}
 }

@@ -63,3 +63,34 @@ func TestNumbersAgreeWithPostgreSQL(t *testing.T) {
 		}
 	}
 }
+
+// TestTextFormAgreesWithPostgreSQL guards the spacing StoredSize counts
+// against the real jsonb: a document is read back with one space after
+// every ',' and ':' and no other whitespace, so StoredSize is its length
+// read back, and never less where jsonb rewrites an escape shorter.
+func TestTextFormAgreesWithPostgreSQL(t *testing.T) {
+	t.Parallel()
+	pool := testdb.New(t)
+	ctx := t.Context()
+	for doc, exact := range map[string]bool{
+		`{"a":[1,2,3],"b":{}}`:                 true,
+		" [ 1 ,\n{ \"k\" :\t[ ] } ]\r\n":       true,
+		`{"s":"a , b : c","t":"\\\" , :"}`:     true,
+		`{"bb":1,"a":[true,false,null],"c":2}`: true,
+		`[[[[1e2,0e-3,-0]]]]`:                  true,
+		`{"u":"\u00e9","v":"\/"}`:              false,
+		`{"h":"\u003c&\u003e"}`:                false,
+	} {
+		size, err := StoredSize([]byte(doc))
+		if err != nil {
+			t.Fatalf("%q: %v", doc, err)
+		}
+		var stored int
+		if err := pool.QueryRow(ctx, `SELECT octet_length($1::jsonb::text)`, doc).Scan(&stored); err != nil {
+			t.Fatal(err)
+		}
+		if size < stored || exact && size != stored {
+			t.Errorf("%q: StoredSize %d, PostgreSQL writes back %d bytes", doc, size, stored)
+		}
+	}
+}

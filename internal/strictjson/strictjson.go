@@ -243,14 +243,16 @@ func CheckStorable(data []byte) error {
 }
 
 // StoredSize checks data as [CheckStorable] does and returns its length
-// once PostgreSQL's jsonb stores it: every number written out in full
-// (1e3 becomes 1000, 0e-3 0.000, -0 0), everything else as in data.
-// (jsonb's text form also normalizes whitespace; that is not counted.)
-// A size limit checked on it holds for what is stored and read back, which
-// a limit on the input's length does not: 4,000 copies of 0e-1000 are 40
-// KB of input and 4 MB of stored digits.
+// once PostgreSQL's jsonb stores it and writes it back as text: every
+// number written out in full (1e3 becomes 1000, 0e-3 0.000, -0 0), one
+// space after every ',' and ':' and no other whitespace (jsonb's text
+// form), strings as in data (jsonb writes an escape no longer than the
+// input's). A size limit checked on it holds for what is stored and read
+// back, which a limit on the input's length does not: 4,000 copies of
+// 0e-1000 are 40 KB of input and 4 MB of stored digits, and 64 KiB of a
+// compact [1,1,...] is 96 KiB read back.
 func StoredSize(data []byte) (int, error) {
-	size := len(data)
+	size := textFormLength(data)
 	dec := jsontext.NewDecoder(bytes.NewReader(data))
 	for values := 0; ; {
 		tok, err := dec.ReadToken()
@@ -286,6 +288,34 @@ func StoredSize(data []byte) (int, error) {
 			size += int(n) - len(s)
 		}
 	}
+}
+
+// textFormLength is the length of a valid JSON document with jsonb's
+// spacing, its numbers as given: the whitespace between tokens dropped,
+// one space added after every ',' and ':' outside strings.
+func textFormLength(data []byte) int {
+	n := len(data)
+	inString, escaped := false, false
+	for _, c := range data {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == ',' || c == ':':
+			n++
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			n--
+		}
+	}
+	return n
 }
 
 // storedNumber returns the length of a JSON number (valid syntax) as
