@@ -162,7 +162,8 @@ func (o WebhookOptions) LogValue() slog.Value { return slog.StringValue(o.String
 // [WebhookCodes]. The body may be JSON {"reference": "...", "message":
 // "..."} (read up to 64 KiB): on a 2xx or 409 the reference is the
 // receiver's id of the payment; the message, kept for any status so a
-// rejection says why, is sanitized and cut to 500 characters. A
+// rejection says why, is sanitized and cut to 1000 bytes (as is the
+// reference, on a character boundary). A
 // Retry-After header (seconds or HTTP-date) becomes Result.RetryAfter,
 // capped at one hour. Redirects are not followed: a payment is only ever
 // sent to the configured URL.
