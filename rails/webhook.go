@@ -181,7 +181,8 @@ func (o WebhookOptions) LogValue() slog.Value { return slog.StringValue(o.String
 //
 // A Webhook is safe for concurrent use. Its secret is held only inside a
 // signing closure, so even printing a copied Webhook value with fmt cannot
-// reveal it.
+// reveal it; and fmt, with any verb, and slog print only scheme://host[:port]
+// of its URL.
 type Webhook struct {
 	url     string // the request URL
 	safeURL string // scheme://host[:port] only, for errors and String
@@ -315,8 +316,17 @@ func redactURLString(s string) string {
 	return redactURL(u)
 }
 
-// String describes the webhook without its secret.
-func (w *Webhook) String() string { return "rails.Webhook{URL:" + w.safeURL + "}" }
+// String describes the webhook without its secret, and without its URL's
+// path and query, which may hold a token.
+func (w Webhook) String() string { return "rails.Webhook{URL:" + w.safeURL + "}" }
+
+// Format makes every fmt verb, %#v included, print [Webhook.String], for
+// a *Webhook and a copied value alike: otherwise they walk the struct and
+// print the full URL.
+func (w Webhook) Format(f fmt.State, _ rune) { io.WriteString(f, w.String()) }
+
+// LogValue implements [slog.LogValuer] with the redacted form.
+func (w Webhook) LogValue() slog.Value { return slog.StringValue(w.String()) }
 
 // Codes implements [CodeProvider].
 func (w *Webhook) Codes() CodeTable { return w.codes }

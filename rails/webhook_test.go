@@ -901,6 +901,12 @@ func TestWebhookRedactsURLPath(t *testing.T) {
 		w := hook(t, "http://"+addr)
 		send(t, w, t.Context())
 		check(t, "String", w.String())
+		// However it is printed: %#v does not call String, and a copied
+		// value has no String of its own unless the value type has one.
+		for _, verb := range []string{"%v", "%+v", "%#v", "%s", "%q", "%x"} {
+			check(t, "the webhook printed with "+verb, fmt.Sprintf(verb, w))
+			check(t, "a copy printed with "+verb, fmt.Sprintf(verb, *w))
+		}
 		check(t, "options", fmt.Sprint(WebhookOptions{URL: "http://" + addr + "/services/" + token}))
 		check(t, "options without a scheme", fmt.Sprint(WebhookOptions{URL: "hooks.example/services/" + token}))
 		if !strings.Contains(w.String(), "http://"+addr) {
