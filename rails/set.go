@@ -34,6 +34,12 @@ const (
 // grace) may expire meanwhile, and the reaper then requeues the
 // instruction while the call is still under way (its outcome is archived
 // as late). [Set.Overruns] counts such calls.
+//
+// An error that is (or wraps) a [*payment.ValidationError] says the
+// transport refused the instruction before sending anything: it is
+// recorded as terminal VALIDATION_FAILED that never reached the rail, so a
+// dead letter from it is not marked outcome unknown. A transport must not
+// return one once any of the request may have left.
 type Transport interface {
 	Send(ctx context.Context, ins payment.Instruction) (Result, error)
 }
