@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
+	"hash/maphash"
 	"os"
 	"slices"
 	"strconv"
@@ -90,13 +91,15 @@ type SandboxStats struct {
 	Hangs     int64 // no answer, not paid
 	// EffectiveDuplicates counts payments the sandbox would have made twice:
 	// an already-paid outbox id arriving under a different idempotency key,
-	// or a paid key arriving with different payment details. Must be zero.
+	// or a paid key arriving with different payment details or metadata
+	// (an event's body). Must be zero.
 	EffectiveDuplicates int64
 }
 
 type sandboxPayment struct {
 	outboxID  uuid.UUID
 	payment   payment.Payment
+	metadata  uint64 // the metadata's hash (0 without any): part of what was asked
 	reference string
 }
 
@@ -110,6 +113,7 @@ type sandboxKey struct{ tenant, key string }
 // duplicates it would have paid. Use [NewSandbox].
 type Sandbox struct {
 	opts SandboxOptions
+	seed maphash.Seed // for metadata hashes
 
 	mu       sync.Mutex
 	down     error
@@ -124,6 +128,7 @@ type Sandbox struct {
 func NewSandbox(opts SandboxOptions) *Sandbox {
 	return &Sandbox{
 		opts:     opts,
+		seed:     maphash.MakeSeed(),
 		ledger:   newSandboxLedger(opts.Remember),
 		rejected: make(map[sandboxKey]bool),
 		attempts: make(map[uuid.UUID]struct{}),
@@ -329,11 +334,15 @@ func (s *Sandbox) Pay(ins payment.Instruction, reject bool) Result {
 		p = *ins.Payment
 	}
 	outbox := ins.OutboxID
+	var meta uint64
+	if len(ins.Metadata) > 0 {
+		meta = maphash.Bytes(s.seed, ins.Metadata) | 1 // never 0, which means none
+	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if prev, ok := s.paid(key); ok {
-		if prev.payment != p || prev.outboxID != outbox {
+		if prev.payment != p || prev.outboxID != outbox || prev.metadata != meta {
 			// A rail that honours keys would refuse this; ours pays it and
 			// counts it, so a test can never miss a key collision.
 			s.stats.EffectiveDuplicates++
@@ -363,7 +372,7 @@ func (s *Sandbox) Pay(ins payment.Instruction, reject bool) Result {
 	// stack of every dispatch goroutine), which belongs to the engine there.
 	ref := "sbx_" + strconv.FormatInt(s.stats.Payments, 10)
 	s.rotate()
-	s.ledger.byKey[key] = sandboxPayment{outboxID: outbox, payment: p, reference: ref}
+	s.ledger.byKey[key] = sandboxPayment{outboxID: outbox, payment: p, metadata: meta, reference: ref}
 	if hasOutbox {
 		s.ledger.byOutbox[outbox] = key
 	}

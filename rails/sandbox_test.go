@@ -2,6 +2,7 @@ package rails_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -105,11 +106,19 @@ func TestSandboxEffectiveDuplicates(t *testing.T) {
 		// A key was reused for a different payment.
 		{"same key, new amount", func(i *payment.Instruction) { i.Payment.AmountMinor++ }},
 		{"same key, new outbox id", func(i *payment.Instruction) { i.OutboxID = uuid.NewV5(uuid.NamespaceOID, "other") }},
+		// The metadata is part of what was asked (an event's body, a
+		// payment's memo): a receiver that fingerprints payloads refuses
+		// it changed under a known key, one that does not drops it.
+		{"same key, new metadata", func(i *payment.Instruction) { i.Metadata = json.RawMessage(`{"memo": "other"}`) }},
+		{"same key, metadata added", func(i *payment.Instruction) { i.Metadata = json.RawMessage(`{"memo": "rent"}`) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			sbx := rails.NewSandbox(rails.SandboxOptions{})
 			ins := sandboxIns("r", "k1")
+			if tc.name != "same key, metadata added" {
+				ins.Metadata = json.RawMessage(`{"memo": "rent"}`)
+			}
 			sbx.Pay(ins, false)
 			again := ins
 			p := *ins.Payment
@@ -120,6 +129,26 @@ func TestSandboxEffectiveDuplicates(t *testing.T) {
 				t.Fatalf("EffectiveDuplicates = %d, want 1", n)
 			}
 		})
+	}
+}
+
+// TestSandboxReplayWithSameMetadata: a retry sends the stored metadata
+// again, byte for byte: a replay, not a duplicate.
+func TestSandboxReplayWithSameMetadata(t *testing.T) {
+	t.Parallel()
+	sbx := rails.NewSandbox(rails.SandboxOptions{})
+	for _, meta := range []string{`{"memo": "rent"}`, ""} {
+		ins := sandboxIns("r", "k-"+meta)
+		ins.Metadata = json.RawMessage(meta)
+		sbx.Pay(ins, false)
+		again := ins
+		again.Metadata = json.RawMessage(meta) // another slice, the same bytes
+		if res := sbx.Pay(again, false); res.Code != rails.SandboxDuplicate {
+			t.Fatalf("replay answered %+v", res)
+		}
+	}
+	if st := sbx.Stats(); st.EffectiveDuplicates != 0 || st.Replays != 2 {
+		t.Fatalf("stats %+v, want 2 replays and no effective duplicate", st)
 	}
 }
 
