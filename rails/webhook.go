@@ -106,7 +106,10 @@ type WebhookOptions struct {
 	// of httptest.NewTLSServer).
 	RootCAs *x509.CertPool
 	// Client, if set, is used instead of the built-in client. It must not
-	// skip TLS verification, and cannot be combined with CAFile or RootCAs.
+	// skip TLS verification (checked on its *http.Transport, or on
+	// http.DefaultTransport when it has none; a RoundTripper of another
+	// type is the caller's to vouch for), and cannot be combined with
+	// CAFile or RootCAs.
 	// Redirects are never followed whatever its CheckRedirect says.
 	Client *http.Client
 	// Codes overrides [WebhookCodes].
@@ -241,7 +244,13 @@ func webhookClient(o WebhookOptions) (*http.Client, error) {
 		if o.CAFile != "" || o.RootCAs != nil {
 			return nil, errors.New("rails: webhook Client cannot be combined with CAFile or RootCAs; configure the client's TLS roots instead")
 		}
-		if tr, ok := o.Client.Transport.(*http.Transport); ok && tr.TLSClientConfig != nil && tr.TLSClientConfig.InsecureSkipVerify {
+		rt := o.Client.Transport
+		if rt == nil {
+			// What the client sends through; a program may have set it
+			// to skip verification.
+			rt = http.DefaultTransport
+		}
+		if tr, ok := rt.(*http.Transport); ok && tr.TLSClientConfig != nil && tr.TLSClientConfig.InsecureSkipVerify {
 			return nil, errors.New("rails: webhook Client skips TLS verification; that is never allowed for a payment rail")
 		}
 		c := *o.Client // shallow copy: the caller's client stays as it was

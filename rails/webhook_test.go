@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strconv"
@@ -449,6 +450,31 @@ func TestNewWebhookRejectsUnsafeOptions(t *testing.T) {
 		if _, err := NewWebhook(WebhookOptions{URL: u, Secret: testWebhookSecret}); err != nil {
 			t.Errorf("NewWebhook(%s): %v", u, err)
 		}
+	}
+}
+
+// TestWebhookRefusesClientOnInsecureDefaultTransport: a client without a
+// Transport of its own (http.DefaultClient, &http.Client{}) sends through
+// http.DefaultTransport, which a program may have set to skip TLS
+// verification; such a client is refused like one whose own transport
+// skips it. The check needs the process-wide default changed, so it runs
+// in a child process of the test binary.
+func TestWebhookRefusesClientOnInsecureDefaultTransport(t *testing.T) {
+	t.Parallel()
+	const childEnv = "RAILS_TEST_INSECURE_DEFAULT_TRANSPORT"
+	if os.Getenv(childEnv) == "1" {
+		http.DefaultTransport.(*http.Transport).TLSClientConfig = &tls.Config{InsecureSkipVerify: true}
+		for name, c := range map[string]*http.Client{"http.DefaultClient": http.DefaultClient, "a client without a transport": {}} {
+			if _, err := NewWebhook(WebhookOptions{URL: "https://rail.example.com/pay", Secret: testWebhookSecret, Client: c}); err == nil {
+				t.Errorf("%s over an insecure http.DefaultTransport: NewWebhook succeeded", name)
+			}
+		}
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestWebhookRefusesClientOnInsecureDefaultTransport$", "-test.count=1")
+	cmd.Env = append(os.Environ(), childEnv+"=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
 	}
 }
 
