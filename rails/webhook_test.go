@@ -994,6 +994,10 @@ func TestWebhookAnswerDecodedStrictly(t *testing.T) {
 		{`{"reference":"r-1","extra":true}`, "r-1", ""},
 		{`{"reference":"r-1","reference":"r-2"}`, "", "appears more than once"},
 		{`{"REFERENCE":"r-1"}`, "", ""},
+		// Only the first 64 KiB of an answer are read: a reference past
+		// them is not (and a rail cannot make the relayer buffer more).
+		{`{"message":"` + strings.Repeat("x", webhookMaxResponseBytes) + `","reference":"r-far"}`, "", "answer body refused"},
+		{`{"reference":"r-near","message":"` + strings.Repeat("x", webhookMaxResponseBytes) + `"}`, "", "answer body refused"},
 	} {
 		w, _ := tlsWebhook(t, http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
 			rw.WriteHeader(http.StatusOK)
