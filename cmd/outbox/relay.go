@@ -130,7 +130,17 @@ func (f *relayFlags) loadRails(log *slog.Logger) (*rails.Built, error) {
 		return nil, err
 	}
 	cfg := rails.DefaultConfig()
-	if f.railsConfig != "" {
+	if f.railsConfig == "" {
+		// The default suits a trial run; in production it would claim
+		// every instruction of these types and record it delivered to
+		// this process's memory.
+		types := make([]string, len(cfg.Rails))
+		for i, r := range cfg.Rails {
+			types[i] = r.Type
+		}
+		log.Warn("no --rails-config: these rail types are dispatched to the built-in sandbox rail, in this process's memory; nothing is sent anywhere",
+			"rail_types", strings.Join(types, ","))
+	} else {
 		var err error
 		if cfg, err = rails.LoadConfig(f.railsConfig); err != nil {
 			return nil, err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"log/slog"
@@ -163,6 +164,37 @@ func TestAdminCookieSecureFlag(t *testing.T) {
 		}
 		if rf.adminCookieSecure != tt.want {
 			t.Errorf("%s: adminCookieSecure %v, want %v", tt.name, rf.adminCookieSecure, tt.want)
+		}
+	}
+}
+
+// TestRelayWithoutRailsConfigWarns: without --rails-config the relayer
+// claims the sandbox and event rail types and "pays" them into its own
+// memory, so a relayer started so by mistake next to a real fleet would
+// record real events delivered that went nowhere. It says so, loudly,
+// and names the rail types; with a file it does not.
+func TestRelayWithoutRailsConfigWarns(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "rails.json")
+	if err := os.WriteFile(file, []byte(`{"transports": {"s": {"kind": "sandbox", "sandbox": {}}}, "rails": [{"type": "ach", "profile": "generic", "transport": "s"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		warn bool
+	}{{nil, true}, {[]string{"--rails-config", file}, false}} {
+		rf, err := parseRelayFlags(nil, tc.args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var logs bytes.Buffer
+		if _, err := rf.loadRails(slog.New(slog.NewTextHandler(&logs, nil))); err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		warned := strings.Contains(logs.String(), "level=WARN") && strings.Contains(logs.String(), "no --rails-config") &&
+			strings.Contains(logs.String(), "event")
+		if warned != tc.warn {
+			t.Errorf("%v: warned %v, want %v: %s", tc.args, warned, tc.warn, logs.String())
 		}
 	}
 }
