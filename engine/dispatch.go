@@ -27,18 +27,14 @@ func (r *run) dispatch(c store.Claimed, callDeadline time.Time, handoffOf uint64
 	defer r.inFlight.Add(-1)
 
 	var d rails.Decision
-	latency, answered := r.send(&c, &d, callDeadline)
-	if !answered {
-		return
-	}
+	latency := r.send(&c, &d, callDeadline)
 	r.queueOutcome(&c, &d, latency, handoffOf, started)
 }
 
 // send decides c's outcome into d: the rail's answer, or a release or a
-// failure without calling it. It reports false for a call cut off at the
-// hard deadline without an answer: no outcome is recorded, the lease
-// stands and the reaper will requeue it.
-func (r *run) send(c *store.Claimed, d *rails.Decision, callDeadline time.Time) (time.Duration, bool) {
+// failure without calling it, or, for a call the hard deadline cut off
+// without an answer, a cut-off (cutOff).
+func (r *run) send(c *store.Claimed, d *rails.Decision, callDeadline time.Time) time.Duration {
 	ins, payloadErr := railInstruction(c)
 	switch {
 	case payloadErr != nil:
@@ -50,12 +46,28 @@ func (r *run) send(c *store.Claimed, d *rails.Decision, callDeadline time.Time) 
 		*d = r.execute(c, &ins, callDeadline)
 		latency := time.Since(start)
 		if r.dispatchCtx.Err() != nil && d.RailCalled && d.Outcome == rails.Retryable {
-			r.leaveInFlight(c, "dispatch cut off at stop deadline; left in flight for the reaper")
-			return latency, false
+			r.cutOff(c, d)
 		}
-		return latency, true
+		return latency
 	}
-	return 0, true
+	return 0
+}
+
+// cutOff turns d, the decision of a call the stop's hard deadline cut off
+// without an answer, into a CUT_OFF_AT_STOP retry (see outcome: it waits
+// until the lease ends, and counts neither as an attempt nor as a zombie).
+// The stopping relayer records it itself: left in flight, the claim would
+// be requeued by the reaper as a zombie, and a few stops during a slow
+// rail would make a ZOMBIE_LIMIT dead letter of it although no relayer
+// died. If recording fails (the database is gone too), the claim stays in
+// flight for the reaper, as before.
+func (r *run) cutOff(c *store.Claimed, d *rails.Decision) {
+	r.log.Warn("rail call cut off at stop deadline; recorded as outcome unknown, retried after its lease", "outbox_id", c.OutboxID,
+		"instruction_id", c.InstructionID, "participant", c.ParticipantID, "attempt_no", c.AttemptNo, "lease_until", c.LeaseUntil,
+		"error_code", d.ErrorCode, "err", d.Message)
+	*d = rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeCutOffAtStop, RailCalled: true,
+		Message: fmt.Sprintf("rail call cut off by the relayer's stop deadline (%s: %s): outcome unknown; not retried before its lease ends",
+			d.ErrorCode, d.Message)}
 }
 
 // released is the decision for an instruction handed back unsent.

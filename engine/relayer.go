@@ -42,7 +42,7 @@ type Stats struct {
 	Dead             int64 // FAILED outcomes (dead letters)
 	Released         int64 // handed back without calling the rail
 	Late             int64 // outcomes recorded after the lease was reaped
-	LeftInFlight     int64 // cut off at stop, or unrecordable: left for the reaper
+	LeftInFlight     int64 // unrecordable, or not recorded by the end of a stop: left for the reaper
 	Notifications    int64 // wakeups by NOTIFY
 	Polls            int64 // wakeups by the fallback poll timer
 	HotPolls         int64 // wakeups by a hot poll (shortly after a claim found work)
@@ -211,11 +211,15 @@ func (r *Relayer) preflight(ctx context.Context) error {
 
 // Stop stops gracefully: no more claims; instructions claimed but not yet
 // sent are handed back; dispatches in progress may finish until ctx is done
-// (the hard deadline); outcomes are flushed; the listener closes. A dispatch
-// still running at the deadline is abandoned without an outcome: its
-// in-flight row stays leased and the reaper requeues it after the lease, and
-// the rail sees the same idempotency key again. Stop returns
-// context.DeadlineExceeded if that happened.
+// (the hard deadline); outcomes are flushed; the listener closes. A rail
+// call still running at the deadline is cancelled and recorded as a
+// retryable CUT_OFF_AT_STOP attempt, outcome unknown: back to pending with
+// the same idempotency key, not claimed again before its lease ends (the
+// rail may still be acting), counted neither against the retry budget nor
+// as a zombie. A dispatch that ignores the cancellation and returns after
+// the flush is abandoned without an outcome: its in-flight row stays
+// leased and the reaper requeues it after the lease. Stop returns
+// context.DeadlineExceeded if the deadline cut anything off.
 //
 // Recording gets up to [StopRecordTimeout] after the dispatches ended; if
 // the database cannot be reached by then, the unrecorded outcomes are

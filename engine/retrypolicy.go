@@ -16,10 +16,12 @@ import (
 // spent. How the budget is kept in the tables is the store's (budget.go).
 
 // countsAgainstBudget: an attempt that never reached the rail for reasons of
-// ours (open breaker, released, rail not loaded) does not use up retries.
+// ours (open breaker, released, rail not loaded), or whose call our own
+// stop cut off, does not use up retries: a few rolling restarts during a
+// slow rail must not make a dead letter.
 func countsAgainstBudget(code rails.ErrorCode) bool {
 	switch code {
-	case rails.CodeCircuitOpen, rails.CodeReleased, rails.CodeRailNotConfigured:
+	case rails.CodeCircuitOpen, rails.CodeReleased, rails.CodeRailNotConfigured, rails.CodeCutOffAtStop:
 		return false
 	}
 	return true
@@ -31,7 +33,8 @@ func countsAgainstBudget(code rails.ErrorCode) bool {
 // LatencyMS, whole milliseconds and 0 for a call under 1 ms, is the
 // call's duration only when this is true.
 func (r Recorded) RailCalled() bool {
-	return countsAgainstBudget(rails.ErrorCode(r.ErrorCode)) && r.ErrorCode != string(rails.CodeValidationFailed)
+	code := rails.ErrorCode(r.ErrorCode)
+	return code == rails.CodeCutOffAtStop || countsAgainstBudget(code) && code != rails.CodeValidationFailed
 }
 
 // outcomeUnknown: the request may have reached the rail and been acted on,
@@ -43,7 +46,8 @@ func (r Recorded) RailCalled() bool {
 // here unless it proves the rail did nothing.
 func outcomeUnknown(code rails.ErrorCode) bool {
 	switch code {
-	case rails.CodeRailTimeout, rails.CodeRailTransport, rails.CodeRailUpstreamError, rails.CodeUnknownRailCode:
+	case rails.CodeRailTimeout, rails.CodeRailTransport, rails.CodeRailUpstreamError, rails.CodeUnknownRailCode,
+		rails.CodeCutOffAtStop:
 		return true
 	}
 	return false
@@ -82,6 +86,8 @@ func (r *Relayer) outcome(c store.Claimed, d rails.Decision, latency time.Durati
 			r.rndMu.Unlock()
 		case d.ErrorCode == rails.CodeReleased:
 			o.RetryDelay = 0
+		case d.ErrorCode == rails.CodeCutOffAtStop:
+			o.RetryDelay = cutOffDelay(c, latency)
 		default:
 			o.RetryDelay = time.Second
 		}
@@ -90,6 +96,18 @@ func (r *Relayer) outcome(c store.Claimed, d rails.Decision, latency time.Durati
 		}
 	}
 	return o
+}
+
+// cutOffDelay is how long an instruction whose call a stop cut off waits
+// in pending: until the cut-off claim's lease has ended, the time the rail
+// may still act on that call, as the reaper would have waited. The lease's
+// length is the database's (lease_until - claimed_at), and the call's
+// latency stands for the time since the claim: the call began after the
+// claim's transaction and the outcome's write begins after the call, so by
+// the database's clock the write's now() + this delay is never before
+// lease_until.
+func cutOffDelay(c store.Claimed, latency time.Duration) time.Duration {
+	return max(c.LeaseUntil.Sub(c.ClaimedAt)-latency, 0)
 }
 
 // sanitize makes an error message storable: secrets stripped, text

@@ -26,6 +26,7 @@ func TestRecordedRailCalled(t *testing.T) {
 		{rails.CodeReleased, false},
 		{rails.CodeRailNotConfigured, false},
 		{rails.CodeValidationFailed, false},
+		{rails.CodeCutOffAtStop, true},
 	} {
 		r := Recorded{Outcome: store.Outcome{ErrorCode: string(tt.code)}}
 		if got := r.RailCalled(); got != tt.called {

@@ -385,9 +385,10 @@ func checkAnswerable(kind, code string) error {
 }
 
 // railAnswerErrors are the error codes a rail's answer may map to. The
-// others belong to the relayer (RELEASED, CIRCUIT_OPEN and
-// RAIL_NOT_CONFIGURED do not use up the retry budget, so a rail code mapped
-// to one would be retried forever) or to validation before the call.
+// others belong to the relayer (RELEASED, CIRCUIT_OPEN, RAIL_NOT_CONFIGURED
+// and CUT_OFF_AT_STOP do not use up the retry budget, so a rail code
+// mapped to one would be retried forever) or to validation before the
+// call.
 var railAnswerErrors = []ErrorCode{CodeRailRejected, CodeRailUnavailable, CodeRailTimeout, CodeRailTransport, CodeRailUpstreamError, CodeRateLimited}
 
 func checkCodeRule(code string, rule CodeRule) error {

@@ -53,6 +53,14 @@ const (
 	// relayer is stopping, or the lease would end before the rail's
 	// timeout). Does not use up the retry budget.
 	CodeReleased ErrorCode = "RELEASED"
+	// CodeCutOffAtStop: a rail call in progress was cancelled by the
+	// stopping relayer's hard deadline (Stop's context). The rail may have
+	// acted (outcome unknown): the retry carries the same idempotency key,
+	// and waits until the cut-off claim's lease has ended, as long as the
+	// rail may still be acting on the call. A graceful stop is no fault of
+	// the instruction: it uses up neither the retry budget nor the
+	// reaper's zombie limit.
+	CodeCutOffAtStop ErrorCode = "CUT_OFF_AT_STOP"
 )
 
 // ErrUnavailable is returned (wrapped) by transports when the rail could not

@@ -190,8 +190,9 @@ func (s *Service) Stop(ctx context.Context) error { return s.lc.Stop(ctx) }
 
 // Run starts the service, runs until ctx is cancelled, then stops it with
 // the relayer's StopTimeout (default [engine.DefaultStopTimeout]) as the
-// hard deadline. A dispatch cut off at that deadline is not an error (it
-// stays leased for the reaper); a reaper that did not stop in time is.
+// hard deadline. A dispatch cut off at that deadline is not an error (the
+// relayer records it as a CUT_OFF_AT_STOP retry, or leaves it leased for
+// the reaper); a reaper that did not stop in time is.
 func (s *Service) Run(ctx context.Context) error {
 	if err := s.Start(ctx); err != nil {
 		return err

@@ -1,0 +1,114 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ledgerline/outbox/payment"
+	"github.com/ledgerline/outbox/rails"
+)
+
+// TestStopCutOffIsNotAZombie: a rail slower than the stop deadline, and
+// four rolling restarts in a row, each stopping the relayer while the
+// call is in progress. Before, each stop left the claim in flight, the
+// reaper requeued it as a zombie, and the fourth stop made it a
+// ZOMBIE_LIMIT dead letter although no relayer died. Now the stopping
+// relayer records each cut-off call itself: a RETRYABLE attempt with
+// error code CUT_OFF_AT_STOP that uses up neither the retry budget nor
+// the zombie limit, and that is claimed again only after the cut-off
+// claim's lease (the rail may still be acting on it).
+func TestStopCutOffIsNotAZombie(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	called := make(chan struct{}, 8)
+	answer := make(chan struct{})
+	b.useTransport(t, funcTransport(func(ctx context.Context, ins payment.Instruction) (rails.Result, error) {
+		called <- struct{}{}
+		select {
+		case <-answer:
+			return rails.Result{Code: rails.SandboxAccepted, Reference: "ref-" + ins.IdempotencyKey}, nil
+		case <-ctx.Done():
+			return rails.Result{}, ctx.Err()
+		}
+	}), time.Second)
+	b.enqueue(t, 1, 1)
+
+	const rounds = 4                      // the reaper's zombie limit (3) plus one
+	const lease = 1600 * time.Millisecond // the rail's timeout and the grace
+	for round := range rounds {
+		cfg := b.config("deploy")
+		cfg.LeaseGrace = lease - time.Second
+		r := b.newRelayer(t, cfg)
+		if err := r.Start(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-called:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("round %d: the rail was never called", round)
+		}
+		ctx, cancel := context.WithTimeout(b.ctx, 50*time.Millisecond)
+		err := r.Stop(ctx)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("round %d: Stop: %v, want the deadline exceeded", round, err)
+		}
+		// Back in pending, with the reaper's help if needed (zombie limit 3).
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if _, err := r.store.Reap(b.ctx, b.pool, 100, "test-reaper", 3); err != nil {
+				t.Fatal(err)
+			}
+			var pendingRows, dead int
+			if err := b.pool.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM outbox.pending), (SELECT count(*) FROM outbox.dead_letters)`).Scan(&pendingRows, &dead); err != nil {
+				t.Fatal(err)
+			}
+			if dead > 0 {
+				t.Fatalf("round %d: the instruction became a dead letter after graceful stops", round)
+			}
+			if pendingRows == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: the instruction did not go back to pending", round)
+			}
+		}
+	}
+
+	var zombies, cutOffs, zombieCount, attemptNo int
+	if err := b.pool.QueryRow(b.ctx, `
+		SELECT (SELECT count(*) FROM outbox.attempts WHERE state = 'ZOMBIE_REQUEUE'),
+		       (SELECT count(*) FROM outbox.attempts WHERE state = 'RETRYABLE' AND error_code = 'CUT_OFF_AT_STOP'),
+		       (SELECT zombie_count FROM outbox.pending), (SELECT attempt_count FROM outbox.pending)`).Scan(
+		&zombies, &cutOffs, &zombieCount, &attemptNo); err != nil {
+		t.Fatal(err)
+	}
+	if zombies != 0 || cutOffs != rounds || zombieCount != 0 || attemptNo != 0 {
+		t.Fatalf("%d ZOMBIE_REQUEUE and %d CUT_OFF_AT_STOP rows, zombie count %d, attempt count %d: want 0, %d, 0, 0",
+			zombies, cutOffs, zombieCount, attemptNo, rounds)
+	}
+	// No claim began before the lease of the claim cut off before it ended
+	// (the database's clock on both sides).
+	var early int
+	if err := b.pool.QueryRow(b.ctx, `
+		SELECT count(*) FROM (
+		  SELECT claimed_at - lag(claimed_at) OVER (ORDER BY claimed_at) AS gap
+		  FROM outbox.attempts WHERE state = 'DISPATCHING') g
+		WHERE gap < $1::bigint * interval '1 millisecond'`, lease.Milliseconds()).Scan(&early); err != nil {
+		t.Fatal(err)
+	}
+	if early != 0 {
+		t.Fatalf("%d claims began before the lease of the claim cut off before them ended", early)
+	}
+
+	// The rail answers now: the instruction is paid once, and the trail
+	// verifies.
+	close(answer)
+	r := b.start(t, b.config("after-deploy"))
+	b.waitDrained(t, 30*time.Second)
+	statsOnceDispatched(t, r, 1)
+	if rep := b.verify(t, true); rep.Dispatched != 1 || rep.DeadLetters != 0 {
+		t.Fatalf("report %+v, want one dispatched", rep)
+	}
+}
