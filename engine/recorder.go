@@ -409,6 +409,12 @@ func (rc *recorder) flush(w *retry.Loop, batch []pendingOutcome) {
 // way the batch's slots go back, less those that carry handed-off
 // instructions.
 //
+// A write that may have handed off and failed without the server's answer
+// may have committed: it is sent again without a hand-off, and once it
+// succeeds, what the lost write handed off (if it committed) is found and
+// recorded as RELEASED (lostHandoffs), a look made only after such a
+// failure.
+//
 // A batch the database refuses for its content (a data or constraint
 // error: retrying the same statement cannot succeed) is split until the
 // offending outcome is alone, so one bad outcome cannot block the others.
@@ -428,6 +434,10 @@ func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed b
 		}
 	}
 	handoff := true
+	// lost is set once a write that may have handed off failed without the
+	// server's answer (see replyLost): it may have committed, its hand-offs
+	// this relayer's without its knowing.
+	lost := false
 	for {
 		ctx, cancel := context.WithTimeout(rc.ctx, r.roundTripDeadline())
 		recorded, handed, err := rc.record(ctx, outcomes, terminal, handoff)
@@ -439,9 +449,16 @@ func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed b
 			if err != nil {
 				r.log.Warn("outcomes recorded, but a late completion could not withdraw its requeued copy", "err", err)
 			}
-			freed := len(batch) - handed
+			var orphans []pendingOutcome
+			if lost {
+				orphans = rc.lostHandoffs(w, outcomes[0])
+			}
+			// The orphans take slots of this batch's terminal outcomes, as
+			// hand-offs do; recording their release gives them back.
+			freed := len(batch) - handed - len(orphans)
 			r.slots.Release(int64(freed))
 			rc.afterFlush(batch, recorded, freed)
+			rc.flush(w, orphans)
 			return
 		}
 		if errors.Is(err, store.ErrOrderingConflict) && handoff {
@@ -455,11 +472,64 @@ func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed b
 			rc.unrecordable(w, batch, scrubbed, code, err)
 			return
 		}
+		if handoff && terminal > 0 && replyLost(err) {
+			// The write may have committed, its reply lost. Send it again
+			// without a hand-off: the outcomes are archived once whatever
+			// happened (Record is idempotent), and if they were archived
+			// by the lost write, what is in flight from that transaction
+			// is its hand-offs, which lostHandoffs hands back.
+			handoff, lost = false, true
+		}
 		if rc.ctx.Err() != nil {
 			r.slots.Release(int64(len(batch)))
 			r.stats.leftInFlight.Add(int64(len(batch)))
 			r.log.Error("gave up recording outcomes at stop; the reaper will requeue them", "count", len(batch), "err", err)
 			return
+		}
+		select {
+		case <-time.After(w.Failed(err)):
+		case <-rc.ctx.Done():
+		}
+	}
+}
+
+// replyLost reports whether err leaves a write's commit unknown: an error
+// the server did not send (a broken connection, a deadline), after which
+// the write may have committed. A server's error means that the write's
+// implicit transaction rolled back.
+func replyLost(err error) bool {
+	var pgErr *pgconn.PgError
+	return !errors.As(err, &pgErr)
+}
+
+// lostHandoffs finds what the hand-off of a write whose reply was lost
+// claimed for this relayer (store.LostHandoffs; o is an outcome of that
+// write, recorded again since without a hand-off) and returns RELEASED
+// outcomes for them, to be recorded: the rail was never called, and they
+// go back to pending due at once, without an attempt or a zombie counted.
+// Left in flight, they waited for their leases and the reaper. If the
+// database cannot be asked before Stop abandons recording, they stay in
+// flight for the reaper, as before.
+func (rc *recorder) lostHandoffs(w *retry.Loop, o store.Outcome) []pendingOutcome {
+	r := rc.r
+	for {
+		ctx, cancel := context.WithTimeout(rc.ctx, r.roundTripDeadline())
+		claimed, err := r.store.LostHandoffs(ctx, r.pool, r.cfg.RelayerID, o.AttemptID, o.ClaimedAt)
+		cancel()
+		if err == nil {
+			w.Succeeded()
+			orphans := make([]pendingOutcome, len(claimed))
+			for i, c := range claimed {
+				r.log.Warn("handed off by an outcome write whose commit reply was lost; handing it back", "outbox_id", c.OutboxID,
+					"instruction_id", c.InstructionID, "participant", c.ParticipantID, "attempt_no", c.AttemptNo)
+				orphans[i] = pendingOutcome{Outcome: r.outcome(c, released("released without calling the rail: handed off by an outcome write whose commit reply was lost"), 0),
+					enqueuedAt: c.EnqueuedAt}
+			}
+			return orphans
+		}
+		if rc.ctx.Err() != nil {
+			r.log.Error("could not look for the hand-offs of a write whose reply was lost; any stay in flight for the reaper", "err", err)
+			return nil
 		}
 		select {
 		case <-time.After(w.Failed(err)):

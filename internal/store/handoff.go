@@ -1,6 +1,13 @@
 package store
 
-import "time"
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
 
 // HandoffParams let the transaction that records outcomes claim work for
 // the dispatch slots its terminal outcomes free, for the relayer to
@@ -150,3 +157,44 @@ WITH freed AS (
   WHERE p.ctid = ANY (ARRAY(SELECT row FROM waiting WHERE row NOT IN (SELECT row FROM successors)))
 ),` + tail
 }
+
+// LostHandoffs returns the claims, still in flight, that the hand-off of
+// an outcome write made for relayerID when that write committed but its
+// reply was lost (the connection broke after the commit): the relayer
+// never learned of them, so nothing dispatches them, and until this they
+// waited for their leases to end and for the reaper, which counted each a
+// zombie. outcomeID is the attempt id of one outcome of that write and
+// claimedAt its claim's time (which bounds the archive's partitions).
+//
+// The caller must have recorded the outcomes again without a hand-off
+// (HandoffParams.Limit 0) before it asks: then the transaction that
+// archived outcomeID is the lost write if it committed, and any other
+// made no hand-off. A transaction's rows share its id (xmin), and neither
+// archive nor in-flight rows are ever updated, so the in-flight rows of
+// relayerID with the xmin of outcomeID's archive row are exactly that
+// write's hand-offs. None is returned if the outcome is not in an
+// attached partition (a month detached in between): those stay for the
+// reaper. Only a relayer recovering from a lost reply calls it; a read of
+// the in-flight table, which holds what is in flight.
+func (s *Store) LostHandoffs(ctx context.Context, db Querier, relayerID string, outcomeID uuid.UUID, claimedAt time.Time) ([]Claimed, error) {
+	rows, err := db.Query(ctx, s.sql.lostHandoffs, relayerID, pgtype.UUID{Bytes: outcomeID, Valid: true}, claimedAt)
+	if err != nil {
+		return nil, fmt.Errorf("lost hand-offs: %w", err)
+	}
+	claimed, err := collectClaimed(rows)
+	if err != nil {
+		return nil, fmt.Errorf("lost hand-offs: %w", err)
+	}
+	return claimed, nil
+}
+
+// lostHandoffsSQL: see LostHandoffs. $1 relayer id, $2 the outcome's
+// attempt id, $3 its claim's time. Same columns as claimTailSQL.
+const lostHandoffsSQL = `
+SELECT i.outbox_id, i.attempt_id, i.attempt_no, i.instruction_id, i.participant_id, i.sequence_id, i.idempotency_key,
+       i.rail_type, i.tenant_id, i.correlation_id, i.payload, i.claimed_at, i.lease_until, i.created_at
+FROM {schema}.inflight i
+WHERE i.relayer_id = $1
+  AND i.xmin = (SELECT a.xmin FROM {schema}.attempts a
+                WHERE a.attempt_id = $2 AND a.created_at >= $3::timestamptz - interval '1 day' LIMIT 1)
+ORDER BY i.claimed_at, i.participant_id, i.sequence_id`

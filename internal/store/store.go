@@ -94,7 +94,7 @@ type statements struct {
 	handoffSuccessors, recordLate                    string
 	handoffFenced, handoffFencedSuccessors           string
 	record, recordDispatched, withdraw, settlePoison string
-	lockParticipants                                 string
+	lockParticipants, lostHandoffs                   string
 	reap, reapLock                                   string
 	replay, acknowledge, cancel                      string
 	trailByOutbox, trailByInstruction                string
@@ -140,6 +140,7 @@ func renderStatements(schema string) statements {
 		withdraw:                q(withdrawSQL),
 		settlePoison:            q(settlePoisonSQL),
 		lockParticipants:        q(lockParticipantsSQL),
+		lostHandoffs:            q(lostHandoffsSQL),
 		reap:                    q(reapSQL),
 		reapLock:                q(reapLockSQL),
 		replay:                  q(replaySQL),
