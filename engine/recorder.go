@@ -440,7 +440,7 @@ func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed b
 	lost := false
 	for {
 		ctx, cancel := context.WithTimeout(rc.ctx, r.roundTripDeadline())
-		recorded, handed, err := rc.record(ctx, outcomes, terminal, handoff)
+		recorded, handed, unsent, err := rc.record(ctx, outcomes, terminal, handoff)
 		cancel()
 		if recorded != nil {
 			w.Succeeded()
@@ -449,9 +449,10 @@ func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed b
 			if err != nil {
 				r.log.Warn("outcomes recorded, but a late completion could not withdraw its requeued copy", "err", err)
 			}
-			var orphans []pendingOutcome
+			orphans := rc.handBack(unsent, "released without calling the rail: handed off by an outcome write that ended after its relayer began to stop")
 			if lost {
-				orphans = rc.lostHandoffs(w, outcomes[0])
+				orphans = append(orphans, rc.handBack(rc.lostHandoffs(w, outcomes[0]),
+					"released without calling the rail: handed off by an outcome write whose commit reply was lost")...)
 			}
 			// The orphans take slots of this batch's terminal outcomes, as
 			// hand-offs do; recording their release gives them back.
@@ -502,15 +503,28 @@ func replyLost(err error) bool {
 	return !errors.As(err, &pgErr)
 }
 
+// handBack returns RELEASED outcomes, to be recorded by the write at hand,
+// for claims this relayer will not dispatch: the rail was never called,
+// and they go back to pending due at once, without an attempt or a zombie
+// counted. Left in flight, they would wait for their leases and the
+// reaper.
+func (rc *recorder) handBack(claimed []store.Claimed, why string) []pendingOutcome {
+	r := rc.r
+	orphans := make([]pendingOutcome, len(claimed))
+	for i, c := range claimed {
+		r.log.Warn("handing back a hand-off unsent", "outbox_id", c.OutboxID, "instruction_id", c.InstructionID,
+			"participant", c.ParticipantID, "attempt_no", c.AttemptNo, "why", why)
+		orphans[i] = pendingOutcome{Outcome: r.outcome(c, released(why), 0), enqueuedAt: c.EnqueuedAt}
+	}
+	return orphans
+}
+
 // lostHandoffs finds what the hand-off of a write whose reply was lost
 // claimed for this relayer (store.LostHandoffs; o is an outcome of that
-// write, recorded again since without a hand-off) and returns RELEASED
-// outcomes for them, to be recorded: the rail was never called, and they
-// go back to pending due at once, without an attempt or a zombie counted.
-// Left in flight, they waited for their leases and the reaper. If the
+// write, recorded again since without a hand-off), for handBack. If the
 // database cannot be asked before Stop abandons recording, they stay in
 // flight for the reaper, as before.
-func (rc *recorder) lostHandoffs(w *retry.Loop, o store.Outcome) []pendingOutcome {
+func (rc *recorder) lostHandoffs(w *retry.Loop, o store.Outcome) []store.Claimed {
 	r := rc.r
 	for {
 		ctx, cancel := context.WithTimeout(rc.ctx, r.roundTripDeadline())
@@ -518,14 +532,7 @@ func (rc *recorder) lostHandoffs(w *retry.Loop, o store.Outcome) []pendingOutcom
 		cancel()
 		if err == nil {
 			w.Succeeded()
-			orphans := make([]pendingOutcome, len(claimed))
-			for i, c := range claimed {
-				r.log.Warn("handed off by an outcome write whose commit reply was lost; handing it back", "outbox_id", c.OutboxID,
-					"instruction_id", c.InstructionID, "participant", c.ParticipantID, "attempt_no", c.AttemptNo)
-				orphans[i] = pendingOutcome{Outcome: r.outcome(c, released("released without calling the rail: handed off by an outcome write whose commit reply was lost"), 0),
-					enqueuedAt: c.EnqueuedAt}
-			}
-			return orphans
+			return claimed
 		}
 		if rc.ctx.Err() != nil {
 			r.log.Error("could not look for the hand-offs of a write whose reply was lost; any stay in flight for the reaper", "err", err)
@@ -543,8 +550,12 @@ func (rc *recorder) lostHandoffs(w *retry.Loop, o store.Outcome) []pendingOutcom
 // work, which the same transaction claims (hand-off: their participants'
 // next instructions first, then, while draining a backlog, any due ones;
 // rails with a closed breaker only) and which record starts dispatching at
-// once. It returns how many were handed off.
-func (rc *recorder) record(ctx context.Context, outcomes []store.Outcome, terminal int, handoff bool) ([]store.Recorded, int, error) {
+// once. It returns how many were handed off and dispatched, and the
+// hand-offs of a write that ended after Stop began (unsent), which the
+// caller records as released: dispatched, they would only be handed back,
+// by an outcome that may come after recording stopped (the write waited
+// for a lock past Stop's deadline) and so be left for the reaper.
+func (rc *recorder) record(ctx context.Context, outcomes []store.Outcome, terminal int, handoff bool) (recorded []store.Recorded, dispatched int, unsent []store.Claimed, err error) {
 	r := rc.r
 	h := store.HandoffParams{RelayerID: r.cfg.RelayerID}
 	// Stop closes stopping under handoffMu's write lock: a write that may
@@ -564,7 +575,7 @@ func (rc *recorder) record(ctx context.Context, outcomes []store.Outcome, termin
 	claimStart := time.Now()
 	recorded, handed, err := r.store.Record(ctx, r.pool, outcomes, h)
 	if recorded == nil {
-		return nil, 0, err
+		return nil, 0, nil, err
 	}
 	took := time.Since(claimStart)
 	r.stats.outcomeWrites.Add(1)
@@ -577,9 +588,12 @@ func (rc *recorder) record(ctx context.Context, outcomes []store.Outcome, termin
 	rc.handoffMu.Unlock()
 	if len(handed) > 0 {
 		r.stats.handoffs.Add(int64(len(handed)))
+		if r.isStopping() {
+			return recorded, 0, handed, err
+		}
 		r.startDispatches(handed, claimStart, write)
 	}
-	return recorded, len(handed), err
+	return recorded, len(handed), nil, err
 }
 
 // unrecordable handles a batch the database refused for its content.

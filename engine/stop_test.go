@@ -112,3 +112,69 @@ func TestStopCutOffIsNotAZombie(t *testing.T) {
 		t.Fatalf("report %+v, want one dispatched", rep)
 	}
 }
+
+// TestHandoffOfAWriteHeldAcrossStopIsHandedBack: an outcome write that
+// began before Stop, and may hand off, waits for a participant's lock (a
+// producer's open transaction) past Stop's deadline, and commits once
+// recording has begun to stop, its hand-off having claimed the
+// participant's next instruction. Before, that claim was dispatched,
+// handed back unsent (the relayer is stopping), and its RELEASED outcome
+// refused (recording had stopped): it sat in flight until its lease ended
+// and the reaper counted it a zombie. Now the write records the release
+// itself.
+func TestHandoffOfAWriteHeldAcrossStopIsHandedBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	for i := range 2 {
+		if _, err := b.producer.Enqueue(b.ctx, b.pool, instruction("held", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lock := b.lockParticipant(t, "held")
+	r := b.newRelayer(t, b.config("held-handoff"))
+	r.testHooks.abandonWait = 50 * time.Millisecond
+	if err := r.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the held participant's outcome write to wait for its lock", func() bool {
+		var waiting bool
+		err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting)
+		return err == nil && waiting && b.sandbox.Stats().Payments == 1
+	})
+
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		stopped <- r.Stop(ctx)
+	}()
+	rec := r.current.Load().rec
+	waitFor(t, 10*time.Second, "recording to stop", func() bool {
+		select {
+		case <-rec.quit:
+			return true
+		default:
+			return false
+		}
+	})
+	if err := lock.Rollback(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-stopped:
+		t.Logf("Stop: %v", err)
+	case <-time.After(StopRecordTimeout + 15*time.Second):
+		t.Fatal("Stop did not return")
+	}
+
+	var inFlight, released int
+	if err := b.pool.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM outbox.inflight),
+		(SELECT count(*) FROM outbox.attempts WHERE error_code = 'RELEASED' AND instruction_id = 'held-1')`).Scan(&inFlight, &released); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Stats(); inFlight != 0 || released != 1 || st.Dispatched != 1 || st.LeftInFlight != 0 {
+		t.Fatalf("%d in flight, %d RELEASED, stats %+v: want the hand-off handed back, nothing left for the reaper", inFlight, released, st)
+	}
+	b.verify(t, true)
+}
