@@ -440,7 +440,7 @@ func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed b
 	lost := false
 	for {
 		ctx, cancel := context.WithTimeout(rc.ctx, r.roundTripDeadline())
-		recorded, handed, unsent, err := rc.record(ctx, outcomes, terminal, handoff)
+		recorded, handed, orphans, err := rc.record(ctx, outcomes, terminal, handoff)
 		cancel()
 		if recorded != nil {
 			w.Succeeded()
@@ -449,10 +449,8 @@ func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed b
 			if err != nil {
 				r.log.Warn("outcomes recorded, but a late completion could not withdraw its requeued copy", "err", err)
 			}
-			orphans := rc.handBack(unsent, "released without calling the rail: handed off by an outcome write that ended after its relayer began to stop")
 			if lost {
-				orphans = append(orphans, rc.handBack(rc.lostHandoffs(w, outcomes[0]),
-					"released without calling the rail: handed off by an outcome write whose commit reply was lost")...)
+				orphans = append(orphans, rc.lostHandoffs(w, &outcomes[0])...)
 			}
 			// The orphans take slots of this batch's terminal outcomes, as
 			// hand-offs do; recording their release gives them back.
@@ -498,6 +496,8 @@ func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed b
 // the server did not send (a broken connection, a deadline), after which
 // the write may have committed. A server's error means that the write's
 // implicit transaction rolled back.
+//
+//go:noinline
 func replyLost(err error) bool {
 	var pgErr *pgconn.PgError
 	return !errors.As(err, &pgErr)
@@ -507,7 +507,10 @@ func replyLost(err error) bool {
 // for claims this relayer will not dispatch: the rail was never called,
 // and they go back to pending due at once, without an attempt or a zombie
 // counted. Left in flight, they would wait for their leases and the
-// reaper.
+// reaper. A cold path, kept out of the frames of record and flushChunk,
+// on every write's goroutine.
+//
+//go:noinline
 func (rc *recorder) handBack(claimed []store.Claimed, why string) []pendingOutcome {
 	r := rc.r
 	orphans := make([]pendingOutcome, len(claimed))
@@ -521,10 +524,12 @@ func (rc *recorder) handBack(claimed []store.Claimed, why string) []pendingOutco
 
 // lostHandoffs finds what the hand-off of a write whose reply was lost
 // claimed for this relayer (store.LostHandoffs; o is an outcome of that
-// write, recorded again since without a hand-off), for handBack. If the
-// database cannot be asked before Stop abandons recording, they stay in
-// flight for the reaper, as before.
-func (rc *recorder) lostHandoffs(w *retry.Loop, o store.Outcome) []store.Claimed {
+// write, recorded again since without a hand-off) and returns their
+// RELEASED outcomes (handBack). If the database cannot be asked before
+// Stop abandons recording, they stay in flight for the reaper, as before.
+//
+//go:noinline
+func (rc *recorder) lostHandoffs(w *retry.Loop, o *store.Outcome) []pendingOutcome {
 	r := rc.r
 	for {
 		ctx, cancel := context.WithTimeout(rc.ctx, r.roundTripDeadline())
@@ -532,7 +537,7 @@ func (rc *recorder) lostHandoffs(w *retry.Loop, o store.Outcome) []store.Claimed
 		cancel()
 		if err == nil {
 			w.Succeeded()
-			return claimed
+			return rc.handBack(claimed, "released without calling the rail: handed off by an outcome write whose commit reply was lost")
 		}
 		if rc.ctx.Err() != nil {
 			r.log.Error("could not look for the hand-offs of a write whose reply was lost; any stay in flight for the reaper", "err", err)
@@ -550,12 +555,13 @@ func (rc *recorder) lostHandoffs(w *retry.Loop, o store.Outcome) []store.Claimed
 // work, which the same transaction claims (hand-off: their participants'
 // next instructions first, then, while draining a backlog, any due ones;
 // rails with a closed breaker only) and which record starts dispatching at
-// once. It returns how many were handed off and dispatched, and the
-// hand-offs of a write that ended after Stop began (unsent), which the
-// caller records as released: dispatched, they would only be handed back,
-// by an outcome that may come after recording stopped (the write waited
-// for a lock past Stop's deadline) and so be left for the reaper.
-func (rc *recorder) record(ctx context.Context, outcomes []store.Outcome, terminal int, handoff bool) (recorded []store.Recorded, dispatched int, unsent []store.Claimed, err error) {
+// once. It returns how many were handed off and dispatched, and for the
+// hand-offs of a write that ended after Stop began, their RELEASED
+// outcomes (orphans), which the caller records: dispatched, they would
+// only be handed back, by an outcome that may come after recording
+// stopped (the write waited for a lock past Stop's deadline) and so be
+// left for the reaper.
+func (rc *recorder) record(ctx context.Context, outcomes []store.Outcome, terminal int, handoff bool) (recorded []store.Recorded, dispatched int, orphans []pendingOutcome, err error) {
 	r := rc.r
 	h := store.HandoffParams{RelayerID: r.cfg.RelayerID}
 	// Stop closes stopping under handoffMu's write lock: a write that may
@@ -589,7 +595,7 @@ func (rc *recorder) record(ctx context.Context, outcomes []store.Outcome, termin
 	if len(handed) > 0 {
 		r.stats.handoffs.Add(int64(len(handed)))
 		if r.isStopping() {
-			return recorded, 0, handed, err
+			return recorded, 0, rc.handBack(handed, "released without calling the rail: handed off by an outcome write that ended after its relayer began to stop"), err
 		}
 		r.startDispatches(handed, claimStart, write)
 	}
