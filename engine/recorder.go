@@ -108,7 +108,10 @@ func newRecorder(r *run) *recorder {
 }
 
 // submit queues an outcome for recording; false means recording has
-// stopped (the dispatch returned after Stop's deadline).
+// stopped (the dispatch returned after Stop's deadline). Its check and its
+// send are two steps, so an outcome may still be queued after the final
+// flush; Stop accounts for those once its stragglers have returned
+// (leaveQueued), which keeps this path, every outcome's, free of a lock.
 func (rc *recorder) submit(po pendingOutcome) bool {
 	select {
 	case <-rc.quit:
@@ -135,6 +138,18 @@ func (rc *recorder) finish() {
 		<-rc.done
 	}
 	rc.abandon()
+}
+
+// leaveQueued accounts for outcomes queued after recording stopped (see
+// run.stop), as leaveInFlight does for those submit refuses: their
+// instructions stay in flight for the reaper.
+func (rc *recorder) leaveQueued() {
+	for _, po := range rc.takeQueued(nil, -1) {
+		rc.r.slots.Release(1)
+		rc.r.stats.leftInFlight.Add(1)
+		rc.r.log.Warn("outcome queued after recording stopped; left in flight for the reaper", "outbox_id", po.OutboxID,
+			"instruction_id", po.InstructionID, "participant", po.ParticipantID, "attempt_no", po.AttemptNo, "state", po.State)
+	}
 }
 
 // loop records outcomes as a group commit: a write starts as soon as an

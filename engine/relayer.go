@@ -321,6 +321,7 @@ func (r *run) start(ctx context.Context) {
 // stop is the run's part of Relayer.Stop.
 func (r *run) stop(ctx context.Context) error {
 	var result error
+	stragglers := false // dispatches still running when recording stops
 	r.handoffMu.Lock()
 	close(r.stopping)
 	r.handoffMu.Unlock()
@@ -344,10 +345,20 @@ func (r *run) stop(ctx context.Context) error {
 		case <-done:
 		case <-time.After(wait):
 			r.log.Error("dispatches did not return after cancellation; their instructions stay in flight for the reaper")
+			stragglers = true
 		}
 	}
 	r.rec.finish()
 	r.hardStop()
+	if stragglers {
+		// A dispatch still running that passed submit's check before
+		// finish closed quit may queue its outcome after the final
+		// flush: once they have all returned, account for what is there.
+		go func() {
+			<-done
+			r.rec.leaveQueued()
+		}()
+	}
 
 	cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	if err := r.unregisterIdle(cleanup); err != nil {
