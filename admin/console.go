@@ -432,9 +432,10 @@ type trailPage struct {
 	Attempts          []store.Attempt
 	Searched          bool
 	// Instructions is how many outbox ids the attempts are of: more than
-	// one for an instruction id enqueued under several keys or tenants,
-	// whose trails the timeline interleaves (each event then names its
-	// outbox id).
+	// one for an instruction id of several tenants (or, enqueued before
+	// migration 030 refused it, under several keys), whose trails the
+	// timeline interleaves (each event then names its outbox id and
+	// tenant).
 	Instructions int
 }
 
