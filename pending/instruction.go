@@ -26,8 +26,12 @@ type Instruction struct {
 	// belongs to one InstructionID: enqueued again under another, it is
 	// refused with a [*MismatchError], since the rail would answer the
 	// second instruction as a repeat of the first and it would be recorded
-	// as dispatched unpaid. The same key and instruction id again is a
-	// duplicate (the original receipt), with another payload a mismatch.
+	// as dispatched unpaid. And an InstructionID has one key: enqueued
+	// again under another, it is refused with an [*InstructionReusedError],
+	// since the rail would pay it once per key. The same key and
+	// instruction id again is a duplicate (the original receipt), with
+	// another payload a mismatch. Derive the key from the instruction
+	// ([DeterministicKey]); never make a new one for a retry.
 	IdempotencyKey string
 	// RailType names the rail, e.g. "sandbox", "ach", "event" (required).
 	RailType string
@@ -57,8 +61,50 @@ type Receipt struct {
 }
 
 // ErrIdempotencyMismatch is returned when an idempotency key is reused with
-// a different payload, or by another instruction id. Nothing is written.
+// a different payload, or by another instruction id (a [*MismatchError]),
+// and when an instruction id is enqueued under a key other than its own
+// (an [*InstructionReusedError], which is also [ErrInstructionIDReused]).
+// Nothing is written.
 var ErrIdempotencyMismatch = errors.New("idempotency key reused with a different payload")
+
+// ErrInstructionIDReused is returned when an instruction id is enqueued
+// under an idempotency key other than the one it already has in its
+// tenant (migration 030): the rails deduplicate by the key, so a second
+// key would be a second payment of the instruction (a producer that makes
+// a new key for each retry pays once per retry). Nothing is written. Its
+// detail, [*InstructionReusedError], is also [ErrIdempotencyMismatch], so
+// a caller that treats every mismatch as a refusal for good needs no
+// change.
+var ErrInstructionIDReused = errors.New("instruction id already enqueued under another idempotency key")
+
+// InstructionReusedError details an [ErrInstructionIDReused]; errors.Is
+// finds both ErrInstructionIDReused and [ErrIdempotencyMismatch] in it.
+type InstructionReusedError struct {
+	InstructionID  string
+	IdempotencyKey string // the key this enqueue named
+	TenantID       string
+	// OwnerKey is the key the instruction id already has.
+	OwnerKey string
+	// OutboxID is the instruction enqueued under OwnerKey; uuid.Nil when
+	// OwnerKey is an earlier line of the same batch (which, the batch
+	// failing, is not enqueued either).
+	OutboxID uuid.UUID
+}
+
+func (e *InstructionReusedError) Error() string {
+	if e.OutboxID.IsNil() {
+		return fmt.Sprintf("%v: instruction %q: key %q, but an earlier line of the batch gives it key %q; an instruction may have one key only",
+			ErrInstructionIDReused, e.InstructionID, e.IdempotencyKey, e.OwnerKey)
+	}
+	return fmt.Sprintf("%v: instruction %q: key %q, but it was enqueued under key %q (outbox id %s); an instruction may have one key only",
+		ErrInstructionIDReused, e.InstructionID, e.IdempotencyKey, e.OwnerKey, e.OutboxID)
+}
+
+// Unwrap makes errors.Is find ErrInstructionIDReused and
+// ErrIdempotencyMismatch.
+func (e *InstructionReusedError) Unwrap() []error {
+	return []error{ErrInstructionIDReused, ErrIdempotencyMismatch}
+}
 
 // MismatchError details an [ErrIdempotencyMismatch].
 type MismatchError struct {

@@ -84,8 +84,11 @@ func EnqueueBatch(ctx context.Context, tx DBTX, ins []Instruction) ([]Receipt, e
 // before with the same payload returns the original receipt with
 // Duplicate=true (no sequence id is used), even long after the instruction
 // was dispatched; with a different payload, or under another instruction
-// id, it returns a [*MismatchError] (errors.Is ErrIdempotencyMismatch). In both cases nothing is written and
-// tx remains usable.
+// id, it returns a [*MismatchError] (errors.Is ErrIdempotencyMismatch). An
+// instruction id already enqueued under another key (in its tenant)
+// returns an [*InstructionReusedError] (errors.Is ErrInstructionIDReused,
+// and ErrIdempotencyMismatch) naming that key: the rail would pay it once
+// per key. In all these cases nothing is written and tx remains usable.
 //
 // The participant's sequence row stays locked until tx ends (that is what
 // keeps sequences gap-free), so a transaction that enqueues for several
@@ -108,7 +111,10 @@ func (p *Producer) Enqueue(ctx context.Context, tx DBTX, in Instruction) (Receip
 // semantics of [Producer.Enqueue] for each. Receipts are in input order. If
 // any instruction is invalid or mismatches its key, the error is a
 // [*BatchError] naming it and nothing of the batch is written (a savepoint
-// undoes the rest, so tx remains usable).
+// undoes the rest, so tx remains usable). Lines of one key are resolved in
+// input order (the first claims it); so are lines of one instruction id
+// (and tenant) under different keys: the first gives it its key, and the
+// first later line with another key is refused, before anything is sent.
 func (p *Producer) EnqueueBatch(ctx context.Context, tx DBTX, ins []Instruction) ([]Receipt, error) {
 	if len(ins) == 0 {
 		return nil, nil
@@ -120,6 +126,9 @@ func (p *Producer) EnqueueBatch(ctx context.Context, tx DBTX, ins []Instruction)
 			return nil, &BatchError{Index: i, Err: err}
 		}
 		preps[i] = pr
+	}
+	if i, err := keyPerInstruction(ins); err != nil {
+		return nil, &BatchError{Index: i, Err: err}
 	}
 	if !p.schemaOK.Load() {
 		if err := p.checkSchema(ctx, tx); err != nil {
@@ -161,6 +170,31 @@ func (p *Producer) checkSchema(ctx context.Context, db DBTX) error {
 	}
 	p.schemaOK.Store(true)
 	return nil
+}
+
+// keyPerInstruction refuses the first line of a batch that names an
+// instruction id (per tenant) an earlier line names under another key.
+// The database would refuse one of them too (migration 030), but the
+// keys are inserted in key order, so the one that won would be the
+// smaller key's, not the earlier line's.
+func keyPerInstruction(ins []Instruction) (int, error) {
+	if len(ins) < 2 {
+		return 0, nil
+	}
+	type id struct{ tenant, instruction string }
+	first := make(map[id]string, len(ins))
+	for i, in := range ins {
+		k := id{in.TenantID, in.InstructionID}
+		key, seen := first[k]
+		switch {
+		case !seen:
+			first[k] = in.IdempotencyKey
+		case key != in.IdempotencyKey:
+			return i, &InstructionReusedError{InstructionID: in.InstructionID, IdempotencyKey: in.IdempotencyKey,
+				TenantID: in.TenantID, OwnerKey: key}
+		}
+	}
+	return 0, nil
 }
 
 // prepare validates an instruction and encodes its payload.
@@ -212,9 +246,10 @@ func (p *Producer) prepare(in Instruction) (prepared, error) {
 
 // write enqueues prepared instructions (see [store.Store.Enqueue]) and
 // turns what their keys map to into receipts: the instruction's own outbox
-// id is a fresh enqueue; a key of another instruction id a mismatch;
-// another outbox id of the same instruction with the same payload hash a
-// duplicate, with another hash a mismatch.
+// id is a fresh enqueue; a key of another instruction id a mismatch; the
+// instruction id under another key (the key not found, so not inserted)
+// an instruction reused; another outbox id of the same instruction with
+// the same payload hash a duplicate, with another hash a mismatch.
 func (p *Producer) write(ctx context.Context, db DBTX, preps []prepared) ([]Receipt, error) {
 	rows := make([]store.NewInstruction, len(preps))
 	for i, pr := range preps {
@@ -238,6 +273,9 @@ func (p *Producer) write(ctx context.Context, db DBTX, preps []prepared) ([]Rece
 			receipts[i] = Receipt{OutboxID: k.OutboxID, SequenceID: *k.SequenceID}
 		case k.OutboxID == pr.outboxID:
 			return nil, fmt.Errorf("enqueue: instruction %d got no sequence id", i)
+		case k.OwnerKey != "":
+			return nil, &BatchError{Index: i, Err: &InstructionReusedError{InstructionID: pr.in.InstructionID, IdempotencyKey: pr.in.IdempotencyKey,
+				TenantID: pr.in.TenantID, OwnerKey: k.OwnerKey, OutboxID: k.OutboxID}}
 		case k.InstructionID != pr.in.InstructionID:
 			return nil, &BatchError{Index: i, Err: &MismatchError{InstructionID: pr.in.InstructionID, IdempotencyKey: pr.in.IdempotencyKey, OutboxID: k.OutboxID, Owner: k.InstructionID}}
 		case !bytes.Equal(k.PayloadHash, pr.hash):

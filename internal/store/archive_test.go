@@ -400,6 +400,61 @@ func TestRetiredKeyRace(t *testing.T) {
 	_ = id
 }
 
+// TestInstructionIDAfterRetirement: an instruction id has one key per
+// tenant (migration 030) while its key is live, also while the key's
+// digest waits beside it for older snapshots to end; once the key is
+// retired, its row is gone and the instruction id may take another key,
+// as a retired key may be taken by another instruction id (the digest
+// remembers the pair only). The retired pair itself is refused forever.
+func TestInstructionIDAfterRetirement(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	in := func(key string) pending.Instruction {
+		return pending.Instruction{InstructionID: "ins-life", ParticipantID: "p1", IdempotencyKey: key,
+			RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1"}
+	}
+	reused := func(err error, owner string, ownerID uuid.UUID) bool {
+		var ir *pending.InstructionReusedError
+		return errors.Is(err, pending.ErrInstructionIDReused) && errors.As(err, &ir) && ir.OwnerKey == owner && ir.OutboxID == ownerID
+	}
+	first, err := b.producer.Enqueue(b.ctx, b.pool, in("life-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched))
+	if _, err := b.producer.Enqueue(b.ctx, b.pool, in("life-2")); !reused(err, "life-1", first.OutboxID) {
+		t.Fatalf("ins-life under a second key while live: %v, want it refused naming life-1", err)
+	}
+	// The digest committed, the key still live (a retirement waiting for
+	// older snapshots): still the instruction's key.
+	execAll(t, b.pool, `INSERT INTO outbox.retired_keys (digest, outbox_id, tenant_id, participant_id, sequence_id, created_at)
+		SELECT outbox.key_digest(tenant_id, instruction_id, idempotency_key), outbox_id, nullif(tenant_id, ''), participant_id, sequence_id, created_at
+		FROM outbox.idempotency_keys WHERE idempotency_key = 'life-1'`)
+	if _, err := b.producer.Enqueue(b.ctx, b.pool, in("life-2")); !reused(err, "life-1", first.OutboxID) {
+		t.Fatalf("ins-life under a second key beside its key's digest: %v, want it refused naming life-1", err)
+	}
+
+	month := "attempts_" + time.Now().UTC().Format("2006_01")
+	if n, err := b.st.RetireKeys(b.ctx, b.pool, month, 0); err != nil || n != 1 {
+		t.Fatalf("retire: %d %v, want the one key", n, err)
+	}
+	var re *pending.RetiredError
+	if _, err := b.producer.Enqueue(b.ctx, b.pool, in("life-1")); !errors.As(err, &re) || re.OutboxID != first.OutboxID {
+		t.Fatalf("the retired pair: %v, want a RetiredError for %s", err, first.OutboxID)
+	}
+	second, err := b.producer.Enqueue(b.ctx, b.pool, in("life-2"))
+	if err != nil || second.Duplicate || second.OutboxID == first.OutboxID {
+		t.Fatalf("ins-life under another key once its key is retired: %+v %v, want a fresh receipt", second, err)
+	}
+	if _, err := b.producer.Enqueue(b.ctx, b.pool, in("life-3")); !reused(err, "life-2", second.OutboxID) {
+		t.Fatalf("ins-life under a third key: %v, want it refused naming life-2", err)
+	}
+	if _, err := b.producer.Enqueue(b.ctx, b.pool, in("life-1")); !errors.As(err, &re) || re.OutboxID != first.OutboxID {
+		t.Fatalf("the retired pair after the instruction id took another key: %v, want a RetiredError for %s", err, first.OutboxID)
+	}
+	b.verifyOK(t)
+}
+
 // TestFleetThroughPartitionBoundary runs three relay services (relayer and
 // reaper each) and eight producers through a partition boundary, what a
 // month's end is to the archive: claims on one side and outcomes on the

@@ -38,6 +38,10 @@ type KeyRow struct {
 	// were detached: only its digest and outbox id remain, and it can never
 	// be enqueued again.
 	Retired bool
+	// OwnerKey is set when the key was not found but the instruction id
+	// was, under this other key: an instruction id takes one key per
+	// tenant (migration 030), and OutboxID is then that key's instruction.
+	OwnerKey string
 }
 
 // ErrKeyRetired is returned when an idempotency key was retired (its
@@ -54,9 +58,10 @@ const retiredRaceCode = "OBKR1"
 // inserter of the same key is waited for, so racing duplicates resolve to
 // one row); allocate sequence ids and insert pending rows only for the
 // instructions whose key is theirs (duplicates use no sequence id); read
-// back what every key maps to. It returns one KeyRow per instruction, in
-// input order; telling fresh from duplicate and mismatch is the caller's
-// business.
+// back what every key maps to (or, for a key the insert left out because
+// its instruction id has another key, what that key maps to). It returns
+// one KeyRow per instruction, in input order; telling fresh from
+// duplicate and mismatch is the caller's business.
 //
 // The participants' sequence rows stay locked until the caller's
 // transaction ends: that keeps committed sequences gap-free. Keys are
@@ -107,12 +112,15 @@ func (s *Store) Enqueue(ctx context.Context, db Batcher, ins []NewInstruction) (
 		kr  KeyRow
 	)
 	var (
-		race  *bool
-		instr *string
+		race            *bool
+		instr, ownerKey *string
 	)
-	_, err = pgx.ForEachRow(rows, []any{&ord, scanUUID(&kr.OutboxID), &kr.SequenceID, &kr.PayloadHash, &instr, &kr.Retired, &race}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&ord, scanUUID(&kr.OutboxID), &kr.SequenceID, &kr.PayloadHash, &instr, &ownerKey, &kr.Retired, &race}, func() error {
 		if instr != nil {
 			kr.InstructionID = *instr
+		}
+		if ownerKey != nil {
+			kr.OwnerKey = *ownerKey
 		}
 		out[ord], seen[ord] = kr, true
 		kr = KeyRow{}
@@ -156,8 +164,12 @@ const orderedSQL = `(SELECT ordered FROM {schema}.settings)`
 // insertKeysSQL claims each idempotency key for a new outbox id. A key that
 // exists (committed, or inserted by a concurrent transaction that then
 // commits) is left alone; the statement waits for a concurrent inserter to
-// finish, so racing duplicates resolve to exactly one row. A retired key
-// (archive.go) is not inserted either: the lookup reports it.
+// finish, so racing duplicates resolve to exactly one row. ON CONFLICT
+// names no index, so the same holds for an instruction id that has
+// another key (the unique index on instruction id and tenant, migration
+// 030): not inserted, a racing one waited for, and the lookup reports the
+// key it has. A retired key (archive.go) is not inserted either: the
+// lookup reports it.
 //
 // Keys are inserted in key order (tenant and key, the unique index's
 // columns), not input order: an inserted key is held until the
@@ -169,7 +181,10 @@ const orderedSQL = `(SELECT ordered FROM {schema}.settings)`
 // is the cheapest to sort by.) Twins of one key in a batch stay in input
 // order, whatever their instruction ids, so the first line claims it and
 // the later ones are its duplicates or mismatches; which receipt goes with
-// which line is the lookup's business, by ord, and does not change.
+// which line is the lookup's business, by ord, and does not change. Lines
+// of one instruction id under different keys would go by key order here
+// (the smallest key wins); the producer refuses all but the first line's
+// key before it sends a batch.
 // TestBatchesWithSharedKeysInOppositeOrdersDoNotDeadlock (pending).
 const insertKeysSQL = `
 INSERT INTO {schema}.idempotency_keys (tenant_id, instruction_id, idempotency_key, outbox_id, participant_id, payload_hash)
@@ -254,12 +269,15 @@ FROM firsts f WHERE k.outbox_id = $1::uuid`
 
 	// lookupKeyOneSQL is lookupKeysSQL for one key (its ord is 0).
 	lookupKeyOneSQL = `
-SELECT 0, coalesce(r.outbox_id, k.outbox_id), k.sequence_id, k.payload_hash, k.instruction_id, r.digest IS NOT NULL,
+SELECT 0, coalesce(r.outbox_id, k.outbox_id, o.outbox_id), k.sequence_id, k.payload_hash, k.instruction_id, o.idempotency_key,
+       r.digest IS NOT NULL,
        CASE WHEN k.outbox_id = i.outbox_id AND r.digest IS NOT NULL THEN {schema}.key_retired_race(k.outbox_id) END
 FROM (SELECT $1::text AS tenant_id, $2::text AS instruction_id, $3::text AS idempotency_key, $4::uuid AS outbox_id) AS i
 LEFT JOIN {schema}.idempotency_keys k ON (k.tenant_id, k.idempotency_key) = (i.tenant_id, i.idempotency_key)
+LEFT JOIN LATERAL (SELECT o.outbox_id, o.idempotency_key FROM {schema}.idempotency_keys o
+                   WHERE k.outbox_id IS NULL AND (o.instruction_id, o.tenant_id || '') = (i.instruction_id, i.tenant_id) LIMIT 1) o ON true
 LEFT JOIN {schema}.retired_keys r ON r.digest = {schema}.key_digest(i.tenant_id, i.instruction_id, i.idempotency_key)
-WHERE k.outbox_id IS NOT NULL OR r.digest IS NOT NULL`
+WHERE k.outbox_id IS NOT NULL OR r.digest IS NOT NULL OR o.outbox_id IS NOT NULL`
 )
 
 // lookupKeysSQL reads what every key of the batch maps to now: the row of
@@ -267,7 +285,13 @@ WHERE k.outbox_id IS NOT NULL OR r.digest IS NOT NULL`
 // tells its own from another's), and whether this instruction's key was
 // retired. A retired key reports the retired outbox id: the key itself may
 // since belong to another instruction (retirement frees it, months after
-// its instruction ended).
+// its instruction ended). A key not found at all was left out by the
+// insert because its instruction id has another key (migration 030): that
+// key and its outbox id are read, by the unique index on instruction id
+// and tenant (the tenant as an expression, the column joined to the empty
+// string: migration 030 says why), only then (the condition on k is
+// constant within the subquery, a one-time filter: the usual enqueue,
+// whose key is found, does not read that index).
 //
 // A key is live beside its digest while its retirement waits for the
 // snapshots older than the digest to end (archive.go): that is a retired
@@ -280,12 +304,16 @@ WHERE k.outbox_id IS NOT NULL OR r.digest IS NOT NULL`
 // statement, and with it the transaction, so the key is never enqueued
 // twice.
 const lookupKeysSQL = `
-SELECT i.ord, coalesce(r.outbox_id, k.outbox_id), k.sequence_id, k.payload_hash, k.instruction_id, r.digest IS NOT NULL,
+SELECT i.ord, coalesce(r.outbox_id, k.outbox_id, o.outbox_id), k.sequence_id, k.payload_hash, k.instruction_id, o.idempotency_key,
+       r.digest IS NOT NULL,
        CASE WHEN k.outbox_id = i.outbox_id AND r.digest IS NOT NULL THEN {schema}.key_retired_race(k.outbox_id) END
 FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::uuid[]) AS i(tenant_id, instruction_id, idempotency_key, ord, outbox_id)
 LEFT JOIN LATERAL (SELECT k.outbox_id, k.sequence_id, k.payload_hash, k.instruction_id FROM {schema}.idempotency_keys k
                    WHERE (k.tenant_id, k.idempotency_key) = (i.tenant_id, i.idempotency_key)
                    LIMIT 1) k ON true
+LEFT JOIN LATERAL (SELECT o.outbox_id, o.idempotency_key FROM {schema}.idempotency_keys o
+                   WHERE k.outbox_id IS NULL AND (o.instruction_id, o.tenant_id || '') = (i.instruction_id, i.tenant_id)
+                   LIMIT 1) o ON true
 LEFT JOIN LATERAL (SELECT r.digest, r.outbox_id FROM {schema}.retired_keys r
                    WHERE r.digest = {schema}.key_digest(i.tenant_id, i.instruction_id, i.idempotency_key) LIMIT 1) r ON true
-WHERE k.outbox_id IS NOT NULL OR r.digest IS NOT NULL`
+WHERE k.outbox_id IS NOT NULL OR r.digest IS NOT NULL OR o.outbox_id IS NOT NULL`

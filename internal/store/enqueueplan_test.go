@@ -165,6 +165,18 @@ func TestSingleAndBatchEnqueueAgree(t *testing.T) {
 	if _, err := b.producer.EnqueueBatch(b.ctx, b.pool, []pending.Instruction{ins("two", 5, 100), ins("two", 1, 999)}); !errors.As(err, new(*pending.MismatchError)) {
 		t.Fatalf("two: mismatch gave %v, want a MismatchError", err)
 	}
+	// So does an instruction id under a second key (migration 030).
+	rekeyed := func(participant string) pending.Instruction {
+		in := ins(participant, 1, 100)
+		in.IdempotencyKey += "-again"
+		return in
+	}
+	if _, err := b.producer.Enqueue(b.ctx, b.pool, rekeyed("one")); !errors.As(err, new(*pending.InstructionReusedError)) {
+		t.Fatalf("one: a second key gave %v, want an InstructionReusedError", err)
+	}
+	if _, err := b.producer.EnqueueBatch(b.ctx, b.pool, []pending.Instruction{ins("two", 5, 100), rekeyed("two")}); !errors.As(err, new(*pending.InstructionReusedError)) {
+		t.Fatalf("two: a second key gave %v, want an InstructionReusedError", err)
+	}
 
 	seqs := func(who string) []string {
 		var out []string
@@ -198,7 +210,9 @@ func TestSingleAndBatchEnqueueAgree(t *testing.T) {
 // empty (no rows, 200 pages): until the next ANALYZE, PostgreSQL then
 // estimates one row however many it holds. Plans made on that joined the
 // batch to a whole scan of the keys per row, on custom and generic plans
-// alike (enqueue.go has the numbers).
+// alike (enqueue.go has the numbers). The rounds are run twice: with a
+// key of another payload (a mismatch), then with an instruction id of
+// another key (read by instruction id, migration 030).
 func TestEnqueueReadsKeysPerInstruction(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
@@ -218,7 +232,9 @@ SELECT outbox.key_digest('', 'gone-' || g, 'gone-' || g), gen_random_uuid(), 'go
 	wantStatisticsOfEmpty(t, b.pool, "idempotency_keys")
 
 	conn := b.conn(t)
-	for round, plans := range []string{"force_custom_plan", "force_generic_plan", "auto", "auto", "auto", "auto", "auto", "auto"} {
+	modes := []string{"force_custom_plan", "force_generic_plan", "auto", "auto", "auto", "auto", "auto", "auto"}
+	for round, plans := range append(modes, modes...) {
+		reuse := round >= len(modes)
 		// Batches of 100, then one instruction (its own statements).
 		batch := 100
 		if round%2 == 1 {
@@ -231,6 +247,9 @@ SELECT outbox.key_digest('', 'gone-' || g, 'gone-' || g), gen_random_uuid(), 'go
 				RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1"}
 		}
 		ins[batch-1].InstructionID, ins[batch-1].IdempotencyKey = "old-1", "old-1" // a duplicate
+		if reuse {
+			ins[batch-1].IdempotencyKey = "new-" + strconv.Itoa(round) // old-1 under a second key
+		}
 		tx, err := conn.Begin(b.ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -244,8 +263,11 @@ SELECT outbox.key_digest('', 'gone-' || g, 'gone-' || g), gen_random_uuid(), 'go
 		if rerr := tx.Rollback(b.ctx); err == nil {
 			err = rerr
 		}
-		if !errors.As(err, new(*pending.MismatchError)) {
+		if !reuse && !errors.As(err, new(*pending.MismatchError)) {
 			t.Fatalf("round %d: %v, want the duplicate's mismatch (its payload differs)", round, err)
+		}
+		if reuse && !errors.As(err, new(*pending.InstructionReusedError)) {
+			t.Fatalf("round %d: %v, want old-1 refused under a second key", round, err)
 		}
 		for i, table := range []string{"idempotency_keys", "retired_keys"} {
 			if n := after[i].seqTuples - before[i].seqTuples; n > 0 {

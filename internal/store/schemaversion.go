@@ -7,10 +7,13 @@ import (
 
 // EnqueueSchemaVersion is the first schema version the enqueue statements
 // are right for: migration 028 keys idempotency keys by tenant and key, and
-// the receipts' lookup reads them so. On an older schema a key reused
+// the receipts' lookup reads them so (on an older schema a key reused
 // under a second instruction id would be written and then reported as a
-// mismatch.
-const EnqueueSchemaVersion = 28
+// mismatch); migration 030 makes an instruction id take one key per
+// tenant, which the enqueue's ON CONFLICT relies on to refuse a second
+// key (on an older schema it would be written: a second payment of one
+// instruction).
+const EnqueueSchemaVersion = 30
 
 // SchemaVersion reads the schema's migration version (tern's
 // schema_version table). visible is false when the table is there but db's
