@@ -315,7 +315,10 @@ func (d *demo) produce(ctx context.Context, df demoFlags) {
 		for ; owed > 0; owed-- {
 			n++
 			batch = append(batch, pending.Instruction{
-				InstructionID:  fmt.Sprintf("demo-%x-%d", run&0xffffff, n),
+				// The whole run in the id, as in the key: an instruction id
+				// takes one key (migration 030), and two runs sharing a
+				// shortened id would have their instructions refused.
+				InstructionID:  fmt.Sprintf("demo-%016x-%d", run, n),
 				ParticipantID:  fmt.Sprintf("merchant-%03d", mrand.IntN(df.participants)),
 				IdempotencyKey: pending.DeterministicKey("demo", fmt.Sprint(run), fmt.Sprint(n)),
 				RailType:       "sandbox",
