@@ -453,6 +453,7 @@ func wantError(code, field string) wantLine  { return wantLine{code: code, field
 func wantInvalidInput(field string) wantLine { return wantError("INVALID_INPUT", field) }
 func wantValidation(field string) wantLine   { return wantError("VALIDATION_FAILED", field) }
 func wantMismatch(field string) wantLine     { return wantError("IDEMPOTENCY_MISMATCH", field) }
+func wantReused() wantLine                   { return wantError("INSTRUCTION_ID_REUSED", "instruction_id") }
 
 func checkEnqueueOutput(t *testing.T, stdout string, want []wantLine) []enqueueLine {
 	t.Helper()
@@ -507,7 +508,10 @@ func TestEnqueueFromStdin(t *testing.T) {
 		inputJSON("p1", "k1", "100"), // 12: exact replay of line 0
 		"",
 		inputJSON("p1", "k5", "500"), // 13
-		inputJSON("p1", "k5", "500", "instruction_id", "ins-other"), // 14: k5 under another instruction id; no final newline
+		inputJSON("p1", "k5", "500", "instruction_id", "ins-other"), // 14: k5 under another instruction id
+		inputJSON("p1", "k6", "600", "instruction_id", "ins-k1"),    // 15: line 0's instruction id under another key
+		inputJSON("p1", "k7", "700"),                                // 16
+		inputJSON("p1", "k8", "800", "instruction_id", "ins-k7"),    // 17: line 16's instruction id under another key; no final newline
 	}, "\n")
 	want := []wantLine{
 		0:  wantReceipt(1),
@@ -525,12 +529,16 @@ func TestEnqueueFromStdin(t *testing.T) {
 		12: wantDup(0, 1),
 		13: wantReceipt(5),
 		14: wantMismatch("idempotency_key"),
+		15: wantReused(),
+		16: wantReceipt(6),
+		17: wantReused(),
 	}
 	// Every enqueued line, with its participant and key.
 	enqueued := map[int]queuedRow{
 		0: {participant: "p1", sequenceID: 1, key: "k1"}, 6: {participant: "p2", sequenceID: 1, key: "k-ev"},
 		7: {participant: "p1", sequenceID: 2, key: "k2"}, 9: {participant: "p1", sequenceID: 3, key: "k3"},
 		10: {participant: "p1", sequenceID: 4, key: "k4"}, 13: {participant: "p1", sequenceID: 5, key: "k5"},
+		16: {participant: "p1", sequenceID: 6, key: "k7"},
 	}
 
 	for _, tc := range []struct {
@@ -540,12 +548,14 @@ func TestEnqueueFromStdin(t *testing.T) {
 		// wrote them.
 		transactions [][]string
 	}{
-		{"one transaction per line", nil, [][]string{{"k1"}, {"k-ev"}, {"k2"}, {"k3"}, {"k4"}, {"k5"}}},
-		// Batches of 3 lines: [0 1 2] [3 4 5] [6 7 8] [9 10 11] [12 13 14],
-		// so line 8 mismatches a committed key inside a batch of good lines,
-		// and lines 11 and 14 one that is new in their own batch.
-		{"batch of 3", []string{"--batch", "3"}, [][]string{{"k1"}, {"k-ev", "k2"}, {"k3", "k4"}, {"k5"}}},
-		{"one batch", []string{"--batch", "100"}, [][]string{{"k-ev", "k1", "k2", "k3", "k4", "k5"}}},
+		{"one transaction per line", nil, [][]string{{"k1"}, {"k-ev"}, {"k2"}, {"k3"}, {"k4"}, {"k5"}, {"k7"}}},
+		// Batches of 3 lines: [0 1 2] [3 4 5] [6 7 8] [9 10 11] [12 13 14]
+		// [15 16 17], so line 8 mismatches a committed key inside a batch
+		// of good lines, and lines 11 and 14 one that is new in their own
+		// batch; line 15 names a committed instruction id under another
+		// key, and line 17 one given its key earlier in its batch.
+		{"batch of 3", []string{"--batch", "3"}, [][]string{{"k1"}, {"k-ev", "k2"}, {"k3", "k4"}, {"k5"}, {"k7"}}},
+		{"one batch", []string{"--batch", "100"}, [][]string{{"k-ev", "k1", "k2", "k3", "k4", "k5", "k7"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -50,10 +50,13 @@ var instructionFlags = []string{"instruction-id", "participant-id", "idempotency
 
 // Error codes of `outbox enqueue` output lines besides the rails taxonomy.
 const (
-	codeInvalidInput  = "INVALID_INPUT"
-	codeMismatch      = "IDEMPOTENCY_MISMATCH"
-	codeKeyRetired    = "KEY_RETIRED"
-	codeDatabaseError = "DATABASE_ERROR"
+	codeInvalidInput = "INVALID_INPUT"
+	codeMismatch     = "IDEMPOTENCY_MISMATCH"
+	// codeInstructionReused is an instruction id enqueued under a second
+	// key (migration 030): refused for good, on the instruction id.
+	codeInstructionReused = "INSTRUCTION_ID_REUSED"
+	codeKeyRetired        = "KEY_RETIRED"
+	codeDatabaseError     = "DATABASE_ERROR"
 )
 
 type lineError struct {
@@ -117,6 +120,10 @@ func classify(err error) *lineError {
 	switch {
 	case errors.As(err, &verr):
 		return &lineError{Code: string(rails.CodeValidationFailed), Field: verr.Field, Message: verr.Message}
+	case errors.Is(err, pending.ErrInstructionIDReused):
+		// Before the mismatch: it is one too (errors.Is), but the key is
+		// new; the instruction id is what was used again.
+		return &lineError{Code: codeInstructionReused, Field: payment.FieldInstructionID, Message: err.Error()}
 	case errors.As(err, &merr):
 		return &lineError{Code: codeMismatch, Field: payment.FieldIdempotencyKey, Message: merr.Error()}
 	case errors.Is(err, pending.ErrKeyRetired):
