@@ -1,6 +1,15 @@
 // Package pending is the producer: services enqueue instructions in their
 // own transaction, with permanent idempotency and gap-free per-participant
 // sequences. It links pgx, uuid and the validators, nothing heavier.
+//
+// Within a tenant, an idempotency key and an instruction id name each
+// other, one to one: the rails deduplicate by the key, so a key under a
+// second instruction id would be answered as a repeat and go unpaid
+// ([MismatchError], [ErrIdempotencyMismatch]), and an instruction id under
+// a second key would be paid twice ([InstructionReusedError],
+// [ErrInstructionIDReused]). Both are refused with nothing written. Derive
+// the key from the instruction ([DeterministicKey]) and keep it for every
+// retry.
 package pending
 
 import (
