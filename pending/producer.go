@@ -40,8 +40,9 @@ type Config struct {
 	// Rails are the rail types producers may use and how each validates;
 	// nil means [payment.DefaultCatalog] (sandbox and event).
 	Rails payment.Catalog
-	// MaxPayloadBytes limits the encoded payload as stored (metadata
-	// numbers written out in full, as jsonb stores them); 0 means 64 KiB.
+	// MaxPayloadBytes limits the encoded payload as PostgreSQL writes the
+	// stored jsonb back (metadata numbers written out in full, a space
+	// after every ',' and ':'); 0 means 64 KiB.
 	MaxPayloadBytes int
 }
 
@@ -230,20 +231,20 @@ func (p *Producer) prepare(in Instruction) (prepared, error) {
 	// storability rules whatever the rail's profile checked: a number
 	// PostgreSQL refuses would fail the statement, and the caller's
 	// transaction with it, after it was sent.
-	size := len(payload)
+	// jsonb's text form also puts a space after every ',' and ':', so a
+	// compact payload reads back longer than it was sent (TextFormLength:
+	// the payload is encoding/json's, whose own numbers are in full).
+	size := strictjson.TextFormLength(payload)
 	if meta != nil {
 		stored, err := strictjson.StoredSize(meta)
 		if err != nil {
 			return prepared{}, payment.Invalid(payment.FieldMetadata, payment.ReasonInvalid, "metadata: %v", err)
 		}
-		size += stored - len(meta)
+		size += stored - strictjson.TextFormLength(meta)
 	}
 	if size > p.maxPayload {
-		msg := fmt.Sprintf("payload is %d bytes, the limit is %d", len(payload), p.maxPayload)
-		if size != len(payload) {
-			msg = fmt.Sprintf("payload is %d bytes as stored (%d as given: PostgreSQL writes its numbers out in full), the limit is %d",
-				size, len(payload), p.maxPayload)
-		}
+		msg := fmt.Sprintf("payload is %d bytes as stored (%d as given: PostgreSQL writes its numbers out in full and a space after every , and :), the limit is %d",
+			size, len(payload), p.maxPayload)
 		return prepared{}, &payment.ValidationError{Field: payment.FieldPayload, Reason: payment.ReasonTooLarge, Message: msg}
 	}
 	id, err := uuid.NewV7()
