@@ -112,3 +112,26 @@ func TestRailsPauseHoldsARailForTheFleet(t *testing.T) {
 		t.Fatalf("rails list after the resume: %s (%v)", r, err)
 	}
 }
+
+// TestRailsPauseWarnsOfNothingPendingWithoutWaiting pauses with --wait 0,
+// as the restore runbook does: a rail type nothing is pending for (a typo,
+// a wrong case) is still warned of, and a rail that holds instructions, or
+// every rail, is not.
+func TestRailsPauseWarnsOfNothingPendingWithoutWaiting(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	requireExit(t, b.cli(t, inputJSON("p-1", "k-1", "100"), "enqueue"), 0)
+
+	r := b.cli(t, "", "rails", "--reason", "bank maintenance", "--wait", "0", "pause", "Sandbox")
+	requireExit(t, r, 0)
+	if !strings.Contains(r.stderr, `no instruction of rail type "Sandbox" is pending`) {
+		t.Errorf("a --wait 0 pause of a rail with nothing pending does not warn: %s", r)
+	}
+	for _, rail := range []string{"sandbox", "*"} {
+		r = b.cli(t, "", "rails", "--reason", "bank maintenance", "--wait", "0", "pause", rail)
+		requireExit(t, r, 0)
+		if strings.Contains(r.stderr, "warning") {
+			t.Errorf("a --wait 0 pause of %q, which holds an instruction, warns: %s", rail, r)
+		}
+	}
+}
