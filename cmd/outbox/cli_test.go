@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -871,5 +872,60 @@ func TestMigrateSaysWhatTheServerAdvises(t *testing.T) {
 	if !strings.Contains(r.stderr, "outbox: detail: A rail deduplicates by the key alone") ||
 		!strings.Contains(r.stderr, "outbox: hint: List them with: SELECT tenant_id, idempotency_key") {
 		t.Fatalf("stderr leaves out the server's detail and hint:\n%s", r.stderr)
+	}
+}
+
+// TestDemoSummarySaysWhichRailsWerePaused runs the demo on a database
+// whose sandbox rail an earlier run left paused, and pauses and resumes
+// the event rail while it runs: the summary names the pause in force and
+// the one during the run, and does not put the held instructions down to
+// retries not yet due. The pause made during the run waits for the demo's
+// first enqueue, so it falls within the run.
+func TestDemoSummarySaysWhichRailsWerePaused(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	requireExit(t, b.cli(t, "", "rails", "--operator", "olga", "--reason", "left from an earlier run", "--wait", "0", "pause", "sandbox"), 0)
+	during := make(chan error, 1)
+	go func() {
+		during <- func() error {
+			for {
+				var held bool
+				err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+					if _, err := tx.Exec(b.ctx, `SELECT set_config('outbox.tenant', '*', true)`); err != nil {
+						return err
+					}
+					return tx.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM outbox.pending)`).Scan(&held)
+				})
+				if err != nil {
+					return err
+				}
+				if held {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if _, err := b.pool.Exec(b.ctx, `SELECT outbox.pause_rail('event', 'ivan', 'a look at the event rail')`); err != nil {
+				return err
+			}
+			_, err := b.pool.Exec(b.ctx, `SELECT outbox.resume_rail('event', 'ivan', 'looked')`)
+			return err
+		}()
+	}()
+	r := b.cli(t, "", "demo", "--duration", "2s", "--outage", "0", "--rate", "100", "--participants", "5")
+	if err := <-during; err != nil {
+		t.Fatal(err)
+	}
+	requireExit(t, r, 0)
+	for _, want := range []string{
+		`rail "sandbox" is paused (by olga: left from an earlier run)`,
+		`rail "event" was paused during the run (by ivan: a look at the event rail), and resumed`,
+		"invariants: OK",
+	} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, r)
+		}
+	}
+	if strings.Contains(r.stdout, "pending (retries not yet due)") {
+		t.Errorf("demo output puts the instructions the pause holds down to retries:\n%s", r)
 	}
 }

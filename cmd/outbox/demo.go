@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/HdrHistogram/hdrhistogram-go"
+	"github.com/gofrs/uuid/v5"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -155,6 +156,11 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 		fmt.Fprintf(env.stdout, "demo: the sandbox rail goes down at %s for %s; its breaker opens, instructions wait in pending, then it heals (--outage 0: none)\n",
 			outageAt.Round(100*time.Millisecond), df.outage)
 	}
+	// A pause outlives the run that made it: one left in this database
+	// holds the whole stream back, which the lines below would not say.
+	if err := d.pausesBefore(ctx); err != nil {
+		return err
+	}
 	d.header()
 	var producer sync.WaitGroup
 	producer.Add(1)
@@ -189,6 +195,9 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	}
 	d.summary(context.Background(), time.Since(start))
 	err = d.final(context.Background(), !df.ordered)
+	if perr := d.pauses(context.Background()); err == nil {
+		err = perr
+	}
 	if df.keepConsole && ctx.Err() == nil {
 		fmt.Fprintln(env.stdout, "the console stays up until Ctrl-C")
 		<-ctx.Done()
@@ -267,6 +276,10 @@ type demo struct {
 	schema  string
 	archive *attempts.Archive
 	sandbox *rails.Sandbox
+
+	// lastPauseEvent is the newest pause or resume recorded before the
+	// run (nil: none), which the summary's account of pauses starts after.
+	lastPauseEvent *uuid.UUID
 
 	enqueued, dispatched, retried, dead atomic.Int64
 	lastEnqueued                        int64
@@ -364,10 +377,93 @@ func (d *demo) summary(ctx context.Context, elapsed time.Duration) {
 	d.lastEnqueued = enq
 }
 
-// due counts what is still due or in flight.
+// due counts what is still due or in flight, less what a pause of the
+// demo's rail holds: the drain would wait for it in vain.
 func (d *demo) due(ctx context.Context) int64 {
 	snap, _ := d.archive.Snapshot(ctx, d.pool)
+	if demoRailPaused(snap.PausedRails) {
+		return snap.InFlight
+	}
 	return snap.Due + snap.InFlight
+}
+
+// demoRailPaused reports whether a pause in pauses holds the demo's rail.
+func demoRailPaused(pauses []attempts.RailPause) bool {
+	for _, p := range pauses {
+		if p.RailType == "sandbox" || p.RailType == attempts.AllRails {
+			return true
+		}
+	}
+	return false
+}
+
+// pauseEventsKept bounds the record of pauses the summary reads back.
+const pauseEventsKept = 1000
+
+// pausesBefore notes where the record of pauses ends before the run, and
+// says which pauses are already in force.
+func (d *demo) pausesBefore(ctx context.Context) error {
+	events, err := d.archive.RailPauseEvents(ctx, d.pool, 1)
+	if err != nil {
+		return err
+	}
+	if len(events) == 1 {
+		d.lastPauseEvent = &events[0].ID
+	}
+	pauses, err := d.archive.RailPauses(ctx, d.pool)
+	if err != nil {
+		return err
+	}
+	for _, p := range pauses {
+		fmt.Fprintf(d.env.stdout, "demo: rail %q is paused (by %s: %s): nothing of it is dispatched until `outbox rails resume %s` or the console resumes it\n",
+			p.RailType, p.PausedBy, p.Reason, p.RailType)
+	}
+	return nil
+}
+
+// pauses ends the summary with the pauses in force and those made during
+// the run: a paused rail explains dispatches that stopped, and
+// instructions still pending.
+func (d *demo) pauses(ctx context.Context) error {
+	w := d.env.stdout
+	pauses, err := d.archive.RailPauses(ctx, d.pool)
+	if err != nil {
+		return err
+	}
+	for _, p := range pauses {
+		fmt.Fprintf(w, "rail %q is paused (by %s: %s) since %s: its instructions stay pending until it is resumed (outbox rails resume %s)\n",
+			p.RailType, p.PausedBy, p.Reason, p.PausedAt.UTC().Format(time.DateTime+" UTC"), p.RailType)
+	}
+	events, err := d.archive.RailPauseEvents(ctx, d.pool, pauseEventsKept)
+	if err != nil {
+		return err
+	}
+	// Newest first: keep the run's, then read them oldest first.
+	for i, e := range events {
+		if d.lastPauseEvent != nil && e.ID == *d.lastPauseEvent {
+			events = events[:i]
+			break
+		}
+	}
+	for i := len(events) - 1; i >= 0; i-- {
+		e := events[i]
+		if e.Action != "PAUSED" {
+			continue
+		}
+		// The resume that ended it, if any, is a newer event of its rail.
+		resumed := ""
+		for j := i - 1; j >= 0; j-- {
+			if events[j].RailType == e.RailType && events[j].Action == "RESUMED" {
+				resumed = fmt.Sprintf(", and resumed (by %s: %s)", events[j].Operator, events[j].Reason)
+				break
+			}
+		}
+		if resumed == "" {
+			resumed = ", and is paused still"
+		}
+		fmt.Fprintf(w, "rail %q was paused during the run (by %s: %s)%s\n", e.RailType, e.Operator, e.Reason, resumed)
+	}
+	return nil
 }
 
 func (d *demo) final(ctx context.Context, unordered bool) error {
@@ -383,8 +479,14 @@ func (d *demo) final(ctx context.Context, unordered bool) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "database: %d instructions: %d dispatched, %d dead letters, %d pending (retries not yet due), %d in flight; %d attempt rows\n",
-		rep.Instructions, rep.Dispatched, rep.DeadLetters, rep.Pending, rep.InFlight, rep.Attempts)
+	why := "retries not yet due"
+	if pauses, err := d.archive.RailPauses(ctx, d.pool); err != nil {
+		return err
+	} else if demoRailPaused(pauses) {
+		why = "held by a pause of the rail, or retries not yet due"
+	}
+	fmt.Fprintf(w, "database: %d instructions: %d dispatched, %d dead letters, %d pending (%s), %d in flight; %d attempt rows\n",
+		rep.Instructions, rep.Dispatched, rep.DeadLetters, rep.Pending, why, rep.InFlight, rep.Attempts)
 	if rep.OK() {
 		fmt.Fprintln(w, "invariants: OK (nothing lost, nothing in two places, sequences gap-free, ordering kept, attempt trails complete)")
 		return nil
