@@ -255,14 +255,15 @@ func (s *Server) participant(w http.ResponseWriter, r *http.Request, _ Token) {
 }
 
 // deadLetters lists unacknowledged dead letters (?all=true: every one),
-// oldest failure first.
+// oldest failure first; ?participant= only that participant's.
 func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request, _ Token) {
 	after, limit, err := pageParams(r)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	items, err := s.store.DeadLettersAfter(r.Context(), s.cfg.Pool, r.URL.Query().Get("all") == "true", after, limit)
+	q := r.URL.Query()
+	items, err := s.deadLettersPage(r.Context(), q.Get("all") == "true", q.Get("participant"), after, limit)
 	if err != nil {
 		s.internalError(w, r, err)
 		return

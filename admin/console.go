@@ -352,10 +352,13 @@ func (s *Server) pageParticipant(w http.ResponseWriter, r *http.Request, p *page
 
 // deadLettersPage is the dead letters page's data.
 type deadLettersPage struct {
-	All   bool
-	Items []store.DeadLetter
-	Next  string
-	Done  *ActionResult // the action just taken, if any
+	All bool
+	// Participant filters the list ("": everyone's); the forms carry it
+	// back, so that the page that answers an action is the same list.
+	Participant string
+	Items       []store.DeadLetter
+	Next        string
+	Done        *ActionResult // the action just taken, if any
 }
 
 func (s *Server) pageDeadLetters(w http.ResponseWriter, r *http.Request, p *page) {
@@ -363,9 +366,9 @@ func (s *Server) pageDeadLetters(w http.ResponseWriter, r *http.Request, p *page
 	if err != nil {
 		p.Error = err.Error()
 	}
-	d := deadLettersPage{All: r.URL.Query().Get("all") == "true"}
+	d := deadLettersPage{All: r.URL.Query().Get("all") == "true", Participant: r.URL.Query().Get("participant")}
 	if err == nil {
-		items, err := s.store.DeadLettersAfter(r.Context(), s.cfg.Pool, d.All, after, limit)
+		items, err := s.deadLettersPage(r.Context(), d.All, d.Participant, after, limit)
 		if err != nil {
 			s.internalError(w, r, err)
 			return
@@ -392,7 +395,7 @@ func (s *Server) pageAct(w http.ResponseWriter, r *http.Request, p *page) {
 	// acknowledged or replayed since by someone else.
 	failed, ferr := strconv.ParseInt(r.PostFormValue("failed"), 10, 64)
 	shown := time.UnixMicro(failed)
-	d := deadLettersPage{}
+	d := deadLettersPage{Participant: r.PostFormValue("participant")}
 	switch {
 	case ferr != nil:
 		p.Error = "The form does not say which failure it was shown with: reload the page."
@@ -413,7 +416,7 @@ func (s *Server) pageAct(w http.ResponseWriter, r *http.Request, p *page) {
 		}
 		d.Done = &res
 	}
-	items, err := s.store.DeadLettersAfter(r.Context(), s.cfg.Pool, false, store.Cursor{}, defaultPageSize)
+	items, err := s.deadLettersPage(r.Context(), false, d.Participant, store.Cursor{}, defaultPageSize)
 	if err != nil {
 		s.internalError(w, r, err)
 		return
