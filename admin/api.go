@@ -246,7 +246,7 @@ func (s *Server) instructions(w http.ResponseWriter, r *http.Request, _ Token) {
 }
 
 func (s *Server) participant(w http.ResponseWriter, r *http.Request, _ Token) {
-	v, err := s.store.Participant(r.Context(), s.cfg.Pool, r.PathValue("id"))
+	v, err := s.participantView(r.Context(), r.PathValue("id"))
 	if err != nil {
 		s.internalError(w, r, err)
 		return

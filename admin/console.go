@@ -287,7 +287,13 @@ type instructionsPage struct {
 	State, Participant, Rail string
 	Items                    []store.Queued
 	Next                     string
+	// Paused are the pauses in force: a pending instruction of a paused
+	// rail is marked, as it is not claimed whatever its state says.
+	Paused []store.RailPause
 }
+
+// HeldBy returns the pause that holds rail's pending instructions, if any.
+func (d instructionsPage) HeldBy(rail string) *store.RailPause { return pauseOf(d.Paused, rail) }
 
 func (s *Server) pageInstructions(w http.ResponseWriter, r *http.Request, p *page) {
 	q := r.URL.Query()
@@ -307,6 +313,10 @@ func (s *Server) pageInstructions(w http.ResponseWriter, r *http.Request, p *pag
 		}
 		pg := pageOf(items, limit, queuedCursor)
 		d.Items, d.Next = pg.Items, pg.Next
+		if d.Paused, err = s.store.RailPauses(r.Context(), s.cfg.Pool); err != nil {
+			s.internalError(w, r, err)
+			return
+		}
 	}
 	p.Title, p.Nav, p.Data = "Instructions", "instructions", d
 	s.render(w, r, "instructions.html", p)
@@ -340,7 +350,7 @@ func (s *Server) pageCancel(w http.ResponseWriter, r *http.Request, p *page) {
 func (s *Server) pageParticipant(w http.ResponseWriter, r *http.Request, p *page) {
 	p.Title, p.Nav = "Participant", "participant"
 	if id := r.URL.Query().Get("id"); id != "" {
-		v, err := s.store.Participant(r.Context(), s.cfg.Pool, id)
+		v, err := s.participantView(r.Context(), id)
 		if err != nil {
 			s.internalError(w, r, err)
 			return
