@@ -88,17 +88,28 @@ func TestHandoffsNeedNoClaims(t *testing.T) {
 	t.Logf("%d claims, %d hand-offs, %d hot polls", st.Claims, st.Handoffs, st.HotPolls)
 }
 
-// TestBusyParticipantsShareWrites: a few busy participants on a fast rail
-// are drained by hand-offs, and each write waits the moment it takes for
-// the outcomes of the hand-offs the last write dispatched (hold), so every
-// write carries all of them: each participant moves one instruction per
-// write. Without the wait they split into groups that take turns, each
+// TestBusyParticipantsShareWrites: a few busy participants are drained by
+// hand-offs, and each write waits the moment it takes for the outcomes of
+// the hand-offs the last write dispatched (recorder.hold), so every write
+// carries all of them: each participant moves one instruction per write.
+// Without the wait they split into groups that take turns, each
 // participant moving once every two writes (3.6 to 6.7 outcomes per write
 // of 10 in `outbox bench`).
+//
+// On an instant rail recorder.gather (yields, no clock) often collects the
+// hand-offs' outcomes too, so a relayer without hold passed this test now
+// and then. Here the rail answers each call in 2 to 8 ms, spread at
+// random, so gather's yields find the outcomes after the first still out,
+// and each outcome write sleeps 50 ms in the database (a statement
+// trigger, this test's database only): hold waits for the hand-offs (up
+// to twice their mean dispatch time, never half a write), and without it
+// the outcomes that come back during a write make the next one, the
+// groups alternate, and writes carry about 5 outcomes, every time.
 func TestBusyParticipantsShareWrites(t *testing.T) {
 	t.Parallel()
-	const participants, each = 10, 40
-	st := drainOnePollOnlyRelayer(t, participants, each, true)
+	const participants, each = 10, 30
+	st := drainOnePollOnlyRelayerWith(t, participants, each, true,
+		rails.SandboxOptions{Seed: 1, LatencyMin: 2 * time.Millisecond, LatencyMax: 8 * time.Millisecond}, 50*time.Millisecond)
 	perWrite := float64(st.Dispatched) / float64(st.OutcomeWrites)
 	t.Logf("%d outcomes in %d writes (%.1f per write), %d hand-offs", st.Dispatched, st.OutcomeWrites, perWrite, st.Handoffs)
 	if perWrite < 0.8*participants {
@@ -156,11 +167,29 @@ func TestTrickleLeavesClaimsToTheClaimLoop(t *testing.T) {
 // relayer's stats.
 func drainOnePollOnlyRelayer(t *testing.T, participants, each int, ordered bool) Stats {
 	t.Helper()
-	b := setup(t, rails.SandboxOptions{})
+	return drainOnePollOnlyRelayerWith(t, participants, each, ordered, rails.SandboxOptions{}, 0)
+}
+
+// drainOnePollOnlyRelayerWith is drainOnePollOnlyRelayer on a sandbox rail
+// of sandbox, and, with writeDelay, every statement that writes the
+// archive sleeping that long first (a trigger in this test's database):
+// writes that take a known least time, whatever the machine.
+func drainOnePollOnlyRelayerWith(t *testing.T, participants, each int, ordered bool, sandbox rails.SandboxOptions, writeDelay time.Duration) Stats {
+	t.Helper()
+	b := setup(t, sandbox)
 	if !ordered {
 		b.unordered(t)
 	}
 	b.enqueue(t, participants*each, participants)
+	if writeDelay > 0 {
+		if _, err := b.pool.Exec(b.ctx, fmt.Sprintf(`
+CREATE FUNCTION outbox.test_slow_write() RETURNS trigger LANGUAGE plpgsql AS
+  $$BEGIN PERFORM pg_sleep(%f); RETURN NULL; END$$;
+CREATE TRIGGER test_slow_write BEFORE INSERT ON outbox.attempts
+  FOR EACH STATEMENT EXECUTE FUNCTION outbox.test_slow_write()`, writeDelay.Seconds())); err != nil {
+			t.Fatal(err)
+		}
+	}
 	cfg := b.config("drainer")
 	cfg.PollOnly, cfg.PollInterval = true, time.Minute
 	r := b.start(t, cfg)
