@@ -26,13 +26,36 @@ import (
 // opens its breaker; while open, its instructions stay pending and no
 // attempt is burned; after the open period a probe succeeds, the breaker
 // closes, and everything drains.
+//
+// The check of the open state is made within one open period, known from
+// the breaker's own changes rather than from the clock: while the rail is
+// down, each open period ends in a probe that fails and opens the breaker
+// again, and a check that an open period did not span whole (a slow
+// machine) is made again in the next one. The check lasts 1.5 s, longer
+// than the 1 s an instruction that met the open breaker waits
+// (CIRCUIT_OPEN): a relayer that claimed the open rail's instructions
+// would claim some of them again within it, whatever the timing.
 func TestBreakerOpensBurnsNothingAndRecovers(t *testing.T) {
 	t.Parallel()
 	b := setup(t, rails.SandboxOptions{})
-	var changes sync.Map
+	var (
+		changes sync.Map
+		// opened counts the breaker's openings, left its leavings of the
+		// open state: an open period is unbroken from one sample to
+		// another if both are unchanged, and it was open at the first.
+		opened, left atomic.Int64
+	)
 	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: b.sandbox, Timeout: time.Second,
-		Breaker:         rails.BreakerOptions{ConsecutiveFailures: 3, OpenFor: 1500 * time.Millisecond},
-		OnBreakerChange: func(_ string, from, to rails.BreakerState) { changes.Store(from.String()+"->"+to.String(), true) }})
+		Breaker: rails.BreakerOptions{ConsecutiveFailures: 3, OpenFor: 4 * time.Second},
+		OnBreakerChange: func(_ string, from, to rails.BreakerState) {
+			changes.Store(from.String()+"->"+to.String(), true)
+			if to == rails.BreakerOpen {
+				opened.Add(1)
+			}
+			if from == rails.BreakerOpen {
+				left.Add(1)
+			}
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,18 +66,6 @@ func TestBreakerOpensBurnsNothingAndRecovers(t *testing.T) {
 	cfg.MaxAttempts = 100 // the retry budget is not what ends this test
 	b.start(t, cfg)
 
-	// Wait for the breaker to open.
-	deadline := time.Now().Add(30 * time.Second)
-	for set.State("sandbox") != rails.BreakerOpen {
-		if time.Now().After(deadline) {
-			t.Fatal("breaker never opened")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	// Outcomes of the calls that were in flight when it opened land first
-	// (and of a claim that was under way as it opened): the baseline is
-	// taken once nothing is in flight in two samples 50 ms apart, each in
-	// one snapshot.
 	sample := func() (inflight, claims, burned int64) {
 		if err := b.pool.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM outbox.inflight),
 			(SELECT count(*) FROM outbox.attempts WHERE state = 'DISPATCHING'),
@@ -63,29 +74,45 @@ func TestBreakerOpensBurnsNothingAndRecovers(t *testing.T) {
 		}
 		return inflight, claims, burned
 	}
-	var claims1, burned1 int64
-	for {
+	// period is the open period in force ((openings, leavings) as the
+	// breaker reported them), and whether the breaker is open in it.
+	type period struct{ opened, left int64 }
+	current := func() (period, bool) {
+		p := period{opened.Load(), left.Load()}
+		return p, set.State("sandbox") == rails.BreakerOpen && p.opened > p.left && p == period{opened.Load(), left.Load()}
+	}
+	checked := false
+	for deadline := time.Now().Add(time.Minute); !checked; {
+		if time.Now().After(deadline) {
+			t.Fatal("no open period of the breaker (4 s) was long enough for a check of 1.6 s within a minute")
+		}
+		p, open := current()
+		if !open {
+			time.Sleep(5 * time.Millisecond)
+			continue
+		}
+		// Outcomes of the calls that were in flight when it opened land
+		// first (and of a claim that was under way as it opened, or of
+		// the probe that failed): the baseline is taken once nothing is
+		// in flight in two samples 50 ms apart, each in one snapshot.
 		f1, c1, b1 := sample()
 		time.Sleep(50 * time.Millisecond)
 		f2, c2, b2 := sample()
-		if f1 == 0 && f2 == 0 && c1 == c2 && b1 == b2 {
-			claims1, burned1 = c2, b2
-			break
+		// While open: nothing is claimed, so no attempt row appears and
+		// no attempt count grows.
+		time.Sleep(1500 * time.Millisecond)
+		_, c3, b3 := sample()
+		if q, open := current(); !open || q != p || f1 != 0 || f2 != 0 || c1 != c2 || b1 != b2 {
+			continue // not one open period, or not settled at its start: the next one
 		}
-	}
-	// While open: nothing is claimed, so no attempt row appears and no
-	// attempt count grows. Sample again within the open period.
-	time.Sleep(500 * time.Millisecond)
-	if set.State("sandbox") == rails.BreakerOpen {
-		_, claims2, burned2 := sample()
-		if claims2 != claims1 || burned2 != burned1 {
-			t.Fatalf("while open: claims %d -> %d, attempt counts %d -> %d; want no change", claims1, claims2, burned1, burned2)
+		if c3 != c2 || b3 != b2 {
+			t.Fatalf("while open: claims %d -> %d, attempt counts %d -> %d; want no change", c2, c3, b2, b3)
 		}
-	} else {
-		t.Fatal("breaker left the open state within 0.5 s of a 3 s open period; machine too slow to check the open state")
+		checked = true
 	}
-	if calls := b.sandbox.Stats().Calls; calls > 3+64 {
-		t.Fatalf("rail called %d times; an open breaker should stop the calls", calls)
+	// Each open period ends in one probe call (while the rail is down).
+	if calls := b.sandbox.Stats().Calls; calls > 3+64+left.Load() {
+		t.Fatalf("rail called %d times over %d open periods; an open breaker should stop the calls", calls, opened.Load())
 	}
 	b.sandbox.SetDown(nil)
 	b.waitDrained(t, 2*time.Minute)
