@@ -885,6 +885,7 @@ func TestDemoSummarySaysWhichRailsWerePaused(t *testing.T) {
 	t.Parallel()
 	b := setupCLI(t)
 	requireExit(t, b.cli(t, "", "rails", "--operator", "olga", "--reason", "left from an earlier run", "--wait", "0", "pause", "sandbox"), 0)
+	requireExit(t, b.cli(t, "", "rails", "--operator", "olga", "--reason", "restore", "--wait", "0", "pause", "*"), 0)
 	during := make(chan error, 1)
 	go func() {
 		during <- func() error {
@@ -919,6 +920,8 @@ func TestDemoSummarySaysWhichRailsWerePaused(t *testing.T) {
 	for _, want := range []string{
 		`rail "sandbox" is paused (by olga: left from an earlier run)`,
 		`rail "event" was paused during the run (by ivan: a look at the event rail), and resumed`,
+		`every rail ("*") is paused (by olga: restore) since `,
+		"until it is resumed (outbox rails resume '*')",
 		"invariants: OK",
 	} {
 		if !strings.Contains(r.stdout, want) {

@@ -415,8 +415,8 @@ func (d *demo) pausesBefore(ctx context.Context) error {
 		return err
 	}
 	for _, p := range pauses {
-		fmt.Fprintf(d.env.stdout, "demo: rail %q is paused (by %s: %s): nothing of it is dispatched until `outbox rails resume %s` or the console resumes it\n",
-			p.RailType, p.PausedBy, p.Reason, p.RailType)
+		fmt.Fprintf(d.env.stdout, "demo: %s is paused (by %s: %s): nothing of it is dispatched until `outbox rails resume %s` or the console resumes it\n",
+			demoPauseName(p.RailType), p.PausedBy, p.Reason, demoShellWord(p.RailType))
 	}
 	return nil
 }
@@ -431,8 +431,8 @@ func (d *demo) pauses(ctx context.Context) error {
 		return err
 	}
 	for _, p := range pauses {
-		fmt.Fprintf(w, "rail %q is paused (by %s: %s) since %s: its instructions stay pending until it is resumed (outbox rails resume %s)\n",
-			p.RailType, p.PausedBy, p.Reason, p.PausedAt.UTC().Format(time.DateTime+" UTC"), p.RailType)
+		fmt.Fprintf(w, "%s is paused (by %s: %s) since %s: its instructions stay pending until it is resumed (outbox rails resume %s)\n",
+			demoPauseName(p.RailType), p.PausedBy, p.Reason, p.PausedAt.UTC().Format(time.DateTime+" UTC"), demoShellWord(p.RailType))
 	}
 	events, err := d.archive.RailPauseEvents(ctx, d.pool, pauseEventsKept)
 	if err != nil {
@@ -461,9 +461,26 @@ func (d *demo) pauses(ctx context.Context) error {
 		if resumed == "" {
 			resumed = ", and is paused still"
 		}
-		fmt.Fprintf(w, "rail %q was paused during the run (by %s: %s)%s\n", e.RailType, e.Operator, e.Reason, resumed)
+		fmt.Fprintf(w, "%s was paused during the run (by %s: %s)%s\n", demoPauseName(e.RailType), e.Operator, e.Reason, resumed)
 	}
 	return nil
+}
+
+// demoPauseName names what a pause of railType pauses.
+func demoPauseName(railType string) string {
+	if railType == attempts.AllRails {
+		return `every rail ("*")`
+	}
+	return fmt.Sprintf("rail %q", railType)
+}
+
+// demoShellWord is railType as a shell command line takes it: * quoted,
+// or the shell would put the directory's files in its place.
+func demoShellWord(railType string) string {
+	if railType == attempts.AllRails {
+		return "'*'"
+	}
+	return railType
 }
 
 func (d *demo) final(ctx context.Context, unordered bool) error {
