@@ -50,6 +50,11 @@ func (s *Server) participantView(ctx context.Context, participant string) (store
 	}
 	held := fmt.Sprintf("held by the pause of %s (by %s: %s) since %s: no relayer claims it until the rail is resumed",
 		pauseName(p), p.PausedBy, p.Reason, p.PausedAt.UTC().Format(time.RFC3339))
+	// Its rail's own pause and that of every rail both hold it: resuming
+	// one leaves it held, which the reason must not hide.
+	if all := pauseOf(pauses, store.AllRails); all != nil && all != p {
+		held += fmt.Sprintf("; every rail is paused too (by %s: %s), and that pause holds it as well", all.PausedBy, all.Reason)
+	}
 	if v.State == "retry_wait" {
 		v.Reason += ", and then " + held
 		return v, nil

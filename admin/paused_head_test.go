@@ -40,6 +40,10 @@ func TestParticipantHeldByAPausedRail(t *testing.T) {
 	if _, err := b.st.PauseRail(b.ctx, b.pool, "*", "ivan", "restore"); err != nil {
 		t.Fatal(err)
 	}
+	b.call(t, "GET", "/api/v1/participants/p1", auditorSecret, nil, &v)
+	if !strings.Contains(v.Reason, held) || !strings.Contains(v.Reason, "every rail is paused too (by ivan: restore)") {
+		t.Errorf("a head due on a rail paused both by itself and with every rail names only one pause: %q", v.Reason)
+	}
 	if _, err := b.st.ResumeRail(b.ctx, b.pool, "sandbox", "olga", "done"); err != nil {
 		t.Fatal(err)
 	}
