@@ -55,6 +55,31 @@ func (s *Store) DeadLettersAfter(ctx context.Context, db Querier, all bool, afte
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[DeadLetter])
 }
 
+// ParticipantDeadLettersAfter is DeadLettersAfter for the dead letters of
+// one participant (the participant page's link, ?participant= on the
+// console's list and the API): among everyone's, a participant's own may
+// be pages away. No index leads with participant_id: each page walks the
+// list's own index in failure order and filters, as Participant's count
+// of them scans.
+func (s *Store) ParticipantDeadLettersAfter(ctx context.Context, db Querier, participant string, all bool, after Cursor, limit int) ([]DeadLetter, error) {
+	if after.At.IsZero() {
+		after.At = time.Unix(0, 0)
+	}
+	q := s.sql.participantOpenDeadLetters
+	if all {
+		q = s.sql.participantAllDeadLetters
+	}
+	rows, err := db.Query(ctx, q, limit, after.At, after.ID, participant)
+	if err != nil {
+		return nil, fmt.Errorf("dead letters of participant %s: %w", participant, err)
+	}
+	items, err := pgx.CollectRows(rows, pgx.RowToStructByPos[DeadLetter])
+	if err != nil {
+		return nil, fmt.Errorf("dead letters of participant %s: %w", participant, err)
+	}
+	return items, nil
+}
+
 // deadLetterSelect reads dead_letters rows as DeadLetter, in field order.
 const deadLetterSelect = `
 SELECT outbox_id, instruction_id, participant_id, sequence_id, rail_type, tenant_id, correlation_id,
@@ -69,6 +94,12 @@ const (
 	openDeadLettersSQL = deadLetterSelect + ` WHERE acknowledged_at IS NULL AND (failed_at, outbox_id) > ($2, $3)
 ORDER BY failed_at, outbox_id LIMIT $1`
 	allDeadLettersSQL = deadLetterSelect + ` WHERE (failed_at, outbox_id) > ($2, $3)
+ORDER BY failed_at, outbox_id LIMIT $1`
+	// ParticipantDeadLettersAfter's: the same, $4 the participant.
+	participantOpenDeadLettersSQL = deadLetterSelect + ` WHERE participant_id = $4 AND acknowledged_at IS NULL
+  AND (failed_at, outbox_id) > ($2, $3)
+ORDER BY failed_at, outbox_id LIMIT $1`
+	participantAllDeadLettersSQL = deadLetterSelect + ` WHERE participant_id = $4 AND (failed_at, outbox_id) > ($2, $3)
 ORDER BY failed_at, outbox_id LIMIT $1`
 )
 

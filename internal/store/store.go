@@ -89,33 +89,34 @@ func qualify(schema, query string) string { return strings.ReplaceAll(query, "{s
 type statements struct {
 	insertKeys, insertPending, lookupKeys string
 	// The same three for one instruction (see single).
-	insertKeyOne, insertPendingOne, lookupKeyOne     string
-	claim, claimSuspects, suspectsDue, handoff       string
-	handoffSuccessors, recordLate                    string
-	handoffFenced, handoffFencedSuccessors           string
-	record, recordDispatched, withdraw, settlePoison string
-	lockParticipants, lostHandoffs                   string
-	reap, reapLock                                   string
-	replay, acknowledge, cancel                      string
-	trailByOutbox, trailByInstruction                string
-	openDeadLetters, allDeadLetters                  string
-	listPending                                      string
-	snapshot, idleRelayers, dueOlderThan             string
-	vacuumHorizon                                    string
-	verifyCounts                                     string
-	verifyChecks                                     []string
-	registerIdle, unregisterIdle                     string
-	ensurePartitions                                 string
-	takeCheckpoint, checkpoints                      string
-	retireKeys                                       string
-	keysRetired                                      string
-	dropRetiredKeys                                  string
-	partitions                                       string
-	listQueued, listQueuedOf                         string
-	listInFlight, listInFlightOf, participant        string
-	participantHead, lastError                       string
-	railActivity, liveRelayers, deadLetter           string
-	verifyChains, verifyCheckpoints, verifyDigests   string
+	insertKeyOne, insertPendingOne, lookupKeyOne          string
+	claim, claimSuspects, suspectsDue, handoff            string
+	handoffSuccessors, recordLate                         string
+	handoffFenced, handoffFencedSuccessors                string
+	record, recordDispatched, withdraw, settlePoison      string
+	lockParticipants, lostHandoffs                        string
+	reap, reapLock                                        string
+	replay, acknowledge, cancel                           string
+	trailByOutbox, trailByInstruction                     string
+	openDeadLetters, allDeadLetters                       string
+	participantOpenDeadLetters, participantAllDeadLetters string
+	listPending                                           string
+	snapshot, idleRelayers, dueOlderThan                  string
+	vacuumHorizon                                         string
+	verifyCounts                                          string
+	verifyChecks                                          []string
+	registerIdle, unregisterIdle                          string
+	ensurePartitions                                      string
+	takeCheckpoint, checkpoints                           string
+	retireKeys                                            string
+	keysRetired                                           string
+	dropRetiredKeys                                       string
+	partitions                                            string
+	listQueued, listQueuedOf                              string
+	listInFlight, listInFlightOf, participant             string
+	participantHead, lastError                            string
+	railActivity, liveRelayers, deadLetter                string
+	verifyChains, verifyCheckpoints, verifyDigests        string
 }
 
 func renderStatements(schema string) statements {
@@ -149,37 +150,39 @@ func renderStatements(schema string) statements {
 		trailByOutbox:           q(trailSQL("outbox_id = $1")),
 		// Through the keys' instruction index: the archive keeps no index
 		// by instruction id (migration 005).
-		trailByInstruction: q(trailSQL("outbox_id IN (SELECT outbox_id FROM {schema}.idempotency_keys WHERE instruction_id = $1)")),
-		openDeadLetters:    q(openDeadLettersSQL),
-		allDeadLetters:     q(allDeadLettersSQL),
-		listPending:        q(listPendingSQL),
-		snapshot:           q(snapshotSQL),
-		idleRelayers:       q(idleRelayersSQL),
-		vacuumHorizon:      q(vacuumHorizonSQL),
-		dueOlderThan:       q(dueOlderThanSQL),
-		verifyCounts:       q(verifyCountsSQL),
-		registerIdle:       q(registerIdleSQL),
-		unregisterIdle:     q(unregisterIdleSQL),
-		ensurePartitions:   q(ensurePartitionsSQL),
-		takeCheckpoint:     q(takeCheckpointSQL),
-		retireKeys:         q(retireKeysSQL),
-		keysRetired:        q(keysRetiredSQL),
-		dropRetiredKeys:    q(dropRetiredKeysSQL),
-		partitions:         q(partitionsSQL),
-		listQueued:         q(queuedPageSQL(queuedPendingColumns, "pending", false)),
-		listQueuedOf:       q(queuedPageSQL(queuedPendingColumns, "pending", true)),
-		listInFlight:       q(queuedPageSQL(queuedInFlightColumns, "inflight", false)),
-		listInFlightOf:     q(queuedPageSQL(queuedInFlightColumns, "inflight", true)),
-		participant:        q(participantSQL),
-		participantHead:    q(participantHeadSQL),
-		lastError:          q(lastErrorSQL),
-		railActivity:       q(railActivitySQL),
-		liveRelayers:       q(liveRelayersSQL),
-		deadLetter:         q(deadLetterSQL),
-		checkpoints:        q(checkpointsSQL),
-		verifyChains:       q(verifyChainsSQL),
-		verifyCheckpoints:  q(verifyCheckpointsSQL),
-		verifyDigests:      q(verifyDigestsSQL),
+		trailByInstruction:         q(trailSQL("outbox_id IN (SELECT outbox_id FROM {schema}.idempotency_keys WHERE instruction_id = $1)")),
+		openDeadLetters:            q(openDeadLettersSQL),
+		allDeadLetters:             q(allDeadLettersSQL),
+		participantOpenDeadLetters: q(participantOpenDeadLettersSQL),
+		participantAllDeadLetters:  q(participantAllDeadLettersSQL),
+		listPending:                q(listPendingSQL),
+		snapshot:                   q(snapshotSQL),
+		idleRelayers:               q(idleRelayersSQL),
+		vacuumHorizon:              q(vacuumHorizonSQL),
+		dueOlderThan:               q(dueOlderThanSQL),
+		verifyCounts:               q(verifyCountsSQL),
+		registerIdle:               q(registerIdleSQL),
+		unregisterIdle:             q(unregisterIdleSQL),
+		ensurePartitions:           q(ensurePartitionsSQL),
+		takeCheckpoint:             q(takeCheckpointSQL),
+		retireKeys:                 q(retireKeysSQL),
+		keysRetired:                q(keysRetiredSQL),
+		dropRetiredKeys:            q(dropRetiredKeysSQL),
+		partitions:                 q(partitionsSQL),
+		listQueued:                 q(queuedPageSQL(queuedPendingColumns, "pending", false)),
+		listQueuedOf:               q(queuedPageSQL(queuedPendingColumns, "pending", true)),
+		listInFlight:               q(queuedPageSQL(queuedInFlightColumns, "inflight", false)),
+		listInFlightOf:             q(queuedPageSQL(queuedInFlightColumns, "inflight", true)),
+		participant:                q(participantSQL),
+		participantHead:            q(participantHeadSQL),
+		lastError:                  q(lastErrorSQL),
+		railActivity:               q(railActivitySQL),
+		liveRelayers:               q(liveRelayersSQL),
+		deadLetter:                 q(deadLetterSQL),
+		checkpoints:                q(checkpointsSQL),
+		verifyChains:               q(verifyChainsSQL),
+		verifyCheckpoints:          q(verifyCheckpointsSQL),
+		verifyDigests:              q(verifyDigestsSQL),
 	}
 	for _, c := range checks {
 		st.verifyChecks = append(st.verifyChecks, q(c.sql))
