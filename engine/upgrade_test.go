@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -63,5 +64,49 @@ func TestStricterValidationAfterUpgradeDeadLetters(t *testing.T) {
 	}
 	if st := b.sandbox.Stats(); st.Calls != 2 || st.Payments != 2 {
 		t.Errorf("sandbox stats %+v: want the two valid instructions sent and paid, the refused one never sent", st)
+	}
+}
+
+// TestOutcomeUnknownSurvivesAStricterBuild: an instruction whose first
+// attempt timed out under the older build (the rail may have paid it)
+// and that the newer build's validation then refuses is a dead letter
+// whose outcome is unknown: its last attempt never reached the rail, but
+// that proves nothing about the first. Operators replay the dead letters
+// without outcome_unknown as ones the rail certainly did not act on
+// (docs/operations.md, "After a rail outage").
+func TestOutcomeUnknownSurvivesAStricterBuild(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	b.enqueue(t, 1, 1) // p000-0, 100 minor units
+	b.useTransport(t, funcTransport(func(ctx context.Context, ins payment.Instruction) (rails.Result, error) {
+		<-ctx.Done() // the rail got the request and never answered
+		return rails.Result{}, ctx.Err()
+	}), 100*time.Millisecond)
+	cfg := b.config("older")
+	cfg.MaxAttempts = 100
+	older := b.start(t, cfg)
+	for deadline := time.Now().Add(30 * time.Second); countCode(t, b, string(rails.CodeRailTimeout)) == 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no RAIL_TIMEOUT recorded")
+		}
+	}
+	stop, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	defer cancel()
+	if err := older.Stop(stop); err != nil {
+		t.Fatal(err)
+	}
+
+	b.rails = strictRails(t, b.sandbox)
+	b.start(t, b.config("newer"))
+	b.waitDrained(t, 30*time.Second)
+	var (
+		code    string
+		unknown bool
+	)
+	if err := b.pool.QueryRow(b.ctx, `SELECT error_code, outcome_unknown FROM outbox.dead_letters`).Scan(&code, &unknown); err != nil {
+		t.Fatal(err)
+	}
+	if code != string(rails.CodeValidationFailed) || !unknown {
+		t.Errorf("dead letter %s, outcome unknown %v; want VALIDATION_FAILED with outcome unknown: an earlier attempt timed out", code, unknown)
 	}
 }
