@@ -250,7 +250,11 @@ FROM claimed c JOIN leases l USING (rail_type)
 ORDER BY c.next_attempt_at, c.created_at`
 
 // claimWritesSQL are the writes of claimTailSQL, ending in the relation
-// claimed.
+// claimed. The in-flight row is outcome unknown if an earlier attempt was
+// (the pending row's mark) or if the pending row is a copy the reaper
+// requeued: its abandoned claim's outcome is unknown from this claim on,
+// since a late FAILED of that claim withdraws only a copy nobody claimed
+// (migration 033).
 var claimWritesSQL = `
 leases AS (
   SELECT * FROM unnest($3::text[], $4::bigint[]) AS l(rail_type, lease_ms)
@@ -265,10 +269,11 @@ leases AS (
   SELECT ` + dispatchingValues + `, c.archived_at, c.chain_head, c.hash
   FROM stamped c
 ), leased AS (
-  INSERT INTO {schema}.inflight (` + inflightColumns + `, chain_head, zombie_count)
+  INSERT INTO {schema}.inflight (` + inflightColumns + `, chain_head, zombie_count, outcome_unknown)
   SELECT ` + from("c", identityColumns) + `,
          c.payload, c.created_at, c.attempt_id, c.attempt_no, $1, ` + orderedSQL + `,
-         c.claimed_at, c.claimed_at + l.lease_ms * interval '1 millisecond', c.hash, c.zombie_count
+         c.claimed_at, c.claimed_at + l.lease_ms * interval '1 millisecond', c.hash, c.zombie_count,
+         c.outcome_unknown OR c.zombie_attempt_id IS NOT NULL
   FROM stamped c JOIN leases l USING (rail_type)
 )`
 

@@ -124,10 +124,12 @@ WITH expired AS (
   SELECT r.*, ` + attemptHash("r.chain_head", zombieValues, "r.archived_at") + ` AS hash FROM reaped r
 ` + behindSQL("NOT s.poisoned") + `
 ), requeued AS (
-  INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head, zombie_count)
+  -- outcome_unknown: the earlier attempts' only; the copy's claim adds
+  -- this one's (zombie_attempt_id), unless its late FAILED withdraws it
+  INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head, zombie_count, outcome_unknown)
   SELECT ` + identityColumns + `, payload, ` + countAfter("attempt_no", "false") + `,
          CASE WHEN outbox_id IN (SELECT outbox_id FROM behind) THEN 'infinity' ELSE claimed_at END,
-         created_at, attempt_id, hash, zombie_count + 1
+         created_at, attempt_id, hash, zombie_count + 1, outcome_unknown
   FROM stamped WHERE NOT poisoned
 ), poison AS (
   INSERT INTO {schema}.dead_letters (` + deadLetterColumns + `, chain_head, outcome_unknown)

@@ -358,7 +358,10 @@ var recordLateSQL = recordWith(requeuedSQL+deadSQL, true)
 
 // requeuedSQL and deadSQL are recordSQL's retries, back to pending with
 // the same identity after their backoff, and terminal failures, into the
-// dead letters.
+// dead letters. Both carry outcome_unknown: the in-flight row's (an
+// earlier attempt's) or this attempt's (attempt_unknown), so that a dead
+// letter is outcome unknown if any attempt of its instruction was, not
+// only its last (migration 033).
 //
 // With ordering on, a retry is its participant's head again unless a
 // lower sequence of the participant is pending: a dead letter an operator
@@ -370,10 +373,10 @@ var recordLateSQL = recordWith(requeuedSQL+deadSQL, true)
 var (
 	requeuedSQL = behindSQL("s.state = 'RETRYABLE'") + `
 ), requeued AS (
-  INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head, zombie_count)
+  INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head, zombie_count, outcome_unknown)
   SELECT ` + identityColumns + `, payload, ` + countAfter("attempt_no", "count_attempt") + `,
          CASE WHEN outbox_id IN (SELECT outbox_id FROM behind) THEN 'infinity' ELSE due END, created_at, NULL, hash,
-         zombie_count
+         zombie_count, outcome_unknown OR attempt_unknown
   FROM stamped WHERE state = 'RETRYABLE'
 ), ahead AS (
   UPDATE {schema}.pending p SET next_attempt_at = now()
@@ -382,7 +385,7 @@ var (
 ), dead AS (
   INSERT INTO {schema}.dead_letters (` + deadLetterColumns + `, chain_head, outcome_unknown)
   SELECT ` + identityColumns + `, payload, attempt_no, error_code, nullif(error_message, ''), outcome_id, created_at, hash,
-         outcome_unknown
+         outcome_unknown OR attempt_unknown
   FROM stamped WHERE state = 'FAILED'`
 )
 
@@ -426,7 +429,7 @@ WITH input AS (
   DELETE FROM {schema}.inflight f USING targets o
   WHERE f.ctid = ANY (ARRAY(SELECT row FROM targets)) AND f.ctid = o.row
   RETURNING f.*, o.attempt_id AS outcome_id, o.state, o.rail_reference, o.rail_code, o.error_code, o.error_message,
-            o.latency_ms, o.count_attempt, o.outcome_unknown,
+            o.latency_ms, o.count_attempt, o.outcome_unknown AS attempt_unknown,
             CASE WHEN o.state = 'RETRYABLE' THEN now() + o.retry_delay_ms * interval '1 millisecond' END AS due,
             clock_timestamp() AS archived_at
 ), stamped AS (

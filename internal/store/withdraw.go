@@ -20,9 +20,10 @@ func (s *Store) withdraw(ctx context.Context, db Batcher, late []Outcome) (map[u
 	n := len(late)
 	states, codes, messages, participants := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	attemptNos := make([]int32, n)
+	unknown := make([]bool, n)
 	for i, o := range late {
 		states[i], codes[i], messages[i], attemptNos[i] = string(o.State), o.ErrorCode, o.ErrorMessage, int32(o.AttemptNo)
-		participants[i] = o.ParticipantID
+		participants[i], unknown[i] = o.ParticipantID, o.OutcomeUnknown
 	}
 	ids := wireUUIDs(late, func(o *Outcome) uuid.UUID { return o.OutboxID })
 	var settling []Outcome
@@ -36,7 +37,7 @@ func (s *Store) withdraw(ctx context.Context, db Batcher, late []Outcome) (map[u
 	claimIDs := wireUUIDs(late, func(o *Outcome) uuid.UUID { return o.ClaimAttemptID })
 	b := &pgx.Batch{}
 	b.Queue(s.sql.lockParticipants, participants)
-	b.Queue(s.sql.withdraw, ids, attemptIDs, states, codes, messages, attemptNos, claimIDs)
+	b.Queue(s.sql.withdraw, ids, attemptIDs, states, codes, messages, attemptNos, claimIDs, unknown)
 	b.Queue(s.sql.handoffSuccessors, "", 0, []string{}, []int64{}, participants, []string{}, false)
 	b.Queue(s.sql.settlePoison, dispatched)
 	br := db.SendBatch(ctx, b)
@@ -83,8 +84,8 @@ func (s *Store) withdraw(ctx context.Context, db Batcher, late []Outcome) (map[u
 // whole queue for each write (TestLateOutcomesReadTheQueueByKey).
 var withdrawSQL = `
 WITH o AS (
-  SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int[], $7::uuid[])
-    AS o(outbox_id, attempt_id, state, error_code, error_message, attempt_no, claim_attempt_id)
+  SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::int[], $7::uuid[], $8::bool[])
+    AS o(outbox_id, attempt_id, state, error_code, error_message, attempt_no, claim_attempt_id, outcome_unknown)
 ), copies AS (
   -- Locked as they are found, so that the row ids are those of the rows'
   -- latest versions, whatever changed them since this statement's
@@ -103,13 +104,16 @@ WITH o AS (
   FROM (SELECT participant_id, count(*) AS n FROM withdrawn GROUP BY participant_id) t
   WHERE s.participant_id = t.participant_id AND ` + orderedSQL + `
 ), late_dead AS (
-  INSERT INTO {schema}.dead_letters (` + deadLetterColumns + `, chain_head)
+  INSERT INTO {schema}.dead_letters (` + deadLetterColumns + `, chain_head, outcome_unknown)
   SELECT ` + from("w", identityColumns) + `, w.payload,
          greatest(w.attempt_count, o.attempt_no), o.error_code, nullif(o.error_message, ''), o.attempt_id, w.created_at,
          -- the head is the late FAILED row just archived (by primary key);
          -- the requeued copy's head (its ZOMBIE_REQUEUE row) if not found
          coalesce((SELECT a.hash FROM {schema}.attempts a
-                   WHERE a.attempt_id = o.attempt_id AND a.created_at >= now() - interval '1 day' LIMIT 1), w.chain_head)
+                   WHERE a.attempt_id = o.attempt_id AND a.created_at >= now() - interval '1 day' LIMIT 1), w.chain_head),
+         -- the attempts before the abandoned claim (the copy's), and the
+         -- late outcome's own: the late outcome settles that claim
+         w.outcome_unknown OR o.outcome_unknown
   -- By claim: one write may hold late outcomes of several claims of one
   -- instruction, and only the claim the copy came from decides its end.
   FROM withdrawn w JOIN o ON o.claim_attempt_id = w.claim_attempt_id
