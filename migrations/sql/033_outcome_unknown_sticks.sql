@@ -38,7 +38,7 @@ WHERE p.chain_head IS NOT NULL AND EXISTS (
   SELECT 1 FROM {{.schema}}.attempts a
   WHERE a.outbox_id = p.outbox_id
     AND a.error_code IN ('RAIL_TIMEOUT', 'RAIL_TRANSPORT_ERROR', 'RAIL_UPSTREAM_ERROR', 'UNKNOWN_RAIL_CODE', 'ZOMBIE_REQUEUE', 'ZOMBIE_LIMIT')
-    AND a.claim_attempt_id IS DISTINCT FROM p.zombie_attempt_id);
+    AND (p.zombie_attempt_id IS NULL OR a.claim_attempt_id IS DISTINCT FROM p.zombie_attempt_id));
 
 -- replay_dead_letter_any_tenant (migration 026) puts the dead letter's
 -- mark back on the replayed row: its replay's attempts are more attempts
