@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/gofrs/uuid/v5"
 
@@ -125,4 +126,41 @@ func TestReplayCarriesOutcomeUnknown(t *testing.T) {
 		t.Errorf("replayed dead letter %s, outcome unknown %v; want RAIL_REJECTED, not outcome unknown", code, unknown)
 	}
 	b.verifyOK(t)
+}
+
+// TestQueuedShowsOutcomeUnknown: the console lists, beside the cancel
+// button, whether an earlier attempt of a pending or in-flight instruction
+// may have reached the rail (a timeout, a reaped claim): cancelling such
+// an instruction does not undo a payment the rail may have made.
+func TestQueuedShowsOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	retried := b.enqueue(t, "p1", "k1")
+	o := timedOut(t, b.claimOne(t, "r1", longLease))
+	o.RetryDelay = time.Hour // not due: the next claim takes p2
+	b.record(t, o)
+	reaped := b.enqueue(t, "p2", "k2")
+	b.reap(t, b.claimOne(t, "dead", shortLease))
+	fresh := b.enqueue(t, "p3", "k3")
+	want := map[uuid.UUID]bool{retried: true, reaped: true, fresh: false}
+	items, err := b.st.ListQueued(b.ctx, b.pool, store.QueuedFilter{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(items) != len(want) {
+		t.Fatalf("%d pending, want %d", len(items), len(want))
+	}
+	for _, q := range items {
+		if q.OutcomeUnknown != want[q.OutboxID] {
+			t.Errorf("pending %s (%s): outcome unknown %v, want %v", q.OutboxID, q.ParticipantID, q.OutcomeUnknown, want[q.OutboxID])
+		}
+	}
+	c := b.claimOne(t, "r1", longLease)
+	items, err = b.st.ListQueued(b.ctx, b.pool, store.QueuedFilter{InFlight: true, Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(items) != 1 || items[0].OutboxID != c.OutboxID || items[0].OutcomeUnknown != want[c.OutboxID] {
+		t.Errorf("in flight %+v, want %s with outcome unknown %v", items, c.OutboxID, want[c.OutboxID])
+	}
 }
