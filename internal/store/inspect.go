@@ -30,6 +30,10 @@ type Queued struct {
 	ClaimedAt    *time.Time `json:"claimed_at,omitempty"`
 	LeaseUntil   *time.Time `json:"lease_until,omitempty"`
 	ZombieCount  int        `json:"zombie_requeues"` // times the reaper requeued it (a suspect from 2 on)
+	// OutcomeUnknown: an earlier attempt may have reached the rail (it
+	// timed out, its relayer died holding it, ...): cancelling it does not
+	// undo a payment the rail may have made.
+	OutcomeUnknown bool `json:"outcome_unknown"`
 }
 
 // QueuedFilter selects queued instructions. Pages are in outbox id order.
@@ -59,11 +63,11 @@ const (
 SELECT outbox_id, instruction_id, participant_id, sequence_id, rail_type, coalesce(tenant_id, ''), created_at,
        CASE WHEN next_attempt_at = 'infinity' THEN 'queued' WHEN next_attempt_at <= now() THEN 'due' ELSE 'retry_wait' END,
        attempt_count, CASE WHEN next_attempt_at = 'infinity' THEN NULL ELSE next_attempt_at END,
-       '', NULL::timestamptz, NULL::timestamptz, zombie_count`
+       '', NULL::timestamptz, NULL::timestamptz, zombie_count, outcome_unknown OR zombie_attempt_id IS NOT NULL`
 	queuedInFlightColumns = `
 SELECT outbox_id, instruction_id, participant_id, sequence_id, rail_type, coalesce(tenant_id, ''), created_at,
        CASE WHEN lease_until < now() THEN 'stuck' ELSE 'in_flight' END,
-       attempt_no, NULL::timestamptz, relayer_id, claimed_at, lease_until, zombie_count`
+       attempt_no, NULL::timestamptz, relayer_id, claimed_at, lease_until, zombie_count, outcome_unknown`
 )
 
 // queuedPageSQL lists one page of table: the rows after outbox id $2, of
