@@ -254,7 +254,7 @@ ORDER BY c.next_attempt_at, c.created_at`
 // (the pending row's mark) or if the pending row is a copy the reaper
 // requeued: its abandoned claim's outcome is unknown from this claim on,
 // since a late FAILED of that claim withdraws only a copy nobody claimed
-// (migration 033).
+// (migration 032).
 var claimWritesSQL = `
 leases AS (
   SELECT * FROM unnest($3::text[], $4::bigint[]) AS l(rail_type, lease_ms)

@@ -361,7 +361,7 @@ var recordLateSQL = recordWith(requeuedSQL+deadSQL, true)
 // dead letters. Both carry outcome_unknown: the in-flight row's (an
 // earlier attempt's) or this attempt's (attempt_unknown), so that a dead
 // letter is outcome unknown if any attempt of its instruction was, not
-// only its last (migration 033).
+// only its last (migration 032).
 //
 // With ordering on, a retry is its participant's head again unless a
 // lower sequence of the participant is pending: a dead letter an operator
