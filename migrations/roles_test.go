@@ -201,13 +201,18 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 	for _, line := range strings.Split(sql, "\n") {
 		if !strings.Contains(line, "allocate_sequence(text)") && !strings.Contains(line, "settle_poison_dead_letters") &&
 			!strings.Contains(line, "vacuum_horizon") && !strings.Contains(line, "rail_pause") && !strings.Contains(line, "pause_rail") && !strings.Contains(line, "resume_rail") &&
-			!strings.Contains(line, "cancel_pending") && !strings.Contains(line, "any_tenant") && !strings.Contains(line, "archived_claim") {
+			!strings.Contains(line, "cancel_pending") && !strings.Contains(line, "any_tenant") && !strings.Contains(line, "archived_claim") &&
+			!strings.Contains(line, "take_checkpoint") {
 			v12 = append(v12, line)
 		}
 	}
 	// Before migration 027 the script granted auditors and operators
 	// every table of the schema, the archive's partitions included.
 	v12 = append(v12, "GRANT SELECT ON ALL TABLES IN SCHEMA "+schema+" TO outbox_auditor, outbox_operator;")
+	// Before migration 031 relayers inserted checkpoints themselves.
+	v12 = append(v12, "GRANT INSERT ON "+schema+".checkpoints TO outbox_relayer;")
+	// And updated any column of sequences.
+	v12 = append(v12, "GRANT UPDATE ON "+schema+".sequences TO outbox_relayer;")
 	if _, err := b.admin.Exec(b.ctx, strings.Join(v12, "\n")); err != nil {
 		t.Fatalf("roles at version 12: %v", err)
 	}
@@ -226,15 +231,16 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 		t.Fatalf("enqueue as producer after the upgrade: %+v, %v", r, err)
 	}
 	for fn, runner := range map[string]string{
-		"upgraded.ensure_attempt_partitions(int)":            migrations.RoleRelayer,
-		"upgraded.allocate_sequence(text)":                   migrations.RoleProducer,
-		"upgraded.settle_poison_dead_letters(uuid[])":        migrations.RoleRelayer,
-		"upgraded.archived_claim(uuid, timestamptz)":         migrations.RoleRelayer,
-		"upgraded.replay_dead_letter(uuid, text, text)":      migrations.RoleOperator,
-		"upgraded.pause_rail(text, text, text)":              migrations.RoleOperator,
-		"upgraded.resume_rail(text, text, text)":             migrations.RoleOperator,
-		"upgraded.cancel_pending(uuid, text, text)":          migrations.RoleOperator,
-		"upgraded.acknowledge_dead_letter(uuid, text, text)": migrations.RoleOperator,
+		"upgraded.ensure_attempt_partitions(int)":                   migrations.RoleRelayer,
+		"upgraded.allocate_sequence(text)":                          migrations.RoleProducer,
+		"upgraded.settle_poison_dead_letters(uuid[])":               migrations.RoleRelayer,
+		"upgraded.archived_claim(uuid, timestamptz)":                migrations.RoleRelayer,
+		"upgraded.replay_dead_letter(uuid, text, text)":             migrations.RoleOperator,
+		"upgraded.pause_rail(text, text, text)":                     migrations.RoleOperator,
+		"upgraded.resume_rail(text, text, text)":                    migrations.RoleOperator,
+		"upgraded.cancel_pending(uuid, text, text)":                 migrations.RoleOperator,
+		"upgraded.acknowledge_dead_letter(uuid, text, text)":        migrations.RoleOperator,
+		"upgraded.take_checkpoint(timestamptz, interval, interval)": migrations.RoleRelayer,
 	} {
 		var definer, runnerMay, auditorMay bool
 		if err := b.admin.QueryRow(b.ctx, `SELECT prosecdef, has_function_privilege($2, oid, 'EXECUTE'), has_function_privilege($3, oid, 'EXECUTE')
@@ -245,6 +251,21 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 			t.Errorf("%s: security definer %v (want true), executable by %s %v (want true), by the auditor %v (want false)",
 				fn, definer, runner, runnerMay, auditorMay)
 		}
+	}
+	// Migration 031: relayers checkpoint through take_checkpoint alone.
+	var relayerInserts bool
+	if err := b.admin.QueryRow(b.ctx, `SELECT has_table_privilege($1, 'upgraded.checkpoints', 'INSERT')`,
+		migrations.RoleRelayer).Scan(&relayerInserts); err != nil || relayerInserts {
+		t.Errorf("after the upgrade, the relayer inserts checkpoints itself: %v (%v), want false", relayerInserts, err)
+	}
+	// Relayers update a participant's queued count, never its next sequence id.
+	var nextMay, queuedMay bool
+	if err := b.admin.QueryRow(b.ctx, `SELECT has_column_privilege($1, 'upgraded.sequences', 'next_sequence_id', 'UPDATE'),
+		has_column_privilege($1, 'upgraded.sequences', 'queued', 'UPDATE')`, migrations.RoleRelayer).Scan(&nextMay, &queuedMay); err != nil || nextMay || !queuedMay {
+		t.Errorf("after the upgrade, the relayer updates sequences' next_sequence_id %v (want false), queued %v (want true), %v", nextMay, queuedMay, err)
+	}
+	if _, err := st0(t, schema).TakeCheckpoint(b.ctx, b.as(t, migrations.RoleRelayer, ""), time.Millisecond, 0); err != nil {
+		t.Errorf("checkpoint as relayer after the upgrade: %v", err)
 	}
 	// Migration 022: the statements behind the operators' functions are the
 	// owner's alone; operators run the functions that keep them to their
@@ -389,6 +410,7 @@ func TestRolesDoTheirJobAndNothingElse(t *testing.T) {
 		`SELECT outbox.cancel_pending(gen_random_uuid(), 'me', 'why')`,
 		`INSERT INTO outbox.rail_pauses (rail_type, paused_by, reason) VALUES ('sandbox', 'me', 'why')`,
 		`DELETE FROM outbox.rail_pauses`,
+		`UPDATE outbox.sequences SET next_sequence_id = 1`,
 	}, archiveTampering...)...)
 
 	// The operator replays and pauses a rail through the functions
@@ -1105,4 +1127,139 @@ func TestArchivePartitionsReadThroughTheirParentsOnly(t *testing.T) {
 			t.Errorf("partition %s as auditor of every tenant: export of %d rows, want %d", p.name, n, p.a+p.b)
 		}
 	}
+}
+
+// TestCheckpointsOnlyThroughTakeCheckpoint: no role but the owner writes a
+// checkpoint row itself. A relayer (or anyone with INSERT on checkpoints)
+// could append a checkpoint whose period ends in the future: every later
+// take_checkpoint starts from its end and finds no period to close, and
+// audit verify reports it once rows arrive in it. Relayers checkpoint
+// through take_checkpoint alone, which closes no period past its clock.
+func TestCheckpointsOnlyThroughTakeCheckpoint(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	relayer := b.as(t, migrations.RoleRelayer, "")
+	forged := `INSERT INTO outbox.checkpoints (period_start, period_end, row_count, digest, hash)
+	  VALUES ((SELECT chained_since FROM outbox.settings), now() + interval '1 day', 0, '\x', '\x')`
+	refused(t, b.ctx, relayer, forged)
+	for _, role := range []string{migrations.RoleProducer, migrations.RoleAuditor, migrations.RoleOperator} {
+		refused(t, b.ctx, b.as(t, role, "*"), forged, `SELECT * FROM outbox.take_checkpoint(now())`)
+	}
+	// Through the function, with an end a day ahead: the period it closes
+	// ends at the clock at the latest.
+	var end time.Time
+	var now time.Time
+	err := relayer.QueryRow(b.ctx, `SELECT c.period_end, clock_timestamp()
+		FROM outbox.take_checkpoint(clock_timestamp() + interval '1 day', interval '30 seconds', interval '0') c`).Scan(&end, &now)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		t.Fatalf("take_checkpoint as relayer: %v", err)
+	}
+	if err == nil && end.After(now) {
+		t.Errorf("a relayer closed a checkpoint period ending at %v, after the clock (%v)", end, now)
+	}
+	// The relayer's own checkpointing still works.
+	time.Sleep(2 * time.Millisecond)
+	if _, err := b.st.TakeCheckpoint(b.ctx, relayer, time.Millisecond, 0); err != nil {
+		t.Errorf("checkpoint as relayer: %v", err)
+	}
+	rep, err := b.st.Verify(b.ctx, b.as(t, migrations.RoleAuditor, "*"), store.VerifyOptions{})
+	if err != nil || !rep.OK() {
+		t.Fatalf("verify after the relayer's checkpoints: %+v, %v", rep, err)
+	}
+}
+
+// TestOperatorsActWithinTheirTenantUnderRace: the operators' functions
+// check the instruction's tenant, then act. Before migration 031 they did
+// so in separate statements, each with a snapshot of its own: an
+// instruction of another tenant that committed between the check (which
+// did not see it, and took the missing tenant for the rows without one)
+// and the act was acted on. The test holds the act back deterministically:
+// a transaction that locks the archive (which every act writes) and
+// inserts the other tenant's row commits only once the operator's call
+// waits on that lock.
+func TestOperatorsActWithinTheirTenantUnderRace(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	producer := b.as(t, migrations.RoleProducer, "")
+	relayer := b.as(t, migrations.RoleRelayer, "")
+	operator := b.as(t, migrations.RoleOperator, "") // the rows without a tenant
+	if _, err := b.enqueue(t, producer, "", "k-dead"); err != nil {
+		t.Fatal(err)
+	}
+	dead := b.settle(t, relayer, store.Failed)[0].OutboxID
+	live, err := b.enqueue(t, producer, "", "k-live")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, table, call string
+		source            uuid.UUID
+	}{
+		{"replay", "dead_letters", `SELECT outbox.replay_dead_letter($1, 'mallory', 'race')`, dead},
+		{"acknowledge", "dead_letters", `SELECT outbox.acknowledge_dead_letter($1, 'mallory', 'race')`, dead},
+		{"cancel", "pending", `SELECT outbox.cancel_pending($1, 'mallory', 'race')`, live.OutboxID},
+	} {
+		other, _ := uuid.NewV7()
+		conn, err := operator.Acquire(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pid int
+		if err := conn.QueryRow(b.ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+			t.Fatal(err)
+		}
+		hold, err := b.admin.Begin(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := hold.Exec(b.ctx, `LOCK TABLE outbox.attempts IN ACCESS EXCLUSIVE MODE`); err != nil {
+			t.Fatal(err)
+		}
+		// A copy of the row under another id (and, in pending, sequence id),
+		// of tenant B: not yet visible to anyone.
+		if _, err := hold.Exec(b.ctx, fmt.Sprintf(`INSERT INTO outbox.%[1]s
+			SELECT (jsonb_populate_record(x, jsonb_build_object('outbox_id', $2::uuid, 'tenant_id', 'tenant-b',
+			                                                    'sequence_id', x.sequence_id + 1000))).*
+			FROM outbox.%[1]s x WHERE x.outbox_id = $1`, c.table), c.source, other); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		var n int64
+		go func() { done <- conn.QueryRow(b.ctx, c.call, other).Scan(&n) }()
+		// The call waits on the archive's lock once it has checked the tenant.
+		for waiting := false; !waiting; {
+			select {
+			case err := <-done:
+				t.Fatalf("%s: returned %d, %v before the other tenant's row committed", c.name, n, err)
+			case <-time.After(10 * time.Millisecond):
+			}
+			if err := b.admin.QueryRow(b.ctx, `SELECT coalesce(wait_event_type = 'Lock', false) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&waiting); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := hold.Commit(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		conn.Release()
+		if n != 0 {
+			t.Errorf("%s: an operator of the rows without a tenant acted on tenant B's instruction (%d)", c.name, n)
+		}
+		var archived int
+		if err := b.admin.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE outbox_id = $1`, other).Scan(&archived); err != nil || archived != 0 {
+			t.Errorf("%s: %d rows archived for tenant B's instruction by the operator (%v), want 0", c.name, archived, err)
+		}
+	}
+}
+
+// st0 is a store for schema.
+func st0(t *testing.T, schema string) *store.Store {
+	t.Helper()
+	st, err := store.New(schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }

@@ -72,6 +72,12 @@ REVOKE ALL ON FUNCTION {{schema}}.archived_claim(uuid, timestamptz) FROM PUBLIC;
 -- it reads the detached months too).
 ALTER FUNCTION {{schema}}.archived_attempt(uuid, timestamptz) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 REVOKE ALL ON FUNCTION {{schema}}.archived_attempt(uuid, timestamptz) FROM PUBLIC;
+-- Relayers take checkpoints (migration 031) as the owner: they may not
+-- insert one themselves (a forged checkpoint, one of a period still to
+-- come, would stop checkpointing), and the function closes no period past
+-- its clock.
+ALTER FUNCTION {{schema}}.take_checkpoint(timestamptz, interval, interval) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION {{schema}}.take_checkpoint(timestamptz, interval, interval) FROM PUBLIC;
 -- Operators pause and resume rails (migration 019) as the owner: they may
 -- not write rail_pauses themselves, and every pause is recorded.
 ALTER FUNCTION {{schema}}.pause_rail(text, text, text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
@@ -102,10 +108,16 @@ GRANT EXECUTE ON FUNCTION {{schema}}.allocate_sequences(text[], int[]) TO outbox
 GRANT EXECUTE ON FUNCTION {{schema}}.allocate_sequence(text) TO outbox_producer;
 
 -- Relayer: claim, record, hand off, reap, register idle, checkpoint,
--- partition upkeep. The archive and the checkpoints only grow.
+-- partition upkeep. The archive and the checkpoints only grow; checkpoints
+-- through take_checkpoint alone.
 GRANT SELECT, INSERT, UPDATE, DELETE ON {{schema}}.pending, {{schema}}.inflight TO outbox_relayer;
-GRANT SELECT, UPDATE ON {{schema}}.sequences TO outbox_relayer;
-GRANT SELECT, INSERT ON {{schema}}.attempts, {{schema}}.dead_letters, {{schema}}.checkpoints TO outbox_relayer;
+GRANT SELECT ON {{schema}}.sequences TO outbox_relayer;
+-- queued only (outcomes, hand-offs, reaps and withdrawals count an
+-- instruction out); the next sequence id is allocated for producers alone.
+GRANT UPDATE (queued) ON {{schema}}.sequences TO outbox_relayer;
+GRANT SELECT, INSERT ON {{schema}}.attempts, {{schema}}.dead_letters TO outbox_relayer;
+GRANT SELECT ON {{schema}}.checkpoints TO outbox_relayer;
+GRANT EXECUTE ON FUNCTION {{schema}}.take_checkpoint(timestamptz, interval, interval) TO outbox_relayer;
 GRANT SELECT, INSERT, UPDATE, DELETE ON {{schema}}.relayer_idle TO outbox_relayer;
 GRANT EXECUTE ON FUNCTION {{schema}}.ensure_attempt_partitions(int) TO outbox_relayer;
 GRANT EXECUTE ON FUNCTION {{schema}}.settle_poison_dead_letters(uuid[]) TO outbox_relayer;
