@@ -1263,3 +1263,26 @@ func st0(t *testing.T, schema string) *store.Store {
 	}
 	return st
 }
+
+// TestPartitionUpkeepStaysNearNow: relayers run partition upkeep as the
+// owner; they may have it keep a few months ahead, not create a table for
+// every month of the years to come.
+func TestPartitionUpkeepStaysNearNow(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	relayer := b.as(t, migrations.RoleRelayer, "")
+	_, err := relayer.Exec(b.ctx, `SELECT outbox.ensure_attempt_partitions(60)`)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "22023" {
+		t.Errorf("partition upkeep 60 months ahead as relayer: %v, want a 22023 refusal", err)
+	}
+	var far int
+	if err := b.admin.QueryRow(b.ctx, `SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		WHERE i.inhparent = 'outbox.attempts'::regclass
+		  AND c.relname ~ '^attempts_[0-9]' AND c.relname > 'attempts_' || to_char(now() + interval '25 months', 'YYYY_MM')`).Scan(&far); err != nil || far != 0 {
+		t.Errorf("%d partitions more than 24 months ahead (%v), want none", far, err)
+	}
+	if err := b.st.EnsurePartitions(b.ctx, relayer, 24); err != nil {
+		t.Errorf("partition upkeep 24 months ahead as relayer: %v", err)
+	}
+}

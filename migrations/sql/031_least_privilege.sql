@@ -86,7 +86,56 @@ BEGIN
   END LOOP;
 END $$;
 
--- 3. The operators' functions act within the caller's tenant in the
+-- 3. Partition upkeep, which relayers run as the owner, creates at most 24
+--    months ahead: a relayer credential had the owner create a partition
+--    for every month of the next centuries in one call (thousands of
+--    tables the archive's queries then plan over, only the owner can drop).
+--    The relayers and reapers keep 3. Same function otherwise (migration
+--    027); its standing is kept as there.
+DO $m$
+DECLARE
+  definer boolean := (SELECT prosecdef FROM pg_proc WHERE oid = '{{.schema}}.ensure_attempt_partitions(int)'::regprocedure);
+BEGIN
+  CREATE OR REPLACE FUNCTION {{.schema}}.ensure_attempt_partitions(months_ahead int DEFAULT 3) RETURNS void
+  LANGUAGE plpgsql AS $fn$
+  DECLARE
+    m date;
+    name text;
+  BEGIN
+    -- Upkeep keeps a few months ahead; a caller may not have the owner
+    -- create a table for every month of centuries.
+    IF months_ahead > 24 THEN
+      RAISE EXCEPTION 'outbox: archive partitions are kept at most 24 months ahead, not %', months_ahead
+        USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    FOR i IN 0..months_ahead LOOP
+      m := (date_trunc('month', now() AT TIME ZONE 'UTC') + make_interval(months => i))::date;
+      name := 'attempts_' || to_char(m, 'YYYY_MM');
+      IF to_regclass(format('%I.%I', '{{.schema}}', name)) IS NULL THEN
+        BEGIN
+          EXECUTE format('CREATE TABLE %I.%I PARTITION OF %I.attempts FOR VALUES FROM (%L) TO (%L)',
+                         '{{.schema}}', name, '{{.schema}}',
+                         (m::timestamp AT TIME ZONE 'UTC'), ((m + interval '1 month')::timestamp AT TIME ZONE 'UTC'));
+          -- Row triggers are inherited from the parent; TRUNCATE triggers are
+          -- not, so each partition gets its own.
+          EXECUTE format('CREATE TRIGGER attempts_no_truncate BEFORE TRUNCATE ON %I.%I
+                          FOR EACH STATEMENT EXECUTE FUNCTION %I.reject_attempt_change()', '{{.schema}}', name, '{{.schema}}');
+          PERFORM {{.schema}}.seal_archive_partition(format('%I.%I', '{{.schema}}', name)::regclass);
+        EXCEPTION WHEN check_violation THEN
+          -- "updated partition constraint for default partition would be
+          -- violated": rows of this month are in the default partition.
+          RAISE WARNING 'outbox: cannot create partition %.%: the default partition holds rows of that month (%); move them out to create it',
+            '{{.schema}}', name, SQLERRM;
+        END;
+      END IF;
+    END LOOP;
+  END $fn$;
+  IF definer THEN
+    ALTER FUNCTION {{.schema}}.ensure_attempt_partitions(int) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+  END IF;
+END $m$;
+
+-- 4. The operators' functions act within the caller's tenant in the
 --    statement that acts. Migration 022's fronts check the instruction's
 --    tenant in one statement and act through *_any_tenant in later ones,
 --    each with a snapshot of its own (READ COMMITTED): an instruction that
