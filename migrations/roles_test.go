@@ -1286,3 +1286,77 @@ func TestPartitionUpkeepStaysNearNow(t *testing.T) {
 		t.Errorf("partition upkeep 24 months ahead as relayer: %v", err)
 	}
 }
+
+// TestRolesHoldExactlyTheirPrivileges lists every privilege the outbox
+// roles hold on the schema's tables, columns and the functions that run as
+// the owner, and compares it with the roles' jobs (docs/audit.md): a grant
+// broader than a job fails here before any test has to think of abusing
+// it. Functions that run as their caller grant nothing by being callable.
+func TestRolesHoldExactlyTheirPrivileges(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	rows, err := b.admin.Query(b.ctx, `
+		SELECT r.rolname || ' ' || c.relname || ' ' || a.privilege_type
+		FROM pg_class c, aclexplode(c.relacl) a JOIN pg_roles r ON r.oid = a.grantee
+		WHERE c.relnamespace = 'outbox'::regnamespace AND r.rolname LIKE 'outbox\_%' AND a.grantee <> c.relowner
+		UNION ALL
+		SELECT r.rolname || ' ' || c.relname || '(' || string_agg(t.attname, ',' ORDER BY t.attname) || ') ' || a.privilege_type
+		FROM pg_class c JOIN pg_attribute t ON t.attrelid = c.oid, aclexplode(t.attacl) a JOIN pg_roles r ON r.oid = a.grantee
+		WHERE c.relnamespace = 'outbox'::regnamespace AND r.rolname LIKE 'outbox\_%' AND a.grantee <> c.relowner
+		GROUP BY r.rolname, c.relname, a.privilege_type
+		UNION ALL
+		SELECT r.rolname || ' ' || p.proname || '() EXECUTE'
+		FROM pg_proc p, pg_roles r
+		WHERE p.pronamespace = 'outbox'::regnamespace AND p.prosecdef AND r.rolname LIKE 'outbox\_%' AND r.oid <> p.proowner
+		  AND has_function_privilege(r.oid, p.oid, 'EXECUTE')
+		ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	readable := []string{"archive", "attempts", "attempts_detached", "checkpoints", "dead_letters", "idempotency_keys", "inflight",
+		"key_retirements", "pending", "rail_pause_events", "rail_pauses", "relayer_idle", "retired_keys", "schema_version", "sequences", "settings"}
+	for _, role := range []string{migrations.RoleAuditor, migrations.RoleOperator} {
+		for _, table := range readable {
+			want = append(want, role+" "+table+" SELECT")
+		}
+		want = append(want, role+" vacuum_horizon() EXECUTE")
+	}
+	want = append(want,
+		"outbox_operator acknowledge_dead_letter() EXECUTE", "outbox_operator cancel_pending() EXECUTE",
+		"outbox_operator pause_rail() EXECUTE", "outbox_operator replay_dead_letter() EXECUTE", "outbox_operator resume_rail() EXECUTE",
+
+		// Broader than an enqueue, which needs them in its own statement:
+		// what they allow outside it is in docs/audit.md ("Nor that a
+		// producer's writes are an enqueue").
+		"outbox_producer allocate_sequence() EXECUTE", "outbox_producer allocate_sequences() EXECUTE",
+		"outbox_producer idempotency_keys INSERT", "outbox_producer idempotency_keys SELECT", "outbox_producer idempotency_keys(sequence_id) UPDATE",
+		"outbox_producer pending INSERT", "outbox_producer relayer_idle SELECT", "outbox_producer retired_keys SELECT",
+		"outbox_producer schema_version SELECT", "outbox_producer settings SELECT",
+
+		"outbox_relayer archived_attempt() EXECUTE", "outbox_relayer archived_claim() EXECUTE",
+		"outbox_relayer attempts INSERT", "outbox_relayer attempts SELECT", "outbox_relayer checkpoints SELECT",
+		"outbox_relayer dead_letters INSERT", "outbox_relayer dead_letters SELECT", "outbox_relayer ensure_attempt_partitions() EXECUTE",
+		"outbox_relayer inflight DELETE", "outbox_relayer inflight INSERT", "outbox_relayer inflight SELECT", "outbox_relayer inflight UPDATE",
+		"outbox_relayer pending DELETE", "outbox_relayer pending INSERT", "outbox_relayer pending SELECT", "outbox_relayer pending UPDATE",
+		"outbox_relayer rail_pauses SELECT", "outbox_relayer relayer_idle DELETE", "outbox_relayer relayer_idle INSERT",
+		"outbox_relayer relayer_idle SELECT", "outbox_relayer relayer_idle UPDATE", "outbox_relayer schema_version SELECT",
+		"outbox_relayer sequences SELECT", "outbox_relayer sequences(queued) UPDATE", "outbox_relayer settings SELECT",
+		"outbox_relayer settle_poison_dead_letters() EXECUTE", "outbox_relayer take_checkpoint() EXECUTE", "outbox_relayer vacuum_horizon() EXECUTE",
+	)
+	slices.Sort(want)
+	for _, g := range got {
+		if !slices.Contains(want, g) {
+			t.Errorf("granted beyond the role's job: %s", g)
+		}
+	}
+	for _, w := range want {
+		if !slices.Contains(got, w) {
+			t.Errorf("not granted, and the role's job needs it: %s", w)
+		}
+	}
+}
