@@ -40,9 +40,10 @@ WHERE p.chain_head IS NOT NULL AND EXISTS (
     AND a.error_code IN ('RAIL_TIMEOUT', 'RAIL_TRANSPORT_ERROR', 'RAIL_UPSTREAM_ERROR', 'UNKNOWN_RAIL_CODE', 'ZOMBIE_REQUEUE', 'ZOMBIE_LIMIT')
     AND (p.zombie_attempt_id IS NULL OR a.claim_attempt_id IS DISTINCT FROM p.zombie_attempt_id));
 
--- replay_dead_letter_any_tenant (migration 026) puts the dead letter's
--- mark back on the replayed row: its replay's attempts are more attempts
--- of one instruction. Same statements otherwise; CREATE OR REPLACE keeps
+-- replay_dead_letter_any_tenant (migration 031's, with the operator's
+-- tenant applied to the row it deletes) puts the dead letter's mark back
+-- on the replayed row: its replay's attempts are more attempts of one
+-- instruction. Same statements otherwise; CREATE OR REPLACE keeps
 -- the function's owner, settings and grants.
 CREATE OR REPLACE FUNCTION {{.schema}}.replay_dead_letter_any_tenant(p_outbox_id uuid, p_operator text, p_reason text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
@@ -58,7 +59,7 @@ BEGIN
   ORDER BY q.sequence_id LIMIT 1
   FOR UPDATE;
   WITH d AS (
-    DELETE FROM {{.schema}}.dead_letters WHERE outbox_id = p_outbox_id
+    DELETE FROM {{.schema}}.dead_letters WHERE outbox_id = p_outbox_id AND {{.schema}}.tenant_in_scope(tenant_id)
     RETURNING *, {{.schema}}.uuidv7() AS replay_id, clock_timestamp() AS archived_at
   ), stamped AS (
     SELECT d.*, {{.schema}}.attempt_hash(d.chain_head, replay_id, outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, tenant_id, correlation_id,
