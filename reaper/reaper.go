@@ -63,6 +63,12 @@ const (
 // ErrInvalidConfig is wrapped by the errors [New] returns for a bad Config.
 var ErrInvalidConfig = errors.New("reaper: invalid config")
 
+// ErrAlreadyStarted is wrapped by the error [Reaper.Start] returns on a
+// running reaper. It is the one value every long-running outbox service
+// returns for that (relay.ErrAlreadyStarted is the same), exported here
+// because the start/stop contract's own package is internal.
+var ErrAlreadyStarted = lifecycle.ErrAlreadyStarted
+
 // Config configures a [Reaper].
 type Config struct {
 	// Schema holding the outbox tables; "" means the default.
@@ -284,8 +290,8 @@ func (r *Reaper) reapBatch(ctx context.Context) ([]Requeued, error) {
 // one every Config.Interval, each also making sure the archive's monthly
 // partitions exist. The loop runs until Stop (ctx is for start-up only, as
 // for every long-running outbox service: Start on a running reaper is an
-// error, Stop on a stopped one a no-op, and a stopped reaper can be started
-// again). Stop cancels the batch in progress: it rolls back, which is
+// error wrapping [ErrAlreadyStarted], Stop on a stopped one a no-op, and a
+// stopped reaper can be started again). Stop cancels the batch in progress: it rolls back, which is
 // safe because the next pass does the same work, or, if it committed
 // before the cancel reached it, its requeue stands and the pass counts as
 // failed.

@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerline/outbox/attempts"
-	"github.com/ledgerline/outbox/internal/lifecycle"
 	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/migrations"
@@ -595,7 +594,7 @@ func TestStartRequeuesInBackground(t *testing.T) {
 			_ = r.Stop(context.Background())
 		}
 	})
-	if err := r.Start(b.ctx); !errors.Is(err, lifecycle.ErrAlreadyStarted) {
+	if err := r.Start(b.ctx); !errors.Is(err, ErrAlreadyStarted) {
 		t.Errorf("a second Start: %v, want ErrAlreadyStarted", err)
 	}
 	waitFor(t, "the first pass", func() (bool, error) { return r.Stats().Passes >= 1, nil })

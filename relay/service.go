@@ -21,6 +21,14 @@ import (
 	"github.com/ledgerline/outbox/reaper"
 )
 
+// ErrAlreadyStarted is wrapped by the error [Service.Start] returns on a
+// running service. It is the one value every long-running outbox service
+// returns for that: engine.Relayer.Start and [reaper.Reaper.Start] wrap it
+// too (it is [reaper.ErrAlreadyStarted]), so errors.Is with it answers for
+// any of them. The start/stop contract's own package is internal, so this
+// is the name a program can use.
+var ErrAlreadyStarted = reaper.ErrAlreadyStarted
+
 // Config configures a [Service]. Zero values are the documented defaults
 // of the packages the fields come from.
 type Config struct {
@@ -48,8 +56,8 @@ type Config struct {
 // Service runs a relayer and its reaper. Create it with [New]; run it with
 // [Service.Start] and [Service.Stop] or [Service.Run]. Start, Stop and a
 // restart follow the contract of every long-running outbox service: Start
-// on a running service is an error, Stop on a stopped one a no-op, and a
-// stopped service can be started again.
+// on a running service is an error wrapping [ErrAlreadyStarted], Stop on a
+// stopped one a no-op, and a stopped service can be started again.
 type Service struct {
 	relayer *engine.Relayer
 	reaper  *reaper.Reaper // nil with NoReaper

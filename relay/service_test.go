@@ -11,7 +11,6 @@ import (
 
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/engine"
-	"github.com/ledgerline/outbox/internal/lifecycle"
 	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
@@ -63,7 +62,8 @@ func (b *bundle) services(t *testing.T) map[string]startStopper {
 
 // TestStartStopContract: the same answers from the relayer, the reaper and
 // the service: stop before start is a no-op, a second start is
-// ErrAlreadyStarted, double stop is a no-op, start after stop runs again
+// relay.ErrAlreadyStarted (the sentinel a program can name: the contract's
+// own lives in an internal package), double stop is a no-op, start after stop runs again
 // (and does work: an instruction enqueued after the restart is
 // dispatched).
 func TestStartStopContract(t *testing.T) {
@@ -76,7 +76,7 @@ func TestStartStopContract(t *testing.T) {
 		if err := s.Start(b.ctx); err != nil {
 			t.Fatalf("%s: start: %v", name, err)
 		}
-		if err := s.Start(b.ctx); !errors.Is(err, lifecycle.ErrAlreadyStarted) {
+		if err := s.Start(b.ctx); !errors.Is(err, relay.ErrAlreadyStarted) {
 			t.Errorf("%s: second start: %v, want ErrAlreadyStarted", name, err)
 		}
 		if err := s.Stop(b.ctx); err != nil {
@@ -142,7 +142,7 @@ func TestStartStopStress(t *testing.T) {
 					var err error
 					if (g+i)%2 == 0 {
 						err = s.Start(b.ctx)
-						if errors.Is(err, lifecycle.ErrAlreadyStarted) {
+						if errors.Is(err, relay.ErrAlreadyStarted) {
 							err = nil
 						}
 					} else {
