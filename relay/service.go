@@ -29,6 +29,12 @@ import (
 // is the name a program can use.
 var ErrAlreadyStarted = reaper.ErrAlreadyStarted
 
+// ErrInvalidConfig is wrapped by the errors [New] returns for a
+// configuration the service cannot run with: a nil pool, or a Config the
+// relayer or the reaper refuses (no rails, an invalid schema, a reaper
+// interval below [reaper.MinInterval], ...).
+var ErrInvalidConfig = errors.New("invalid config")
+
 // Config configures a [Service]. Zero values are the documented defaults
 // of the packages the fields come from.
 type Config struct {
@@ -67,8 +73,13 @@ type Service struct {
 }
 
 // New validates cfg, builds the relayer and the reaper (nothing runs yet)
-// and registers the collectors on cfg.Metrics if set.
+// and registers the collectors on cfg.Metrics if set. A configuration it
+// refuses is an error wrapping [ErrInvalidConfig].
 func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
+	if pool == nil {
+		// The relayer would only find out at Start, inside pgxpool.
+		return nil, fmt.Errorf("relay: %w: nil pool", ErrInvalidConfig)
+	}
 	s := &Service{cfg: cfg}
 	user := cfg.Relayer.OnRecorded
 	cfg.Relayer.OnRecorded = func(recs []engine.Recorded) {
@@ -79,13 +90,14 @@ func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 	}
 	var err error
 	if s.relayer, err = engine.New(pool, cfg.Relayer); err != nil {
-		return nil, fmt.Errorf("relay: %w", err)
+		// engine.New fails on its Config only.
+		return nil, fmt.Errorf("relay: %w: %w", ErrInvalidConfig, err)
 	}
 	if !cfg.NoReaper {
 		rc := cfg.Reaper
 		rc.Schema, rc.ReaperID, rc.Logger = cfg.Relayer.Schema, s.relayer.ID(), cfg.Relayer.Logger
 		if s.reaper, err = reaper.New(pool, rc); err != nil {
-			return nil, fmt.Errorf("relay: %w", err)
+			return nil, fmt.Errorf("relay: %w: %w", ErrInvalidConfig, err)
 		}
 	}
 	if s.metrics, err = newMetrics(pool, s.relayer, s.reaper, cfg); err != nil {

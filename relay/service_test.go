@@ -214,3 +214,29 @@ func TestStopWithDoneContextStopsEverything(t *testing.T) {
 		}
 	}
 }
+
+// TestNewRefusesABadConfig: New answers a configuration the service cannot
+// run with an error wrapping relay.ErrInvalidConfig, before anything runs.
+// A nil pool with NoReaper was accepted, and Start then panicked inside
+// pgxpool; the relayer's own refusals (no rails, a bad schema) could not be
+// told from other errors.
+func TestNewRefusesABadConfig(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for name, c := range map[string]struct {
+		pool *pgxpool.Pool
+		cfg  relay.Config
+	}{
+		"nil pool":            {nil, relay.Config{Relayer: engine.Config{Rails: b.set}}},
+		"nil pool, no reaper": {nil, relay.Config{Relayer: engine.Config{Rails: b.set}, NoReaper: true}},
+		"no rails":            {b.pool, relay.Config{}},
+		"bad schema":          {b.pool, relay.Config{Relayer: engine.Config{Rails: b.set, Schema: "public"}}},
+		"reaper interval":     {b.pool, relay.Config{Relayer: engine.Config{Rails: b.set}, Reaper: reaper.Config{Interval: time.Millisecond}}},
+		"backoff cap too low": {b.pool, relay.Config{Relayer: engine.Config{Rails: b.set, BackoffBase: time.Minute, BackoffCap: time.Second}}},
+	} {
+		svc, err := relay.New(c.pool, c.cfg)
+		if !errors.Is(err, relay.ErrInvalidConfig) || svc != nil {
+			t.Errorf("%s: New returned %v, %v; want an error wrapping ErrInvalidConfig", name, svc, err)
+		}
+	}
+}
