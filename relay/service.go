@@ -73,7 +73,8 @@ type Service struct {
 }
 
 // New validates cfg, builds the relayer and the reaper (nothing runs yet)
-// and registers the collectors on cfg.Metrics if set. A configuration it
+// and registers the collectors on cfg.Metrics if set: all of them, or, if
+// one fails (a name the registry has already), none. A configuration it
 // refuses is an error wrapping [ErrInvalidConfig].
 func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 	if pool == nil {
@@ -104,8 +105,13 @@ func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("relay: %w", err)
 	}
 	if cfg.Metrics != nil {
-		for _, c := range s.Collectors() {
+		for i, c := range s.Collectors() {
 			if err := cfg.Metrics.Register(c); err != nil {
+				// All or nothing: the ones registered already would make
+				// the program's next New fail on them.
+				for _, done := range s.Collectors()[:i] {
+					cfg.Metrics.Unregister(done)
+				}
 				return nil, fmt.Errorf("relay: register metrics: %w", err)
 			}
 		}

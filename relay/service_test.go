@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/engine"
@@ -238,5 +239,26 @@ func TestNewRefusesABadConfig(t *testing.T) {
 		if !errors.Is(err, relay.ErrInvalidConfig) || svc != nil {
 			t.Errorf("%s: New returned %v, %v; want an error wrapping ErrInvalidConfig", name, svc, err)
 		}
+	}
+}
+
+// TestNewRegistersAllOrNothing: a New that fails to register its
+// collectors on Config.Metrics (a name the program's registry already has)
+// leaves none of them there. It left those registered before the clash,
+// so a program that fixed the clash and called New again failed on its
+// own earlier registration.
+func TestNewRegistersAllOrNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	registry := prometheus.NewRegistry()
+	clash := prometheus.NewCounter(prometheus.CounterOpts{Name: "outbox_claimed_total", Help: "Instructions claimed."})
+	registry.MustRegister(clash)
+	cfg := relay.Config{Relayer: engine.Config{Rails: b.set}, Metrics: registry}
+	if _, err := relay.New(b.pool, cfg); err == nil {
+		t.Fatal("New registered a collector whose name the registry has")
+	}
+	registry.Unregister(clash)
+	if _, err := relay.New(b.pool, cfg); err != nil {
+		t.Fatalf("New after the clash was removed: %v", err)
 	}
 }
