@@ -12,6 +12,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -80,8 +81,10 @@ func find(ctx context.Context, tb testing.TB, db DB, want Want) []Enqueued {
 	if err != nil {
 		tb.Fatalf("outboxtest: %v", err)
 	}
+	// No limit: an assertion that read only the first rows would miss an
+	// instruction queued behind them, and RequireNotEnqueued would pass.
 	rows, err := st.ListPending(ctx, db, store.PendingFilter{InstructionID: want.InstructionID,
-		ParticipantID: want.ParticipantID, RailType: want.RailType, Limit: 10_000})
+		ParticipantID: want.ParticipantID, RailType: want.RailType, Limit: math.MaxInt})
 	if err != nil {
 		tb.Fatalf("outboxtest: %v", err)
 	}

@@ -130,3 +130,39 @@ func TestRelayOnceKeepsOrderAndRecords(t *testing.T) {
 		t.Fatalf("sent %v: want a2 after a1 (ordering)", sent)
 	}
 }
+
+// TestAssertionsSeeEveryPendingInstruction: the assertions read every
+// pending instruction that matches. They read the first 10,000 only, so
+// with more than that queued RequireNotEnqueued passed although the
+// instruction was there, and RequireEnqueued said it was missing.
+func TestAssertionsSeeEveryPendingInstruction(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := testdb.New(t)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	const n = 10_001
+	for start := 0; start < n; start += 1000 {
+		var batch []pending.Instruction
+		for i := start; i < min(start+1000, n); i++ {
+			batch = append(batch, payout(fmt.Sprintf("k%05d", i), fmt.Sprintf("m%05d", i), 100))
+		}
+		if _, err := pending.EnqueueBatch(ctx, tx, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last := fmt.Sprintf("k%05d", n-1) // its participant sorts last
+	if msg := fails(func(tb testing.TB) {
+		outboxtest.RequireNotEnqueued(ctx, tb, tx, outboxtest.Want{IdempotencyKey: last})
+	}); !strings.Contains(msg, "found 1") {
+		t.Errorf("RequireNotEnqueued of the last of %d pending instructions: failure %q, want \"found 1\"", n, msg)
+	}
+	if msg := fails(func(tb testing.TB) {
+		outboxtest.RequireEnqueued(ctx, tb, tx, outboxtest.Want{IdempotencyKey: last})
+	}); msg != "" {
+		t.Errorf("RequireEnqueued of the last of %d pending instructions: %s", n, msg)
+	}
+}
