@@ -1,6 +1,7 @@
 package outboxtest_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"testing"
@@ -53,3 +54,51 @@ type exampleT struct{ testing.TB }
 
 func (exampleT) Helper()                      {}
 func (exampleT) Fatalf(f string, args ...any) { panic(fmt.Sprintf(f, args...)) }
+
+// With ordering on, a relay pass sends at most one instruction per
+// participant; Drain makes passes until nothing is due, so a test sees a
+// participant's whole queue sent, in sequence order, and what each
+// answer recorded.
+func ExampleDrain() {
+	ctx := context.Background()
+	var t testing.TB = exampleT{} // in a real test: the *testing.T
+	pool := testdb.ForExample()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		panic(err)
+	}
+	defer tx.Rollback(ctx)
+
+	for i, amount := range []int64{500, 99_999_00, 700} {
+		key := fmt.Sprintf("payout-%d", i+1)
+		if _, err := pending.Enqueue(ctx, tx, pending.Instruction{
+			InstructionID: key, ParticipantID: "merchant-42", IdempotencyKey: key,
+			RailType: "sandbox", AmountMinor: amount, Currency: "USD", Destination: "acct-42",
+		}); err != nil {
+			panic(err)
+		}
+	}
+
+	// A fake rail that declines large payouts.
+	rail := outboxtest.TransportFunc(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
+		if ins.Payment.AmountMinor > 1_000_00 {
+			return rails.Result{Code: "DECLINED"}, nil
+		}
+		return rails.Result{Code: "OK"}, nil
+	})
+	recorded := outboxtest.Drain(ctx, t, tx, outboxtest.Relay{
+		Transport: rail,
+		Codes: rails.CodeTable{
+			"OK":       {Outcome: rails.Dispatched},
+			"DECLINED": {Outcome: rails.Failed, Error: rails.CodeRailRejected},
+		},
+	})
+	for _, r := range recorded {
+		fmt.Printf("%s %s %s\n", r.IdempotencyKey, r.Result(), cmp.Or(r.ErrorCode, "-"))
+	}
+	outboxtest.RequireNotEnqueued(ctx, t, tx, outboxtest.Want{ParticipantID: "merchant-42"})
+	// Output:
+	// payout-1 dispatched -
+	// payout-2 dead RAIL_REJECTED
+	// payout-3 dispatched -
+}

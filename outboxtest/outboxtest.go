@@ -1,7 +1,9 @@
 // Package outboxtest helps a service's own tests, the way River's
 // rivertest does: assert, inside the test's transaction, that the code
-// under test enqueued an instruction with the expected fields, and run one
-// relay pass against a fake transport to see what the rail would be sent.
+// under test enqueued an instruction with the expected fields
+// ([RequireEnqueued], [RequireNotEnqueued]), and relay it against a fake
+// transport to see what the rail would be sent and what was recorded: one
+// pass ([RelayOnce]) or until nothing is due ([Drain]).
 //
 // Every helper takes the database handle the test already has (a pgx.Tx
 // that is rolled back at the end, a *pgx.Conn or a *pgxpool.Pool), so
@@ -161,12 +163,13 @@ func (f TransportFunc) Send(ctx context.Context, ins payment.Instruction) (rails
 	return f(ctx, ins)
 }
 
-// RelayOnce makes one relay pass in db, as a relayer would (ordering on):
-// it claims what is due, sends each instruction to r.Transport and records
-// the outcomes, all inside db (the test's transaction). It returns the
-// recorded outcomes, in claim order. A second call sees what the first
+// RelayOnce makes one relay pass in db, as a relayer would (with the
+// schema's ordering setting: on unless migrations.SetOrdered turned it
+// off): it claims what is due, sends each instruction to r.Transport and
+// records the outcomes, all inside db (the test's transaction). It returns
+// the recorded outcomes, in claim order. A second call sees what the first
 // left: with ordering on, one pass dispatches at most one instruction per
-// participant.
+// participant ([Drain] makes passes until nothing is due).
 func RelayOnce(ctx context.Context, tb testing.TB, db DB, r Relay) []engine.Recorded {
 	tb.Helper()
 	catalog := r.Catalog
@@ -198,4 +201,26 @@ func RelayOnce(ctx context.Context, tb testing.TB, db DB, r Relay) []engine.Reco
 		tb.Fatalf("outboxtest: %v", err)
 	}
 	return recorded
+}
+
+// Drain makes relay passes (see [RelayOnce]) in db until one finds nothing
+// due, and returns the outcomes of all of them, pass after pass. With
+// ordering on, a pass sends at most one instruction per participant, so
+// Drain is what sends a participant's whole queue, in sequence order. An
+// instruction that gets a retryable answer goes back to pending with a
+// backoff, as with a relayer; Drain does not wait for it, so it is usually
+// still pending when Drain returns (its outcome is in the result, with
+// Result "retried").
+func Drain(ctx context.Context, tb testing.TB, db DB, r Relay) []engine.Recorded {
+	tb.Helper()
+	var all []engine.Recorded
+	for {
+		// Each pass records at least one outcome, and an instruction has at
+		// most MaxAttempts of them: the loop ends.
+		recorded := RelayOnce(ctx, tb, db, r)
+		if len(recorded) == 0 {
+			return all
+		}
+		all = append(all, recorded...)
+	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/outboxtest"
 	"github.com/ledgerline/outbox/payment"
@@ -128,6 +129,62 @@ func TestRelayOnceKeepsOrderAndRecords(t *testing.T) {
 	}
 	if strings.Join(sent, ",") != "a1,b1,a2" && strings.Join(sent, ",") != "b1,a1,a2" {
 		t.Fatalf("sent %v: want a2 after a1 (ordering)", sent)
+	}
+}
+
+// TestDrainSendsEveryParticipantsInstructionsInOrder: Drain makes passes
+// until nothing is due, so a participant's instructions, one per pass with
+// ordering on, are all sent, in sequence order; a rejected one is a dead
+// letter and does not hold up its successors' passes.
+func TestDrainSendsEveryParticipantsInstructionsInOrder(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := testdb.New(t)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	for _, in := range []pending.Instruction{payout("a1", "m1", 10), payout("b1", "m2", 20), payout("a2", "m1", 99),
+		payout("a3", "m1", 30), payout("b2", "m2", 40)} {
+		if _, err := pending.Enqueue(ctx, tx, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var sent []string
+	transport := outboxtest.TransportFunc(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
+		sent = append(sent, ins.IdempotencyKey)
+		if ins.Payment.AmountMinor == 99 {
+			return rails.Result{Code: "DECLINED"}, nil
+		}
+		return rails.Result{Code: "OK"}, nil
+	})
+	codes := rails.CodeTable{"OK": {Outcome: rails.Dispatched}, "DECLINED": {Outcome: rails.Failed, Error: rails.CodeRailRejected}}
+	recorded := outboxtest.Drain(ctx, t, tx, outboxtest.Relay{Transport: transport, Codes: codes})
+
+	results := map[string]engine.Result{}
+	for _, r := range recorded {
+		results[r.IdempotencyKey] = r.Result()
+	}
+	want := map[string]engine.Result{"a1": engine.ResultDispatched, "a2": engine.ResultDead, "a3": engine.ResultDispatched,
+		"b1": engine.ResultDispatched, "b2": engine.ResultDispatched}
+	if len(recorded) != len(want) || fmt.Sprint(results) != fmt.Sprint(want) {
+		t.Fatalf("drained %v (%d outcomes), want %v", results, len(recorded), want)
+	}
+	var m1, m2 []string
+	for _, k := range sent {
+		if k[0] == 'a' {
+			m1 = append(m1, k)
+		} else {
+			m2 = append(m2, k)
+		}
+	}
+	if strings.Join(m1, ",") != "a1,a2,a3" || strings.Join(m2, ",") != "b1,b2" {
+		t.Fatalf("sent %v: want each participant's in sequence order", sent)
+	}
+	outboxtest.RequireNotEnqueued(ctx, t, tx, outboxtest.Want{})
+	if again := outboxtest.Drain(ctx, t, tx, outboxtest.Relay{Transport: transport, Codes: codes}); len(again) != 0 {
+		t.Fatalf("a drained queue drained again: %+v", again)
 	}
 }
 
