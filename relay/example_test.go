@@ -70,3 +70,46 @@ func ExampleService() {
 	// outbox_attempts_total{state="DISPATCHED"} 1
 	// heal bound within 2 minutes: true
 }
+
+// Run is the whole life of the service in one call: it starts it, runs
+// until ctx is cancelled (in a program, by signal.NotifyContext on SIGTERM)
+// and stops it gracefully, giving dispatches in progress the relayer's
+// StopTimeout. Here ctx is cancelled once the first outcome is recorded.
+func ExampleService_Run() {
+	pool := testdb.ForExample() // the program's own *pgxpool.Pool
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{},
+		Transport: rails.NewSandbox(rails.SandboxOptions{}), Timeout: 5 * time.Second})
+	if err != nil {
+		panic(err)
+	}
+	if _, err := pending.Enqueue(context.Background(), pool, pending.Instruction{
+		InstructionID: "payout-1", ParticipantID: "merchant-7", IdempotencyKey: "payout-1",
+		RailType: "sandbox", AmountMinor: 1250, Currency: "USD", Destination: "acct-42",
+	}); err != nil {
+		panic(err)
+	}
+
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	svc, err := relay.New(pool, relay.Config{Relayer: engine.Config{
+		Rails:       set,
+		StopTimeout: 10 * time.Second,
+		// OnRecorded sees each batch of outcomes once it is committed.
+		OnRecorded: func(recs []engine.Recorded) {
+			for _, r := range recs {
+				fmt.Println(r.InstructionID, r.Result())
+			}
+			stop()
+		},
+	}})
+	if err != nil {
+		panic(err)
+	}
+	if err := svc.Run(ctx); err != nil {
+		panic(err)
+	}
+	fmt.Println("stopped; running:", svc.Relayer().Health().Running)
+	// Output:
+	// payout-1 dispatched
+	// stopped; running: false
+}
