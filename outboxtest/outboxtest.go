@@ -155,7 +155,11 @@ type Relay struct {
 	Catalog payment.Catalog
 }
 
-// TransportFunc adapts a function to rails.Transport.
+// TransportFunc adapts a function to rails.Transport: the fake rail of a
+// test. Its Result.Code is looked up in Relay.Codes; an error stands for
+// no answer at all, classified as rails.CodeTable.Decide says (wrapping
+// rails.ErrUnavailable: not sent; anything else: may have been sent, so
+// retried under the same key).
 type TransportFunc func(ctx context.Context, ins payment.Instruction) (rails.Result, error)
 
 // Send implements rails.Transport.

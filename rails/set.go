@@ -24,6 +24,13 @@ const (
 // explicit answer. One transport (sandbox, webhook, a Go implementation of
 // the embedding program) can serve many rail types.
 //
+// The answer's Result.Code is looked up in the rail's [CodeTable]. A
+// non-nil error means there is no answer, and is classified by type (see
+// [CodeTable.Decide]): wrap [ErrUnavailable] only when nothing can have
+// reached the rail (RAIL_UNAVAILABLE, not outcome unknown); any other
+// error is a retryable RAIL_TRANSPORT_ERROR (or RAIL_TIMEOUT for ctx's
+// deadline) that may have paid, retried under the same idempotency key.
+//
 // Send must return promptly once ctx is done (its deadline is the rail's
 // timeout; it is also cancelled when the relayer stops), with ctx's error
 // or one wrapping it. The [Set] never abandons a running Send: a call left

@@ -327,7 +327,9 @@ func (r *Reaper) Start(ctx context.Context) error {
 // returns nil.
 func (r *Reaper) Stop(ctx context.Context) error { return r.lc.Stop(ctx) }
 
-// Run starts the reaper, waits until ctx is cancelled, then stops it.
+// Run starts the reaper, waits until ctx is cancelled, then stops it,
+// waiting up to 10 s for the pass in progress to roll back (Stop's
+// error if it did not).
 func (r *Reaper) Run(ctx context.Context) error {
 	if err := r.Start(ctx); err != nil {
 		return err
