@@ -48,9 +48,9 @@ type Want struct {
 }
 
 // Enqueued is a pending instruction as the outbox holds it: the
-// instruction as the producer gave it (Metadata as stored: canonical JSON,
-// keys sorted, no insignificant whitespace), with the outbox id and
-// sequence id it was given.
+// instruction as the producer gave it (but Metadata as PostgreSQL's jsonb
+// gives it back, keys reordered and spaced: compare it as JSON, not as
+// text), with the outbox id and sequence id it was given.
 type Enqueued struct {
 	OutboxID   uuid.UUID
 	SequenceID int64

@@ -223,3 +223,29 @@ func TestAssertionsSeeEveryPendingInstruction(t *testing.T) {
 		t.Errorf("RequireEnqueued of the last of %d pending instructions: %s", n, msg)
 	}
 }
+
+// TestEnqueuedMetadataIsJSONbsRendering pins what Enqueued's doc says of
+// Metadata: the same JSON as given, but in jsonb's text, not the
+// producer's or the canonical form, so a test compares it as JSON.
+func TestEnqueuedMetadataIsJSONbsRendering(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := testdb.New(t)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	in := payout("meta", "m1", 100)
+	in.Metadata = []byte(`{"bb":1,"a":{"z":2,"y":[1,2]}}`)
+	if _, err := pending.Enqueue(ctx, tx, in); err != nil {
+		t.Fatal(err)
+	}
+	got := outboxtest.RequireEnqueued(ctx, t, tx, outboxtest.Want{IdempotencyKey: "meta"})
+	if string(got.Metadata) != `{"a": {"y": [1, 2], "z": 2}, "bb": 1}` {
+		t.Errorf("metadata %s: not jsonb's rendering", got.Metadata)
+	}
+	if !testdb.SameJSON(t, got.Metadata, in.Metadata) {
+		t.Errorf("metadata %s: not the JSON enqueued, %s", got.Metadata, in.Metadata)
+	}
+}
