@@ -265,6 +265,28 @@ func TestDeadlineDuringAStandbyWaitIsAnError(t *testing.T) {
 				t.Fatal(err)
 			}
 			if got == names {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		// Backends decide whether to wait from a flag in shared memory
+		// that the checkpointer sets when it reloads, which may come
+		// later: until then a commit does not wait, whatever the
+		// setting says (it failed so in one make test run). A commit
+		// that wrote WAL and timed out shows the wait in force.
+		for names != "" {
+			conn, err := pgx.Connect(ctx, cluster.ConnString(""))
+			if err != nil {
+				t.Fatal(err)
+			}
+			probe, cancelProbe := context.WithTimeout(ctx, 200*time.Millisecond)
+			err = pgx.BeginFunc(probe, conn, func(tx pgx.Tx) error {
+				_, err := tx.Exec(probe, "CREATE TABLE IF NOT EXISTS sync_probe (); DROP TABLE sync_probe")
+				return err
+			})
+			cancelProbe()
+			_ = conn.Close(ctx)
+			if err != nil {
 				return
 			}
 			time.Sleep(10 * time.Millisecond)
