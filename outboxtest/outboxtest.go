@@ -11,10 +11,12 @@
 package outboxtest
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/big"
 	"strings"
 	"testing"
 	"time"
@@ -45,6 +47,11 @@ type Want struct {
 	AmountMinor    int64
 	Currency       string
 	Destination    string
+	// Metadata, if set, must be the same JSON value as the instruction's
+	// metadata (for an event rail, the event): compared as JSON, so key
+	// order, spacing and how a number is written (1.5, 1.50, 15e-1) do not
+	// matter.
+	Metadata json.RawMessage
 }
 
 // Enqueued is a pending instruction as the outbox holds it: the
@@ -91,6 +98,12 @@ func find(ctx context.Context, tb testing.TB, db DB, want Want) []Enqueued {
 	if err != nil {
 		tb.Fatalf("outboxtest: %v", err)
 	}
+	var wantMeta any
+	if len(want.Metadata) > 0 {
+		if wantMeta, err = decodeJSON(want.Metadata); err != nil {
+			tb.Fatalf("outboxtest: Want.Metadata is not JSON: %v", err)
+		}
+	}
 	var out []Enqueued
 	for _, r := range rows {
 		var p payment.Payload
@@ -101,9 +114,19 @@ func find(ctx context.Context, tb testing.TB, db DB, want Want) []Enqueued {
 			InstructionID: r.InstructionID, ParticipantID: r.ParticipantID, IdempotencyKey: r.IdempotencyKey,
 			RailType: r.RailType, TenantID: r.TenantID, CorrelationID: r.CorrelationID,
 			AmountMinor: p.AmountMinor, Currency: p.Currency, Destination: p.Destination, Metadata: p.Metadata}}
-		if matches(e, want) {
-			out = append(out, e)
+		if !matches(e, want) {
+			continue
 		}
+		if wantMeta != nil {
+			got, err := decodeJSON(e.Metadata)
+			if err != nil {
+				tb.Fatalf("outboxtest: outbox %s: stored metadata: %v", r.OutboxID, err)
+			}
+			if !sameJSON(got, wantMeta) {
+				continue
+			}
+		}
+		out = append(out, e)
 	}
 	return out
 }
@@ -135,10 +158,69 @@ func describe(w Want) string {
 	}
 	add("currency", w.Currency)
 	add("destination", w.Destination)
+	add("metadata", string(w.Metadata))
 	if len(parts) == 0 {
 		return "anything"
 	}
 	return "{" + strings.Join(parts, " ") + "}"
+}
+
+// decodeJSON decodes one JSON value, numbers as json.Number; absent (no
+// metadata) is nil.
+func decodeJSON(raw []byte) (any, error) {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return nil, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("more than one JSON value in %q", raw)
+	}
+	return v, nil
+}
+
+// sameJSON reports whether two decoded JSON values are equal, numbers by
+// value: jsonb does not give a number back as it was written.
+func sameJSON(a, b any) bool {
+	switch a := a.(type) {
+	case map[string]any:
+		b, ok := b.(map[string]any)
+		if !ok || len(a) != len(b) {
+			return false
+		}
+		for k, v := range a {
+			w, ok := b[k]
+			if !ok || !sameJSON(v, w) {
+				return false
+			}
+		}
+		return true
+	case []any:
+		b, ok := b.([]any)
+		if !ok || len(a) != len(b) {
+			return false
+		}
+		for i := range a {
+			if !sameJSON(a[i], b[i]) {
+				return false
+			}
+		}
+		return true
+	case json.Number:
+		b, ok := b.(json.Number)
+		if !ok {
+			return false
+		}
+		x, okA := new(big.Rat).SetString(string(a))
+		y, okB := new(big.Rat).SetString(string(b))
+		return okA && okB && x.Cmp(y) == 0
+	default:
+		return a == b // string, bool or nil
+	}
 }
 
 // Relay configures [RelayOnce].

@@ -249,3 +249,33 @@ func TestEnqueuedMetadataIsJSONbsRendering(t *testing.T) {
 		t.Errorf("metadata %s: not the JSON enqueued, %s", got.Metadata, in.Metadata)
 	}
 }
+
+// TestWantMetadataComparesJSON: Want.Metadata matches the same JSON value
+// whatever its key order and spacing (what jsonb gives back is neither the
+// producer's text nor canonical), and a different value does not match.
+// For an event rail the metadata is the event: without it a test could
+// not assert what was enqueued.
+func TestWantMetadataComparesJSON(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool := testdb.New(t)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	event := pending.Instruction{InstructionID: "ev-1", ParticipantID: "order-9", IdempotencyKey: "ev-1", RailType: "event",
+		Metadata: []byte(`{"type":"order.paid","order":{"id":"o-9","total_minor":1250}}`)}
+	if _, err := pending.Enqueue(ctx, tx, event); err != nil {
+		t.Fatal(err)
+	}
+	outboxtest.RequireEnqueued(ctx, t, tx, outboxtest.Want{RailType: "event",
+		Metadata: []byte(`{ "order": {"total_minor": 1.25e3, "id": "o-9"}, "type": "order.paid" }`)})
+	outboxtest.RequireNotEnqueued(ctx, t, tx, outboxtest.Want{RailType: "event",
+		Metadata: []byte(`{"type":"order.paid","order":{"id":"o-9","total_minor":1251}}`)})
+	if msg := fails(func(tb testing.TB) {
+		outboxtest.RequireEnqueued(ctx, tb, tx, outboxtest.Want{Metadata: []byte(`{"type":`)})
+	}); !strings.Contains(msg, "Want.Metadata") {
+		t.Errorf("invalid Want.Metadata: failure %q, want one naming it", msg)
+	}
+}
