@@ -101,57 +101,11 @@ func TestRacingInstructionIdsForOneKey(t *testing.T) {
 
 	for _, commit := range []bool{true, false} {
 		key := map[bool]string{true: "raced-commit", false: "raced-rollback"}[commit]
-		holder, err := b.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer holder.Rollback(ctx) // after a failure: the pool closes only once every connection is back
-		held, err := b.producer.Enqueue(ctx, holder, payout("p1", key))
-		if err != nil {
-			t.Fatal(err)
-		}
-		racer, err := b.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pid := racer.Conn().PgConn().PID()
-		type result struct {
-			r   pending.Receipt
-			err error
-		}
-		done := make(chan result, 1)
-		go func() {
+		held, res := raceHeldEnqueue(ctx, t, b, key, func() pending.Instruction {
 			in := payout("p2", key)
 			in.InstructionID = "ins-racer"
-			r, err := b.producer.Enqueue(ctx, racer, in)
-			if err == nil {
-				err = racer.Commit(ctx)
-			} else {
-				_ = racer.Rollback(ctx)
-			}
-			done <- result{r, err}
-		}()
-		for waiting := false; !waiting; {
-			select {
-			case res := <-done:
-				t.Fatalf("key %s: the racer finished (%+v, %v) without waiting for the holder's insert", key, res.r, res.err)
-			default:
-			}
-			if err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock')`,
-				pid).Scan(&waiting); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		if commit {
-			err = holder.Commit(ctx)
-		} else {
-			err = holder.Rollback(ctx)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		res := <-done
+			return in
+		}(), commit)
 		var mismatch *pending.MismatchError
 		switch {
 		case commit && !(errors.As(res.err, &mismatch) && mismatch.Owner == "ins-"+key && mismatch.OutboxID == held.OutboxID):
@@ -291,57 +245,11 @@ func TestRacingKeysForOneInstructionId(t *testing.T) {
 
 	for _, commit := range []bool{true, false} {
 		key := map[bool]string{true: "raced-commit", false: "raced-rollback"}[commit]
-		holder, err := b.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer holder.Rollback(ctx) // after a failure: the pool closes only once every connection is back
-		held, err := b.producer.Enqueue(ctx, holder, payout("p1", key))
-		if err != nil {
-			t.Fatal(err)
-		}
-		racer, err := b.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pid := racer.Conn().PgConn().PID()
-		type result struct {
-			r   pending.Receipt
-			err error
-		}
-		done := make(chan result, 1)
-		go func() {
+		held, res := raceHeldEnqueue(ctx, t, b, key, func() pending.Instruction {
 			in := payout("p2", key+"-racer")
 			in.InstructionID = "ins-" + key
-			r, err := b.producer.Enqueue(ctx, racer, in)
-			if err == nil {
-				err = racer.Commit(ctx)
-			} else {
-				_ = racer.Rollback(ctx)
-			}
-			done <- result{r, err}
-		}()
-		for waiting := false; !waiting; {
-			select {
-			case res := <-done:
-				t.Fatalf("instruction ins-%s: the racer finished (%+v, %v) without waiting for the holder's insert", key, res.r, res.err)
-			default:
-			}
-			if err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock')`,
-				pid).Scan(&waiting); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		if commit {
-			err = holder.Commit(ctx)
-		} else {
-			err = holder.Rollback(ctx)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		res := <-done
+			return in
+		}(), commit)
 		switch {
 		case commit && !reused(res.err, key, held.OutboxID):
 			t.Fatalf("after the holder committed: %+v %v, want ins-%s refused naming key %s", res.r, res.err, key, key)
@@ -360,4 +268,65 @@ func TestRacingKeysForOneInstructionId(t *testing.T) {
 		t.Fatalf("counts %+v, want the committed holder's and the racer's after the rollback", c)
 	}
 	b.verify(t)
+}
+
+// raceResult is what a racing enqueue got.
+type raceResult struct {
+	r   pending.Receipt
+	err error
+}
+
+// raceHeldEnqueue enqueues payout("p1", key) in a transaction it holds
+// open, starts racer's enqueue in another, waits until the racer waits
+// for a lock (failing if it finishes first: it did not wait for the
+// holder's insert), then commits or rolls back the holder and returns the
+// holder's receipt and what the racer got.
+func raceHeldEnqueue(ctx context.Context, t *testing.T, b *testBundle, key string, racer pending.Instruction, commit bool) (pending.Receipt, raceResult) {
+	t.Helper()
+	holder, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback(ctx) // after a failure: the pool closes only once every connection is back
+	held, err := b.producer.Enqueue(ctx, holder, payout("p1", key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := tx.Conn().PgConn().PID()
+	done := make(chan raceResult, 1)
+	go func() {
+		r, err := b.producer.Enqueue(ctx, tx, racer)
+		if err == nil {
+			err = tx.Commit(ctx)
+		} else {
+			_ = tx.Rollback(ctx)
+		}
+		done <- raceResult{r, err}
+	}()
+	for waiting := false; !waiting; {
+		select {
+		case res := <-done:
+			t.Fatalf("key %s, instruction %s: the racer finished (%+v, %v) without waiting for the holder's insert",
+				racer.IdempotencyKey, racer.InstructionID, res.r, res.err)
+		default:
+		}
+		if err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock')`,
+			pid).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if commit {
+		err = holder.Commit(ctx)
+	} else {
+		err = holder.Rollback(ctx)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return held, <-done
 }
