@@ -51,6 +51,32 @@ func payout(key, participant string, amount int64) pending.Instruction {
 		RailType: "sandbox", AmountMinor: amount, Currency: "USD", Destination: "acct-" + key}
 }
 
+// beginTx opens a transaction on a fresh test database, rolled back when
+// the test ends: what each test enqueues stays inside it.
+func beginTx(t *testing.T) (context.Context, pgx.Tx) {
+	ctx := t.Context()
+	tx, err := testdb.New(t).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.WithoutCancel(ctx)) })
+	return ctx, tx
+}
+
+// decliningRail is a rail that records the key of every instruction it is
+// sent in *sent, declines an amount of 99 (a terminal failure) and
+// accepts any other, referenced "ref-<key>".
+func decliningRail(sent *[]string) (outboxtest.TransportFunc, rails.CodeTable) {
+	transport := outboxtest.TransportFunc(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
+		*sent = append(*sent, ins.IdempotencyKey)
+		if ins.Payment.AmountMinor == 99 {
+			return rails.Result{Code: "DECLINED"}, nil
+		}
+		return rails.Result{Code: "OK", Reference: "ref-" + ins.IdempotencyKey}, nil
+	})
+	return transport, rails.CodeTable{"OK": {Outcome: rails.Dispatched}, "DECLINED": {Outcome: rails.Failed, Error: rails.CodeRailRejected}}
+}
+
 func TestRequireEnqueuedInsideTheTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -99,14 +125,7 @@ func TestRelayOnceKeepsOrderAndRecords(t *testing.T) {
 	ctx := t.Context()
 	pool := testdb.New(t)
 	var sent []string
-	transport := outboxtest.TransportFunc(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
-		sent = append(sent, ins.IdempotencyKey)
-		if ins.Payment.AmountMinor == 99 {
-			return rails.Result{Code: "DECLINED"}, nil
-		}
-		return rails.Result{Code: "OK", Reference: "ref-" + ins.IdempotencyKey}, nil
-	})
-	codes := rails.CodeTable{"OK": {Outcome: rails.Dispatched}, "DECLINED": {Outcome: rails.Failed, Error: rails.CodeRailRejected}}
+	transport, codes := decliningRail(&sent)
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		for _, in := range []pending.Instruction{payout("a1", "m1", 10), payout("a2", "m1", 99), payout("b1", "m2", 30)} {
 			if _, err := pending.Enqueue(ctx, tx, in); err != nil {
@@ -138,13 +157,7 @@ func TestRelayOnceKeepsOrderAndRecords(t *testing.T) {
 // letter and does not hold up its successors' passes.
 func TestDrainSendsEveryParticipantsInstructionsInOrder(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
-	pool := testdb.New(t)
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
+	ctx, tx := beginTx(t)
 	for _, in := range []pending.Instruction{payout("a1", "m1", 10), payout("b1", "m2", 20), payout("a2", "m1", 99),
 		payout("a3", "m1", 30), payout("b2", "m2", 40)} {
 		if _, err := pending.Enqueue(ctx, tx, in); err != nil {
@@ -152,14 +165,7 @@ func TestDrainSendsEveryParticipantsInstructionsInOrder(t *testing.T) {
 		}
 	}
 	var sent []string
-	transport := outboxtest.TransportFunc(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
-		sent = append(sent, ins.IdempotencyKey)
-		if ins.Payment.AmountMinor == 99 {
-			return rails.Result{Code: "DECLINED"}, nil
-		}
-		return rails.Result{Code: "OK"}, nil
-	})
-	codes := rails.CodeTable{"OK": {Outcome: rails.Dispatched}, "DECLINED": {Outcome: rails.Failed, Error: rails.CodeRailRejected}}
+	transport, codes := decliningRail(&sent)
 	recorded := outboxtest.Drain(ctx, t, tx, outboxtest.Relay{Transport: transport, Codes: codes})
 
 	results := map[string]engine.Result{}
@@ -194,13 +200,7 @@ func TestDrainSendsEveryParticipantsInstructionsInOrder(t *testing.T) {
 // instruction was there, and RequireEnqueued said it was missing.
 func TestAssertionsSeeEveryPendingInstruction(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
-	pool := testdb.New(t)
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
+	ctx, tx := beginTx(t)
 	const n = 10_001
 	for start := 0; start < n; start += 1000 {
 		var batch []pending.Instruction
@@ -229,13 +229,7 @@ func TestAssertionsSeeEveryPendingInstruction(t *testing.T) {
 // producer's or the canonical form, so a test compares it as JSON.
 func TestEnqueuedMetadataIsJSONbsRendering(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
-	pool := testdb.New(t)
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
+	ctx, tx := beginTx(t)
 	in := payout("meta", "m1", 100)
 	in.Metadata = []byte(`{"bb":1,"a":{"z":2,"y":[1,2]}}`)
 	if _, err := pending.Enqueue(ctx, tx, in); err != nil {
@@ -257,13 +251,7 @@ func TestEnqueuedMetadataIsJSONbsRendering(t *testing.T) {
 // not assert what was enqueued.
 func TestWantMetadataComparesJSON(t *testing.T) {
 	t.Parallel()
-	ctx := t.Context()
-	pool := testdb.New(t)
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
+	ctx, tx := beginTx(t)
 	event := pending.Instruction{InstructionID: "ev-1", ParticipantID: "order-9", IdempotencyKey: "ev-1", RailType: "event",
 		Metadata: []byte(`{"type":"order.paid","order":{"id":"o-9","total_minor":1250}}`)}
 	if _, err := pending.Enqueue(ctx, tx, event); err != nil {
