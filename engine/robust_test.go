@@ -241,28 +241,7 @@ func TestStopReturnsWhileDatabaseUnreachable(t *testing.T) {
 func TestOutcomeAfterStopGaveUpDoesNotPanic(t *testing.T) {
 	t.Parallel()
 	b := setup(t, rails.SandboxOptions{})
-	release := make(chan struct{})
-	called := make(chan struct{})
-	b.useTransport(t, funcTransport(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
-		close(called)
-		<-release // ignores ctx on purpose
-		return rails.Result{Code: rails.SandboxAccepted, Reference: "ref-" + ins.IdempotencyKey}, nil
-	}), 30*time.Second)
-	b.enqueue(t, 1, 1)
-	r := b.newRelayer(t, b.config("deaf-rail"))
-	r.testHooks.abandonWait = 50 * time.Millisecond
-	if err := r.Start(b.ctx); err != nil {
-		t.Fatal(err)
-	}
-	// The rail must be in the call when Stop begins: a claim committed
-	// (in flight in the database) whose dispatch starts after Stop is
-	// released without calling the rail, and Stop then has nothing to wait
-	// for.
-	select {
-	case <-called:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the rail was never called")
-	}
+	r, release := b.startInDeafCall(t, "deaf-rail")
 	b.waitInFlight(t, 1)
 
 	ctx, cancel := context.WithTimeout(b.ctx, 100*time.Millisecond)
@@ -651,4 +630,33 @@ func TestClaimThatCommitsAfterStopIsReleasedUnsent(t *testing.T) {
 		t.Fatalf("%d RELEASED attempts, %d due again, %d with their budget used; want %d, %d, 0", released, pendingNow, budgetUsed, total, total)
 	}
 	b.verify(t, true)
+}
+
+// startInDeafCall enqueues one instruction and starts a relayer (id
+// relayerID) whose rail ignores cancellation and answers only once release
+// is closed; it returns once the rail is in the call. The rail must be in
+// the call when a test's Stop begins: a claim committed whose dispatch
+// starts after Stop is released without calling the rail, and Stop then
+// has nothing to wait for. Stop gives up waiting for the call after 50 ms.
+func (b *testBundle) startInDeafCall(t *testing.T, relayerID string) (*Relayer, chan struct{}) {
+	t.Helper()
+	release := make(chan struct{})
+	called := make(chan struct{})
+	b.useTransport(t, funcTransport(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
+		close(called)
+		<-release // ignores ctx on purpose
+		return rails.Result{Code: rails.SandboxAccepted, Reference: "ref-" + ins.IdempotencyKey}, nil
+	}), 30*time.Second)
+	b.enqueue(t, 1, 1)
+	r := b.newRelayer(t, b.config(relayerID))
+	r.testHooks.abandonWait = 50 * time.Millisecond
+	if err := r.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-called:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the rail was never called")
+	}
+	return r, release
 }

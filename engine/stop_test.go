@@ -192,24 +192,7 @@ func TestHandoffOfAWriteHeldAcrossStopIsHandedBack(t *testing.T) {
 func TestOutcomeQueuedAfterTheFinalFlushIsAccounted(t *testing.T) {
 	t.Parallel()
 	b := setup(t, rails.SandboxOptions{})
-	release := make(chan struct{})
-	called := make(chan struct{})
-	b.useTransport(t, funcTransport(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
-		close(called)
-		<-release // ignores ctx on purpose
-		return rails.Result{Code: rails.SandboxAccepted, Reference: "ref-" + ins.IdempotencyKey}, nil
-	}), 30*time.Second)
-	b.enqueue(t, 1, 1)
-	r := b.newRelayer(t, b.config("deaf-rail-race"))
-	r.testHooks.abandonWait = 50 * time.Millisecond
-	if err := r.Start(b.ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-called:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the rail was never called")
-	}
+	r, release := b.startInDeafCall(t, "deaf-rail-race")
 	ctx, cancel := context.WithTimeout(b.ctx, 100*time.Millisecond)
 	defer cancel()
 	if err := r.Stop(ctx); !errors.Is(err, context.DeadlineExceeded) {
