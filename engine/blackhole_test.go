@@ -5,10 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/internal/testdb"
-	"github.com/ledgerline/outbox/payment"
-	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
 )
 
@@ -29,18 +26,7 @@ func TestClaimLoopSurvivesBlackHoledConnections(t *testing.T) {
 	// hole, so that the claim loop's next statements all take silent ones.
 	direct, proxied, proxy := testdb.NewProxied(t, 4, 4)
 
-	producer, err := pending.NewProducer(pending.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	archive, _ := attempts.New("")
-	sbx := rails.NewSandbox(rails.SandboxOptions{Seed: 1})
-	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: sbx,
-		Timeout: 2 * time.Second, Breaker: rails.BreakerOptions{Disabled: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &testBundle{ctx: t.Context(), pool: proxied, producer: producer, archive: archive, sandbox: sbx, rails: set}
+	b := setupOn(t, proxied, rails.SandboxOptions{Seed: 1})
 	rc := b.config("r-hole")
 	rc.PollOnly = true
 	r, err := New(proxied, rc)
@@ -60,7 +46,7 @@ func TestClaimLoopSurvivesBlackHoledConnections(t *testing.T) {
 
 	enqueue := func(i int) {
 		t.Helper()
-		if _, err := producer.Enqueue(b.ctx, direct, instruction("hole", i)); err != nil {
+		if _, err := b.producer.Enqueue(b.ctx, direct, instruction("hole", i)); err != nil {
 			t.Fatal(err)
 		}
 	}

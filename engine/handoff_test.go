@@ -5,10 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/payment"
-	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
 )
 
@@ -24,27 +22,17 @@ import (
 func TestLostCommitReplyReleasesItsHandoffs(t *testing.T) {
 	t.Parallel()
 	direct, proxied, proxy := testdb.NewProxied(t, 8, 0)
-	producer, err := pending.NewProducer(pending.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	archive, _ := attempts.New("")
 	const marker = "cut-the-reply-to-this-write"
-	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Codes: rails.SandboxCodes,
-		Transport: funcTransport(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
-			ref := "ref-" + ins.IdempotencyKey
-			if ins.SequenceID == 1 {
-				ref = marker // only the first outcome's write carries it
-			}
-			return rails.Result{Code: rails.SandboxAccepted, Reference: ref}, nil
-		}),
-		Timeout: time.Second, Breaker: rails.BreakerOptions{Disabled: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &testBundle{ctx: t.Context(), pool: direct, producer: producer, archive: archive, rails: set}
+	b := setupOn(t, direct, rails.SandboxOptions{})
+	b.useTransport(t, funcTransport(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
+		ref := "ref-" + ins.IdempotencyKey
+		if ins.SequenceID == 1 {
+			ref = marker // only the first outcome's write carries it
+		}
+		return rails.Result{Code: rails.SandboxAccepted, Reference: ref}, nil
+	}), time.Second)
 	for i := range 2 {
-		if _, err := producer.Enqueue(b.ctx, direct, instruction("lost", i)); err != nil {
+		if _, err := b.producer.Enqueue(b.ctx, direct, instruction("lost", i)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -34,7 +34,12 @@ type testBundle struct {
 
 func setup(t *testing.T, sandbox rails.SandboxOptions) *testBundle {
 	t.Helper()
-	pool := testdb.NewWithConfig(t, func(c *pgxpool.Config) { c.MaxConns = 24 })
+	return setupOn(t, testdb.NewWithConfig(t, func(c *pgxpool.Config) { c.MaxConns = 24 }), sandbox)
+}
+
+// setupOn is setup on a pool of the test's own (a proxied one, say).
+func setupOn(t *testing.T, pool *pgxpool.Pool, sandbox rails.SandboxOptions) *testBundle {
+	t.Helper()
 	producer, err := pending.NewProducer(pending.Config{})
 	if err != nil {
 		t.Fatal(err)
