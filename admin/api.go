@@ -136,11 +136,7 @@ func (s *Server) Overview(ctx context.Context) (Overview, error) {
 		if s.cfg.Rails != nil && contains(s.cfg.Rails.Types(), n) {
 			ro.Breaker = s.cfg.Rails.State(n).String()
 		}
-		for i, p := range ov.Queue.PausedRails {
-			if p.RailType == n || (p.RailType == store.AllRails && ro.Paused == nil) {
-				ro.Paused = &ov.Queue.PausedRails[i]
-			}
-		}
+		ro.Paused = pauseOf(ov.Queue.PausedRails, n)
 		ov.Rails = append(ov.Rails, ro)
 	}
 	return ov, nil
@@ -263,7 +259,7 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request, _ Token) {
 		return
 	}
 	q := r.URL.Query()
-	items, err := s.deadLettersPage(r.Context(), q.Get("all") == "true", q.Get("participant"), after, limit)
+	items, err := s.store.DeadLettersOf(r.Context(), s.cfg.Pool, q.Get("all") == "true", q.Get("participant"), after, limit)
 	if err != nil {
 		s.internalError(w, r, err)
 		return

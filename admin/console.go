@@ -378,7 +378,7 @@ func (s *Server) pageDeadLetters(w http.ResponseWriter, r *http.Request, p *page
 	}
 	d := deadLettersPage{All: r.URL.Query().Get("all") == "true", Participant: r.URL.Query().Get("participant")}
 	if err == nil {
-		items, err := s.deadLettersPage(r.Context(), d.All, d.Participant, after, limit)
+		items, err := s.store.DeadLettersOf(r.Context(), s.cfg.Pool, d.All, d.Participant, after, limit)
 		if err != nil {
 			s.internalError(w, r, err)
 			return
@@ -426,7 +426,7 @@ func (s *Server) pageAct(w http.ResponseWriter, r *http.Request, p *page) {
 		}
 		d.Done = &res
 	}
-	items, err := s.deadLettersPage(r.Context(), false, d.Participant, store.Cursor{}, defaultPageSize)
+	items, err := s.store.DeadLettersOf(r.Context(), s.cfg.Pool, false, d.Participant, store.Cursor{}, defaultPageSize)
 	if err != nil {
 		s.internalError(w, r, err)
 		return

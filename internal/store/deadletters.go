@@ -55,13 +55,16 @@ func (s *Store) DeadLettersAfter(ctx context.Context, db Querier, all bool, afte
 	return pgx.CollectRows(rows, pgx.RowToStructByPos[DeadLetter])
 }
 
-// ParticipantDeadLettersAfter is DeadLettersAfter for the dead letters of
-// one participant (the participant page's link, ?participant= on the
-// console's list and the API): among everyone's, a participant's own may
-// be pages away. No index leads with participant_id: each page walks the
-// list's own index in failure order and filters, as Participant's count
-// of them scans.
-func (s *Store) ParticipantDeadLettersAfter(ctx context.Context, db Querier, participant string, all bool, after Cursor, limit int) ([]DeadLetter, error) {
+// DeadLettersOf is DeadLettersAfter for the dead letters of one
+// participant ("": everyone's, DeadLettersAfter itself): the participant
+// page's link, ?participant= on the console's list and the API. Among
+// everyone's, a participant's own may be pages away. No index leads with
+// participant_id: each page walks the list's own index in failure order
+// and filters, as Participant's count of them scans.
+func (s *Store) DeadLettersOf(ctx context.Context, db Querier, all bool, participant string, after Cursor, limit int) ([]DeadLetter, error) {
+	if participant == "" {
+		return s.DeadLettersAfter(ctx, db, all, after, limit)
+	}
 	if after.At.IsZero() {
 		after.At = time.Unix(0, 0)
 	}
@@ -95,7 +98,7 @@ const (
 ORDER BY failed_at, outbox_id LIMIT $1`
 	allDeadLettersSQL = deadLetterSelect + ` WHERE (failed_at, outbox_id) > ($2, $3)
 ORDER BY failed_at, outbox_id LIMIT $1`
-	// ParticipantDeadLettersAfter's: the same, $4 the participant.
+	// DeadLettersOf's: the same, $4 the participant.
 	participantOpenDeadLettersSQL = deadLetterSelect + ` WHERE participant_id = $4 AND acknowledged_at IS NULL
   AND (failed_at, outbox_id) > ($2, $3)
 ORDER BY failed_at, outbox_id LIMIT $1`
