@@ -218,6 +218,14 @@ func (a *Archive) RailPauseEvents(ctx context.Context, db DB, limit int) ([]Rail
 	return a.store.RailPauseEvents(ctx, db, limit)
 }
 
+// RailHasPending reports whether any instruction of railType (of any rail
+// for [AllRails]) is pending, in every tenant. After a pause that does
+// not wait for [Archive.RailQuiet], false most often means a misspelt
+// rail type.
+func (a *Archive) RailHasPending(ctx context.Context, db TxBeginner, railType string) (bool, error) {
+	return a.store.RailHasPending(ctx, db, railType)
+}
+
 // RailQuiet waits, after a pause, until nothing more can reach the rail:
 // no transaction that began before the pause is still open and none of the
 // rail's instructions is in flight. It returns [ErrNotQuiet] (and what it

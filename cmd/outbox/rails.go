@@ -8,9 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/poolconfig"
 )
@@ -86,13 +83,13 @@ func runRails(ctx context.Context, env *environment, args []string) error {
 			return err
 		}
 		// Not waiting does not make a misspelt rail type any less
-		// likely (the restore runbook pauses with --wait 0): count what
-		// the pause holds, as RailQuiet does when waiting.
-		held, err := railHeld(ctx, pool, db.schema, railType)
+		// likely (the restore runbook pauses with --wait 0): look for
+		// what the pause holds, as RailQuiet counts it when waiting.
+		has, err := archive.RailHasPending(ctx, pool, railType)
 		if err != nil {
 			return err
 		}
-		warnNothingHeld(env, railType, held)
+		warnNothingHeld(env, railType, has)
 		return nil
 	}
 	start := time.Now()
@@ -110,35 +107,14 @@ func runRails(ctx context.Context, env *environment, args []string) error {
 	case err != nil:
 		return err
 	}
-	warnNothingHeld(env, railType, q.Held)
+	warnNothingHeld(env, railType, q.Held > 0)
 	return nil
 }
 
 // warnNothingHeld warns of a pause that holds nothing back: most often a
 // misspelt rail type, which pauses nothing any relayer serves.
-func warnNothingHeld(env *environment, railType string, held int64) {
-	if held == 0 && railType != attempts.AllRails {
+func warnNothingHeld(env *environment, railType string, held bool) {
+	if !held && railType != attempts.AllRails {
 		fmt.Fprintf(env.stderr, "outbox: warning: no instruction of rail type %q is pending: is the name right? (rail types are case-sensitive)\n", railType)
 	}
-}
-
-// railHeld counts the pending instructions of railType in every tenant, up
-// to one: enough to warn, and cheap behind a paused rail's backlog.
-func railHeld(ctx context.Context, pool *pgxpool.Pool, schema, railType string) (int64, error) {
-	if railType == attempts.AllRails {
-		return 0, nil // never warned of
-	}
-	var held int64
-	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
-		// Row security shows one tenant's rows unless outbox.tenant is '*'.
-		if _, err := tx.Exec(ctx, `SELECT set_config('outbox.tenant', '*', true)`); err != nil {
-			return err
-		}
-		return tx.QueryRow(ctx, `SELECT count(*) FROM (SELECT FROM `+pgx.Identifier{schema, "pending"}.Sanitize()+
-			` WHERE rail_type = $1 LIMIT 1) AS one`, railType).Scan(&held)
-	})
-	if err != nil {
-		return 0, fmt.Errorf("rail %s: pending: %w", railType, err)
-	}
-	return held, nil
 }

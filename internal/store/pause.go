@@ -194,6 +194,23 @@ WHERE locktype = 'relation' AND relation = '{schema}.pending'::regclass AND gran
 	return q, nil
 }
 
+// RailHasPending reports whether any instruction of railType (of any rail
+// for AllRails) is pending, in every tenant: what a pause that does not
+// wait for RailQuiet can tell of what it holds back (none most often means
+// a misspelt rail type). One row is enough, however long a paused rail's
+// backlog.
+func (s *Store) RailHasPending(ctx context.Context, db TxBeginner, railType string) (bool, error) {
+	var has bool
+	err := inEveryTenant(ctx, db, func(tx pgx.Tx) error {
+		return tx.QueryRow(ctx, s.Qualify(`SELECT EXISTS (SELECT FROM {schema}.pending WHERE rail_type = $1 OR $1 = '`+AllRails+`')`),
+			railType).Scan(&has)
+	})
+	if err != nil {
+		return false, fmt.Errorf("rail %s pending: %w", railType, err)
+	}
+	return has, nil
+}
+
 // inEveryTenant runs fn in a read-only transaction that sees the rows of
 // every tenant (outbox.tenant '*').
 func inEveryTenant(ctx context.Context, db TxBeginner, fn func(pgx.Tx) error) error {
