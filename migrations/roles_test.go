@@ -202,7 +202,7 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 		if !strings.Contains(line, "allocate_sequence(text)") && !strings.Contains(line, "settle_poison_dead_letters") &&
 			!strings.Contains(line, "vacuum_horizon") && !strings.Contains(line, "rail_pause") && !strings.Contains(line, "pause_rail") && !strings.Contains(line, "resume_rail") &&
 			!strings.Contains(line, "cancel_pending") && !strings.Contains(line, "any_tenant") && !strings.Contains(line, "archived_claim") &&
-			!strings.Contains(line, "take_checkpoint") {
+			!strings.Contains(line, "take_checkpoint") && !strings.Contains(line, "enqueue_") && !strings.Contains(line, "FROM outbox_producer") {
 			v12 = append(v12, line)
 		}
 	}
@@ -213,6 +213,11 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 	v12 = append(v12, "GRANT INSERT ON "+schema+".checkpoints TO outbox_relayer;")
 	// And updated any column of sequences.
 	v12 = append(v12, "GRANT UPDATE ON "+schema+".sequences TO outbox_relayer;")
+	// Before migration 033 producers inserted pending rows and stamped
+	// their keys themselves, allocating through allocate_sequences.
+	v12 = append(v12, "GRANT INSERT ON "+schema+".pending TO outbox_producer;",
+		"GRANT UPDATE (sequence_id) ON "+schema+".idempotency_keys TO outbox_producer;",
+		"GRANT EXECUTE ON FUNCTION "+schema+".allocate_sequences(text[], int[]) TO outbox_producer;")
 	if _, err := b.admin.Exec(b.ctx, strings.Join(v12, "\n")); err != nil {
 		t.Fatalf("roles at version 12: %v", err)
 	}
@@ -231,16 +236,18 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 		t.Fatalf("enqueue as producer after the upgrade: %+v, %v", r, err)
 	}
 	for fn, runner := range map[string]string{
-		"upgraded.ensure_attempt_partitions(int)":                   migrations.RoleRelayer,
-		"upgraded.allocate_sequence(text)":                          migrations.RoleProducer,
-		"upgraded.settle_poison_dead_letters(uuid[])":               migrations.RoleRelayer,
-		"upgraded.archived_claim(uuid, timestamptz)":                migrations.RoleRelayer,
-		"upgraded.replay_dead_letter(uuid, text, text)":             migrations.RoleOperator,
-		"upgraded.pause_rail(text, text, text)":                     migrations.RoleOperator,
-		"upgraded.resume_rail(text, text, text)":                    migrations.RoleOperator,
-		"upgraded.cancel_pending(uuid, text, text)":                 migrations.RoleOperator,
-		"upgraded.acknowledge_dead_letter(uuid, text, text)":        migrations.RoleOperator,
-		"upgraded.take_checkpoint(timestamptz, interval, interval)": migrations.RoleRelayer,
+		"upgraded.ensure_attempt_partitions(int)":                        migrations.RoleRelayer,
+		"upgraded.allocate_sequence(text)":                               migrations.RoleProducer,
+		"upgraded.enqueue_pending(uuid, text, text, text)":               migrations.RoleProducer,
+		"upgraded.enqueue_pending_batch(uuid[], text[], text[], text[])": migrations.RoleProducer,
+		"upgraded.settle_poison_dead_letters(uuid[])":                    migrations.RoleRelayer,
+		"upgraded.archived_claim(uuid, timestamptz)":                     migrations.RoleRelayer,
+		"upgraded.replay_dead_letter(uuid, text, text)":                  migrations.RoleOperator,
+		"upgraded.pause_rail(text, text, text)":                          migrations.RoleOperator,
+		"upgraded.resume_rail(text, text, text)":                         migrations.RoleOperator,
+		"upgraded.cancel_pending(uuid, text, text)":                      migrations.RoleOperator,
+		"upgraded.acknowledge_dead_letter(uuid, text, text)":             migrations.RoleOperator,
+		"upgraded.take_checkpoint(timestamptz, interval, interval)":      migrations.RoleRelayer,
 	} {
 		var definer, runnerMay, auditorMay bool
 		if err := b.admin.QueryRow(b.ctx, `SELECT prosecdef, has_function_privilege($2, oid, 'EXECUTE'), has_function_privilege($3, oid, 'EXECUTE')
@@ -333,6 +340,37 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 	var replayed int64
 	if err := b.as(t, migrations.RoleOperator, "*").QueryRow(b.ctx, `SELECT upgraded.replay_dead_letter(gen_random_uuid(), 'olga', 'upgrade test')`).Scan(&replayed); err != nil || replayed != 0 {
 		t.Errorf("replay as operator after the upgrade: %d, %v", replayed, err)
+	}
+	// Migration 033: the previous build's producers insert pending rows
+	// and allocate themselves, so an upgrade that only migrated leaves
+	// them their privileges (a rolling deploy); this build's roles script
+	// takes them back.
+	producerMay := func() (may []string) {
+		t.Helper()
+		if err := b.admin.QueryRow(b.ctx, `SELECT array_remove(ARRAY[
+			CASE WHEN has_table_privilege($1, 'upgraded.pending', 'INSERT') THEN 'pending INSERT' END,
+			CASE WHEN has_column_privilege($1, 'upgraded.idempotency_keys', 'sequence_id', 'UPDATE') THEN 'keys UPDATE' END,
+			CASE WHEN has_function_privilege($1, 'upgraded.allocate_sequence(text)', 'EXECUTE') THEN 'allocate_sequence' END,
+			CASE WHEN has_function_privilege($1, 'upgraded.allocate_sequences(text[], int[])', 'EXECUTE') THEN 'allocate_sequences' END], NULL)`,
+			migrations.RoleProducer).Scan(&may); err != nil {
+			t.Fatal(err)
+		}
+		return may
+	}
+	if may := producerMay(); len(may) != 4 {
+		t.Errorf("after an upgrade that only migrated, the previous build's producers may %v, want all four", may)
+	}
+	if err := migrations.CreateRoles(b.ctx, b.admin, schema); err != nil {
+		t.Fatal(err)
+	}
+	if may := producerMay(); len(may) != 0 {
+		t.Errorf("after this build's roles script, producers may still %v", may)
+	}
+	if _, err := producer.Enqueue(b.ctx, b.as(t, migrations.RoleProducer, ""), pending.Instruction{
+		InstructionID: "ins-2", ParticipantID: "p-1", IdempotencyKey: "k-2",
+		RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
+	}); err != nil {
+		t.Errorf("enqueue as producer after this build's roles script: %v", err)
 	}
 }
 
@@ -1330,12 +1368,11 @@ func TestRolesHoldExactlyTheirPrivileges(t *testing.T) {
 		"outbox_operator acknowledge_dead_letter() EXECUTE", "outbox_operator cancel_pending() EXECUTE",
 		"outbox_operator pause_rail() EXECUTE", "outbox_operator replay_dead_letter() EXECUTE", "outbox_operator resume_rail() EXECUTE",
 
-		// Broader than an enqueue, which needs them in its own statement:
-		// what they allow outside it is in docs/audit.md ("Nor that a
-		// producer's writes are an enqueue").
-		"outbox_producer allocate_sequence() EXECUTE", "outbox_producer allocate_sequences() EXECUTE",
-		"outbox_producer idempotency_keys INSERT", "outbox_producer idempotency_keys SELECT", "outbox_producer idempotency_keys(sequence_id) UPDATE",
-		"outbox_producer pending INSERT", "outbox_producer relayer_idle SELECT", "outbox_producer retired_keys SELECT",
+		// Pending rows and sequence ids only through enqueue_pending(_batch)
+		// (migration 033).
+		"outbox_producer enqueue_pending() EXECUTE", "outbox_producer enqueue_pending_batch() EXECUTE",
+		"outbox_producer idempotency_keys INSERT", "outbox_producer idempotency_keys SELECT",
+		"outbox_producer relayer_idle SELECT", "outbox_producer retired_keys SELECT",
 		"outbox_producer schema_version SELECT", "outbox_producer settings SELECT",
 
 		"outbox_relayer archived_attempt() EXECUTE", "outbox_relayer archived_claim() EXECUTE",

@@ -10,15 +10,16 @@ import (
 
 // TestProducerRefusesAnOlderSchema: a producer deployed before `outbox
 // migrate` ran refuses to enqueue into a schema older than its statements
-// need (before 030, an instruction id under a second key was written: a
-// second payment of one instruction; before 028, a key reused under a
-// second instruction id was written and then reported as a mismatch),
-// writes nothing, leaves the caller's transaction usable, and enqueues
+// need (before 033, the functions the enqueue inserts pending rows
+// through do not exist; before 030, an instruction id under a second key
+// was written: a second payment of one instruction; before 028, a key
+// reused under a second instruction id was written and then reported as a
+// mismatch), writes nothing, leaves the caller's transaction usable, and enqueues
 // once the schema is migrated.
 func TestProducerRefusesAnOlderSchema(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	if err := migrations.MigrateWith(b.ctx, b.pool, migrations.Options{Schema: "behind", TargetVersion: 29}); err != nil {
+	if err := migrations.MigrateWith(b.ctx, b.pool, migrations.Options{Schema: "behind", TargetVersion: 32}); err != nil {
 		t.Fatal(err)
 	}
 	p, err := pending.NewProducer(pending.Config{Schema: "behind"})
@@ -32,8 +33,8 @@ func TestProducerRefusesAnOlderSchema(t *testing.T) {
 	defer tx.Rollback(b.ctx)
 	_, err = p.Enqueue(b.ctx, tx, payout("p1", "k1"))
 	var se *pending.SchemaError
-	if !errors.Is(err, pending.ErrSchemaBehind) || !errors.As(err, &se) || se.Version != 29 || se.Needed != 30 || se.Schema != "behind" {
-		t.Fatalf("enqueue into a schema at 29: %v, want a SchemaError (29, needs 30)", err)
+	if !errors.Is(err, pending.ErrSchemaBehind) || !errors.As(err, &se) || se.Version != 32 || se.Needed != 33 || se.Schema != "behind" {
+		t.Fatalf("enqueue into a schema at 32: %v, want a SchemaError (32, needs 33)", err)
 	}
 	var keys int
 	if err := tx.QueryRow(b.ctx, `SELECT count(*) FROM behind.idempotency_keys`).Scan(&keys); err != nil || keys != 0 {

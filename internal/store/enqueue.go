@@ -85,11 +85,11 @@ func (s *Store) Enqueue(ctx context.Context, db Batcher, ins []NewInstruction) (
 	b := &pgx.Batch{}
 	if n == 1 { // the common case: one instruction per business transaction
 		b.Queue(s.sql.insertKeyOne, tenants[0], instrIDs[0], keys[0], ids[0], participants[0], hashes[0])
-		b.Queue(s.sql.insertPendingOne, ids[0], instrIDs[0], participants[0], keys[0], railTypes[0], tenants[0], correlats[0], payloads[0])
+		b.Queue(s.sql.insertPendingOne, ids[0], railTypes[0], correlats[0], payloads[0])
 		b.Queue(s.sql.lookupKeyOne, tenants[0], instrIDs[0], keys[0], ids[0])
 	} else {
 		b.Queue(s.sql.insertKeys, tenants, instrIDs, keys, ids, participants, hashes)
-		b.Queue(s.sql.insertPending, ids, ords, instrIDs, participants, keys, railTypes, tenants, correlats, payloads)
+		b.Queue(s.sql.insertPending, ids, railTypes, correlats, payloads)
 		b.Queue(s.sql.lookupKeys, tenants, instrIDs, keys, ords, ids)
 	}
 	br := db.SendBatch(ctx, b)
@@ -202,32 +202,13 @@ ON CONFLICT DO NOTHING`
 // before it: queued_before = 0, read under the participant's row lock);
 // the others wait (next_attempt_at = 'infinity') until the outcome of the
 // row before them hands them on (record.go, handoff.go).
-const insertPendingSQL = `
-WITH input AS (
-  SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::text[])
-    AS u(outbox_id, ord, instruction_id, participant_id, idempotency_key, rail_type, tenant_id, correlation_id, payload)
-), fresh AS (
-  SELECT i.*, k.row AS key_row FROM input i
-  CROSS JOIN LATERAL (SELECT k.ctid AS row FROM {schema}.idempotency_keys k
-                      WHERE k.outbox_id = i.outbox_id AND k.sequence_id IS NULL LIMIT 1) k
-), counts AS (
-  SELECT participant_id, count(*)::int AS n FROM fresh GROUP BY participant_id
-), firsts AS (
-  SELECT b.participant_id, b.first_sequence_id, b.queued_before
-  FROM {schema}.allocate_sequences((SELECT array_agg(participant_id) FROM counts), (SELECT array_agg(n) FROM counts)) b
-), numbered AS (
-  SELECT f.*, fi.first_sequence_id + row_number() OVER (PARTITION BY f.participant_id ORDER BY f.ord) - 1 AS sequence_id,
-         fi.queued_before = 0 AND row_number() OVER (PARTITION BY f.participant_id ORDER BY f.ord) = 1 AS head
-  FROM fresh f JOIN firsts fi USING (participant_id)
-), inserted AS (
-  INSERT INTO {schema}.pending (` + pendingColumns + `)
-  SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-         nullif(tenant_id, ''), nullif(correlation_id, ''),
-         payload::jsonb, 0, CASE WHEN head OR NOT ` + orderedSQL + ` THEN now() ELSE 'infinity' END, now(), NULL
-  FROM numbered
-)
-UPDATE {schema}.idempotency_keys k SET sequence_id = n.sequence_id
-FROM numbered n WHERE k.ctid = ANY (ARRAY(SELECT key_row FROM numbered)) AND k.ctid = n.key_row`
+//
+// The statement is enqueue_pending_batch's (migration 033), which reads
+// each instruction's identity from its key row and, where the roles are in
+// place, runs as the owner: producers may not insert pending rows or
+// allocate sequence ids themselves, so neither can happen outside an
+// enqueue (a sequence id without its instruction strands its participant).
+const insertPendingSQL = `SELECT {schema}.enqueue_pending_batch($1::uuid[], $2::text[], $3::text[], $4::text[])`
 
 // The one-instruction forms of the three statements above: one
 // instruction per business transaction is the common case. They take
@@ -247,25 +228,11 @@ SELECT $1::text, $2::text, $3::text, $4::uuid, $5::text, $6::bytea
 WHERE NOT EXISTS (SELECT 1 FROM {schema}.retired_keys r WHERE r.digest = {schema}.key_digest($1::text, $2::text, $3::text))
 ON CONFLICT DO NOTHING`
 
-	// insertPendingOneSQL is insertPendingSQL for one instruction: only if
-	// its key row carries its own, still unsequenced, outbox id ($1) is a
-	// sequence id allocated (the condition gates the call) and the row
-	// inserted, due at once if it is its participant's head. It calls
-	// allocate_sequence, not allocate_sequences: the array form's own
-	// statement was replanned on every call (migration 013).
-	insertPendingOneSQL = `
-WITH firsts AS (
-  SELECT b.first_sequence_id, b.queued_before
-  FROM {schema}.allocate_sequence($3::text) b
-  WHERE EXISTS (SELECT 1 FROM {schema}.idempotency_keys k WHERE k.outbox_id = $1::uuid AND k.sequence_id IS NULL)
-), inserted AS (
-  INSERT INTO {schema}.pending (` + pendingColumns + `)
-  SELECT $1::uuid, $2::text, $3::text, f.first_sequence_id, $4::text, $5::text, nullif($6::text, ''), nullif($7::text, ''),
-         $8::text::jsonb, 0, CASE WHEN f.queued_before = 0 OR NOT ` + orderedSQL + ` THEN now() ELSE 'infinity' END, now(), NULL
-  FROM firsts f
-)
-UPDATE {schema}.idempotency_keys k SET sequence_id = f.first_sequence_id
-FROM firsts f WHERE k.outbox_id = $1::uuid`
+	// insertPendingOneSQL is insertPendingSQL for one instruction:
+	// enqueue_pending (migration 033) allocates a sequence id and inserts
+	// the row only if the key row carries its own, still unsequenced,
+	// outbox id ($1), due at once if it is its participant's head.
+	insertPendingOneSQL = `SELECT {schema}.enqueue_pending($1::uuid, $2::text, $3::text, $4::text)`
 
 	// lookupKeyOneSQL is lookupKeysSQL for one key (its ord is 0).
 	lookupKeyOneSQL = `

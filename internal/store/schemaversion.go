@@ -12,8 +12,9 @@ import (
 // mismatch); migration 030 makes an instruction id take one key per
 // tenant, which the enqueue's ON CONFLICT relies on to refuse a second
 // key (on an older schema it would be written: a second payment of one
-// instruction).
-const EnqueueSchemaVersion = 30
+// instruction); migration 033 adds the functions the enqueue inserts
+// pending rows through (enqueue_pending, enqueue_pending_batch).
+const EnqueueSchemaVersion = 33
 
 // SchemaVersion reads the schema's migration version (tern's
 // schema_version table). visible is false when the table is there but db's

@@ -52,16 +52,21 @@ BEGIN
 END $$;
 
 -- What runs as the owner on behalf of others: the producer's sequence
--- allocation (so producers need no access to sequences), the relayers'
--- partition upkeep (DDL, which relayers may not do themselves) and their
--- settling of a poison instruction's dead letter by its late DISPATCHED
--- outcome (relayers may not delete dead letters otherwise).
+-- allocation and pending insert (so producers need no access to sequences
+-- or pending), the relayers' partition upkeep (DDL, which relayers may not
+-- do themselves) and their settling of a poison instruction's dead letter
+-- by its late DISPATCHED outcome (relayers may not delete dead letters
+-- otherwise).
 ALTER FUNCTION {{schema}}.allocate_sequences(text[], int[]) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION {{schema}}.allocate_sequence(text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION {{schema}}.ensure_attempt_partitions(int) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION {{schema}}.settle_poison_dead_letters(uuid[]) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 REVOKE ALL ON FUNCTION {{schema}}.allocate_sequences(text[], int[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {{schema}}.allocate_sequence(text) FROM PUBLIC;
+ALTER FUNCTION {{schema}}.enqueue_pending(uuid, text, text, text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION {{schema}}.enqueue_pending_batch(uuid[], text[], text[], text[]) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION {{schema}}.enqueue_pending(uuid, text, text, text), {{schema}}.enqueue_pending_batch(uuid[], text[], text[], text[]),
+  {{schema}}.enqueue_tenant_check(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {{schema}}.ensure_attempt_partitions(int) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {{schema}}.settle_poison_dead_letters(uuid[]) FROM PUBLIC;
 -- A late outcome's claim, read by relayers (migration 024) as the owner:
@@ -97,15 +102,20 @@ REVOKE ALL ON ALL TABLES IN SCHEMA {{schema}} FROM outbox_producer, outbox_relay
 GRANT USAGE ON SCHEMA {{schema}} TO outbox_producer, outbox_relayer, outbox_auditor, outbox_operator;
 GRANT SELECT ON {{schema}}.schema_version, {{schema}}.settings TO outbox_producer, outbox_relayer, outbox_auditor, outbox_operator;
 
--- Producer: enqueue (keys, pending; sequences through allocate_sequence(s)),
--- and read its own receipts (keys, under its tenant).
+-- Producer: enqueue (keys; pending rows and their sequence ids through
+-- enqueue_pending(_batch), migration 033, which run as the owner and read
+-- the instruction from its key), and read its own receipts (keys, under
+-- its tenant). No INSERT on pending, no UPDATE on keys and no
+-- allocate_sequence(s): with them a producer credential could allocate a
+-- sequence id, or insert a pending row, outside an enqueue (a stranded
+-- participant, every tenant's claims failing); a run of the roles script
+-- before 033 granted them, and this takes them back.
 GRANT SELECT, INSERT ON {{schema}}.idempotency_keys TO outbox_producer;
 GRANT SELECT ON {{schema}}.retired_keys TO outbox_producer; -- a retired key is refused, not enqueued again
-GRANT UPDATE (sequence_id) ON {{schema}}.idempotency_keys TO outbox_producer;
-GRANT INSERT ON {{schema}}.pending TO outbox_producer;
 GRANT SELECT ON {{schema}}.relayer_idle TO outbox_producer; -- the adaptive NOTIFY trigger reads it
-GRANT EXECUTE ON FUNCTION {{schema}}.allocate_sequences(text[], int[]) TO outbox_producer;
-GRANT EXECUTE ON FUNCTION {{schema}}.allocate_sequence(text) TO outbox_producer;
+REVOKE ALL ON FUNCTION {{schema}}.allocate_sequences(text[], int[]), {{schema}}.allocate_sequence(text) FROM outbox_producer;
+GRANT EXECUTE ON FUNCTION {{schema}}.enqueue_pending(uuid, text, text, text) TO outbox_producer;
+GRANT EXECUTE ON FUNCTION {{schema}}.enqueue_pending_batch(uuid[], text[], text[], text[]) TO outbox_producer;
 
 -- Relayer: claim, record, hand off, reap, register idle, checkpoint,
 -- partition upkeep. The archive and the checkpoints only grow; checkpoints
