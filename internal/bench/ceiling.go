@@ -316,7 +316,7 @@ func (r *runner) enqueueScript(st *store.Store) string {
 	return fmt.Sprintf("\\set n random(1, 1000000000000)\n\\set p random(0, %d)\n", r.cfg.Participants-1) +
 		"\\startpipeline\n" +
 		pgbenchSQL(h.InsertKey, map[int]string{1: `''`, 2: id, 3: id, 4: uuid, 5: part, 6: `'\x00'::bytea`}) + ";\n" +
-		pgbenchSQL(h.InsertPending, map[int]string{1: uuid, 2: id, 3: part, 4: id, 5: `'sandbox'`, 6: `''`, 7: `''`, 8: payload}) + ";\n" +
+		pgbenchSQL(h.InsertPending, map[int]string{1: uuid, 2: `'sandbox'`, 3: `''`, 4: payload}) + ";\n" +
 		pgbenchSQL(h.LookupKey, map[int]string{1: `''`, 2: id, 3: id, 4: uuid}) + ";\n" +
 		"\\endpipeline\n"
 }
