@@ -30,6 +30,10 @@ func TestProducerCannotStrandAParticipant(t *testing.T) {
 		`INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload)
 		   VALUES (gen_random_uuid(), 'i', 'p-victim', 1, 'k', 'sandbox', '{}')`,
 		`UPDATE outbox.idempotency_keys SET sequence_id = 7`,
+		// A receipt of an instruction never enqueued: its later enqueues
+		// would be answered as duplicates, and never paid.
+		`INSERT INTO outbox.idempotency_keys (instruction_id, idempotency_key, outbox_id, participant_id, payload_hash, sequence_id)
+		   VALUES ('ins-forged', 'k-forged', gen_random_uuid(), 'p-victim', '\x00', 1)`,
 	)
 	// An outbox id without a key of its own enqueues nothing.
 	if _, err := producer.Exec(b.ctx, `SELECT outbox.enqueue_pending(gen_random_uuid(), 'sandbox', '', '{}')`); err != nil {

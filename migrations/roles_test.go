@@ -1371,7 +1371,8 @@ func TestRolesHoldExactlyTheirPrivileges(t *testing.T) {
 		// Pending rows and sequence ids only through enqueue_pending(_batch)
 		// (migration 033).
 		"outbox_producer enqueue_pending() EXECUTE", "outbox_producer enqueue_pending_batch() EXECUTE",
-		"outbox_producer idempotency_keys INSERT", "outbox_producer idempotency_keys SELECT",
+		"outbox_producer idempotency_keys(idempotency_key,instruction_id,outbox_id,participant_id,payload_hash,tenant_id) INSERT",
+		"outbox_producer idempotency_keys SELECT",
 		"outbox_producer relayer_idle SELECT", "outbox_producer retired_keys SELECT",
 		"outbox_producer schema_version SELECT", "outbox_producer settings SELECT",
 

@@ -110,7 +110,11 @@ GRANT SELECT ON {{schema}}.schema_version, {{schema}}.settings TO outbox_produce
 -- sequence id, or insert a pending row, outside an enqueue (a stranded
 -- participant, every tenant's claims failing); a run of the roles script
 -- before 033 granted them, and this takes them back.
-GRANT SELECT, INSERT ON {{schema}}.idempotency_keys TO outbox_producer;
+-- A key is inserted without its sequence id (enqueue_pending stamps it):
+-- a key inserted with one would be a receipt of an instruction that was
+-- never enqueued, its enqueues answered as duplicates and never paid.
+GRANT SELECT, INSERT (tenant_id, instruction_id, idempotency_key, outbox_id, participant_id, payload_hash)
+  ON {{schema}}.idempotency_keys TO outbox_producer;
 GRANT SELECT ON {{schema}}.retired_keys TO outbox_producer; -- a retired key is refused, not enqueued again
 GRANT SELECT ON {{schema}}.relayer_idle TO outbox_producer; -- the adaptive NOTIFY trigger reads it
 REVOKE ALL ON FUNCTION {{schema}}.allocate_sequences(text[], int[]), {{schema}}.allocate_sequence(text) FROM outbox_producer;
