@@ -52,7 +52,26 @@ const idleFreshness = 10 * time.Second
 // attempt.
 const maxRailTextLength = 1000
 
-// Config configures a [Relayer]. Zero values mean the defaults above.
+// ErrInvalidConfig is wrapped by the errors [New] returns for a Config it
+// refuses: no rails, an invalid schema, a negative count or duration, or
+// values that contradict each other.
+var ErrInvalidConfig = errors.New("engine: invalid config")
+
+// ErrNoPool is wrapped by the error [Relayer.Start] (and so [Relayer.Run])
+// returns for a relayer made without a pool. Such a relayer is valid for
+// [Relayer.RelayOnce], which runs on the caller's transaction, but it has
+// nothing to claim, listen or record on of its own.
+var ErrNoPool = errors.New("engine: relayer has no pool")
+
+// ErrAlreadyStarted is wrapped by the error [Relayer.Start] returns on a
+// running relayer. It is the value every long-running outbox service
+// returns for that (reaper.ErrAlreadyStarted and relay.ErrAlreadyStarted
+// are the same), exported here because the start/stop contract's own
+// package is internal.
+var ErrAlreadyStarted = lifecycle.ErrAlreadyStarted
+
+// Config configures a [Relayer]. Zero values mean the defaults above;
+// negative ones are refused.
 type Config struct {
 	// Schema holding the outbox tables; "" means the default.
 	Schema string
@@ -170,22 +189,19 @@ func (r Recorded) Result() Result {
 }
 
 func (c *Config) setDefaults() error {
-	if c.Rails == nil || len(c.Rails.Types()) == 0 {
-		return errors.New("engine: Config.Rails must configure at least one rail")
-	}
-	if err := store.ValidateSchema(c.Schema); err != nil {
-		return err
+	if err := c.validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	if c.RelayerID == "" {
 		c.RelayerID = lifecycle.ProcessID()
 	}
 	def := func(v *int, d int) {
-		if *v <= 0 {
+		if *v == 0 {
 			*v = d
 		}
 	}
 	defDur := func(v *time.Duration, d time.Duration) {
-		if *v <= 0 {
+		if *v == 0 {
 			*v = d
 		}
 	}
@@ -204,17 +220,54 @@ func (c *Config) setDefaults() error {
 	defDur(&c.BackoffCap, DefaultBackoffCap)
 	defDur(&c.StopTimeout, DefaultStopTimeout)
 	if c.IdleRefresh > idleFreshness/2 {
-		return fmt.Errorf("engine: IdleRefresh %v is too long: the trigger ignores registrations older than %v, so refresh at least every %v",
-			c.IdleRefresh, idleFreshness, idleFreshness/2)
+		return fmt.Errorf("%w: IdleRefresh %v is too long: the trigger ignores registrations older than %v, so refresh at least every %v",
+			ErrInvalidConfig, c.IdleRefresh, idleFreshness, idleFreshness/2)
 	}
 	if c.BackoffCap < c.BackoffBase {
-		return fmt.Errorf("engine: BackoffCap %v is below BackoffBase %v", c.BackoffCap, c.BackoffBase)
+		return fmt.Errorf("%w: BackoffCap %v is below BackoffBase %v", ErrInvalidConfig, c.BackoffCap, c.BackoffBase)
 	}
 	if c.BatchSize > c.MaxConcurrency {
 		c.BatchSize = c.MaxConcurrency
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// validate refuses what no default can stand for: no rails, an invalid
+// schema, a negative count or duration. A negative value is a mistake (a
+// flipped sign, a flag parsed as -1); turning it into the default would
+// hide it.
+func (c *Config) validate() error {
+	if c.Rails == nil || len(c.Rails.Types()) == 0 {
+		return errors.New("no rails: Config.Rails must configure at least one")
+	}
+	if err := store.ValidateSchema(c.Schema); err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{
+		{"BatchSize", c.BatchSize}, {"MaxConcurrency", c.MaxConcurrency}, {"MaxAttempts", c.MaxAttempts},
+		{"MaxErrorLength", c.MaxErrorLength}, {"FlushSize", c.FlushSize}, {"OutcomeWriters", c.OutcomeWriters},
+	} {
+		if f.v < 0 {
+			return fmt.Errorf("%s %d is negative (0 means the default)", f.name, f.v)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"PollInterval", c.PollInterval}, {"Debounce", c.Debounce}, {"IdleRefresh", c.IdleRefresh},
+		{"ReconnectDelay", c.ReconnectDelay}, {"LeaseGrace", c.LeaseGrace}, {"BackoffBase", c.BackoffBase},
+		{"BackoffCap", c.BackoffCap}, {"StopTimeout", c.StopTimeout},
+	} {
+		if f.v < 0 {
+			return fmt.Errorf("%s %v is negative (0 means the default)", f.name, f.v)
+		}
 	}
 	return nil
 }

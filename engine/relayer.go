@@ -103,14 +103,17 @@ type Relayer struct {
 	}
 }
 
-// New validates cfg and returns a relayer that is not yet running.
+// New validates cfg and returns a relayer that is not yet running. A
+// Config it refuses is an error wrapping [ErrInvalidConfig]. pool may be
+// nil for a relayer used only through [Relayer.RelayOnce]; [Relayer.Start]
+// refuses to run one.
 func New(pool *pgxpool.Pool, cfg Config) (*Relayer, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
 	st, err := store.New(cfg.Schema)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	seed := cfg.Seed
 	if seed == 0 {
@@ -172,8 +175,13 @@ func (r *Relayer) Stats() Stats {
 // returned at once, and nothing is started. A database that cannot be
 // reached is not such an error: the relayer starts and keeps trying with
 // capped backoff. Start on a running relayer returns an error wrapping
-// [lifecycle.ErrAlreadyStarted].
+// [ErrAlreadyStarted]; on a relayer made without a pool, one wrapping
+// [ErrNoPool].
 func (r *Relayer) Start(ctx context.Context) error {
+	if r.pool == nil {
+		// Nothing to claim, listen or record on: pgx would panic.
+		return fmt.Errorf("engine: relayer %s: %w", r.cfg.RelayerID, ErrNoPool)
+	}
 	err := r.lc.Start(ctx, func(ctx context.Context) (lifecycle.StopFunc, error) {
 		if err := r.preflight(ctx); err != nil {
 			return nil, err

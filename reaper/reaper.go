@@ -65,7 +65,8 @@ var ErrInvalidConfig = errors.New("reaper: invalid config")
 
 // ErrAlreadyStarted is wrapped by the error [Reaper.Start] returns on a
 // running reaper. It is the one value every long-running outbox service
-// returns for that (relay.ErrAlreadyStarted is the same), exported here
+// returns for that (engine.ErrAlreadyStarted and relay.ErrAlreadyStarted
+// are the same), exported here
 // because the start/stop contract's own package is internal.
 var ErrAlreadyStarted = lifecycle.ErrAlreadyStarted
 

@@ -23,16 +23,19 @@ import (
 
 // ErrAlreadyStarted is wrapped by the error [Service.Start] returns on a
 // running service. It is the one value every long-running outbox service
-// returns for that: engine.Relayer.Start and [reaper.Reaper.Start] wrap it
-// too (it is [reaper.ErrAlreadyStarted]), so errors.Is with it answers for
-// any of them. The start/stop contract's own package is internal, so this
+// returns for that: [engine.Relayer.Start] and [reaper.Reaper.Start] wrap
+// it too (it is [engine.ErrAlreadyStarted] and [reaper.ErrAlreadyStarted]),
+// so errors.Is with it answers for any of them. The start/stop contract's own package is internal, so this
 // is the name a program can use.
 var ErrAlreadyStarted = reaper.ErrAlreadyStarted
 
 // ErrInvalidConfig is wrapped by the errors [New] returns for a
-// configuration the service cannot run with: a nil pool, or a Config the
-// relayer or the reaper refuses (no rails, an invalid schema, a reaper
-// interval below [reaper.MinInterval], ...).
+// configuration the service cannot run with: a nil pool, a negative
+// QueueGaugesMaxAge, or a Config the relayer or the reaper refuses (no
+// rails, an invalid schema, a negative count or duration, a reaper
+// interval below [reaper.MinInterval], ...); errors.Is also finds the
+// refusing package's own sentinel ([engine.ErrInvalidConfig],
+// [reaper.ErrInvalidConfig]).
 var ErrInvalidConfig = errors.New("invalid config")
 
 // Config configures a [Service]. Zero values are the documented defaults
@@ -54,8 +57,8 @@ type Config struct {
 	Metrics prometheus.Registerer
 	// QueueGaugesMaxAge is how old the queue gauges (outbox_pending_depth
 	// and the others read from the queue snapshot) may be at a scrape
-	// (0: 5 s). The snapshot counts the whole queue, so one read serves
-	// every scrape of this process in that time.
+	// (0: 5 s; negative is refused). The snapshot counts the whole queue,
+	// so one read serves every scrape of this process in that time.
 	QueueGaugesMaxAge time.Duration
 }
 
@@ -80,6 +83,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 	if pool == nil {
 		// The relayer would only find out at Start, inside pgxpool.
 		return nil, fmt.Errorf("relay: %w: nil pool", ErrInvalidConfig)
+	}
+	if cfg.QueueGaugesMaxAge < 0 {
+		return nil, fmt.Errorf("relay: %w: QueueGaugesMaxAge %v is negative (0 means the default)", ErrInvalidConfig, cfg.QueueGaugesMaxAge)
 	}
 	s := &Service{cfg: cfg}
 	user := cfg.Relayer.OnRecorded

@@ -234,10 +234,17 @@ func TestNewRefusesABadConfig(t *testing.T) {
 		"bad schema":          {b.pool, relay.Config{Relayer: engine.Config{Rails: b.set, Schema: "public"}}},
 		"reaper interval":     {b.pool, relay.Config{Relayer: engine.Config{Rails: b.set}, Reaper: reaper.Config{Interval: time.Millisecond}}},
 		"backoff cap too low": {b.pool, relay.Config{Relayer: engine.Config{Rails: b.set, BackoffBase: time.Minute, BackoffCap: time.Second}}},
+		// Negative values were taken for the defaults, hiding the mistake.
+		"negative batch size":   {b.pool, relay.Config{Relayer: engine.Config{Rails: b.set, BatchSize: -1}}},
+		"negative stop timeout": {b.pool, relay.Config{Relayer: engine.Config{Rails: b.set, StopTimeout: -time.Second}}},
+		"negative gauge age":    {b.pool, relay.Config{Relayer: engine.Config{Rails: b.set}, QueueGaugesMaxAge: -time.Second}},
 	} {
 		svc, err := relay.New(c.pool, c.cfg)
 		if !errors.Is(err, relay.ErrInvalidConfig) || svc != nil {
 			t.Errorf("%s: New returned %v, %v; want an error wrapping ErrInvalidConfig", name, svc, err)
+		}
+		if c.pool != nil && c.cfg.QueueGaugesMaxAge == 0 && c.cfg.Reaper.Interval == 0 && !errors.Is(err, engine.ErrInvalidConfig) {
+			t.Errorf("%s: New = %v; want the relayer's refusal, engine.ErrInvalidConfig, in it too", name, err)
 		}
 	}
 }
