@@ -148,10 +148,22 @@ type Config struct {
 	OnRecorded func([]Recorded)
 }
 
+// Outcome is how one claimed attempt ended, as the relayer records it: the
+// instruction's identity, the attempt, and the rail's answer. Its State is
+// one of the archive's states ([github.com/ledgerline/outbox/attempts.State]:
+// Dispatched, Retryable or Failed).
+type Outcome = store.Outcome
+
+// Identity is who an instruction is and what it asks of its rail, as
+// every [Outcome] repeats it.
+type Identity = store.Identity
+
 // Recorded is an outcome as committed, for observers (demo, benchmarks,
 // metrics).
 type Recorded struct {
-	store.Outcome
+	// Outcome is named here by its alias so that a program can build a
+	// Recorded (to test its observer) without the internal package.
+	Outcome
 	// EnqueuedAt is the instruction's first enqueue (database clock);
 	// RecordedAt is when the outcome committed (relayer clock).
 	EnqueuedAt, RecordedAt time.Time
