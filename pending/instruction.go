@@ -64,8 +64,9 @@ type Receipt struct {
 // a different payload, or by another instruction id (a [*MismatchError]),
 // and when an instruction id is enqueued under a key other than its own
 // (an [*InstructionReusedError], which is also [ErrInstructionIDReused]).
-// Nothing is written.
-var ErrIdempotencyMismatch = errors.New("idempotency key reused with a different payload")
+// Nothing is written. Its text names none of the cases; the detail errors
+// say which.
+var ErrIdempotencyMismatch = errors.New("idempotency key mismatch")
 
 // ErrInstructionIDReused is returned when an instruction id is enqueued
 // under an idempotency key other than the one it already has in its
@@ -122,7 +123,7 @@ func (e *MismatchError) Error() string {
 		return fmt.Sprintf("%v: instruction %q: key %q already belongs to instruction %q (outbox id %s); a key may name one instruction only",
 			ErrIdempotencyMismatch, e.InstructionID, e.IdempotencyKey, e.Owner, e.OutboxID)
 	}
-	return fmt.Sprintf("%v: instruction %q key %q already belongs to outbox id %s",
+	return fmt.Sprintf("%v: instruction %q: key %q was enqueued with a different payload (outbox id %s); a retry must send the same one",
 		ErrIdempotencyMismatch, e.InstructionID, e.IdempotencyKey, e.OutboxID)
 }
 

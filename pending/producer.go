@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"sync/atomic"
 
 	"github.com/gofrs/uuid/v5"
@@ -33,16 +34,22 @@ import (
 // which case each call is its own transaction.
 type DBTX = store.Batcher
 
+// ErrInvalidConfig is wrapped by the errors [NewProducer] returns for a
+// Config no enqueue could use.
+var ErrInvalidConfig = errors.New("pending: invalid config")
+
 // Config configures a [Producer].
 type Config struct {
 	// Schema holding the outbox tables; "" means the default.
 	Schema string
 	// Rails are the rail types producers may use and how each validates;
-	// nil means [payment.DefaultCatalog] (sandbox and event).
+	// nil means [payment.DefaultCatalog] (sandbox and event). An empty
+	// catalog, or a rail without a profile, is refused. NewProducer keeps
+	// a copy: later changes to the map do not reach the Producer.
 	Rails payment.Catalog
 	// MaxPayloadBytes limits the encoded payload as PostgreSQL writes the
 	// stored jsonb back (metadata numbers written out in full, a space
-	// after every ',' and ':'); 0 means 64 KiB.
+	// after every ',' and ':'); 0 means 64 KiB, negative is refused.
 	MaxPayloadBytes int
 }
 
@@ -56,17 +63,37 @@ type Producer struct {
 	schemaOK atomic.Bool
 }
 
-// NewProducer validates cfg and returns a Producer.
+// NewProducer validates cfg and returns a Producer. A Config it refuses
+// (an invalid schema, an empty catalog or a rail without a profile, a
+// negative MaxPayloadBytes) is an error wrapping [ErrInvalidConfig].
 func NewProducer(cfg Config) (*Producer, error) {
 	st, err := store.New(cfg.Schema)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
-	if cfg.Rails == nil {
+	switch {
+	case cfg.Rails == nil:
 		cfg.Rails = payment.DefaultCatalog()
+	case len(cfg.Rails) == 0:
+		// Every enqueue would be refused as an unknown rail: a
+		// configuration that lost its rails, better found at deploy
+		// than at the first payment.
+		return nil, fmt.Errorf("%w: Rails is empty (nil means the default catalog)", ErrInvalidConfig)
+	default:
+		for rail, profile := range cfg.Rails {
+			if profile == nil {
+				return nil, fmt.Errorf("%w: rail %q has no profile", ErrInvalidConfig, rail)
+			}
+		}
+		// Our own copy: the Producer is used concurrently, and the
+		// caller may go on changing its map.
+		cfg.Rails = maps.Clone(cfg.Rails)
 	}
-	if cfg.MaxPayloadBytes <= 0 {
+	switch {
+	case cfg.MaxPayloadBytes == 0:
 		cfg.MaxPayloadBytes = payment.DefaultMaxPayloadBytes
+	case cfg.MaxPayloadBytes < 0:
+		return nil, fmt.Errorf("%w: MaxPayloadBytes %d is negative (0 means the default)", ErrInvalidConfig, cfg.MaxPayloadBytes)
 	}
 	return &Producer{rails: cfg.Rails, maxPayload: cfg.MaxPayloadBytes, store: st}, nil
 }
