@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -40,8 +41,22 @@ var files embed.FS
 // schema (public, information_schema, pg_*).
 var ErrInvalidSchema = store.ErrInvalidSchema
 
+// ErrNoDB is wrapped by the errors the functions of this package return
+// when given a nil pool or connection.
+var ErrNoDB = errors.New("migrations: no database (nil pool or connection)")
+
 // ValidateSchema checks a schema name; the empty string means [DefaultSchema].
 func ValidateSchema(schema string) error { return store.ValidateSchema(schema) }
+
+// noDB reports whether db is nil, or a nil pointer in an interface (a
+// nil *pgxpool.Pool passed as a DB), on which pgx would panic.
+func noDB(db any) bool {
+	if db == nil {
+		return true
+	}
+	v := reflect.ValueOf(db)
+	return v.Kind() == reflect.Pointer && v.IsNil()
+}
 
 // orDefault maps "" to DefaultSchema.
 func orDefault(schema string) string {
@@ -77,6 +92,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 // (keyed by schema) before anything else, schema creation included, so
 // concurrent migrators serialize and all end at the same version.
 func MigrateWith(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
+	if noDB(pool) {
+		return fmt.Errorf("migrate: %w", ErrNoDB)
+	}
 	if err := ValidateSchema(opts.Schema); err != nil {
 		return err
 	}
@@ -91,12 +109,7 @@ func MigrateWith(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 	// made. It is closed, after the unlock below, with whatever it holds.
 	defer func() { _ = conn.Hijack().Close(context.WithoutCancel(ctx)) }()
 
-	timeout := opts.LockTimeout
-	if timeout <= 0 {
-		timeout = DefaultLockTimeout
-	}
-	// Whole milliseconds, rounded up: 0 would mean no timeout at all.
-	timeoutMS := strconv.FormatInt(max(1, (timeout+time.Millisecond-1).Milliseconds()), 10)
+	timeout, timeoutMS := lockTimeoutSetting(opts.LockTimeout)
 	// Session-level, for the lock wait and the first migration; set again
 	// before each migration (OnStart below).
 	if _, err := conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)", timeoutMS); err != nil {
@@ -153,6 +166,16 @@ func MigrateWith(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 }
 
 func lockName(schema string) string { return "outbox-migrate:" + schema }
+
+// lockTimeoutSetting is a LockTimeout option with its default applied, and
+// as lock_timeout's value: whole milliseconds, rounded up, since 0 would
+// mean no timeout at all.
+func lockTimeoutSetting(d time.Duration) (time.Duration, string) {
+	if d <= 0 {
+		d = DefaultLockTimeout
+	}
+	return d, strconv.FormatInt(max(1, (d+time.Millisecond-1).Milliseconds()), 10)
+}
 
 // LockTimeoutError says that the migration lock of a schema could not be
 // taken in time, and who holds it.
@@ -246,6 +269,9 @@ func Latest() int32 {
 // GetStatus reports the applied and latest version of a schema, without
 // changing anything.
 func GetStatus(ctx context.Context, db DB, schema string) (Status, error) {
+	if noDB(db) {
+		return Status{}, fmt.Errorf("schema status: %w", ErrNoDB)
+	}
 	if err := ValidateSchema(schema); err != nil {
 		return Status{}, err
 	}
@@ -275,6 +301,9 @@ func Hash() string {
 // off. With it off, relayers find work by polling only and producers never
 // pay for NOTIFY.
 func SetNotify(ctx context.Context, db DB, schema string, enabled bool) error {
+	if noDB(db) {
+		return fmt.Errorf("set notify: %w", ErrNoDB)
+	}
 	if err := ValidateSchema(schema); err != nil {
 		return err
 	}
@@ -288,6 +317,9 @@ func SetNotify(ctx context.Context, db DB, schema string, enabled bool) error {
 
 // NotifyEnabled reports whether the adaptive NOTIFY trigger is enabled.
 func NotifyEnabled(ctx context.Context, db DB, schema string) (bool, error) {
+	if noDB(db) {
+		return false, fmt.Errorf("notify: %w", ErrNoDB)
+	}
 	if err := ValidateSchema(schema); err != nil {
 		return false, err
 	}
@@ -305,6 +337,9 @@ func NotifyEnabled(ctx context.Context, db DB, schema string) (bool, error) {
 // dispatched, concurrently with others of its participant. It refuses
 // while instructions are in flight: stop the relayers first.
 func SetOrdered(ctx context.Context, db store.TxBeginner, schema string, on bool) error {
+	if noDB(db) {
+		return fmt.Errorf("set ordering: %w", ErrNoDB)
+	}
 	st, err := store.New(schema)
 	if err != nil {
 		return err
@@ -314,6 +349,9 @@ func SetOrdered(ctx context.Context, db store.TxBeginner, schema string, on bool
 
 // Ordered reports whether per-participant ordering is on for a schema.
 func Ordered(ctx context.Context, db DB, schema string) (bool, error) {
+	if noDB(db) {
+		return false, fmt.Errorf("ordering: %w", ErrNoDB)
+	}
 	st, err := store.New(schema)
 	if err != nil {
 		return false, err

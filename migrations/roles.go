@@ -3,9 +3,12 @@ package migrations
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"strings"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -45,32 +48,65 @@ func RolesSQL(schema string) (string, error) {
 	return strings.ReplaceAll(rolesSQL, "{{schema}}", orDefault(schema)), nil
 }
 
-// CreateRoles creates the five outbox roles (if missing), makes
+// RolesOptions tune [CreateRolesWith].
+type RolesOptions struct {
+	// Schema whose roles to set up; "" means DefaultSchema.
+	Schema string
+	// LockTimeout bounds the wait for the migration lock (a migrator, or
+	// a session that still holds it) and for each lock a statement needs;
+	// 0 means DefaultLockTimeout. A lock not taken in time fails with a
+	// [*LockTimeoutError], and nothing is changed.
+	LockTimeout time.Duration
+}
+
+// CreateRoles is [CreateRolesWith] with only a schema (and so
+// DefaultLockTimeout).
+func CreateRoles(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	return CreateRolesWith(ctx, pool, RolesOptions{Schema: schema})
+}
+
+// CreateRolesWith creates the five outbox roles (if missing), makes
 // outbox_owner the owner of the schema and everything in it, grants each
 // role what it needs and nothing more, and turns on row-level security by
 // tenant. It is idempotent; run it after migrating (a migration may add a
-// table) as a superuser. Concurrent runs serialize on the migration lock.
-func CreateRoles(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	sql, err := RolesSQL(schema)
+// table) as a superuser. Concurrent runs, and migrations, serialize on the
+// migration lock.
+func CreateRolesWith(ctx context.Context, pool *pgxpool.Pool, opts RolesOptions) error {
+	if noDB(pool) {
+		return fmt.Errorf("create roles: %w", ErrNoDB)
+	}
+	sql, err := RolesSQL(opts.Schema)
 	if err != nil {
 		return err
 	}
+	schema := orDefault(opts.Schema)
+	timeout, timeoutMS := lockTimeoutSetting(opts.LockTimeout)
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("create roles: %w", err)
 	}
 	defer conn.Release()
-	name := lockName(orDefault(schema))
-	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", name); err != nil {
-		return fmt.Errorf("create roles: take advisory lock: %w", err)
-	}
-	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(hashtext($1))", name)
-	// One transaction: a failure leaves the privileges as they were.
+	// One transaction: a failure leaves the privileges as they were. The
+	// lock and the lock_timeout are the transaction's own, so the pooled
+	// session goes back with neither, whatever happens.
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("create roles: %w", err)
 	}
-	defer tx.Rollback(ctx)
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", timeoutMS); err != nil {
+		return fmt.Errorf("create roles: set lock_timeout: %w", err)
+	}
+	// A transaction-level lock conflicts with MigrateWith's session-level
+	// one on the same key.
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext($1))", lockName(schema)); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+			_ = tx.Rollback(ctx)
+			return lockTimeout(ctx, conn.Conn(), schema, timeout, err)
+		}
+		return fmt.Errorf("create roles: take advisory lock: %w", err)
+	}
 	if _, err := tx.Exec(ctx, sql); err != nil {
 		return fmt.Errorf("create roles: %w", err)
 	}

@@ -52,7 +52,7 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 			return err
 		}
 		if *createRoles {
-			if err := migrations.CreateRoles(ctx, pool, db.schema); err != nil {
+			if err := migrations.CreateRolesWith(ctx, pool, migrations.RolesOptions{Schema: db.schema, LockTimeout: db.settings.LockTimeout}); err != nil {
 				return err
 			}
 			// The status line that follows names the schema.

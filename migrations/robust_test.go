@@ -1,0 +1,91 @@
+package migrations_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerline/outbox/migrations"
+)
+
+// TestNilDatabaseIsAnError: every function that takes a pool or a
+// connection answers a nil one with ErrNoDB instead of panicking inside
+// pgx (a pool a program failed to open, say).
+func TestNilDatabaseIsAnError(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	var pool *pgxpool.Pool
+	var conn *pgx.Conn
+	for name, call := range map[string]func() error{
+		"Migrate":        func() error { return migrations.Migrate(ctx, pool) },
+		"MigrateWith":    func() error { return migrations.MigrateWith(ctx, pool, migrations.Options{}) },
+		"CreateRoles":    func() error { return migrations.CreateRoles(ctx, pool, "") },
+		"GetStatus":      func() error { _, err := migrations.GetStatus(ctx, pool, ""); return err },
+		"GetStatus conn": func() error { _, err := migrations.GetStatus(ctx, conn, ""); return err },
+		"GetStatus nil":  func() error { _, err := migrations.GetStatus(ctx, nil, ""); return err },
+		"Ready":          func() error { _, err := migrations.Ready(ctx, pool, ""); return err },
+		"SetNotify":      func() error { return migrations.SetNotify(ctx, pool, "", true) },
+		"NotifyEnabled":  func() error { _, err := migrations.NotifyEnabled(ctx, pool, ""); return err },
+		"SetOrdered":     func() error { return migrations.SetOrdered(ctx, pool, "", true) },
+		"Ordered":        func() error { _, err := migrations.Ordered(ctx, pool, ""); return err },
+	} {
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					t.Errorf("%s with a nil database panicked: %v", name, p)
+				}
+			}()
+			if err := call(); !errors.Is(err, migrations.ErrNoDB) {
+				t.Errorf("%s with a nil database = %v, want an error wrapping ErrNoDB", name, err)
+			}
+		}()
+	}
+}
+
+// TestCreateRolesLockTimeoutNamesTheHolder: CreateRoles serializes with
+// migrators on the migration lock; a session that keeps it makes
+// CreateRolesWith fail after the bound with the *LockTimeoutError
+// MigrateWith gives, instead of waiting for as long as the session lives.
+// Nothing is changed, and the pool's sessions keep their lock_timeout.
+func TestCreateRolesLockTimeoutNamesTheHolder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg, err := pgx.ParseConfig(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = "stuck-roles"
+	holder, err := pgx.ConnectConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(context.Background())
+	if _, err := holder.Exec(b.ctx, "SELECT pg_advisory_lock(hashtext('outbox-migrate:outbox'))"); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+	defer cancel()
+	err = migrations.CreateRolesWith(ctx, b.pool, migrations.RolesOptions{LockTimeout: 200 * time.Millisecond})
+	var lt *migrations.LockTimeoutError
+	if !errors.As(err, &lt) {
+		t.Fatalf("CreateRolesWith with the lock held: %v, want a *LockTimeoutError", err)
+	}
+	if len(lt.Holders) != 1 || lt.Holders[0].ApplicationName != "stuck-roles" {
+		t.Errorf("holders %+v, want the stuck-roles session", lt.Holders)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" || !strings.Contains(err.Error(), "pg_terminate_backend") {
+		t.Errorf("the error does not wrap the database's lock timeout or say what to do: %v", err)
+	}
+	var lockTimeout string
+	if err := b.pool.QueryRow(b.ctx, "SHOW lock_timeout").Scan(&lockTimeout); err != nil || lockTimeout != "0" {
+		t.Errorf("the pool's sessions kept lock_timeout %q (%v)", lockTimeout, err)
+	}
+}
