@@ -16,7 +16,6 @@ import (
 	"github.com/ledgerline/outbox/internal/lifecycle"
 	"github.com/ledgerline/outbox/internal/retry"
 	"github.com/ledgerline/outbox/internal/store"
-	"github.com/ledgerline/outbox/migrations"
 )
 
 // partitionMonthsAhead is how many monthly archive partitions a relayer
@@ -183,7 +182,7 @@ func (r *Relayer) Start(ctx context.Context) error {
 		return fmt.Errorf("engine: relayer %s: %w", r.cfg.RelayerID, ErrNoPool)
 	}
 	err := r.lc.Start(ctx, func(ctx context.Context) (lifecycle.StopFunc, error) {
-		if err := r.preflight(ctx); err != nil {
+		if err := retry.Preflight(ctx, r.pool, r.cfg.Schema, r.log, "relayer"); err != nil {
 			return nil, err
 		}
 		if err := r.store.EnsurePartitions(ctx, r.pool, partitionMonthsAhead); err != nil {
@@ -198,21 +197,6 @@ func (r *Relayer) Start(ctx context.Context) error {
 	})
 	if err != nil {
 		return fmt.Errorf("engine: relayer %s: %w", r.cfg.RelayerID, err)
-	}
-	return nil
-}
-
-// preflight refuses to start on permanent database errors (see Start).
-func (r *Relayer) preflight(ctx context.Context) error {
-	st, err := migrations.Ready(ctx, r.pool, r.cfg.Schema)
-	switch {
-	case err != nil && retry.Permanent(err):
-		return fmt.Errorf("cannot start: %w", retry.Explain(err))
-	case err != nil:
-		r.log.Warn("database not reachable at start; the relayer starts anyway and keeps trying", "err", err)
-	case st.Current > st.Latest:
-		r.log.Warn("the schema is newer than this build (a newer version migrated it); upgrade this relayer",
-			"schema", st.Schema, "version", st.Current, "build_version", st.Latest)
 	}
 	return nil
 }

@@ -292,12 +292,23 @@ func (r *Reaper) reapBatch(ctx context.Context) ([]Requeued, error) {
 // partitions exist. The loop runs until Stop (ctx is for start-up only, as
 // for every long-running outbox service: Start on a running reaper is an
 // error wrapping [ErrAlreadyStarted], Stop on a stopped one a no-op, and a
-// stopped reaper can be started again). Stop cancels the batch in progress: it rolls back, which is
-// safe because the next pass does the same work, or, if it committed
-// before the cancel reached it, its requeue stands and the pass counts as
-// failed.
+// stopped reaper can be started again). Stop cancels the batch in
+// progress: it rolls back, which is safe because the next pass does the
+// same work, or, if it committed before the cancel reached it, its requeue
+// stands and the pass counts as failed.
+//
+// Like a relayer's, Start first checks the database and returns errors no
+// retry can fix (refused credentials, a missing database or privilege, a
+// schema not migrated or older than this build: a
+// [*github.com/ledgerline/outbox/migrations.SchemaError]) at once, with
+// nothing started; an unreachable database is not one of them.
 func (r *Reaper) Start(ctx context.Context) error {
 	err := r.lc.Start(ctx, func(ctx context.Context) (lifecycle.StopFunc, error) {
+		// Its statements need this build's schema: on an older one every
+		// pass would fail, and zombies stay in flight.
+		if err := retry.Preflight(ctx, r.pool, r.cfg.Schema, r.log, "reaper"); err != nil {
+			return nil, err
+		}
 		runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		done := make(chan struct{})
 		go r.loop(runCtx, done)
