@@ -369,6 +369,24 @@ type deadLettersPage struct {
 	Items       []store.DeadLetter
 	Next        string
 	Done        *ActionResult // the action just taken, if any
+	// Total is how many dead letters the filter matches, all pages
+	// together, up to deadLetterCountBound; More says there are more than
+	// that. Counted says they were counted (not on a page refused for
+	// its parameters, which shows no list).
+	Total         int64
+	More, Counted bool
+}
+
+// deadLetterCountBound is as far as the dead letters page counts: the
+// acknowledged ones stay for good, and counting years of them on every
+// view would read them all.
+const deadLetterCountBound = 10000
+
+// countDeadLetters sets d's Total, More and Counted.
+func (s *Server) countDeadLetters(r *http.Request, d *deadLettersPage) error {
+	n, err := s.store.CountDeadLetters(r.Context(), s.cfg.Pool, d.All, d.Participant, deadLetterCountBound+1)
+	d.Total, d.More, d.Counted = min(n, deadLetterCountBound), n > deadLetterCountBound, err == nil
+	return err
 }
 
 func (s *Server) pageDeadLetters(w http.ResponseWriter, r *http.Request, p *page) {
@@ -385,6 +403,10 @@ func (s *Server) pageDeadLetters(w http.ResponseWriter, r *http.Request, p *page
 		}
 		pg := pageOf(items, limit, deadLetterCursor)
 		d.Items, d.Next = pg.Items, pg.Next
+		if err := s.countDeadLetters(r, &d); err != nil {
+			s.internalError(w, r, err)
+			return
+		}
 	}
 	p.Title, p.Nav, p.Data = "Dead letters", "dead", d
 	s.render(w, r, "deadletters.html", p)
@@ -435,6 +457,10 @@ func (s *Server) pageAct(w http.ResponseWriter, r *http.Request, p *page) {
 	// full page without one reads as every open dead letter.
 	pg := pageOf(items, defaultPageSize, deadLetterCursor)
 	d.Items, d.Next = pg.Items, pg.Next
+	if err := s.countDeadLetters(r, &d); err != nil {
+		s.internalError(w, r, err)
+		return
+	}
 	p.Title, p.Nav, p.Data = "Dead letters", "dead", d
 	s.render(w, r, "deadletters.html", p)
 }

@@ -106,6 +106,34 @@ ORDER BY failed_at, outbox_id LIMIT $1`
 ORDER BY failed_at, outbox_id LIMIT $1`
 )
 
+// CountDeadLetters counts the dead letters DeadLettersOf lists (open ones,
+// or all with all; participant's, or everyone's for ""), up to upTo of
+// them: the count stops there, as acknowledged dead letters stay for good
+// and an exact count of years of them would read every one on each view
+// of the list. A caller that asks for one more than it shows knows when
+// there are more.
+func (s *Store) CountDeadLetters(ctx context.Context, db Querier, all bool, participant string, upTo int) (int64, error) {
+	q := s.sql.countOpenDeadLetters
+	if all {
+		q = s.sql.countAllDeadLetters
+	}
+	var n int64
+	if err := db.QueryRow(ctx, q, upTo, participant).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count of dead letters: %w", err)
+	}
+	return n, nil
+}
+
+// The open count keeps acknowledged_at IS NULL in its text, so that it can
+// read the partial index of the open ones; an empty $2 is everyone's.
+const (
+	countOpenDeadLettersSQL = `
+SELECT count(*) FROM (SELECT FROM {schema}.dead_letters
+  WHERE acknowledged_at IS NULL AND ($2 = '' OR participant_id = $2) LIMIT $1) AS d`
+	countAllDeadLettersSQL = `
+SELECT count(*) FROM (SELECT FROM {schema}.dead_letters WHERE $2 = '' OR participant_id = $2 LIMIT $1) AS d`
+)
+
 // DeadLetter returns the dead letter of an outbox id, or nil if there is
 // none.
 func (s *Store) DeadLetter(ctx context.Context, db Querier, outboxID uuid.UUID) (*DeadLetter, error) {

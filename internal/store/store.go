@@ -100,6 +100,7 @@ type statements struct {
 	trailByOutbox, trailByInstruction                     string
 	openDeadLetters, allDeadLetters                       string
 	participantOpenDeadLetters, participantAllDeadLetters string
+	countOpenDeadLetters, countAllDeadLetters             string
 	listPending                                           string
 	snapshot, idleRelayers, dueOlderThan                  string
 	vacuumHorizon                                         string
@@ -155,6 +156,8 @@ func renderStatements(schema string) statements {
 		allDeadLetters:             q(allDeadLettersSQL),
 		participantOpenDeadLetters: q(participantOpenDeadLettersSQL),
 		participantAllDeadLetters:  q(participantAllDeadLettersSQL),
+		countOpenDeadLetters:       q(countOpenDeadLettersSQL),
+		countAllDeadLetters:        q(countAllDeadLettersSQL),
 		listPending:                q(listPendingSQL),
 		snapshot:                   q(snapshotSQL),
 		idleRelayers:               q(idleRelayersSQL),
