@@ -476,6 +476,10 @@ type trailPage struct {
 	// timeline interleaves (each event then names its outbox id and
 	// tenant).
 	Instructions int
+	// DeadLetters are those of the attempts' instructions that are dead
+	// letters now, which the page links to: from a failure's history to
+	// where it is replayed or acknowledged.
+	DeadLetters []store.DeadLetter
 }
 
 func (s *Server) pageTrail(w http.ResponseWriter, r *http.Request, p *page) {
@@ -501,7 +505,18 @@ func (s *Server) pageTrail(w http.ResponseWriter, r *http.Request, p *page) {
 	}
 	ids := map[uuid.UUID]bool{}
 	for _, a := range d.Attempts {
+		if ids[a.OutboxID] {
+			continue
+		}
 		ids[a.OutboxID] = true
+		dl, err := s.store.DeadLetter(r.Context(), s.cfg.Pool, a.OutboxID)
+		if err != nil {
+			s.internalError(w, r, err)
+			return
+		}
+		if dl != nil {
+			d.DeadLetters = append(d.DeadLetters, *dl)
+		}
 	}
 	d.Instructions = len(ids)
 	p.Title, p.Nav, p.Data = "Trail", "trail", d

@@ -46,3 +46,51 @@ func TestTrailByInstructionIDSaysWhichInstruction(t *testing.T) {
 		t.Fatalf("the trail does not warn that payout-7 is two instructions:\n%s", page)
 	}
 }
+
+// TestTrailLinksToItsDeadLetter: the trail of an instruction that is a
+// dead letter now links to it in the dead letters list (its participant's,
+// with the acknowledged ones when it is acknowledged), where it can be
+// replayed or acknowledged; the trail of one that is not (dispatched, or
+// replayed since it failed) has no such link.
+func TestTrailLinksToItsDeadLetter(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	dead := b.enqueue(t, "p 1&x", "k1") // a participant id a query string must escape
+	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
+	sent := b.enqueue(t, "p2", "k2")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Dispatched, "", 0)
+	replayed := b.enqueue(t, "p3", "k3")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
+	acked := b.enqueue(t, "p4", "k4")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
+	for id, action := range map[string]string{replayed.String(): "replay", acked.String(): "acknowledge"} {
+		var res admin.ActionResult
+		if code := b.call(t, "POST", "/api/v1/dead-letters/"+id+"/"+action, operatorSecret,
+			map[string]string{"reason": "by hand"}, &res); code != 200 || !res.Done {
+			t.Fatalf("%s: %d %+v", action, code, res)
+		}
+	}
+
+	c := consoleAt(t, b.url)
+	const deadLink = `class="dead-letter"`
+	link := `href="/console/dead-letters?participant=p&#43;1%26x#dl-` + dead.String() + `"`
+	if page := c.get(t, "/console/trail?id="+dead.String()); !strings.Contains(page, link) {
+		t.Fatalf("the trail of dead letter %s does not link to it (%s):\n%s", dead, link, page)
+	}
+	if page := c.get(t, "/console/trail?instruction_id=ins-k1"); !strings.Contains(page, link) {
+		t.Fatalf("the trail by instruction id of dead letter %s does not link to it:\n%s", dead, page)
+	}
+	list := c.get(t, "/console/dead-letters?participant=p+1%26x")
+	if !strings.Contains(list, `id="dl-`+dead.String()+`"`) {
+		t.Fatalf("the link's list has no row %s to land on:\n%s", dead, list)
+	}
+	ackLink := `href="/console/dead-letters?all=true&amp;participant=p4#dl-` + acked.String() + `"`
+	if page := c.get(t, "/console/trail?id="+acked.String()); !strings.Contains(page, ackLink) {
+		t.Fatalf("the trail of acknowledged dead letter %s does not link to it with the acknowledged ones (%s):\n%s", acked, ackLink, page)
+	}
+	for what, id := range map[string]string{"dispatched": sent.String(), "replayed": replayed.String()} {
+		if page := c.get(t, "/console/trail?id="+id); strings.Contains(page, deadLink) {
+			t.Errorf("the trail of a %s instruction links to a dead letter:\n%s", what, page)
+		}
+	}
+}
