@@ -101,9 +101,11 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // TestConsoleInBrowser drives the console in a real headless Chromium: an
 // operator signs in, sees the dead letters the sandbox rail produced,
 // replays one with a reason, sees it dispatched and its trail show the
-// replay with who and why; an auditor sees no replay button and gets 403
-// when posting a replay anyway. Screenshots of the main pages go to the
-// test's artifact directory (go test -artifacts keeps them).
+// replay with who and why; from a participant's page it follows the link
+// to that participant's dead letters and sees only those; an auditor sees
+// no replay button and gets 403 when posting a replay anyway. Screenshots
+// of the main pages go to the test's artifact directory (go test
+// -artifacts keeps them).
 func TestConsoleInBrowser(t *testing.T) {
 	t.Parallel()
 	bin := chromium(t)
@@ -171,6 +173,33 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("dead letters page:\n%s", s)
 	}
 	shot(op, "dead-letters")
+
+	// From a participant's page, its count of open dead letters leads to
+	// its own dead letters only: globex's one, not acme-payroll's.
+	if err := chromedp.Do(op,
+		chromedp.Navigate(b.url+"/console/participant?id=globex"),
+		waitVisible("section.card"),
+		click(`section.card a[href^="/console/dead-letters"]`),
+		waitVisible("table.dead"),
+	); err != nil {
+		t.Fatal(err)
+	}
+	landed, err := chromedp.Run(op, chromedp.Evaluate[[]string](
+		`[...document.querySelectorAll("table.dead tbody tr")].map(r => r.id + " " + (r.cells[1] ? r.cells[1].innerText : r.innerText))`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "dl-" + second.String() + " globex"; len(landed) != 1 || landed[0] != want {
+		t.Fatalf("the participant page's dead letters link of globex lands on rows %q, want only %q", landed, want)
+	}
+	if s := text(op); !strings.Contains(s, "1 open dead letter of participant globex") || strings.Contains(s, "acme-payroll") {
+		t.Fatalf("globex's dead letters:\n%s", s)
+	}
+	shot(op, "dead-letters-of-globex")
+
+	if err := chromedp.Do(op, chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {
+		t.Fatal(err)
+	}
 	form := `form[action="/console/dead-letters/` + first.String() + `/replay"]`
 	if err := chromedp.Do(op,
 		sendKeys(form+` input[name="reason"]`, "beneficiary bank fixed the account"),
