@@ -378,8 +378,8 @@ type deadLettersPage struct {
 }
 
 // deadLetterCountBound is as far as the dead letters page counts: the
-// acknowledged ones stay for good, and counting years of them on every
-// view would read them all.
+// acknowledged ones stay until their archive month is detached, and
+// counting years of them on every view would read them all.
 const deadLetterCountBound = 10000
 
 // countDeadLetters sets d's Total, More and Counted.

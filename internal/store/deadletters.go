@@ -108,9 +108,9 @@ ORDER BY failed_at, outbox_id LIMIT $1`
 
 // CountDeadLetters counts the dead letters DeadLettersOf lists (open ones,
 // or all with all; participant's, or everyone's for ""), up to upTo of
-// them: the count stops there, as acknowledged dead letters stay for good
-// and an exact count of years of them would read every one on each view
-// of the list. A caller that asks for one more than it shows knows when
+// them: the count stops there, as acknowledged dead letters stay until
+// their archive month is detached, and an exact count of years of them
+// would read every one on each view of the list. A caller that asks for one more than it shows knows when
 // there are more.
 func (s *Store) CountDeadLetters(ctx context.Context, db Querier, all bool, participant string, upTo int) (int64, error) {
 	q := s.sql.countOpenDeadLetters

@@ -113,9 +113,9 @@ FROM generate_series(1, 20000) AS g`); err != nil {
 
 // TestCountDeadLetters: the count the console's list shows above it is of
 // the list's own filter (open ones only or all, one participant's or
-// everyone's), and stops at its bound: acknowledged dead letters stay for
-// good, and a count of all of them on every page view would read years of
-// rows.
+// everyone's), and stops at its bound: acknowledged dead letters stay
+// until their archive month is detached, and a count of all of them on
+// every page view would read years of rows.
 func TestCountDeadLetters(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
