@@ -50,40 +50,43 @@ BEGIN
     USING ERRCODE = 'insufficient_privilege';
 END $fn$;
 
--- One instruction: the common enqueue. Scalar parameters, so each of its
--- statements keeps one generic plan (migration 013 says why that matters).
+-- One instruction: the common enqueue. One statement with scalar
+-- parameters, so PL/pgSQL keeps one generic plan for it (migration 013
+-- says why that matters), and it starts one executor: the same function
+-- as four statements (read the key, allocate, insert, stamp) cost the
+-- enqueue 0.06 ms more of the database's time than the statement it
+-- replaced (pg_stat_statements, docs/performance.md).
 CREATE FUNCTION {{.schema}}.enqueue_pending(p_outbox_id uuid, p_rail_type text, p_correlation_id text, p_payload text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE AS $fn$
-DECLARE
-  k record;
-  seq bigint;
-  queued_before bigint;
 BEGIN
-  SELECT i.ctid AS row, i.tenant_id, i.instruction_id, i.participant_id, i.idempotency_key INTO k
-  FROM {{.schema}}.idempotency_keys i
-  WHERE i.outbox_id = p_outbox_id AND i.sequence_id IS NULL;
-  IF NOT FOUND THEN
-    RETURN; -- a duplicate, a mismatch or a retired key: the key is not this enqueue's
-  END IF;
-  IF k.tenant_id <> coalesce(current_setting('outbox.tenant', true), '') THEN
-    PERFORM {{.schema}}.enqueue_tenant_check(k.tenant_id);
-  END IF;
-  INSERT INTO {{.schema}}.sequences AS s (participant_id, next_sequence_id, queued)
-  VALUES (k.participant_id, 2, 1)
-  ON CONFLICT ON CONSTRAINT sequences_pkey DO UPDATE
-    SET next_sequence_id = s.next_sequence_id + 1, queued = s.queued + 1
-  RETURNING s.next_sequence_id - 1, s.queued - 1 INTO seq, queued_before;
-  -- With ordering on, only a participant's head is due at once; the
-  -- others wait until the outcome of the one before hands them on.
-  INSERT INTO {{.schema}}.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-                                  tenant_id, correlation_id, payload, attempt_count, next_attempt_at, created_at,
-                                  zombie_attempt_id)
-  VALUES (p_outbox_id, k.instruction_id, k.participant_id, seq, k.idempotency_key, p_rail_type,
-          nullif(k.tenant_id, ''), nullif(p_correlation_id, ''), p_payload::jsonb, 0,
-          CASE WHEN queued_before = 0 OR NOT (SELECT ordered FROM {{.schema}}.settings) THEN now() ELSE 'infinity' END,
-          now(), NULL);
-  UPDATE {{.schema}}.idempotency_keys SET sequence_id = seq WHERE ctid = k.row;
+  -- No key row: a duplicate, a mismatch or a retired key, not this
+  -- enqueue's; nothing is allocated or inserted.
+  WITH k AS (
+    SELECT i.tenant_id, i.instruction_id, i.participant_id, i.idempotency_key
+    FROM {{.schema}}.idempotency_keys i
+    WHERE i.outbox_id = p_outbox_id AND i.sequence_id IS NULL
+      AND (i.tenant_id = coalesce(current_setting('outbox.tenant', true), '') OR {{.schema}}.enqueue_tenant_check(i.tenant_id))
+  ), f AS (
+    INSERT INTO {{.schema}}.sequences AS s (participant_id, next_sequence_id, queued)
+    SELECT k.participant_id, 2, 1 FROM k
+    ON CONFLICT ON CONSTRAINT sequences_pkey DO UPDATE
+      SET next_sequence_id = s.next_sequence_id + 1, queued = s.queued + 1
+    RETURNING s.next_sequence_id - 1 AS sequence_id, s.queued - 1 AS queued_before
+  ), inserted AS (
+    -- With ordering on, only a participant's head is due at once; the
+    -- others wait until the outcome of the one before hands them on.
+    INSERT INTO {{.schema}}.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+                                    tenant_id, correlation_id, payload, attempt_count, next_attempt_at, created_at,
+                                    zombie_attempt_id)
+    SELECT p_outbox_id, k.instruction_id, k.participant_id, f.sequence_id, k.idempotency_key, p_rail_type,
+           nullif(k.tenant_id, ''), nullif(p_correlation_id, ''), p_payload::jsonb, 0,
+           CASE WHEN f.queued_before = 0 OR NOT (SELECT ordered FROM {{.schema}}.settings) THEN now() ELSE 'infinity' END,
+           now(), NULL
+    FROM k, f
+  )
+  UPDATE {{.schema}}.idempotency_keys x SET sequence_id = f.sequence_id
+  FROM f WHERE x.outbox_id = p_outbox_id;
 END $fn$;
 
 -- A batch: the arrays are the instructions in input order. Sequence ids
