@@ -51,11 +51,10 @@ BEGIN
 END $fn$;
 
 -- One instruction: the common enqueue. One statement with scalar
--- parameters, so PL/pgSQL keeps one generic plan for it (migration 013
--- says why that matters), and it starts one executor: the same function
--- as four statements (read the key, allocate, insert, stamp) cost the
--- enqueue 0.06 ms more of the database's time than the statement it
--- replaced (pg_stat_statements, docs/performance.md).
+-- parameters, as the statement it replaces was: PL/pgSQL keeps one
+-- generic plan for it (migration 013 says why that matters), and it
+-- starts one executor, not one per step (read the key, allocate, insert,
+-- stamp).
 CREATE FUNCTION {{.schema}}.enqueue_pending(p_outbox_id uuid, p_rail_type text, p_correlation_id text, p_payload text)
 RETURNS void
 LANGUAGE plpgsql VOLATILE AS $fn$
