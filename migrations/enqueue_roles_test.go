@@ -147,3 +147,33 @@ func isRefused(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "42501"
 }
+
+// TestProducerEnqueueWakesAnIdleRelayer: the adaptive NOTIFY trigger
+// reads relayer_idle, which producers may not read since migration 033.
+// It fires inside enqueue_pending, as the owner, so a producer's enqueue
+// still wakes a relayer registered idle.
+func TestProducerEnqueueWakesAnIdleRelayer(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	if err := b.st.RegisterIdle(b.ctx, b.as(t, "outbox_relayer", ""), "r1"); err != nil {
+		t.Fatal(err)
+	}
+	listener, err := b.admin.Acquire(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Release()
+	if _, err := listener.Exec(b.ctx, "LISTEN outbox_pending"); err != nil {
+		t.Fatal(err)
+	}
+	producer := b.as(t, "outbox_producer", "")
+	refused(t, b.ctx, producer, `SELECT * FROM outbox.relayer_idle`)
+	if _, err := b.enqueue(t, producer, "", "k-wake"); err != nil {
+		t.Fatalf("enqueue as producer: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	if _, err := listener.Conn().WaitForNotification(ctx); err != nil {
+		t.Fatalf("no notification for a producer's enqueue beside an idle relayer: %v", err)
+	}
+}

@@ -1373,7 +1373,7 @@ func TestRolesHoldExactlyTheirPrivileges(t *testing.T) {
 		"outbox_producer enqueue_pending() EXECUTE", "outbox_producer enqueue_pending_batch() EXECUTE",
 		"outbox_producer idempotency_keys(idempotency_key,instruction_id,outbox_id,participant_id,payload_hash,tenant_id) INSERT",
 		"outbox_producer idempotency_keys SELECT",
-		"outbox_producer relayer_idle SELECT", "outbox_producer retired_keys SELECT",
+		"outbox_producer retired_keys SELECT",
 		"outbox_producer schema_version SELECT", "outbox_producer settings SELECT",
 
 		"outbox_relayer archived_attempt() EXECUTE", "outbox_relayer archived_claim() EXECUTE",

@@ -116,7 +116,9 @@ GRANT SELECT ON {{schema}}.schema_version, {{schema}}.settings TO outbox_produce
 GRANT SELECT, INSERT (tenant_id, instruction_id, idempotency_key, outbox_id, participant_id, payload_hash)
   ON {{schema}}.idempotency_keys TO outbox_producer;
 GRANT SELECT ON {{schema}}.retired_keys TO outbox_producer; -- a retired key is refused, not enqueued again
-GRANT SELECT ON {{schema}}.relayer_idle TO outbox_producer; -- the adaptive NOTIFY trigger reads it
+-- No grant on relayer_idle: the adaptive NOTIFY trigger that reads it
+-- fires inside enqueue_pending(_batch), as the owner (the previous
+-- build's producers inserted pending rows themselves and needed it).
 REVOKE ALL ON FUNCTION {{schema}}.allocate_sequences(text[], int[]), {{schema}}.allocate_sequence(text) FROM outbox_producer;
 GRANT EXECUTE ON FUNCTION {{schema}}.enqueue_pending(uuid, text, text, text) TO outbox_producer;
 GRANT EXECUTE ON FUNCTION {{schema}}.enqueue_pending_batch(uuid[], text[], text[], text[]) TO outbox_producer;
