@@ -12,9 +12,21 @@ import (
 // its owner can write: whoever reads the secret can sign payments.
 var ErrSecretExposed = errors.New("webhook secret file is exposed to other users")
 
-// SecretSource says where a webhook secret is read from: a file (trailing
-// newlines trimmed, as editors and `echo` add them) or, when File is empty,
-// the environment variable named Env. The file wins when both are given.
+// ErrSecretInvalid is wrapped by the error of [SecretSource.Load] for a
+// secret that is unset, empty once its line ending is trimmed, or that
+// begins or ends with whitespace.
+var ErrSecretInvalid = errors.New("webhook secret is unusable")
+
+// SecretSource says where a webhook secret is read from: a file or, when
+// File is empty, the environment variable named Env. The file wins when
+// both are given.
+//
+// Both sources follow one rule, so a secret signs the same wherever it is
+// kept: trailing line endings (CR, LF) are trimmed, as editors, `echo` and
+// secrets created from files add them; a secret that is then empty, or
+// that begins or ends with other whitespace, is refused with
+// [ErrSecretInvalid] rather than trimmed, because whether the receiver
+// trims it too cannot be known, and a guess signs with other bytes.
 type SecretSource struct {
 	File string
 	Env  string
@@ -42,23 +54,33 @@ func (s SecretSource) Load() ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("rails: reading webhook secret: %w", err)
 		}
-		b = bytes.TrimRight(b, "\r\n")
-		if len(b) == 0 {
-			return nil, fmt.Errorf("rails: webhook secret file %q is empty", s.File)
-		}
-		return b, nil
+		return checkSecret(b, fmt.Sprintf("file %q", s.File))
 	case s.Env != "":
 		getenv := s.Getenv
 		if getenv == nil {
 			getenv = os.Getenv
 		}
-		v := getenv(s.Env)
-		if v == "" {
-			return nil, fmt.Errorf("rails: webhook secret variable %s is unset or empty", s.Env)
-		}
-		return []byte(v), nil
+		return checkSecret([]byte(getenv(s.Env)), "variable "+s.Env)
 	}
 	return nil, errors.New("rails: no webhook secret configured: give a secret file or an environment variable")
+}
+
+// checkSecret applies the rule of [SecretSource] to a secret read from
+// where (which errors name; the value never appears in them).
+func checkSecret(b []byte, where string) ([]byte, error) {
+	b = bytes.TrimRight(b, "\r\n")
+	switch {
+	case len(b) == 0:
+		return nil, fmt.Errorf("rails: %w: %s is unset or empty", ErrSecretInvalid, where)
+	case isSpaceByte(b[0]) || isSpaceByte(b[len(b)-1]):
+		return nil, fmt.Errorf("rails: %w: %s begins or ends with whitespace (only a trailing line ending is trimmed)", ErrSecretInvalid, where)
+	}
+	return b, nil
+}
+
+// isSpaceByte reports whether c is ASCII whitespace.
+func isSpaceByte(c byte) bool {
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'
 }
 
 // checkSecretFileMode refuses a secret file (after symlinks: Kubernetes
