@@ -16,9 +16,25 @@ import (
 	"github.com/ledgerline/outbox/payment"
 )
 
-// sandboxMaxRequestBytes bounds a request body: an instruction's payload is
-// at most DefaultMaxPayloadBytes, plus the envelope fields.
-const sandboxMaxRequestBytes = payment.DefaultMaxPayloadBytes + 16<<10
+// webhookEnvelopeBytes bounds what a webhook body holds besides the
+// payload: the outbox id, six identifiers of at most 200 bytes (each
+// character up to the six bytes of a \u003c escape), member names and
+// punctuation.
+const webhookEnvelopeBytes = 16 << 10
+
+// WebhookBodyLimit is the largest body the [Webhook] transport sends for an
+// instruction whose payload is at most maxPayloadBytes as producers count
+// it (PostgreSQL's text form, see [payment.DefaultMaxPayloadBytes]; zero or
+// less means that default): a receiver that caps request bodies must take
+// this much, or it refuses instructions the outbox accepted. It is six
+// times the payload plus the envelope, because encoding/json writes '<',
+// '>' and '&' as six-byte escapes that PostgreSQL writes as one byte.
+func WebhookBodyLimit(maxPayloadBytes int) int64 {
+	if maxPayloadBytes <= 0 {
+		maxPayloadBytes = payment.DefaultMaxPayloadBytes
+	}
+	return 6*int64(maxPayloadBytes) + webhookEnvelopeBytes
+}
 
 // SandboxStatsResponse is the JSON form of [SandboxStats] served by GET
 // /stats. It converts both ways with a plain conversion
@@ -73,10 +89,23 @@ const (
 //   - GET /attempts: [SandboxAttemptsResponse] (404 unless the sandbox
 //     records attempts, [SandboxOptions].RecordAttempts).
 //   - GET /healthz: 200.
+//
+// Request bodies are capped at [WebhookBodyLimit] of
+// [payment.DefaultMaxPayloadBytes]; see [NewSandboxHandlerLimit] for
+// producers with another limit.
 func NewSandboxHandler(s *Sandbox, secret []byte) http.Handler {
+	return NewSandboxHandlerLimit(s, secret, payment.DefaultMaxPayloadBytes)
+}
+
+// NewSandboxHandlerLimit is [NewSandboxHandler] for producers whose payload
+// limit is maxPayloadBytes (pending.Config.MaxPayloadBytes, `outbox
+// enqueue --max-payload-bytes`; zero or less means the default): request
+// bodies up to [WebhookBodyLimit] of it are read, longer ones answered 413.
+func NewSandboxHandlerLimit(s *Sandbox, secret []byte, maxPayloadBytes int) http.Handler {
 	key := bytes.Clone(secret)
 	h := &sandboxHandler{
-		sandbox: s,
+		sandbox:  s,
+		maxBytes: WebhookBodyLimit(maxPayloadBytes),
 		verify: func(header http.Header, body []byte) error {
 			return VerifySignature(key, header, body, time.Now(), DefaultSignatureTolerance)
 		},
@@ -90,7 +119,8 @@ func NewSandboxHandler(s *Sandbox, secret []byte) http.Handler {
 }
 
 type sandboxHandler struct {
-	sandbox *Sandbox
+	sandbox  *Sandbox
+	maxBytes int64 // request body cap
 	// verify holds the secret in a closure, out of reach of anything that
 	// prints the handler.
 	verify func(header http.Header, body []byte) error
@@ -103,7 +133,7 @@ func (h *sandboxHandler) pay(w http.ResponseWriter, r *http.Request) {
 		sandboxWriteJSON(w, http.StatusMethodNotAllowed, sandboxAnswer{Code: sandboxHTTPNotAllowed, Message: "use GET"})
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, sandboxMaxRequestBytes))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.maxBytes))
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {

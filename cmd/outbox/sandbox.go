@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/rails"
 )
 
@@ -34,6 +35,7 @@ func runSandbox(ctx context.Context, env *environment, args []string) error {
 	allowReadable := fs.Bool("allow-world-readable-secret", false, "accept a --secret-file that other users of the machine can read")
 	readTimeout := fs.Duration("read-timeout", 30*time.Second, "longest time to read a request (headers within 10s at most)")
 	idleTimeout := fs.Duration("idle-timeout", 2*time.Minute, "keep-alive connections idle this long are closed")
+	maxPayload := fs.Int("max-payload-bytes", payment.DefaultMaxPayloadBytes, "the producers' payload limit (outbox enqueue --max-payload-bytes): request bodies are capped to fit the largest such payload")
 	var o rails.SandboxOptions
 	fs.Int64Var(&o.Seed, "seed", 1, "seed of every injected behaviour")
 	fs.DurationVar(&o.LatencyMin, "latency-min", 0, "fastest answer")
@@ -64,6 +66,9 @@ func runSandbox(ctx context.Context, env *environment, args []string) error {
 	if *readTimeout <= 0 || *idleTimeout <= 0 {
 		return fmt.Errorf("%w: --read-timeout and --idle-timeout must be positive", errUsage)
 	}
+	if *maxPayload < 0 {
+		return fmt.Errorf("%w: --max-payload-bytes must not be negative (0: the default, %d)", errUsage, payment.DefaultMaxPayloadBytes)
+	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		return err
@@ -73,7 +78,9 @@ func runSandbox(ctx context.Context, env *environment, args []string) error {
 	// There is no write timeout: injected hangs and paid-then-silent
 	// timeouts last until the client gives up, as a real rail's would.
 	srv := &http.Server{
-		Handler:           rails.NewSandboxHandler(rails.NewSandbox(o), secret),
+		// The body cap follows the producers' payload limit: a fixed one
+		// refused instructions the engine had accepted.
+		Handler:           rails.NewSandboxHandlerLimit(rails.NewSandbox(o), secret, *maxPayload),
 		ReadHeaderTimeout: min(10*time.Second, *readTimeout),
 		ReadTimeout:       *readTimeout,
 		IdleTimeout:       *idleTimeout,

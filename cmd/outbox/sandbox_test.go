@@ -3,14 +3,19 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ledgerline/outbox/payment"
+	"github.com/ledgerline/outbox/rails"
 )
 
 // serveSandbox runs `outbox sandbox serve` in process with args and returns
@@ -132,6 +137,7 @@ func TestSandboxServerRefusesWhatTheRailsFileRefuses(t *testing.T) {
 		{[]string{"--latency-min", "50ms", "--latency-max", "10ms"}, "--latency-max 10ms is below --latency-min 50ms"},
 		{[]string{"--latency-min", "-1ms"}, "--latency-min -1ms: must not be negative"},
 		{[]string{"--secret-file", secretFile}, "takes --secret-file or --secret-env, not both"},
+		{[]string{"--max-payload-bytes", "-1"}, "--max-payload-bytes must not be negative"},
 	} {
 		// A regression would serve until the context ends, and exit 0.
 		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
@@ -143,5 +149,34 @@ func TestSandboxServerRefusesWhatTheRailsFileRefuses(t *testing.T) {
 		if code := exitCode(env, err); code != 2 || !strings.Contains(stderr.String(), tt.want) || stdout.Len() > 0 {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q; want a usage error saying %q", tt.args, code, stdout.String(), stderr.String(), tt.want)
 		}
+	}
+}
+
+// TestSandboxServerTakesConfiguredPayloads: `outbox sandbox serve` takes
+// the payloads of producers whose --max-payload-bytes is raised, when
+// given the same flag. It capped bodies at 80 KiB whatever the producers'
+// limit, so an instruction the engine accepted was answered 413 (an
+// unknown code, retried until dead-lettered). Without the flag the cap
+// is that of the default limit.
+func TestSandboxServerTakesConfiguredPayloads(t *testing.T) {
+	t.Parallel()
+	const limit = 1 << 20
+	// A payload of about 900 KiB, within the raised limit.
+	ins := payment.Instruction{InstructionID: "ins-1", ParticipantID: "p1", IdempotencyKey: "key-1", RailType: "sandbox",
+		Payment:  &payment.Payment{AmountMinor: 100, Currency: "USD", Destination: "acct-1"},
+		Metadata: json.RawMessage(`{"note": "` + strings.Repeat("a", 900<<10) + `"}`)}
+	send := func(addr string) string {
+		w, err := rails.NewWebhook(rails.WebhookOptions{URL: "http://" + addr, Secret: []byte("s3cret-s3cret")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := w.Send(t.Context(), ins)
+		return w.Codes().Decide(res, err).RailCode
+	}
+	if code := send(serveSandbox(t, "--max-payload-bytes", strconv.Itoa(limit))); code != "HTTP_200" {
+		t.Errorf("with --max-payload-bytes %d: %s, want HTTP_200", limit, code)
+	}
+	if code := send(serveSandbox(t)); code != "HTTP_413" {
+		t.Errorf("with the default limit: %s, want HTTP_413", code)
 	}
 }
