@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -224,6 +226,9 @@ type enqueuer struct {
 	out      *json.Encoder
 	log      *slog.Logger
 	failed   int
+	// send enqueues a batch; nil means enqueue (tests script the
+	// database's answers with it).
+	send func(ctx context.Context, ins []pending.Instruction) ([]pending.Receipt, error)
 
 	results []lineResult // output for the current batch, in input order
 	batch   []pending.Instruction
@@ -380,17 +385,23 @@ func (e *enqueuer) add(ctx context.Context, line inputLine, parseErr error) {
 // is reported and the rest retried without it) and writes the output lines.
 //
 // A batch whose connection broke before the database answered may have
-// committed: it is sent again under the same keys (outcomeUnknown), and a
+// committed: it is sent again under the same keys (resendable), and a
 // key that committed answers with its original receipt, marked duplicate.
 // Reported as failed, it would read as not enqueued, and a script that
-// enqueued it again under a new key would pay twice.
+// enqueued it again under a new key would pay twice. A serialization
+// failure or deadlock is sent again too; any other failure is reported
+// at once.
 func (e *enqueuer) flush(ctx context.Context) {
 	resent := 0
 	for len(e.batch) > 0 {
-		receipts, err := e.enqueue(ctx, e.batch)
-		if resent < outcomeUnknownResends && outcomeUnknown(ctx, err) {
+		send := e.send
+		if send == nil {
+			send = e.enqueue
+		}
+		receipts, err := send(ctx, e.batch)
+		if why := resendable(ctx, err); why != "" && resent < transientResends {
 			resent++
-			e.log.Warn("the connection broke before the database answered; the transaction may have committed: sending it again under the same keys",
+			e.log.Warn(why+": sending it again under the same keys",
 				"instructions", len(e.batch), "attempt", resent+1, "err", err)
 			select {
 			case <-ctx.Done():
@@ -423,25 +434,55 @@ func (e *enqueuer) flush(ctx context.Context) {
 	e.results, e.batch, e.slots = e.results[:0], e.batch[:0], e.slots[:0]
 }
 
-// outcomeUnknownResends is how many times flush sends a batch again whose
-// outcome is unknown: each attempt may take another connection the same
+// transientResends is how many times flush sends a batch again after a
+// transient failure: each attempt may take another connection the same
 // failure broke (a pool's connections to a primary that failed over).
-const outcomeUnknownResends = 3
+const transientResends = 3
 
-// outcomeUnknown reports whether err, a batch's failure, leaves it unknown
-// whether its transaction committed: the connection broke or the server
-// went away (SQLSTATE classes 08 and 57P) before the answer arrived, and
-// we are not stopping. Sending the same instructions again under the same
-// keys settles it (docs/operations.md, "Failover").
-func outcomeUnknown(ctx context.Context, err error) bool {
+// resendable says why sending a batch again under the same keys can help
+// after err, its failure, or returns "" when it cannot (or we are
+// stopping): then the line reports err at once, as resending would only
+// fail the same way. Transient are:
+//   - the connection broke or the server went away (SQLSTATE classes 08
+//     and 57P, or no answer at all) before the answer arrived: whether the
+//     transaction committed is unknown, and sending it again settles it
+//     (docs/operations.md, "Failover");
+//   - a serialization failure or deadlock (class 40), or too many
+//     connections (53300): the transaction was rolled back, and another
+//     try is the remedy PostgreSQL expects.
+//
+// Everything else the database or the store reports (a constraint, a
+// missing relation, the store's own invariant errors) is not transient.
+func resendable(ctx context.Context, err error) string {
 	if err == nil || ctx.Err() != nil || classify(err).Code != codeDatabaseError || errors.Is(err, pending.ErrSchemaBehind) {
-		return false
+		return ""
 	}
 	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) {
-		return true
+	if errors.As(err, &pgErr) {
+		switch code := pgErr.Code; {
+		case strings.HasPrefix(code, "08"), strings.HasPrefix(code, "57P"):
+			return "the server went away before it answered; the transaction may have committed"
+		case strings.HasPrefix(code, "40"), code == "53300":
+			return "the database refused the transaction for now (rolled back)"
+		}
+		return ""
 	}
-	return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P")
+	if connectionLost(err) {
+		return "the connection broke before the database answered; the transaction may have committed"
+	}
+	return ""
+}
+
+// connectionLost reports whether err, which the server did not send, is
+// the connection failing: it could not be opened or used (nothing was
+// sent), or it broke, timed out or closed while a statement was under
+// way. Errors of the client's own making are not.
+func connectionLost(err error) bool {
+	var connErr *pgconn.ConnectError
+	var netErr net.Error
+	return pgconn.SafeToRetry(err) || pgconn.Timeout(err) || errors.As(err, &connErr) || errors.As(err, &netErr) ||
+		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 func (e *enqueuer) enqueue(ctx context.Context, ins []pending.Instruction) ([]pending.Receipt, error) {
