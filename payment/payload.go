@@ -1,34 +1,46 @@
 package payment
 
 import (
-	"encoding/json"
+	"errors"
 	"math"
 	"unicode/utf8"
+
+	"github.com/ledgerline/outbox/internal/strictjson"
 )
 
-// DecodePayload decodes a stored payload into a Payload exactly as
-// encoding/json's Unmarshal does, with its error when it fails. A relayer
-// decodes one at every dispatch, and the common payload, a payment without
-// metadata, is read without reflection: in `outbox bench`, Unmarshal and
-// its allocations were about a tenth of the relayer's processor time per
-// instruction. Any other form (metadata, escapes in a string, a member
-// that is not a payment field, a repeated one, a number that is not a
-// plain integer) goes to Unmarshal, so the result is Unmarshal's in every
-// case (FuzzDecodePayload compares the two).
+// DecodePayload decodes a stored payload into a Payload, strictly: member
+// names match exactly, and a member that is not a payload field, or one
+// named twice, is refused (a row edited by hand must not pay the amount of
+// "AMOUNT_minor", or the second of two amounts). Every error is a
+// [*ValidationError] on [FieldPayload] naming the member at fault.
+//
+// A relayer decodes one at every dispatch, and the common payload, a
+// payment without metadata, is read without reflection: in `outbox bench`,
+// decoding and its allocations were about a tenth of the relayer's
+// processor time per instruction. Any other form (metadata, escapes in a
+// string, a member that is not a payment field, a repeated one, a number
+// that is not a plain integer) goes to the strict decoder, whose result
+// the fast path's always equals (FuzzDecodePayload compares the two).
 func DecodePayload(data []byte) (Payload, error) {
 	if p, ok := decodePlainPayload(data); ok {
 		return p, nil
 	}
 	var p Payload
-	err := json.Unmarshal(data, &p)
-	return p, err
+	if err := strictjson.Unmarshal(data, &p); err != nil {
+		reason := ReasonInvalid
+		if e := (*strictjson.Error)(nil); errors.As(err, &e) && (e.Reason == strictjson.ReasonUnknown || e.Reason == strictjson.ReasonDuplicate) {
+			reason = ReasonNotAllowed
+		}
+		return Payload{}, Invalid(FieldPayload, reason, "%v", err)
+	}
+	return p, nil
 }
 
 // decodePlainPayload reads a JSON object whose members are amount_minor
 // (an integer without fraction or exponent), currency and destination
 // (strings of printable UTF-8 without escapes), each at most once, as
 // PostgreSQL writes a jsonb payload back. It reports false for anything
-// else, which the caller leaves to encoding/json.
+// else, which the caller leaves to the strict decoder.
 func decodePlainPayload(data []byte) (Payload, bool) {
 	var (
 		p    Payload

@@ -2,17 +2,20 @@ package payment_test
 
 import (
 	"encoding/json"
+	"errors"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 
+	"github.com/ledgerline/outbox/internal/strictjson"
 	"github.com/ledgerline/outbox/payment"
 )
 
 // TestDecodePayloadReadsWhatPostgreSQLWrites: the payloads PostgreSQL
 // hands back (jsonb's own form: members by key length, ", " and ": ") are
-// read without encoding/json, and what needs it (metadata, an escape, an
-// exponent, a repeated member, another member) is left to it.
+// read without the strict decoder, and what needs it (metadata, an escape,
+// an exponent, a repeated member, another member) is left to it.
 func TestDecodePayloadReadsWhatPostgreSQLWrites(t *testing.T) {
 	t.Parallel()
 	plain := map[string]payment.Payload{
@@ -51,13 +54,15 @@ func TestDecodePayloadReadsWhatPostgreSQLWrites(t *testing.T) {
 		``,
 	} {
 		if got, ok := payment.DecodePlainPayload([]byte(in)); ok {
-			t.Errorf("%s: read as plain %+v, want it left to encoding/json", in, got)
+			t.Errorf("%s: read as plain %+v, want it left to the strict decoder", in, got)
 		}
 	}
 }
 
-// FuzzDecodePayload: DecodePayload's result and error are encoding/json's
-// for every input, and what it reads itself encoding/json reads the same.
+// FuzzDecodePayload: DecodePayload's result is the strict decoder's for
+// every input, it fails exactly when that decoder does (with a
+// ValidationError on the payload), and what it reads itself the strict
+// decoder reads the same.
 func FuzzDecodePayload(f *testing.F) {
 	for _, s := range []string{
 		`{"currency": "USD", "destination": "acct-1", "amount_minor": 1000}`,
@@ -72,16 +77,16 @@ func FuzzDecodePayload(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var want payment.Payload
-		wantErr := json.Unmarshal(data, &want)
+		wantErr := strictjson.Unmarshal(data, &want)
 		got, err := payment.DecodePayload(data)
-		if (err == nil) != (wantErr == nil) || (err != nil && err.Error() != wantErr.Error()) {
-			t.Fatalf("%q: error %v, encoding/json's %v", data, err, wantErr)
+		if (err == nil) != (wantErr == nil) || (err != nil && !errors.Is(err, payment.ErrValidation)) {
+			t.Fatalf("%q: error %v, the strict decoder's %v", data, err, wantErr)
 		}
 		if err == nil && !reflect.DeepEqual(got, want) {
-			t.Fatalf("%q: %+v, encoding/json's %+v", data, got, want)
+			t.Fatalf("%q: %+v, the strict decoder's %+v", data, got, want)
 		}
 		if plain, ok := payment.DecodePlainPayload(data); ok && (wantErr != nil || !reflect.DeepEqual(plain, want)) {
-			t.Fatalf("%q: read as plain %+v, encoding/json's %+v (%v)", data, plain, want, wantErr)
+			t.Fatalf("%q: read as plain %+v, the strict decoder's %+v (%v)", data, plain, want, wantErr)
 		}
 	})
 }
@@ -107,4 +112,36 @@ func BenchmarkDecodePayload(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestDecodePayloadIsExact: a stored payload whose members are not
+// exactly the payload's (another letter case, an unknown member, one named
+// twice) is refused with a *ValidationError on the payload that names the
+// member. encoding/json, which read what the fast path left to it, took
+// "AMOUNT_minor" for amount_minor and the last of two amounts, so a row
+// edited by hand could pay an amount no producer validated.
+func TestDecodePayloadIsExact(t *testing.T) {
+	t.Parallel()
+	for in, member := range map[string]string{
+		`{"AMOUNT_minor": 99999999, "currency": "USD", "destination": "acct-1"}`:        "AMOUNT_minor",
+		`{"amount_minor": 100, "Currency": "USD", "destination": "acct-1"}`:             "Currency",
+		`{"amount_minor": 100, "currency": "USD", "DESTINATION": "attacker"}`:           "DESTINATION",
+		`{"amount_minor": 100, "currency": "USD", "Metadata": {"k": 1}}`:                "Metadata",
+		`{"amount_minor": 100, "currency": "USD", "beneficiary": "x"}`:                  "beneficiary",
+		`{"amount_minor": 100, "amount_minor": 99999999, "currency": "USD"}`:            "amount_minor",
+		`{"amount_minor": 100, "metadata": {"k": 1}, "metadata": {"k": 2}}`:             "metadata",
+		`{"metadata": {"k": "v"}, "currency": "USD", "amount_minor": 1, "Extra": true}`: "Extra",
+	} {
+		p, err := payment.DecodePayload([]byte(in))
+		var verr *payment.ValidationError
+		if !errors.As(err, &verr) || !errors.Is(err, payment.ErrValidation) || verr.Field != payment.FieldPayload ||
+			!strings.Contains(verr.Message, `"`+member+`"`) {
+			t.Errorf("%s: %+v, %v; want a ValidationError on the payload naming %q", in, p, err, member)
+		}
+	}
+	// What PostgreSQL writes back, metadata and escapes included, still reads.
+	p, err := payment.DecodePayload([]byte(`{"currency": "U\u0053D", "metadata": {"Order": 7, "order": 8}, "destination": "acct-1", "amount_minor": 1000}`))
+	if err != nil || p.Currency != "USD" || p.AmountMinor != 1000 || string(p.Metadata) != `{"Order": 7, "order": 8}` {
+		t.Errorf("a payload with metadata: %+v, %v", p, err)
+	}
 }
