@@ -151,9 +151,15 @@ func validateEnvelope(ins Instruction) error {
 	}
 	// The key travels in an HTTP header too (Idempotency-Key), whose
 	// value loses its surrounding spaces on the wire: "k-1 " would reach
-	// the rail as "k-1", another instruction's key.
+	// the rail as "k-1", another instruction's key. Beyond ASCII a header
+	// has only raw bytes, which receivers and proxies may read as
+	// ISO-8859-1 ("clé" as "clÃ©") or refuse: another key again.
 	if k := ins.IdempotencyKey; k[0] == ' ' || k[len(k)-1] == ' ' {
 		return Invalid(FieldIdempotencyKey, ReasonInvalid, "%s must not begin or end with a space", FieldIdempotencyKey)
+	}
+	if i := strings.IndexFunc(ins.IdempotencyKey, func(r rune) bool { return r >= utf8.RuneSelf }); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(ins.IdempotencyKey[i:])
+		return Invalid(FieldIdempotencyKey, ReasonInvalid, "%s must be printable ASCII (it travels in an HTTP header), not %U", FieldIdempotencyKey, r)
 	}
 	if m := bytes.TrimSpace(ins.Metadata); len(m) > 0 {
 		if m[0] != '{' {

@@ -150,7 +150,8 @@ func (o WebhookOptions) LogValue() slog.Value { return slog.StringValue(o.String
 //
 // with a [WebhookRequest] as the JSON body. An instruction whose key would
 // not reach the receiver unchanged in the Idempotency-Key header (a
-// leading or trailing space, which HTTP drops, or a control character) is
+// leading or trailing space, which HTTP drops, a control character, or
+// anything beyond ASCII, which receivers may decode as ISO-8859-1) is
 // refused before anything is sent, as VALIDATION_FAILED. The body of every attempt of one
 // instruction is byte-identical (the attempt's number and id are only in
 // the X-Outbox-Attempt headers), so a receiver that fingerprints the payload per
@@ -355,7 +356,8 @@ func (w *Webhook) Send(ctx context.Context, ins payment.Instruction) (Result, er
 	}
 	if !headerExact(ins.IdempotencyKey) {
 		// net/http would drop the surrounding spaces (another key at the
-		// receiver) or refuse to send a control character: terminal.
+		// receiver), refuse to send a control character, or send bytes
+		// beyond ASCII that receivers may read as another key: terminal.
 		return Result{}, payment.Invalid(payment.FieldIdempotencyKey, payment.ReasonInvalid,
 			"the idempotency key cannot travel unchanged in the %s header", HeaderIdempotencyKey)
 	}
@@ -464,11 +466,12 @@ func (w *Webhook) transportError(ctx context.Context, err error, wrote bool) err
 }
 
 // headerExact reports whether a header value reaches the receiver as
-// given: no control characters (net/http refuses them) and no leading or
-// trailing space or tab (HTTP drops them).
+// given: printable ASCII only (net/http refuses control characters, and
+// sends other bytes raw, which receivers may decode as ISO-8859-1) and no
+// leading or trailing space (HTTP drops it).
 func headerExact(v string) bool {
 	for i := 0; i < len(v); i++ {
-		if c := v[i]; c < 0x20 || c == 0x7f {
+		if c := v[i]; c < 0x20 || c >= 0x7f {
 			return false
 		}
 	}
