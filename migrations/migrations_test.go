@@ -395,21 +395,9 @@ func TestNoSingleSequenceAllocator(t *testing.T) {
 func TestMigrateLockTimeoutNamesTheHolder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	cfg, err := pgx.ParseConfig(b.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RuntimeParams["application_name"] = "stuck-migrator"
-	holder, err := pgx.ConnectConfig(b.ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close(context.Background())
-	if _, err := holder.Exec(b.ctx, "SELECT pg_advisory_lock(hashtext('outbox-migrate:outbox'))"); err != nil {
-		t.Fatal(err)
-	}
+	holder := holdMigrationLock(t, b, "stuck-migrator")
 
-	err = migrations.MigrateWith(b.ctx, b.pool, migrations.Options{LockTimeout: 200 * time.Millisecond})
+	err := migrations.MigrateWith(b.ctx, b.pool, migrations.Options{LockTimeout: 200 * time.Millisecond})
 	var lt *migrations.LockTimeoutError
 	if !errors.As(err, &lt) {
 		t.Fatalf("MigrateWith with the lock held: %v, want a *LockTimeoutError", err)
@@ -435,4 +423,25 @@ func TestMigrateLockTimeoutNamesTheHolder(t *testing.T) {
 	if err := b.pool.QueryRow(b.ctx, "SHOW lock_timeout").Scan(&lockTimeout); err != nil || lockTimeout != "0" {
 		t.Errorf("the pool's sessions kept lock_timeout %q (%v)", lockTimeout, err)
 	}
+}
+
+// holdMigrationLock connects a session named application (its
+// application_name) that takes the migration lock of schema outbox and
+// keeps it until it lets go or the test ends.
+func holdMigrationLock(t *testing.T, b *testBundle, application string) *pgx.Conn {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = application
+	holder, err := pgx.ConnectConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Close(context.Background()) })
+	if _, err := holder.Exec(b.ctx, "SELECT pg_advisory_lock(hashtext('outbox-migrate:outbox'))"); err != nil {
+		t.Fatal(err)
+	}
+	return holder
 }

@@ -56,23 +56,11 @@ func TestNilDatabaseIsAnError(t *testing.T) {
 func TestCreateRolesLockTimeoutNamesTheHolder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	cfg, err := pgx.ParseConfig(b.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RuntimeParams["application_name"] = "stuck-roles"
-	holder, err := pgx.ConnectConfig(b.ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close(context.Background())
-	if _, err := holder.Exec(b.ctx, "SELECT pg_advisory_lock(hashtext('outbox-migrate:outbox'))"); err != nil {
-		t.Fatal(err)
-	}
+	holdMigrationLock(t, b, "stuck-roles")
 
 	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
 	defer cancel()
-	err = migrations.CreateRolesWith(ctx, b.pool, migrations.RolesOptions{LockTimeout: 200 * time.Millisecond})
+	err := migrations.CreateRolesWith(ctx, b.pool, migrations.RolesOptions{LockTimeout: 200 * time.Millisecond})
 	var lt *migrations.LockTimeoutError
 	if !errors.As(err, &lt) {
 		t.Fatalf("CreateRolesWith with the lock held: %v, want a *LockTimeoutError", err)
