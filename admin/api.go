@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -287,7 +288,19 @@ type ActionResult struct {
 	Reason         string    `json:"reason"`
 	OutcomeUnknown bool      `json:"outcome_unknown"`
 	Note           string    `json:"note,omitempty"`
+	// Error is RailMayStillAct when a cancel was refused because the rail
+	// may still be acting on the instruction's cut-off call; RetryAfter
+	// is then when the cancel may be tried again.
+	Error      string     `json:"error,omitempty"`
+	RetryAfter *time.Time `json:"retry_after,omitempty"`
 }
+
+// RailMayStillAct is [ActionResult.Error] for a cancel refused with
+// store.ErrRailMayStillAct: a relayer's stop cut the instruction's rail
+// call off (CUT_OFF_AT_STOP, outcome unknown) and until its claim's lease
+// ends the rail may still act on it. Nothing was done; the API answers 409
+// with a Retry-After header.
+const RailMayStillAct = "RAIL_MAY_STILL_ACT"
 
 func (s *Server) replay(w http.ResponseWriter, r *http.Request, who Token) {
 	s.act(w, r, who, ActionReplay)
@@ -316,6 +329,11 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, who Token, action s
 	}
 	res, err := s.Act(r.Context(), id, who.Name, action, reason)
 	switch {
+	case errors.Is(err, store.ErrRailMayStillAct):
+		if res.RetryAfter != nil {
+			w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Ceil(max(time.Until(*res.RetryAfter).Seconds(), 1))), 10))
+		}
+		writeJSON(w, http.StatusConflict, res)
 	case errors.Is(err, store.ErrOperatorAction), errors.Is(err, ErrUnknownAction):
 		writeError(w, http.StatusBadRequest, err.Error())
 	case err != nil:
@@ -360,6 +378,15 @@ func (s *Server) takeAction(ctx context.Context, id uuid.UUID, shown *time.Time,
 	switch action {
 	case ActionCancel:
 		res.Done, err = s.store.Cancel(ctx, s.cfg.Pool, id, operator, reason)
+		if wait := (*store.RailMayStillActError)(nil); errors.As(err, &wait) {
+			res.Error, res.Note = RailMayStillAct, "refused, nothing done: its rail call was cut off by a relayer's stop (CUT_OFF_AT_STOP, outcome unknown) and the rail may still be acting on it; cancel again after retry_after"
+			if !wait.Until.IsZero() {
+				until := wait.Until.UTC()
+				res.RetryAfter = &until
+			}
+			s.log.Warn("admin: cancel refused: the rail may still be acting on the cut-off call", "outbox_id", id, "by", operator, "retry_after", wait.Until)
+			return res, err
+		}
 		if err == nil && !res.Done {
 			res.Note = "not pending: in flight (its rail call may be under way), already settled, or unknown"
 		}

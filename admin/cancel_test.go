@@ -1,13 +1,18 @@
 package admin_test
 
 import (
+	"html"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/gofrs/uuid/v5"
+
 	"github.com/ledgerline/outbox/admin"
+	"github.com/ledgerline/outbox/internal/store"
 )
 
 // TestCancelThroughAPIAndConsole: operators cancel a pending instruction
@@ -60,7 +65,7 @@ func TestCancelThroughAPIAndConsole(t *testing.T) {
 	if !strings.Contains(page, "Cancelled "+third.String()+" as oscar") || strings.Contains(page, `action="/console/instructions/`+third.String()) {
 		t.Fatalf("after the console's cancel:\n%s", page)
 	}
-	if page := auditor.get(t, "/console/trail?id="+third.String()); !strings.Contains(page, "CANCELLED") || !strings.Contains(page, "cancelled by oscar: duplicate of k2") {
+	if page := auditor.get(t, "/console/trail?id="+third.String()); !strings.Contains(page, "CANCELLED") || !strings.Contains(page, "cancelled by oscar (database role "+b.sessionRole(t)+"): duplicate of k2") {
 		t.Fatalf("the trail of the cancelled instruction:\n%s", page)
 	}
 	form := url.Values{"reason": {"x"}, "csrf": {"forged"}}
@@ -71,5 +76,82 @@ func TestCancelThroughAPIAndConsole(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("an auditor's cancel: %s", resp.Status)
+	}
+}
+
+// sessionRole is the database role the bundle's pool logs in as, which
+// the operators' functions archive beside the operator's name (migration
+// 035).
+func (b *bundle) sessionRole(t *testing.T) string {
+	t.Helper()
+	var role string
+	if err := b.pool.QueryRow(b.ctx, `SELECT format('%I', session_user)`).Scan(&role); err != nil {
+		t.Fatal(err)
+	}
+	return role
+}
+
+// cutOff claims the next due instruction and records its outcome as a
+// relayer's stop records a call it cut off: RETRYABLE CUT_OFF_AT_STOP,
+// outcome unknown, due again after delay. It returns when the window
+// ends, as the archive has it.
+func (b *bundle) cutOff(t *testing.T, delay time.Duration) (uuid.UUID, time.Time) {
+	t.Helper()
+	c := b.claim(t, "r1", time.Hour)
+	id := uuid.Must(uuid.NewV7())
+	if _, _, err := b.st.Record(b.ctx, b.pool, []store.Outcome{{Identity: c.Identity, AttemptID: id, ClaimAttemptID: c.AttemptID,
+		AttemptNo: c.AttemptNo, RelayerID: "r1", ClaimedAt: c.ClaimedAt, State: store.Retryable, ErrorCode: "CUT_OFF_AT_STOP",
+		OutcomeUnknown: true, RetryDelay: delay}}, store.HandoffParams{}); err != nil {
+		t.Fatal(err)
+	}
+	var until time.Time
+	if err := b.pool.QueryRow(b.ctx, `SELECT next_attempt_at FROM outbox.attempts WHERE attempt_id = $1`, id).Scan(&until); err != nil {
+		t.Fatal(err)
+	}
+	return c.OutboxID, until
+}
+
+// TestCancelRefusedWhileTheRailMayStillAct: the API answers a cancel of an
+// instruction whose rail call a relayer's stop cut off with 409, a JSON
+// body saying RAIL_MAY_STILL_ACT and retry_after, and a Retry-After
+// header; the console's form says in words that nothing was done and
+// when to try again. The instruction stays pending, nothing archived.
+func TestCancelRefusedWhileTheRailMayStillAct(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	b.enqueue(t, "acme", "k1")
+	id, until := b.cutOff(t, time.Hour)
+	reason := map[string]string{"reason": "customer recalled it"}
+
+	req, err := http.NewRequest("POST", b.url+"/api/v1/instructions/"+id.String()+"/cancel", strings.NewReader(`{"reason": "customer recalled it"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+operatorSecret)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); resp.StatusCode != http.StatusConflict || err != nil || secs < 3500 || secs > 3601 {
+		t.Fatalf("cancel during the window: %s, Retry-After %q (want 409 and about an hour)", resp.Status, resp.Header.Get("Retry-After"))
+	}
+	var res admin.ActionResult
+	if code := b.call(t, "POST", "/api/v1/instructions/"+id.String()+"/cancel", operatorSecret, reason, &res); code != http.StatusConflict ||
+		res.Done || res.Error != admin.RailMayStillAct || res.RetryAfter == nil || !res.RetryAfter.Equal(until) || res.Note == "" {
+		t.Fatalf("cancel during the window: %d %+v (want 409, %s until %s)", code, res, admin.RailMayStillAct, until)
+	}
+
+	operator := consoleAs(t, b.url, operatorSecret)
+	page := html.UnescapeString(operator.post(t, "/console/instructions/"+id.String()+"/cancel", url.Values{"reason": {"duplicate"}}))
+	if !strings.Contains(page, "Not cancelled, nothing was done") || !strings.Contains(page, "may still be acting") ||
+		!strings.Contains(page, "Try the cancel again after "+until.UTC().Format("2006-01-02 15:04:05.000 UTC")) {
+		t.Fatalf("the console's refusal does not say what and until when:\n%s", page)
+	}
+	var pending, cancelled int
+	if err := b.pool.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM outbox.pending WHERE outbox_id = $1),
+		(SELECT count(*) FROM outbox.attempts WHERE outbox_id = $1 AND state = 'CANCELLED')`, id).Scan(&pending, &cancelled); err != nil ||
+		pending != 1 || cancelled != 0 {
+		t.Fatalf("after the refusals: %d pending, %d cancelled (%v), want 1 and 0", pending, cancelled, err)
 	}
 }

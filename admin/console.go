@@ -335,6 +335,11 @@ func (s *Server) pageCancel(w http.ResponseWriter, r *http.Request, p *page) {
 	} else {
 		res, err := s.Act(r.Context(), id, p.Who.Name, ActionCancel, reason)
 		switch {
+		case errors.Is(err, store.ErrRailMayStillAct):
+			p.Error = "Not cancelled, nothing was done: a relayer's stop cut this instruction's rail call off (outcome unknown), and the rail may still be acting on it until its claim's lease ends."
+			if res.RetryAfter != nil {
+				p.Error += " Try the cancel again after " + res.RetryAfter.UTC().Format("2006-01-02 15:04:05.000 MST") + "."
+			}
 		case err != nil:
 			s.internalError(w, r, err)
 			return

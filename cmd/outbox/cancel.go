@@ -3,15 +3,30 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/gofrs/uuid/v5"
 
+	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/poolconfig"
 )
 
-// runCancel cancels pending instructions: they are never sent.
+// cancelRefusedCode is the exit status of a cancel of which some
+// instruction was refused because the rail may still be acting on its
+// cut-off call (store.ErrRailMayStillAct): unlike "not pending" (1), the
+// same cancel succeeds once the time on its line has passed.
+const cancelRefusedCode = 3
+
+// railMayStillAct is the "error" a refused instruction's line carries.
+const railMayStillAct = "RAIL_MAY_STILL_ACT"
+
+// runCancel cancels pending instructions: they are never sent. Each id
+// gets a line; an instruction whose rail call a relayer's stop cut off is
+// refused until its claim's lease ends (its line says until when, and the
+// exit status is 3) without stopping the others.
 func runCancel(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "cancel", "cancel [flags] OUTBOX_ID...   (needs --reason; only pending instructions: not one in flight)")
 	var db dbFlags
@@ -41,9 +56,20 @@ func runCancel(ctx context.Context, env *environment, args []string) error {
 	}
 	defer cleanup()
 	out := json.NewEncoder(env.stdout)
-	missed := 0
+	missed, refused := 0, 0
 	for _, id := range ids {
 		ok, err := archive.Cancel(ctx, pool, id, *operator, *reason)
+		var wait *store.RailMayStillActError
+		if errors.As(err, &wait) {
+			refused++
+			line := map[string]any{"outbox_id": id, "action": "cancel", "done": false, "error": railMayStillAct,
+				"note": "refused, nothing done: its rail call was cut off by a relayer's stop (CUT_OFF_AT_STOP, outcome unknown) and the rail may still be acting on it; run the cancel again after retry_after"}
+			if !wait.Until.IsZero() {
+				line["retry_after"] = wait.Until.UTC().Format(time.RFC3339Nano)
+			}
+			_ = out.Encode(line)
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -54,7 +80,10 @@ func runCancel(ctx context.Context, env *environment, args []string) error {
 		}
 		_ = out.Encode(line)
 	}
-	if missed > 0 {
+	switch {
+	case refused > 0:
+		return exitError{code: cancelRefusedCode}
+	case missed > 0:
 		return exitError{code: 1}
 	}
 	return nil

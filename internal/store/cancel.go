@@ -2,17 +2,24 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Cancel removes a pending instruction so that it is never sent, and
-// archives a CANCELLED row saying who and why, through the schema's
-// cancel_pending function (migration 020). An instruction in flight is not
+// archives a CANCELLED row saying who (the operator's name and the
+// database role that ran it) and why, through the schema's cancel_pending
+// function (migrations 020 and 035). An instruction in flight is not
 // pending (its rail call may be under way): Cancel reports false for it,
-// as for one already settled. With ordering on, cancelling a participant's
-// head makes its next instruction due. The key stays: enqueueing the
+// as for one already settled. An instruction whose rail call a relayer's
+// stop cut off (CUT_OFF_AT_STOP) is refused with a *RailMayStillActError
+// (errors.Is ErrRailMayStillAct) until its claim's lease has ended, and
+// nothing is written. With ordering on, cancelling a participant's head
+// makes its next instruction due. The key stays: enqueueing the
 // instruction again answers with its receipt.
 func (s *Store) Cancel(ctx context.Context, db Querier, outboxID uuid.UUID, operator, reason string) (bool, error) {
 	if err := checkOperator(operator, reason); err != nil {
@@ -20,9 +27,65 @@ func (s *Store) Cancel(ctx context.Context, db Querier, outboxID uuid.UUID, oper
 	}
 	var n int64
 	if err := db.QueryRow(ctx, s.sql.cancel, outboxID, operator, reason).Scan(&n); err != nil {
+		if until, ok := railMayStillAct(err); ok {
+			return false, &RailMayStillActError{OutboxID: outboxID, Until: until, err: err}
+		}
 		return false, fmt.Errorf("cancel %s: %w", outboxID, err)
 	}
 	return n == 1, nil
 }
 
 const cancelSQL = `SELECT {schema}.cancel_pending($1, $2, $3)`
+
+// ErrRailMayStillAct is what a *RailMayStillActError is (errors.Is): a
+// cancel refused because the rail may still be acting on the
+// instruction's last call.
+var ErrRailMayStillAct = errors.New("the rail may still be acting on the instruction's cut-off call")
+
+// RailMayStillActError is Cancel's refusal of an instruction whose rail
+// call a relayer's stop cut off (a RETRYABLE CUT_OFF_AT_STOP attempt,
+// outcome unknown): until the cut-off claim's lease ends the rail may
+// still act on that call, so "cancelled, never sent" could be false.
+// Nothing was written; the cancel may be tried again from Until on.
+type RailMayStillActError struct {
+	OutboxID uuid.UUID
+	// Until is when the window ends: the retry time the cut-off attempt's
+	// relayer recorded, no earlier than its claim's lease end.
+	Until time.Time
+	err   error
+}
+
+// Error says what was refused and when to try again.
+func (e *RailMayStillActError) Error() string {
+	if e.Until.IsZero() {
+		return fmt.Sprintf("cancel %s: %v", e.OutboxID, e.err)
+	}
+	return fmt.Sprintf("cancel %s: refused until %s: its rail call was cut off by a relayer's stop (CUT_OFF_AT_STOP, outcome unknown) and the rail may still be acting on it until its claim's lease ends; nothing was done, try again after then",
+		e.OutboxID, e.Until.UTC().Format(time.RFC3339Nano))
+}
+
+// Is makes errors.Is(err, ErrRailMayStillAct) true.
+func (e *RailMayStillActError) Is(target error) bool { return target == ErrRailMayStillAct }
+
+// Unwrap returns the database's refusal.
+func (e *RailMayStillActError) Unwrap() error { return e.err }
+
+// railMayStillActCode is the SQLSTATE cancel_pending raises for an
+// instruction whose cut-off call the rail may still act on (migration
+// 035); the error's detail is the window's end, in UTC.
+const railMayStillActCode = "OBCW1"
+
+// railMayStillAct reports whether err is cancel_pending's refusal of a
+// cut-off instruction, and until when.
+func railMayStillAct(err error) (time.Time, bool) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != railMayStillActCode {
+		return time.Time{}, false
+	}
+	until, perr := time.Parse(time.RFC3339Nano, pgErr.Detail)
+	if perr != nil {
+		// The refusal stands without a readable time: the message names it.
+		return time.Time{}, true
+	}
+	return until, true
+}

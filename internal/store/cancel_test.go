@@ -67,7 +67,7 @@ func TestCancelPending(t *testing.T) {
 	got, rows := b.trail(t, a1)
 	wantTrail(t, got, "CANCELLED#1")
 	if len(rows) == 1 && (rows[0].RelayerID == nil || *rows[0].RelayerID != "olga" || rows[0].ErrorMessage == nil ||
-		*rows[0].ErrorMessage != "cancelled by olga: fraud hold "+a1.String()) {
+		*rows[0].ErrorMessage != "cancelled by olga (database role "+b.sessionRole(t)+"): fraud hold "+a1.String()) {
 		t.Fatalf("the CANCELLED row: by %v, %v", rows[0].RelayerID, rows[0].ErrorMessage)
 	}
 	r := b.verifyOK(t)
@@ -288,4 +288,16 @@ func TestCancelRacingAReapLeavesAHead(t *testing.T) {
 	}
 	b.verifyOK(t)
 	b.wantHeadThenRest(t, held.OutboxID, third)
+}
+
+// sessionRole is the database role the bundle's pool logs in as, which
+// the operators' functions archive beside the operator's name (migration
+// 035).
+func (b *recordBundle) sessionRole(t *testing.T) string {
+	t.Helper()
+	var role string
+	if err := b.pool.QueryRow(b.ctx, `SELECT format('%I', session_user)`).Scan(&role); err != nil {
+		t.Fatal(err)
+	}
+	return role
 }

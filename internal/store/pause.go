@@ -33,6 +33,10 @@ type RailPauseEvent struct {
 	Operator string    `json:"operator"`
 	Reason   string    `json:"reason"`
 	At       time.Time `json:"at"`
+	// DatabaseRole is the role the pause or resume ran as (session_user,
+	// whatever Operator says); nil for the events recorded before
+	// migration 035.
+	DatabaseRole *string `json:"database_role,omitempty"`
 }
 
 // ErrRailType is returned for a pause or resume without a rail type.
@@ -102,8 +106,10 @@ func (s *Store) RailPauses(ctx context.Context, db Querier) ([]RailPause, error)
 // RailPauseEvents returns the newest limit lines of the record of pauses,
 // newest first.
 func (s *Store) RailPauseEvents(ctx context.Context, db Querier, limit int) ([]RailPauseEvent, error) {
-	rows, err := db.Query(ctx, s.Qualify(`SELECT event_id, rail_type, action, operator, reason, at
-FROM {schema}.rail_pause_events ORDER BY at DESC, event_id DESC LIMIT $1`), limit)
+	// database_role through to_jsonb: a schema before migration 035 has no
+	// such column, and its events have no role (NULL).
+	rows, err := db.Query(ctx, s.Qualify(`SELECT event_id, rail_type, action, operator, reason, at, to_jsonb(e)->>'database_role'
+FROM {schema}.rail_pause_events e ORDER BY at DESC, event_id DESC LIMIT $1`), limit)
 	if err != nil {
 		return nil, fmt.Errorf("rail pause events: %w", err)
 	}

@@ -38,8 +38,15 @@ const replaySQL = `SELECT {schema}.replay_dead_letter($1, $2, $3)`
 
 // ErrOperatorAction is returned for an operator action (replay,
 // acknowledge, cancel, pause, resume) without the operator's name or
-// without a reason: both are archived with the action.
+// without a reason (both are archived with the action), or with a name
+// containing "(database role": the archive records the database role that
+// ran the action after the name (migration 035), and a name must not be
+// able to pass for it.
 var ErrOperatorAction = errors.New("an operator action needs the operator's name and a reason")
+
+// roleMark opens the database role in an operator action's archived
+// message ("cancelled by alice (database role ops_1): why").
+const roleMark = "(database role"
 
 func checkOperator(operator, reason string) error {
 	switch {
@@ -47,6 +54,8 @@ func checkOperator(operator, reason string) error {
 		return fmt.Errorf("%w: no operator", ErrOperatorAction)
 	case strings.TrimSpace(reason) == "":
 		return fmt.Errorf("%w: no reason", ErrOperatorAction)
+	case strings.Contains(strings.ToLower(operator), roleMark):
+		return fmt.Errorf("%w: the operator's name %q contains %q, which the archive keeps for the database role", ErrOperatorAction, operator, roleMark)
 	}
 	return nil
 }
