@@ -28,7 +28,7 @@ const railMayStillAct = "RAIL_MAY_STILL_ACT"
 // refused until its claim's lease ends (its line says until when, and the
 // exit status is 3) without stopping the others.
 func runCancel(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet(env, "cancel", "cancel [flags] OUTBOX_ID...   (needs --reason; only pending instructions: not one in flight)")
+	fs := newFlagSet(env, "cancel", "cancel [flags] OUTBOX_ID...   (needs --reason; only pending instructions: not one in flight; exit 3: one whose rail call a relayer's stop cut off, refused until the retry_after on its line)")
 	var db dbFlags
 	db.register(fs, poolconfig.Operator("cancel"))
 	operator := fs.String("operator", defaultOperator(), "who is acting (archived)")
