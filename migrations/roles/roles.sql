@@ -116,6 +116,9 @@ GRANT SELECT ON {{schema}}.schema_version, {{schema}}.settings TO outbox_produce
 GRANT SELECT, INSERT (tenant_id, instruction_id, idempotency_key, outbox_id, participant_id, payload_hash)
   ON {{schema}}.idempotency_keys TO outbox_producer;
 GRANT SELECT ON {{schema}}.retired_keys TO outbox_producer; -- a retired key is refused, not enqueued again
+-- The tenant policies read the session's own bindings (migration 036) as
+-- the session; a producer reads only its own login role's.
+GRANT SELECT ON {{schema}}.tenant_bindings TO outbox_producer;
 -- No grant on relayer_idle: the adaptive NOTIFY trigger that reads it
 -- fires inside enqueue_pending(_batch), as the owner (the previous
 -- build's producers inserted pending rows themselves and needed it).
@@ -181,9 +184,11 @@ EXCEPTION WHEN insufficient_privilege THEN
 END $$;
 -- Tenant isolation: row-level security on every table that holds an
 -- instruction, keyed by its tenant and the session's outbox.tenant setting
--- ('' or unset: the rows without a tenant; '*': every tenant). Producers,
--- auditors and operators are scoped; relayers work across tenants. The
--- owner is not subject to these policies (it is not in their roles).
+-- ('' or unset: the rows without a tenant; '*': every tenant), within the
+-- tenants its login role is bound to, if any (tenant_bindings, migration
+-- 036). Producers, auditors and operators are scoped; relayers work across
+-- tenants. The owner is not subject to these policies (it is not in their
+-- roles).
 DO $$
 DECLARE
   t text;
@@ -195,12 +200,22 @@ BEGIN
     EXECUTE format('CREATE POLICY outbox_relayer_all ON {{schema}}.%I TO outbox_relayer USING (true) WITH CHECK (true)', t);
     EXECUTE format('DROP POLICY IF EXISTS outbox_tenant ON {{schema}}.%I', t);
     EXECUTE format($p$CREATE POLICY outbox_tenant ON {{schema}}.%I TO outbox_producer, outbox_auditor, outbox_operator
-                     USING (current_setting('outbox.tenant', true) = '*'
-                            OR coalesce(tenant_id, '') = coalesce(current_setting('outbox.tenant', true), ''))
-                     WITH CHECK (current_setting('outbox.tenant', true) = '*'
-                                 OR coalesce(tenant_id, '') = coalesce(current_setting('outbox.tenant', true), ''))$p$, t);
+                     USING ((current_setting('outbox.tenant', true) = '*'
+                             OR coalesce(tenant_id, '') = coalesce(current_setting('outbox.tenant', true), ''))
+                            AND coalesce(tenant_id, '') = ANY (coalesce((SELECT array_agg(b.tenant_id) FROM {{schema}}.tenant_bindings b WHERE b.role_name = session_user), ARRAY[coalesce(tenant_id, '')])))
+                     WITH CHECK ((current_setting('outbox.tenant', true) = '*'
+                                  OR coalesce(tenant_id, '') = coalesce(current_setting('outbox.tenant', true), ''))
+                                 AND coalesce(tenant_id, '') = ANY (coalesce((SELECT array_agg(b.tenant_id) FROM {{schema}}.tenant_bindings b WHERE b.role_name = session_user), ARRAY[coalesce(tenant_id, '')])))$p$, t);
   END LOOP;
 END $$;
+-- Who may act for which tenant (migration 036): a producer reads its own
+-- login role's bindings, auditors and operators read all of them, only
+-- the owner writes them.
+ALTER TABLE {{schema}}.tenant_bindings ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS outbox_own_bindings ON {{schema}}.tenant_bindings;
+CREATE POLICY outbox_own_bindings ON {{schema}}.tenant_bindings TO outbox_producer USING (role_name = session_user);
+DROP POLICY IF EXISTS outbox_all_bindings ON {{schema}}.tenant_bindings;
+CREATE POLICY outbox_all_bindings ON {{schema}}.tenant_bindings TO outbox_auditor, outbox_operator USING (true);
 -- The archive's partitions (every month, attached or detached, and the
 -- default partition): no privilege for anyone but the owner, whoever
 -- granted it (the REVOKE above takes back only the outbox roles'; a

@@ -1,0 +1,317 @@
+package migrations_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/pending"
+)
+
+// asBound connects as a login role of its own, a member of group, bound
+// to tenants (migration 036), with outbox.tenant set to setting. Roles are
+// cluster-wide, so each gets a fresh name, dropped after the test.
+func (b *rolesBundle) asBound(t *testing.T, group, setting string, tenants ...string) *pgxpool.Pool {
+	t.Helper()
+	role := fmt.Sprintf("bound_%x", rand.Uint64())
+	if _, err := b.admin.Exec(b.ctx, fmt.Sprintf("CREATE ROLE %s LOGIN IN ROLE %s", role, group)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if _, err := b.admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+role); err != nil {
+			t.Errorf("dropping %s: %v", role, err)
+		}
+	})
+	for _, tenant := range tenants {
+		if _, err := b.admin.Exec(b.ctx, `INSERT INTO outbox.tenant_bindings (role_name, tenant_id) VALUES ($1, $2)`, role, tenant); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg, err := pgxpool.ParseConfig(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, ""
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, "SELECT set_config($1, $2, false)", migrations.TenantSetting, setting)
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func isInsufficientPrivilege(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42501"
+}
+
+// TestBoundProducerCannotChooseAnotherTenant: outbox.tenant is the
+// session's choice, so before bindings a producer credential of tenant A
+// enqueued as B by setting it. Bound to A, it enqueues as A whatever the
+// setting says, and nothing else: not with B's name, not with '*', not by
+// calling the enqueue function on a key of B's.
+func TestBoundProducerCannotChooseAnotherTenant(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	asA := b.asBound(t, migrations.RoleProducer, "tenant-a", "tenant-a")
+	asB := b.asBound(t, migrations.RoleProducer, "tenant-b", "tenant-a")
+	asAll := b.asBound(t, migrations.RoleProducer, "*", "tenant-a")
+	unbound := b.as(t, migrations.RoleProducer, "tenant-b")
+
+	if _, err := b.enqueue(t, asA, "tenant-a", "a-1"); err != nil {
+		t.Fatalf("bound to A, setting A, enqueue for A: %v", err)
+	}
+	if _, err := b.enqueue(t, asAll, "tenant-a", "a-2"); err != nil {
+		t.Fatalf("bound to A, setting *, enqueue for A: %v", err)
+	}
+	for name, db := range map[string]*pgxpool.Pool{"setting B": asB, "setting *": asAll} {
+		if _, err := b.enqueue(t, db, "tenant-b", "b-by-a-"+name); !isInsufficientPrivilege(err) {
+			t.Errorf("bound to A, %s, enqueue for B: %v, want 42501", name, err)
+		}
+	}
+	if _, err := b.enqueue(t, unbound, "tenant-b", "b-1"); err != nil {
+		t.Fatalf("an unbound producer, setting B: %v", err)
+	}
+
+	// A key of B's waiting for its instruction (inserted by hand, as the
+	// owner): the bound producer with '*' may not make it an instruction.
+	orphan := uuid.Must(uuid.NewV4())
+	if _, err := b.admin.Exec(b.ctx, `INSERT INTO outbox.idempotency_keys (tenant_id, instruction_id, idempotency_key, outbox_id, participant_id, payload_hash)
+		VALUES ('tenant-b', 'ins-orphan', 'orphan', $1, 'p-orphan', '\x00')`, orphan); err != nil {
+		t.Fatal(err)
+	}
+	_, err := asAll.Exec(b.ctx, `SELECT outbox.enqueue_pending($1, 'sandbox', '', '{"amount_minor":1,"currency":"USD","destination":"x"}')`, orphan)
+	if !isInsufficientPrivilege(err) {
+		t.Errorf("bound to A, setting *, enqueue_pending on B's key: %v, want 42501", err)
+	}
+	_, err = asAll.Exec(b.ctx, `SELECT outbox.enqueue_pending_batch(ARRAY[$1::uuid], ARRAY['sandbox'], ARRAY[''], ARRAY['{"amount_minor":1,"currency":"USD","destination":"x"}'])`, orphan)
+	if !isInsufficientPrivilege(err) {
+		t.Errorf("bound to A, setting *, enqueue_pending_batch on B's key: %v, want 42501", err)
+	}
+
+	// What each sees of the keys: the binding, within the setting.
+	for name, c := range map[string]struct {
+		db   *pgxpool.Pool
+		want []string
+	}{
+		"bound to A, setting A": {asA, []string{"tenant-a"}},
+		"bound to A, setting *": {asAll, []string{"tenant-a"}},
+		"bound to A, setting B": {asB, nil},
+	} {
+		if got := tenantsSeen(t, b.ctx, c.db, "idempotency_keys"); !slices.Equal(got, c.want) {
+			t.Errorf("%s sees keys of %v, want %v", name, got, c.want)
+		}
+	}
+	var pendingB int
+	if err := b.admin.QueryRow(b.ctx, `SELECT count(*) FROM outbox.pending WHERE tenant_id = 'tenant-b'`).Scan(&pendingB); err != nil || pendingB != 1 {
+		t.Errorf("tenant B has %d pending (%v), want the unbound producer's 1", pendingB, err)
+	}
+
+	// A producer reads its own login role's bindings only.
+	var own, all int
+	if err := asA.QueryRow(b.ctx, `SELECT count(*) FROM outbox.tenant_bindings`).Scan(&own); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.admin.QueryRow(b.ctx, `SELECT count(*) FROM outbox.tenant_bindings`).Scan(&all); err != nil {
+		t.Fatal(err)
+	}
+	if own != 1 || all < 3 {
+		t.Errorf("a bound producer reads %d bindings of %d, want its own 1", own, all)
+	}
+	refused(t, b.ctx, asA, `INSERT INTO outbox.tenant_bindings (role_name, tenant_id) VALUES (session_user, 'tenant-b')`,
+		`DELETE FROM outbox.tenant_bindings`, `UPDATE outbox.tenant_bindings SET tenant_id = 'tenant-b'`)
+
+	// A binding taken away applies to the next statement: the setting
+	// alone scopes again.
+	var role string
+	if err := asB.QueryRow(b.ctx, "SELECT session_user").Scan(&role); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.admin.Exec(b.ctx, `DELETE FROM outbox.tenant_bindings WHERE role_name = $1`, role); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.enqueue(t, asB, "tenant-b", "b-2"); err != nil {
+		t.Errorf("unbound again, setting B, enqueue for B: %v", err)
+	}
+}
+
+// TestBoundReadersAndOperatorsStayInTheirTenants: an auditor or operator
+// bound to A reads A's rows only, with '*' too, and an operator bound to A
+// cannot act on B's instructions (its functions run as the owner and apply
+// the binding themselves); bound to the rows without a tenant (the empty
+// string), it reads only those.
+func TestBoundReadersAndOperatorsStayInTheirTenants(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	relayer := b.as(t, migrations.RoleRelayer, "")
+	for _, tenant := range []string{"tenant-a", "tenant-b", ""} {
+		if _, err := b.enqueue(t, b.as(t, migrations.RoleProducer, tenant), tenant, tenant+"-settled"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := b.settle(t, relayer, store.Dispatched); len(got) != 3 {
+		t.Fatalf("settled %d, want 3", len(got))
+	}
+	pendingOf := map[string]uuid.UUID{}
+	for _, tenant := range []string{"tenant-a", "tenant-b"} {
+		r, err := b.enqueue(t, b.as(t, migrations.RoleProducer, tenant), tenant, tenant+"-pending")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pendingOf[tenant] = r.OutboxID
+	}
+
+	for name, c := range map[string]struct {
+		db   *pgxpool.Pool
+		want []string
+	}{
+		"auditor bound to A, setting *":    {b.asBound(t, migrations.RoleAuditor, "*", "tenant-a"), []string{"tenant-a"}},
+		"auditor bound to A, setting B":    {b.asBound(t, migrations.RoleAuditor, "tenant-b", "tenant-a"), nil},
+		"auditor bound to A and B, *":      {b.asBound(t, migrations.RoleAuditor, "*", "tenant-a", "tenant-b"), []string{"tenant-a", "tenant-b"}},
+		"auditor bound to no tenant, *":    {b.asBound(t, migrations.RoleAuditor, "*", ""), []string{""}},
+		"operator bound to A, setting *":   {b.asBound(t, migrations.RoleOperator, "*", "tenant-a"), []string{"tenant-a"}},
+		"auditor unbound, setting * (all)": {b.as(t, migrations.RoleAuditor, "*"), []string{"", "tenant-a", "tenant-b"}},
+	} {
+		for _, table := range []string{"idempotency_keys", "attempts"} {
+			if got := tenantsSeen(t, b.ctx, c.db, table); !slices.Equal(got, c.want) {
+				t.Errorf("%s sees %s of %q, want %q", name, table, got, c.want)
+			}
+		}
+	}
+
+	operator := b.asBound(t, migrations.RoleOperator, "*", "tenant-a")
+	// Who may act for which tenant is part of what auditors and operators
+	// read: every binding, their own or not.
+	var all int
+	if err := b.admin.QueryRow(b.ctx, `SELECT count(*) FROM outbox.tenant_bindings`).Scan(&all); err != nil {
+		t.Fatal(err)
+	}
+	for name, db := range map[string]*pgxpool.Pool{"auditor": b.as(t, migrations.RoleAuditor, "tenant-a"), "bound operator": operator} {
+		var n int
+		if err := db.QueryRow(b.ctx, `SELECT count(*) FROM outbox.tenant_bindings`).Scan(&n); err != nil || n != all || all < 7 {
+			t.Errorf("%s reads %d bindings (%v), want all %d", name, n, err, all)
+		}
+	}
+	if ok, err := b.st.Cancel(b.ctx, operator, pendingOf["tenant-b"], "olga", "test"); err != nil || ok {
+		t.Errorf("operator bound to A cancels B's instruction: %v, %v; want not there", ok, err)
+	}
+	if ok, err := b.st.Cancel(b.ctx, operator, pendingOf["tenant-a"], "olga", "test"); err != nil || !ok {
+		t.Errorf("operator bound to A cancels A's instruction: %v, %v; want done", ok, err)
+	}
+	var stillB int
+	if err := b.admin.QueryRow(b.ctx, `SELECT count(*) FROM outbox.pending WHERE outbox_id = $1`, pendingOf["tenant-b"]).Scan(&stillB); err != nil || stillB != 1 {
+		t.Errorf("B's instruction pending: %d (%v), want 1", stillB, err)
+	}
+	rep, err := b.st.Verify(b.ctx, b.admin, store.VerifyOptions{Ordered: true})
+	if err != nil || !rep.OK() {
+		t.Fatalf("verify: %+v, %v", rep, err)
+	}
+}
+
+// tenantsSeen is the distinct tenants (the empty string for none) of
+// table's rows that db reads.
+func tenantsSeen(t *testing.T, ctx context.Context, db *pgxpool.Pool, table string) []string {
+	t.Helper()
+	var got []string
+	if err := db.QueryRow(ctx, fmt.Sprintf(`SELECT coalesce(array_agg(DISTINCT coalesce(tenant_id, '') ORDER BY coalesce(tenant_id, '')), '{}') FROM outbox.%s`, table)).
+		Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) == 0 {
+		return nil
+	}
+	return got
+}
+
+// rolesBefore036 is the roles script sql as builds before migration 036
+// had it: tenant policies without bindings, no tenant_bindings table.
+func rolesBefore036(sql string) string {
+	sql = regexp.MustCompile(`\s*AND coalesce\(tenant_id, ''\) = ANY \(coalesce\(\(SELECT array_agg\(b\.tenant_id\) FROM [a-z_]*\.tenant_bindings b WHERE b\.role_name = session_user\), ARRAY\[coalesce\(tenant_id, ''\)\]\)\)`).
+		ReplaceAllString(sql, "")
+	var lines []string
+	for _, line := range strings.Split(sql, "\n") {
+		if !strings.Contains(line, "tenant_bindings") {
+			lines = append(lines, line)
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// TestBindingsHoldAfterAnUpgradeByTheOwner: on a schema whose roles were
+// set up before migration 036, the migration run by the owner alone (no
+// second --create-roles) puts the bindings into the tenant policies
+// already in place, and producers keep enqueueing.
+func TestBindingsHoldAfterAnUpgradeByTheOwner(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	const schema = "bound_upgrade"
+	if err := migrations.MigrateWith(b.ctx, b.admin, migrations.Options{Schema: schema, TargetVersion: 35}); err != nil {
+		t.Fatal(err)
+	}
+	sql, err := migrations.RolesSQL(schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.admin.Exec(b.ctx, rolesBefore036(sql)); err != nil {
+		t.Fatalf("roles at version 35: %v", err)
+	}
+	if err := migrations.MigrateWith(b.ctx, b.as(t, migrations.RoleOwner, ""), migrations.Options{Schema: schema}); err != nil {
+		t.Fatalf("upgrade as the owner: %v", err)
+	}
+	producer, err := pending.NewProducer(pending.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	enqueue := func(db *pgxpool.Pool, tenant, key string) error {
+		_, err := producer.Enqueue(b.ctx, db, pending.Instruction{
+			InstructionID: "ins-" + key, ParticipantID: "p-" + key, IdempotencyKey: key, TenantID: tenant,
+			RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
+		})
+		return err
+	}
+	if err := enqueue(b.as(t, migrations.RoleProducer, "tenant-b"), "tenant-b", "unbound"); err != nil {
+		t.Fatalf("an unbound producer after the upgrade: %v", err)
+	}
+	role := fmt.Sprintf("bound_%x", rand.Uint64())
+	if _, err := b.admin.Exec(b.ctx, fmt.Sprintf("CREATE ROLE %s LOGIN IN ROLE %s", role, migrations.RoleProducer)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = b.admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	if _, err := b.admin.Exec(b.ctx, `INSERT INTO `+schema+`.tenant_bindings (role_name, tenant_id) VALUES ($1, 'tenant-a')`, role); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, ""
+	cfg.ConnConfig.RuntimeParams[migrations.TenantSetting] = "tenant-b"
+	bound, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bound.Close)
+	var pgErr *pgconn.PgError
+	if err := enqueue(bound, "tenant-b", "bound"); !errors.As(err, &pgErr) || !strings.Contains(pgErr.Message, "row-level security") {
+		t.Errorf("bound to A, setting B, after the upgrade: %v, want the tenant policy's refusal", err)
+	}
+	if err := enqueue(bound, "tenant-a", "bound"); !errors.As(err, &pgErr) || !strings.Contains(pgErr.Message, "row-level security") {
+		t.Errorf("bound to A, setting B, enqueue for A after the upgrade: %v, want the tenant policy's refusal (the setting still chooses)", err)
+	}
+}
