@@ -3,6 +3,8 @@ package poolconfig_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"os"
 	"slices"
 	"testing"
@@ -141,5 +143,104 @@ func TestTenantBehindATransactionPooler(t *testing.T) {
 	}
 	if got := tenantsSeen(perTx); len(got) != 0 {
 		t.Errorf("after the transactions, a statement without a tenant sees the keys of %v", got)
+	}
+}
+
+// TestBoundTenantBehindATransactionPooler: a login role bound to its
+// tenants (migration 035) is held to them behind PgBouncer in transaction
+// mode too, whatever outbox.tenant the server session it lands on was
+// left with: the binding follows the login, which PgBouncer pools by.
+func TestBoundTenantBehindATransactionPooler(t *testing.T) {
+	t.Parallel()
+	cluster := testdb.Cluster(t)
+	if cluster == nil {
+		t.Skip("tests run against OUTBOX_TEST_DATABASE_URL: no local cluster to put PgBouncer in front of")
+	}
+	ctx := t.Context()
+	dbURL := testdb.URL(t)
+	admin, err := pgxpool.New(ctx, testdb.AsAdmin(t, dbURL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(admin.Close)
+	if err := migrations.CreateRoles(ctx, admin, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, tenant := range []string{"tenant-a", "tenant-b"} {
+		if _, err := pending.Enqueue(ctx, admin, pending.Instruction{InstructionID: "i-" + tenant, ParticipantID: "p-" + tenant,
+			IdempotencyKey: "k-" + tenant, TenantID: tenant, RailType: "sandbox", AmountMinor: 100, Currency: "USD",
+			Destination: "acct-1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	role := fmt.Sprintf("bound_reader_%x", rand.Uint64())
+	if _, err := admin.Exec(ctx, fmt.Sprintf("CREATE ROLE %s LOGIN IN ROLE %s", role, migrations.RoleAuditor)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	if _, err := admin.Exec(ctx, `INSERT INTO outbox.tenant_bindings (role_name, tenant_id) VALUES ($1, 'tenant-a')`, role); err != nil {
+		t.Fatal(err)
+	}
+	bouncer, err := pglocal.StartPgBouncer(ctx, cluster, pglocal.PgBouncerOptions{Users: []string{role}, PoolSize: 1})
+	if errors.Is(err, pglocal.ErrNoPgBouncer) && os.Getenv("OUTBOX_REQUIRE_PGBOUNCER") == "" {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bouncer.Stop)
+	viaBouncer, err := bouncer.Rewrite(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each pool sets the tenant per connection, on the one server session.
+	connect := func(tenant string) *pgxpool.Pool {
+		t.Helper()
+		cfg, err := pgxpool.ParseConfig(viaBouncer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.ConnConfig.User, cfg.ConnConfig.Password = role, ""
+		s := poolconfig.Operator("audit")
+		s.Pooler = poolconfig.PoolerTransaction
+		s.ApplyPool(cfg)
+		cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+			_, err := c.Exec(ctx, "SELECT set_config($1, $2, false)", migrations.TenantSetting, tenant)
+			return err
+		}
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		return pool
+	}
+	seen := func(db *pgxpool.Pool) []string {
+		t.Helper()
+		rows, err := db.Query(ctx, `SELECT tenant_id FROM outbox.idempotency_keys ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	readerA := connect("tenant-a")
+	if got := seen(readerA); !slices.Equal(got, []string{"tenant-a"}) {
+		t.Fatalf("bound reader, setting A, sees the keys of %v", got)
+	}
+	// Another client of the same login leaves '*' on the server session:
+	// the binding still keeps reader A (and itself) to tenant A.
+	all := connect("*")
+	if got := seen(all); !slices.Equal(got, []string{"tenant-a"}) {
+		t.Errorf("bound reader, setting *, sees the keys of %v", got)
+	}
+	if got := seen(readerA); !slices.Equal(got, []string{"tenant-a"}) {
+		t.Errorf("bound reader A, after another client set *, sees the keys of %v", got)
+	}
+	if got := seen(connect("tenant-b")); len(got) != 0 {
+		t.Errorf("bound reader, setting B, sees the keys of %v", got)
 	}
 }
