@@ -50,6 +50,16 @@ const (
 // with the action).
 var ErrOperatorAction = store.ErrOperatorAction
 
+// ErrRailMayStillAct is returned by Cancel for an instruction whose rail
+// call a relayer's stop cut off (CUT_OFF_AT_STOP), while the rail may
+// still be acting on it; the error is a *RailMayStillActError, which
+// says until when.
+var ErrRailMayStillAct = store.ErrRailMayStillAct
+
+// RailMayStillActError is Cancel's refusal of a cut-off instruction: Until
+// is when the cancel may be tried again.
+type RailMayStillActError = store.RailMayStillActError
+
 // Attempt is one archive row.
 type Attempt = store.Attempt
 
@@ -238,8 +248,11 @@ func (a *Archive) RailQuiet(ctx context.Context, db TxBeginner, railType string)
 // recalled before it leaves, or one the rail already made that would be
 // sent again), and archives a CANCELLED row naming the operator and the
 // reason. It reports false for an instruction that is not pending: in
-// flight (its rail call may be under way), settled, or unknown. With
-// ordering on, the participant's next instruction becomes due.
+// flight (its rail call may be under way), settled, or unknown. An
+// instruction whose rail call a relayer's stop cut off is refused with a
+// *RailMayStillActError (errors.Is ErrRailMayStillAct) until that claim's
+// lease has ended, and nothing is written. With ordering on, the
+// participant's next instruction becomes due.
 func (a *Archive) Cancel(ctx context.Context, db DB, outboxID uuid.UUID, operator, reason string) (bool, error) {
 	return a.store.Cancel(ctx, db, outboxID, operator, reason)
 }
