@@ -251,8 +251,22 @@ func (s *Server) participant(w http.ResponseWriter, r *http.Request, _ Token) {
 	writeJSON(w, http.StatusOK, v)
 }
 
+// DeadLetterPage is a page of dead letters with how many the filter
+// matches, every page together: the same figure the console's list shows.
+type DeadLetterPage struct {
+	Page[store.DeadLetter]
+	// Total is the count, up to DeadLetterCountBound.
+	Total int64 `json:"total"`
+	// TotalIsLowerBound says more than Total dead letters match: the count
+	// stops at its bound, as acknowledged dead letters stay until their
+	// archive month is detached and counting years of them on every call
+	// would read them all.
+	TotalIsLowerBound bool `json:"total_is_lower_bound"`
+}
+
 // deadLetters lists unacknowledged dead letters (?all=true: every one),
-// oldest failure first; ?participant= only that participant's.
+// oldest failure first; ?participant= only that participant's; with how
+// many match.
 func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request, _ Token) {
 	after, limit, err := pageParams(r)
 	if err != nil {
@@ -260,12 +274,18 @@ func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request, _ Token) {
 		return
 	}
 	q := r.URL.Query()
-	items, err := s.store.DeadLettersOf(r.Context(), s.cfg.Pool, q.Get("all") == "true", q.Get("participant"), after, limit)
+	all, participant := q.Get("all") == "true", q.Get("participant")
+	items, err := s.store.DeadLettersOf(r.Context(), s.cfg.Pool, all, participant, after, limit)
 	if err != nil {
 		s.internalError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, pageOf(items, limit, deadLetterCursor))
+	p := DeadLetterPage{Page: pageOf(items, limit, deadLetterCursor)}
+	if p.Total, p.TotalIsLowerBound, err = s.countDeadLetters(r.Context(), all, participant); err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, p)
 }
 
 // The operator actions [Server.Act] takes.

@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"embed"
@@ -375,22 +376,30 @@ type deadLettersPage struct {
 	Next        string
 	Done        *ActionResult // the action just taken, if any
 	// Total is how many dead letters the filter matches, all pages
-	// together, up to deadLetterCountBound; More says there are more than
+	// together, up to DeadLetterCountBound; More says there are more than
 	// that. Counted says they were counted (not on a page refused for
 	// its parameters, which shows no list).
 	Total         int64
 	More, Counted bool
 }
 
-// deadLetterCountBound is as far as the dead letters page counts: the
-// acknowledged ones stay until their archive month is detached, and
-// counting years of them on every view would read them all.
-const deadLetterCountBound = 10000
+// DeadLetterCountBound is as far as the dead letters' counts go (the
+// console's list, the API's total): the acknowledged ones stay until their
+// archive month is detached, and counting years of them on every view
+// would read them all.
+const DeadLetterCountBound = 10000
 
-// countDeadLetters sets d's Total, More and Counted.
-func (s *Server) countDeadLetters(r *http.Request, d *deadLettersPage) error {
-	n, err := s.store.CountDeadLetters(r.Context(), s.cfg.Pool, d.All, d.Participant, deadLetterCountBound+1)
-	d.Total, d.More, d.Counted = min(n, deadLetterCountBound), n > deadLetterCountBound, err == nil
+// countDeadLetters counts the dead letters of a filter up to
+// DeadLetterCountBound; more says there are more than that.
+func (s *Server) countDeadLetters(ctx context.Context, all bool, participant string) (n int64, more bool, err error) {
+	n, err = s.store.CountDeadLetters(ctx, s.cfg.Pool, all, participant, DeadLetterCountBound+1)
+	return min(n, DeadLetterCountBound), n > DeadLetterCountBound, err
+}
+
+// countPage sets d's Total, More and Counted.
+func (s *Server) countPage(r *http.Request, d *deadLettersPage) (err error) {
+	d.Total, d.More, err = s.countDeadLetters(r.Context(), d.All, d.Participant)
+	d.Counted = err == nil
 	return err
 }
 
@@ -408,7 +417,7 @@ func (s *Server) pageDeadLetters(w http.ResponseWriter, r *http.Request, p *page
 		}
 		pg := pageOf(items, limit, deadLetterCursor)
 		d.Items, d.Next = pg.Items, pg.Next
-		if err := s.countDeadLetters(r, &d); err != nil {
+		if err := s.countPage(r, &d); err != nil {
 			s.internalError(w, r, err)
 			return
 		}
@@ -462,7 +471,7 @@ func (s *Server) pageAct(w http.ResponseWriter, r *http.Request, p *page) {
 	// full page without one reads as every open dead letter.
 	pg := pageOf(items, defaultPageSize, deadLetterCursor)
 	d.Items, d.Next = pg.Items, pg.Next
-	if err := s.countDeadLetters(r, &d); err != nil {
+	if err := s.countPage(r, &d); err != nil {
 		s.internalError(w, r, err)
 		return
 	}
