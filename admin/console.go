@@ -112,6 +112,12 @@ var consoleTemplates = template.Must(template.New("").Funcs(template.FuncMap{
 		return time.Duration(f * float64(time.Second)).Round(time.Second).String()
 	},
 	"lower": strings.ToLower,
+	// at is the list's cursor of a page that starts with dead letter d:
+	// just before it (a microsecond earlier, the failure times' precision,
+	// and the greatest id), whatever page of the list holds it.
+	"at": func(d store.DeadLetter) string {
+		return encodeCursor(store.Cursor{At: d.FailedAt.Add(-time.Microsecond), ID: uuid.Max})
+	},
 	// micros is a time as the dead letters' forms carry it back.
 	"micros": func(t time.Time) int64 { return t.UnixMicro() },
 	"query": func(kv ...string) template.URL {
@@ -374,7 +380,10 @@ type deadLettersPage struct {
 	Participant string
 	Items       []store.DeadLetter
 	Next        string
-	Done        *ActionResult // the action just taken, if any
+	// After says the list is a later page (from ?after=), which links
+	// to the first.
+	After bool
+	Done  *ActionResult // the action just taken, if any
 	// Total is how many dead letters the filter matches, all pages
 	// together, up to DeadLetterCountBound; More says there are more than
 	// that. Counted says they were counted (not on a page refused for
@@ -416,7 +425,7 @@ func (s *Server) pageDeadLetters(w http.ResponseWriter, r *http.Request, p *page
 			return
 		}
 		pg := pageOf(items, limit, deadLetterCursor)
-		d.Items, d.Next = pg.Items, pg.Next
+		d.Items, d.Next, d.After = pg.Items, pg.Next, after != store.Cursor{}
 		if err := s.countPage(r, &d); err != nil {
 			s.internalError(w, r, err)
 			return

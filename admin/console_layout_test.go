@@ -67,6 +67,8 @@ type deadLetterForm struct {
 // acknowledgement's reason into the replay form and pays: each has a
 // visible heading and a label for its reason that name its action, its own
 // placeholder and button wording, its own colours, and space between them.
+// They are folded until opened, so that a row is not as tall as both
+// forms: folded, each is one line that names its action in its colours.
 func TestDeadLetterFormsDiffer(t *testing.T) {
 	t.Parallel()
 	bin := chromium(t)
@@ -74,6 +76,53 @@ func TestDeadLetterFormsDiffer(t *testing.T) {
 	b.longIDs(t)
 	ctx := b.signedIn(t, bin, operatorSecret)
 	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1280, 900), chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {
+		t.Fatal(err)
+	}
+	// Folded: each row is short, its two actions one line each that name
+	// their action and look unlike; opening one shows its form only.
+	for _, width := range []int64{1280, 800} {
+		if err := chromedp.Do(ctx, chromedp.EmulateViewport(width, 900), chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {
+			t.Fatal(err)
+		}
+		folded, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]any](`(() => {
+		  const row = document.querySelector("table.dead tbody tr");
+		  const shown = el => !!el && el.checkVisibility() && el.getBoundingClientRect().height > 0;
+		  const toggle = action => row.querySelector('details[class~="act-' + action + '"] > summary');
+		  const re = toggle("replay"), ack = toggle("ack");
+		  const out = {height: row.getBoundingClientRect().height,
+		    replayForm: shown(row.querySelector('form[action$="/replay"] input[name="reason"]')),
+		    ackForm: shown(row.querySelector('form[action$="/acknowledge"] input[name="reason"]')),
+		    replay: re ? re.innerText : "", ack: ack ? ack.innerText : "",
+		    alike: !!re && !!ack && getComputedStyle(re).backgroundColor === getComputedStyle(ack).backgroundColor};
+		  if (re) re.click();
+		  out.openedReplay = shown(row.querySelector('form[action$="/replay"] input[name="reason"]'));
+		  out.openedAck = shown(row.querySelector('form[action$="/acknowledge"] input[name="reason"]'));
+		  return out;
+		})()`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h, _ := folded["height"].(float64); h > 80 {
+			t.Errorf("at %d px a dead letter's row is %.0f px tall with its forms folded, want at most 80: %v", width, h, folded)
+		}
+		if folded["replayForm"] == true || folded["ackForm"] == true {
+			t.Errorf("at %d px the forms show before they are opened: %v", width, folded)
+		}
+		re, _ := folded["replay"].(string)
+		ack, _ := folded["ack"].(string)
+		if !strings.HasPrefix(strings.ToLower(re), "replay") || !strings.HasPrefix(strings.ToLower(ack), "acknowledge") || folded["alike"] == true {
+			t.Errorf("at %d px the folded actions do not name their action or look alike: %v", width, folded)
+		}
+		if folded["openedReplay"] != true || folded["openedAck"] == true {
+			t.Errorf("at %d px opening the replay shows not its form alone: %v", width, folded)
+		}
+	}
+	// Both opened.
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1280, 900), chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => { const row = document.querySelector("table.dead tbody tr");
+	  row.querySelectorAll("details").forEach(d => d.open = true); return true; })()`)); err != nil {
 		t.Fatal(err)
 	}
 	forms, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]deadLetterForm](`(() => {

@@ -2,6 +2,7 @@ package admin_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -104,7 +105,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // replay with who and why; from a participant's page it follows the link
 // to that participant's dead letters and sees only those; an auditor sees
 // no replay button and gets 403 when posting a replay anyway. Screenshots
-// of the main pages go to the test's artifact directory (go test
+// of the main pages, 1280 and 800 px wide, go to the test's artifact directory (go test
 // -artifacts keeps them).
 func TestConsoleInBrowser(t *testing.T) {
 	t.Parallel()
@@ -125,14 +126,21 @@ func TestConsoleInBrowser(t *testing.T) {
 		b.enqueue(t, "initech", k)
 	}
 
+	// shot takes the page at 1280 and 800 px wide (a laptop, a half
+	// screen), and leaves it at 1280.
 	shot := func(ctx context.Context, name string) {
 		t.Helper()
-		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(shots, name+".png"), png, 0o644); err != nil {
-			t.Fatal(err)
+		for _, width := range []int64{800, 1280} {
+			if err := chromedp.Do(ctx, chromedp.EmulateViewport(width, 900)); err != nil {
+				t.Fatal(err)
+			}
+			png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(shots, fmt.Sprintf("%s-%d.png", name, width)), png, 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	text := func(ctx context.Context) string {
@@ -202,6 +210,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	form := `form[action="/console/dead-letters/` + first.String() + `/replay"]`
 	if err := chromedp.Do(op,
+		click(`tr[id="dl-`+first.String()+`"] details.act-replay > summary`), // the forms are folded
 		sendKeys(form+` input[name="reason"]`, "beneficiary bank fixed the account"),
 		click(form+` button`),
 		waitVisible("p.ok"),

@@ -1,9 +1,14 @@
 package admin_test
 
 import (
+	"html"
+	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gofrs/uuid/v5"
 
 	"github.com/ledgerline/outbox/admin"
 	"github.com/ledgerline/outbox/internal/store"
@@ -73,21 +78,35 @@ func TestTrailLinksToItsDeadLetter(t *testing.T) {
 
 	c := consoleAt(t, b.url)
 	const deadLink = `class="dead-letter"`
-	link := `href="/console/dead-letters?participant=p&#43;1%26x#dl-` + dead.String() + `"`
-	if page := c.get(t, "/console/trail?id="+dead.String()); !strings.Contains(page, link) {
-		t.Fatalf("the trail of dead letter %s does not link to it (%s):\n%s", dead, link, page)
+	// link is the trail's link to its dead letter: the list it names (its
+	// participant's, with the acknowledged ones or not), and that the page
+	// it leads to has the dead letter's row.
+	link := func(trail string, id uuid.UUID, list string) {
+		t.Helper()
+		page := c.get(t, trail)
+		m := regexp.MustCompile(`<a class="dead-letter" href="([^"]*)"`).FindStringSubmatch(page)
+		if m == nil {
+			t.Fatalf("%s: no link to dead letter %s:\n%s", trail, id, page)
+		}
+		href := html.UnescapeString(m[1])
+		u, err := url.Parse(href)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := url.ParseQuery(list)
+		q := u.Query()
+		if u.Path != "/console/dead-letters" || q.Get("participant") != want.Get("participant") || q.Get("all") != want.Get("all") ||
+			q.Get("after") == "" || u.Fragment != "dl-"+id.String() {
+			t.Fatalf("%s: the link to dead letter %s is %s, want the list ?%s from it, its row marked", trail, id, href, list)
+		}
+		u.Fragment = ""
+		if landed := c.get(t, u.String()); !strings.Contains(landed, `id="dl-`+id.String()+`"`) {
+			t.Fatalf("%s: the link's list has no row %s to land on:\n%s", trail, id, landed)
+		}
 	}
-	if page := c.get(t, "/console/trail?instruction_id=ins-k1"); !strings.Contains(page, link) {
-		t.Fatalf("the trail by instruction id of dead letter %s does not link to it:\n%s", dead, page)
-	}
-	list := c.get(t, "/console/dead-letters?participant=p+1%26x")
-	if !strings.Contains(list, `id="dl-`+dead.String()+`"`) {
-		t.Fatalf("the link's list has no row %s to land on:\n%s", dead, list)
-	}
-	ackLink := `href="/console/dead-letters?all=true&amp;participant=p4#dl-` + acked.String() + `"`
-	if page := c.get(t, "/console/trail?id="+acked.String()); !strings.Contains(page, ackLink) {
-		t.Fatalf("the trail of acknowledged dead letter %s does not link to it with the acknowledged ones (%s):\n%s", acked, ackLink, page)
-	}
+	link("/console/trail?id="+dead.String(), dead, "participant=p+1%26x")
+	link("/console/trail?instruction_id=ins-k1", dead, "participant=p+1%26x")
+	link("/console/trail?id="+acked.String(), acked, "all=true&participant=p4")
 	for what, id := range map[string]string{"dispatched": sent.String(), "replayed": replayed.String()} {
 		if page := c.get(t, "/console/trail?id="+id); strings.Contains(page, deadLink) {
 			t.Errorf("the trail of a %s instruction links to a dead letter:\n%s", what, page)

@@ -1,0 +1,127 @@
+package admin_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/gofrs/uuid/v5"
+
+	"github.com/ledgerline/outbox/admin"
+	"github.com/ledgerline/outbox/internal/store"
+)
+
+// oldDeadLetters inserts n open dead letters of participant, failed
+// before now (a day ago on), with UUID instruction ids: a list of more
+// than one page.
+func (b *bundle) oldDeadLetters(t *testing.T, participant string, n int) {
+	t.Helper()
+	if _, err := b.pool.Exec(b.ctx, `
+INSERT INTO outbox.dead_letters (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+                                 payload, attempt_count, error_code, attempt_id, created_at, failed_at)
+SELECT gen_random_uuid(), gen_random_uuid()::text, $1, 1000 + g, 'old-' || g, 'sandbox', '{}', 1, 'RAIL_REJECTED',
+       gen_random_uuid(), now() - interval '1 day', now() - interval '1 day' + g * interval '1 second'
+FROM generate_series(1, $2::int) AS g`, participant, n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDeadLettersScrollSidewaysInView: at 800 px a page of dead letters
+// with long ids is wider than the window, and its box scrolls sideways;
+// that box is no taller than the window, so its sideways scrollbar is in
+// view with the list's top, not under its last row a page scroll away.
+func TestDeadLettersScrollSidewaysInView(t *testing.T) {
+	t.Parallel()
+	bin := chromium(t)
+	b := setup(t, admin.Config{})
+	b.longIDs(t)
+	b.oldDeadLetters(t, "acme-payroll-eu-west-000017", 60)
+	ctx := b.signedIn(t, bin, operatorSecret)
+	for _, path := range []string{"/console/dead-letters", "/console/instructions?state=pending"} {
+		if err := chromedp.Do(ctx, chromedp.EmulateViewport(800, 700), chromedp.Navigate(b.url+path), waitVisible(".table-scroll")); err != nil {
+			t.Fatal(err)
+		}
+		got, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]float64](`(() => {
+		  const box = document.querySelector(".table-scroll");
+		  window.scrollTo(0, box.getBoundingClientRect().top + window.scrollY);
+		  const r = box.getBoundingClientRect();
+		  return {wider: box.scrollWidth - box.clientWidth, top: r.top, bottom: r.bottom, window: window.innerHeight};
+		})()`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got["wider"] <= 0 {
+			t.Fatalf("%s at 800 px: the table fits (%v): the test shows nothing", path, got)
+		}
+		if got["bottom"] > got["window"] {
+			t.Errorf("%s at 800 px: with the list's top at the window's top (%.0f), its sideways scrollbar is at %.0f, below the window (%.0f)",
+				path, got["top"], got["bottom"], got["window"])
+		}
+	}
+}
+
+// TestFilterBoxesHoldLongIDs: a filter box for an id (participant,
+// instruction, outbox id) shows the whole of a long one, at 1280 and
+// 800 px: an operator checks what was pasted before filtering.
+func TestFilterBoxesHoldLongIDs(t *testing.T) {
+	t.Parallel()
+	bin := chromium(t)
+	b := setup(t, admin.Config{})
+	ctx := b.signedIn(t, bin, operatorSecret)
+	long := "acme-payroll-eu-west-000017-" + uuid.Must(uuid.NewV4()).String()[:12] // 40 characters
+	for _, width := range []int64{1280, 800} {
+		for _, path := range []string{"/console/dead-letters", "/console/instructions", "/console/participant", "/console/trail"} {
+			if err := chromedp.Do(ctx, chromedp.EmulateViewport(width, 900), chromedp.Navigate(b.url+path), waitVisible("form.filters")); err != nil {
+				t.Fatal(err)
+			}
+			cut, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`(id => [...document.querySelectorAll("form.filters input:not([type=hidden]):not([name=rail])")].
+			  filter(i => { i.value = id; return i.scrollWidth > i.clientWidth; }).map(i => i.name + " " + i.clientWidth + "px"))("`+long+`")`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(cut) > 0 {
+				t.Errorf("%s at %d px: boxes that cut off a %d-character id: %v", path, width, len(long), cut)
+			}
+		}
+	}
+}
+
+// TestTrailLinkLandsOnItsDeadLetter: the trail's link to its dead letter
+// lands on the page of the list that holds it, that row marked, even when
+// it is pages behind the first; that page leads back to the first.
+func TestTrailLinkLandsOnItsDeadLetter(t *testing.T) {
+	t.Parallel()
+	bin := chromium(t)
+	b := setup(t, admin.Config{})
+	b.oldDeadLetters(t, "p1", 120) // two full pages before it
+	dead := b.enqueue(t, "p1", "k1")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
+	ctx := b.signedIn(t, bin, auditorSecret)
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(b.url+"/console/trail?id="+dead.String()),
+		waitVisible("a.dead-letter"),
+		click("a.dead-letter"),
+		waitVisible("table.dead"),
+	); err != nil {
+		t.Fatal(err)
+	}
+	got, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]any](fmt.Sprintf(`(() => {
+	  const row = document.getElementById("dl-%s");
+	  const first = [...document.querySelectorAll("a")].find(a => /first page/i.test(a.innerText));
+	  return {row: !!row, target: !!row && row.matches(":target"),
+	    rows: document.querySelectorAll("table.dead tbody tr").length,
+	    first: first ? first.getAttribute("href") : ""};
+	})()`, dead)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got["row"] != true || got["target"] != true {
+		t.Fatalf("the trail's link lands on a page without its dead letter's row marked: %v", got)
+	}
+	first, _ := got["first"].(string)
+	if !strings.HasPrefix(first, "/console/dead-letters?") || strings.Contains(first, "after=") || !strings.Contains(first, "participant=p1") {
+		t.Errorf("the page the link lands on has no link to the first page of p1's list: %v", got)
+	}
+}
