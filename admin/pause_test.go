@@ -5,8 +5,10 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ledgerline/outbox/admin"
+	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/rails"
 )
@@ -134,5 +136,28 @@ func TestConsolePauseOfANameNothingUsesWarns(t *testing.T) {
 	page = op.post(t, "/console/rails/pause", url.Values{"rail": {"sandbox"}, "reason": {"bank incident"}})
 	if !strings.Contains(page, "Paused rail sandbox") || strings.Contains(page, "is the name right?") {
 		t.Fatalf("a pause of the rail with an instruction pending:\n%s", page)
+	}
+}
+
+// TestConsolePauseOfARailInUseDoesNotWarn: the admin process need not
+// serve any rail itself (it runs apart from the relayers); a pause of a
+// rail that nothing pending has but that sent in the overview's window
+// (the rails table lists it with its outcomes) is of a real rail, and the
+// page does not ask whether its name is right, while a misspelling of it
+// still warns.
+func TestConsolePauseOfARailInUseDoesNotWarn(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	admin.SetOverviewMaxAge(b.srv, 0)
+	b.enqueue(t, "acme", "k1")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Dispatched, "", 0)
+	op := consoleAs(t, b.url, operatorSecret)
+	page := op.post(t, "/console/rails/pause", url.Values{"rail": {"sandbox"}, "reason": {"bank incident"}})
+	if !strings.Contains(page, "Paused rail sandbox") || strings.Contains(page, "is the name right?") {
+		t.Fatalf("a pause of a rail that sent in the last minutes, from an admin process without rails:\n%s", page)
+	}
+	page = op.post(t, "/console/rails/pause", url.Values{"rail": {"Sandbox"}, "reason": {"bank incident"}})
+	if !strings.Contains(page, "Paused rail Sandbox") || !strings.Contains(page, "is the name right?") {
+		t.Fatalf("a pause of a rail type nothing pending has, that nothing sent on:\n%s", page)
 	}
 }
