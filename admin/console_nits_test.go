@@ -11,6 +11,7 @@ import (
 
 	"github.com/ledgerline/outbox/admin"
 	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/rails"
 )
 
 // oldDeadLetters inserts n open dead letters of participant, failed
@@ -123,5 +124,75 @@ func TestTrailLinkLandsOnItsDeadLetter(t *testing.T) {
 	first, _ := got["first"].(string)
 	if !strings.HasPrefix(first, "/console/dead-letters?") || strings.Contains(first, "after=") || !strings.Contains(first, "participant=p1") {
 		t.Errorf("the page the link lands on has no link to the first page of p1's list: %v", got)
+	}
+}
+
+// TestPendingRowsAreShort: an operator's list of pending instructions
+// keeps each row one or two lines tall at 1280 and 800 px: the cancel
+// form is folded behind one "Cancel…" line, and, opened, its button says
+// what cancelling does (the payment is not sent) rather than a bare
+// "Cancel", which reads as dismissing the form.
+func TestPendingRowsAreShort(t *testing.T) {
+	t.Parallel()
+	bin := chromium(t)
+	b := setup(t, admin.Config{})
+	b.longIDs(t)
+	ctx := b.signedIn(t, bin, operatorSecret)
+	for _, width := range []int64{1280, 800} {
+		if err := chromedp.Do(ctx, chromedp.EmulateViewport(width, 900), chromedp.Navigate(b.url+"/console/instructions?state=pending"), waitVisible("table")); err != nil {
+			t.Fatal(err)
+		}
+		got, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]any](`(() => {
+		  const row = document.querySelector("table tbody tr");
+		  const shown = el => !!el && el.checkVisibility() && el.getBoundingClientRect().height > 0;
+		  const reason = () => row.querySelector('form[action$="/cancel"] input[name="reason"]');
+		  const toggle = row.querySelector("details > summary");
+		  const out = {height: row.getBoundingClientRect().height, formShown: shown(reason()), toggle: toggle ? toggle.innerText : ""};
+		  if (toggle) toggle.click();
+		  out.opened = shown(reason());
+		  const button = row.querySelector('form[action$="/cancel"] button');
+		  out.button = button ? button.innerText : "";
+		  return out;
+		})()`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h, _ := got["height"].(float64); h > 80 || got["formShown"] == true {
+			t.Errorf("at %d px a pending instruction's row is %.0f px tall, its cancel form shown %v; want at most 80 px, folded", width, h, got["formShown"])
+		}
+		toggle, _ := got["toggle"].(string)
+		button, _ := got["button"].(string)
+		if !strings.HasPrefix(toggle, "Cancel") || got["opened"] != true || button == "Cancel" || !strings.Contains(strings.ToLower(button), "send") {
+			t.Errorf("at %d px the folded cancel: %v", width, got)
+		}
+	}
+}
+
+// TestNumberHeadersAlignWithTheirNumbers: a column of numbers is right
+// aligned, and so is its heading, which would otherwise stand a column's
+// width from its figures (the overview's rails at 1280 px).
+func TestNumberHeadersAlignWithTheirNumbers(t *testing.T) {
+	t.Parallel()
+	bin := chromium(t)
+	b := setup(t, admin.Config{})
+	b.longIDs(t)
+	b.relayWith(t, rails.SandboxOptions{})() // a relayer seen: the overview lists it
+	ctx := b.signedIn(t, bin, operatorSecret)
+	for _, path := range []string{"/console/", "/console/instructions?state=pending", "/console/dead-letters"} {
+		if err := chromedp.Do(ctx, chromedp.EmulateViewport(1280, 900), chromedp.Navigate(b.url+path), waitVisible("table")); err != nil {
+			t.Fatal(err)
+		}
+		off, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("table")].flatMap(table => {
+		  const row = table.querySelector("tbody tr"), heads = table.querySelectorAll("thead th");
+		  if (!row) return [];
+		  return [...row.cells].flatMap((td, i) => td.classList.contains("num") && heads[i] &&
+		    getComputedStyle(heads[i]).textAlign !== getComputedStyle(td).textAlign ? [heads[i].innerText] : []);
+		})`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(off) > 0 {
+			t.Errorf("%s: headings not aligned with their numbers: %q", path, off)
+		}
 	}
 }

@@ -181,6 +181,10 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("dead letters page:\n%s", s)
 	}
 	shot(op, "dead-letters")
+	if _, err := chromedp.Run(op, chromedp.Evaluate[bool](`(() => { document.querySelectorAll("table.dead tbody tr:first-child details").forEach(d => d.open = true); return true; })()`)); err != nil {
+		t.Fatal(err)
+	}
+	shot(op, "dead-letters-forms-opened")
 
 	// From a participant's page, its count of open dead letters leads to
 	// its own dead letters only: globex's one, not acme-payroll's.
@@ -259,6 +263,10 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("trail out of order:\n%s", s)
 	}
 	shot(op, "trail")
+	if err := chromedp.Do(op, chromedp.Navigate(b.url+"/console/"), waitVisible("form.inline"), click("form.inline button"), waitVisible("h1")); err != nil {
+		t.Fatal(err)
+	}
+	shot(op, "verify")
 
 	// Pause the sandbox rail from the overview's form, see the banner
 	// (and the rail held), resume it from the banner.
