@@ -113,3 +113,35 @@ func TestTrailLinksToItsDeadLetter(t *testing.T) {
 		}
 	}
 }
+
+// TestTrailSaysWhatItIsOf: the trail of an outbox id names, above its
+// timeline, the instruction it is of (instruction id, participant and its
+// sequence, rail, idempotency key), as a person checking a payment knows
+// it by those and not by its outbox id; an operator's replay is not "attempt
+// 0" (it is no attempt: the row's attempt number is 0 as a placeholder);
+// and the page says its times are UTC.
+func TestTrailSaysWhatItIsOf(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	id := b.enqueue(t, "acme-payroll", "key-9")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
+	var res admin.ActionResult
+	if code := b.call(t, "POST", "/api/v1/dead-letters/"+id.String()+"/replay", operatorSecret,
+		map[string]string{"reason": "account fixed"}, &res); code != 200 || !res.Done {
+		t.Fatalf("replay: %d %+v", code, res)
+	}
+	page := consoleAt(t, b.url).get(t, "/console/trail?id="+id.String())
+	i := strings.Index(page, `<ol class="timeline">`)
+	if i < 0 {
+		t.Fatalf("no timeline:\n%s", page)
+	}
+	head, timeline := page[strings.Index(page, "</form>"):i], page[i:]
+	for _, want := range []string{"ins-key-9", "acme-payroll", "sequence 1", "sandbox", "key-9", "UTC"} {
+		if !strings.Contains(head, want) {
+			t.Errorf("above the timeline no %q:\n%s", want, head)
+		}
+	}
+	if strings.Contains(timeline, "attempt 0") || !strings.Contains(timeline, "REPLAYED") {
+		t.Errorf("the replay reads as an attempt 0:\n%s", timeline)
+	}
+}
