@@ -2,6 +2,8 @@ package admin_test
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -193,6 +195,57 @@ func TestNumberHeadersAlignWithTheirNumbers(t *testing.T) {
 		}
 		if len(off) > 0 {
 			t.Errorf("%s: headings not aligned with their numbers: %q", path, off)
+		}
+	}
+}
+
+// TestActionsInViewWhenTheListScrolls: at 800 px, where a list with long
+// ids is wider than the window, each row's actions (replay and
+// acknowledge, cancel) are in view without scrolling sideways: their
+// column stays at the box's right edge; and a dead letter's error, read
+// before acting on it, is in view beside them.
+func TestActionsInViewWhenTheListScrolls(t *testing.T) {
+	t.Parallel()
+	bin := chromium(t)
+	b := setup(t, admin.Config{})
+	b.longIDs(t)
+	ctx := b.signedIn(t, bin, operatorSecret)
+	for _, path := range []string{"/console/dead-letters", "/console/instructions?state=pending"} {
+		if err := chromedp.Do(ctx, chromedp.EmulateViewport(800, 900), chromedp.Navigate(b.url+path), waitVisible(".table-scroll")); err != nil {
+			t.Fatal(err)
+		}
+		got, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]any](`(() => {
+		  const box = document.querySelector(".table-scroll");
+		  const out = {wider: box.scrollWidth - box.clientWidth, window: window.innerWidth, off: []};
+		  for (const s of box.querySelectorAll("tbody details > summary")) {
+		    const r = s.getBoundingClientRect();
+		    if (r.right > window.innerWidth || r.left < 0) out.off.push(s.innerText + " at " + Math.round(r.left) + "-" + Math.round(r.right));
+		  }
+		  out.n = box.querySelectorAll("tbody details > summary").length;
+		  // What a dead letter failed with is read before acting on it: in
+		  // view, not under the actions' column.
+		  for (const row of box.querySelectorAll("tbody tr")) {
+		    const err = row.querySelector("td.failure"), acts = row.querySelector("td.acts");
+		    if (err && acts && err.getBoundingClientRect().right > acts.getBoundingClientRect().left + 1) out.off.push("error " + err.innerText);
+		  }
+		  return out;
+		})()`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w, _ := got["wider"].(float64); w <= 0 || got["n"] == 0.0 {
+			t.Fatalf("%s at 800 px: the list fits or has no actions (%v): the test shows nothing", path, got)
+		}
+		if off, _ := got["off"].([]any); len(off) > 0 {
+			t.Errorf("%s at 800 px: actions out of view until the list is scrolled sideways: %v", path, off)
+		}
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := strings.Trim(strings.NewReplacer("/", "-", "?", "-", "=", "-").Replace(path), "-")
+		if err := os.WriteFile(filepath.Join(t.ArtifactDir(), name+"-long-ids-800.png"), png, 0o644); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -197,7 +197,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	landed, err := chromedp.Run(op, chromedp.Evaluate[[]string](
-		`[...document.querySelectorAll("table.dead tbody tr")].map(r => r.id + " " + (r.cells[1] ? r.cells[1].innerText : r.innerText))`))
+		`[...document.querySelectorAll("table.dead tbody tr")].map(r => r.id + " " + (r.cells[2] ? r.cells[2].innerText : r.innerText))`))
 	if err != nil {
 		t.Fatal(err)
 	}
