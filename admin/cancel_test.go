@@ -62,7 +62,7 @@ func TestCancelThroughAPIAndConsole(t *testing.T) {
 		t.Fatalf("a cancel without a reason:\n%s", page)
 	}
 	page = operator.post(t, "/console/instructions/"+third.String()+"/cancel", url.Values{"reason": {"duplicate of k2"}})
-	if !strings.Contains(page, "Cancelled "+third.String()+" as oscar") || strings.Contains(page, `action="/console/instructions/`+third.String()) {
+	if !strings.Contains(page, "Cancelled "+third.String()+" (instruction ins-k3 of participant") || !strings.Contains(page, ") as oscar") || strings.Contains(page, `action="/console/instructions/`+third.String()) {
 		t.Fatalf("after the console's cancel:\n%s", page)
 	}
 	if page := auditor.get(t, "/console/trail?id="+third.String()); !strings.Contains(page, "CANCELLED") || !strings.Contains(page, "cancelled by oscar (database role "+b.sessionRole(t)+"): duplicate of k2") {

@@ -351,12 +351,24 @@ func (s *Server) pageCancel(w http.ResponseWriter, r *http.Request, p *page) {
 			s.internalError(w, r, err)
 			return
 		case res.Done:
-			p.Notice = "Cancelled " + id.String() + " as " + p.Who.Name + ": it will not be sent."
+			p.Notice = "Cancelled " + id.String() + s.instructionOf(r.Context(), id) + " as " + p.Who.Name + ": it will not be sent."
 		default:
 			p.Error = "That instruction is no longer pending: in flight (its rail call may be under way) or already settled."
 		}
 	}
 	s.pageInstructions(w, r, p)
+}
+
+// instructionOf names the instruction of an outbox id from its trail, as
+// " (instruction ... of participant ...)", for a notice; "" when the trail
+// cannot be read (the action is done: its notice still says so).
+func (s *Server) instructionOf(ctx context.Context, id uuid.UUID) string {
+	atts, err := s.store.Trail(ctx, s.cfg.Pool, id)
+	if err != nil || len(atts) == 0 {
+		return ""
+	}
+	a := atts[len(atts)-1]
+	return " (instruction " + a.InstructionID + " of participant " + a.ParticipantID + ")"
 }
 
 func (s *Server) pageParticipant(w http.ResponseWriter, r *http.Request, p *page) {
@@ -384,6 +396,9 @@ type deadLettersPage struct {
 	// to the first.
 	After bool
 	Done  *ActionResult // the action just taken, if any
+	// DoneOf is the dead letter Done acted on, as it was shown: its
+	// notice names the instruction and participant, not only the outbox id.
+	DoneOf *store.DeadLetter
 	// Total is how many dead letters the filter matches, all pages
 	// together, up to DeadLetterCountBound; More says there are more than
 	// that. Counted says they were counted (not on a page refused for
@@ -457,6 +472,11 @@ func (s *Server) pageAct(w http.ResponseWriter, r *http.Request, p *page) {
 	case reason == "":
 		p.Error = "A reason is required: it is recorded in the archive with your name."
 	default:
+		of, err := s.store.DeadLetter(r.Context(), s.cfg.Pool, id)
+		if err != nil {
+			s.internalError(w, r, err)
+			return
+		}
 		res, err := s.takeAction(r.Context(), id, &shown, p.Who.Name, action, reason)
 		if errors.Is(err, store.ErrDeadLetterChanged) {
 			p.Error = "That dead letter changed since this page was shown: someone replayed or acknowledged it (it may have failed again). Nothing was done; look at it again below before you act."
@@ -469,7 +489,7 @@ func (s *Server) pageAct(w http.ResponseWriter, r *http.Request, p *page) {
 		if !res.Done {
 			p.Error = "That dead letter was already replayed or acknowledged."
 		}
-		d.Done = &res
+		d.Done, d.DoneOf = &res, of
 	}
 	items, err := s.store.DeadLettersOf(r.Context(), s.cfg.Pool, false, d.Participant, store.Cursor{}, defaultPageSize)
 	if err != nil {

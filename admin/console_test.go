@@ -221,7 +221,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	); err != nil {
 		t.Fatal(err)
 	}
-	if s := text(op); !strings.Contains(s, "Replayed "+first.String()+" as oscar") {
+	if s := text(op); !strings.Contains(s, "Replayed "+first.String()+" (instruction ins-k1 of participant acme-payroll) as oscar") {
 		t.Fatalf("after the replay:\n%s", s)
 	}
 	shot(op, "dead-letters-after-replay")

@@ -49,3 +49,51 @@ func TestConsoleTimesSayUTC(t *testing.T) {
 		}
 	}
 }
+
+// TestConsoleNoticesSayWhatWasDone: the page that answers a replay, an
+// acknowledgement or a cancel names the instruction and participant acted
+// on (an operator knows a payment by those, not by its outbox id) and what
+// follows for the payment: replayed, it is sent again; acknowledged or
+// cancelled, nothing is sent.
+func TestConsoleNoticesSayWhatWasDone(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	replayed := b.enqueue(t, "acme", "k1")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
+	acked := b.enqueue(t, "globex", "k2")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
+	cancelled := b.enqueue(t, "initech", "k3")
+	op := consoleAs(t, b.url, operatorSecret)
+	notice := func(page string) string {
+		t.Helper()
+		m := regexp.MustCompile(`(?s)<p class="(?:ok|notice)" role="status">(.*?)</p>`).FindStringSubmatch(page)
+		if m == nil {
+			t.Fatalf("no notice:\n%s", page)
+		}
+		return strings.Join(strings.Fields(m[1]), " ")
+	}
+	page := op.get(t, "/console/dead-letters")
+	path := "/console/dead-letters/" + replayed.String() + "/replay"
+	got := notice(op.postShown(t, path, shownForm(t, page, path, "account fixed")))
+	for _, want := range []string{"instruction ins-k1", "participant acme", replayed.String(), "sent again"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the replay's notice %q lacks %q", got, want)
+		}
+	}
+	page = op.get(t, "/console/dead-letters")
+	path = "/console/dead-letters/" + acked.String() + "/acknowledge"
+	got = notice(op.postShown(t, path, shownForm(t, page, path, "refunded by hand")))
+	for _, want := range []string{"instruction ins-k2", "participant globex", acked.String(), "nothing is sent"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the acknowledgement's notice %q lacks %q", got, want)
+		}
+	}
+	page = op.get(t, "/console/instructions")
+	path = "/console/instructions/" + cancelled.String() + "/cancel"
+	got = notice(op.postShown(t, path, shownForm(t, page, path, "duplicate")))
+	for _, want := range []string{"instruction ins-k3", "participant initech", cancelled.String(), "not be sent"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the cancel's notice %q lacks %q", got, want)
+		}
+	}
+}
