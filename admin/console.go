@@ -277,7 +277,8 @@ func (s *Server) pageOverview(w http.ResponseWriter, r *http.Request, p *page) {
 		s.internalError(w, r, err)
 		return
 	}
-	p.Title, p.Nav, p.Refresh, p.Data = "Overview", "overview", 5, overviewPage{Overview: ov, DegradedAfterSecs: s.cfg.DegradedAfter.Seconds()}
+	p.Title, p.Nav, p.Refresh, p.Data = "Overview", "overview", 5, overviewPage{Overview: ov, DegradedAfterSecs: s.cfg.DegradedAfter.Seconds(),
+		VerifyOnPrimary: s.cfg.AuditPool == nil}
 	s.render(w, r, "overview.html", p)
 }
 
@@ -287,6 +288,10 @@ func (s *Server) pageOverview(w http.ResponseWriter, r *http.Request, p *page) {
 type overviewPage struct {
 	Overview
 	DegradedAfterSecs float64
+	// VerifyOnPrimary says audit verify runs on the primary (no
+	// Config.AuditPool), where its snapshot holds back vacuum: the
+	// button says so before it is pressed.
+	VerifyOnPrimary bool
 }
 
 // instructionsPage is the instructions page's data.

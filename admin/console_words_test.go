@@ -97,3 +97,20 @@ func TestConsoleNoticesSayWhatWasDone(t *testing.T) {
 		}
 	}
 }
+
+// TestVerifyButtonSaysWhatItCosts: the overview's "Run audit verify" says,
+// before it is pressed, that it reads the whole archive and, run on the
+// primary (no audit pool), holds back vacuum while it runs: the page it
+// leads to says so only afterwards.
+func TestVerifyButtonSaysWhatItCosts(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	page := consoleAt(t, b.url).get(t, "/console/")
+	m := regexp.MustCompile(`(?s)<form class="inline" method="post" action="/console/verify">(.*?)</form>`).FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("no verify form:\n%s", page)
+	}
+	if !strings.Contains(m[1], "whole archive") || !strings.Contains(m[1], "holds back vacuum") {
+		t.Errorf("the verify form does not say what it costs:\n%s", m[1])
+	}
+}
