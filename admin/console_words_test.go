@@ -114,3 +114,42 @@ func TestVerifyButtonSaysWhatItCosts(t *testing.T) {
 		t.Errorf("the verify form does not say what it costs:\n%s", m[1])
 	}
 }
+
+// TestOverviewTiles: with nothing due the oldest-due tile says so rather
+// than "0.0 s" (which reads as something due this instant); and every count
+// of instructions leads to its list, as the stuck and dead letters ones do.
+func TestOverviewTiles(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	admin.SetOverviewMaxAge(b.srv, 0)
+	c := consoleAt(t, b.url)
+	page := c.get(t, "/console/")
+	tile := regexp.MustCompile(`(?s)<div class="tile[^"]*">(.*?)</div>`)
+	var oldest string
+	links := map[string]string{}
+	for _, m := range tile.FindAllStringSubmatch(page, -1) {
+		label := regexp.MustCompile(`<span class="l">([^<]*)</span>`).FindStringSubmatch(m[1])
+		if label == nil {
+			continue
+		}
+		if label[1] == "oldest due" {
+			oldest = m[1]
+		}
+		if a := regexp.MustCompile(`<a href="([^"]*)"`).FindStringSubmatch(m[1]); a != nil {
+			links[label[1]] = a[1]
+		}
+	}
+	if strings.Contains(oldest, "0.0 s") || !strings.Contains(oldest, "none") {
+		t.Errorf("the oldest-due tile with nothing due: %q", oldest)
+	}
+	for label, want := range map[string]string{"due": "/console/instructions?state=pending", "pending": "/console/instructions?state=pending",
+		"in flight": "/console/instructions?state=in_flight", "dead letters": "/console/dead-letters"} {
+		if links[label] != want {
+			t.Errorf("the %q tile links to %q, want %q", label, links[label], want)
+		}
+	}
+	b.enqueue(t, "acme", "k1")
+	if page := c.get(t, "/console/"); !regexp.MustCompile(`<span class="n">[0-9.]+ s</span><span class="l">oldest due`).MatchString(page) {
+		t.Errorf("the oldest-due tile with one due has no age:\n%s", page)
+	}
+}
