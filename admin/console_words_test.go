@@ -153,3 +153,36 @@ func TestOverviewTiles(t *testing.T) {
 		t.Errorf("the oldest-due tile with one due has no age:\n%s", page)
 	}
 }
+
+// TestParticipantPageIsNotClearWhenItIsNot: the participant page's green
+// "clear" means nothing waits; a participant with nothing queued but an
+// open dead letter (a payment that failed and waits for a decision) is not
+// shown as plainly clear, and an id nothing was ever enqueued for (a typo,
+// another letter case) says so rather than looking healthy.
+func TestParticipantPageIsNotClearWhenItIsNot(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	b.enqueue(t, "acme", "k1")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
+	b.enqueue(t, "globex", "k2")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Dispatched, "", 0)
+	c := consoleAt(t, b.url)
+	card := func(id string) string {
+		t.Helper()
+		page := c.get(t, "/console/participant?id="+id)
+		m := regexp.MustCompile(`(?s)<section class="card([^"]*)">(.*?)</section>`).FindStringSubmatch(page)
+		if m == nil {
+			t.Fatalf("no card for %s:\n%s", id, page)
+		}
+		return m[1] + " " + strings.Join(strings.Fields(m[2]), " ")
+	}
+	if got := card("acme"); strings.Contains(got, "state-clear ") || !strings.Contains(got, "1 open dead letter") {
+		t.Errorf("a participant with an open dead letter: %s", got)
+	}
+	if got := card("globex"); !strings.Contains(got, "state-clear") || strings.Contains(got, "open dead letter of") {
+		t.Errorf("a clear participant: %s", got)
+	}
+	if got := card("Acme"); strings.Contains(got, "state-clear") || !strings.Contains(got, "No instruction was ever enqueued") {
+		t.Errorf("a participant id nothing was enqueued for: %s", got)
+	}
+}
