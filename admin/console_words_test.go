@@ -186,3 +186,18 @@ func TestParticipantPageIsNotClearWhenItIsNot(t *testing.T) {
 		t.Errorf("a participant id nothing was enqueued for: %s", got)
 	}
 }
+
+// TestInFlightRowsSayWhyNoCancel: an operator's list of instructions in
+// flight has no cancel form (the rail call may be under way), and its
+// action cell says so instead of standing empty under "action".
+func TestInFlightRowsSayWhyNoCancel(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	b.enqueue(t, "acme", "k1")
+	b.claim(t, "r1", time.Hour)
+	page := consoleAs(t, b.url, operatorSecret).get(t, "/console/instructions?state=in_flight")
+	m := regexp.MustCompile(`(?s)<td class="acts">(.*?)</td>`).FindStringSubmatch(page)
+	if m == nil || strings.Contains(m[1], "/cancel") || !strings.Contains(m[1], "cannot be cancelled") {
+		t.Errorf("the action cell of an instruction in flight: %q", m)
+	}
+}
