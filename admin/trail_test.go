@@ -145,3 +145,27 @@ func TestTrailSaysWhatItIsOf(t *testing.T) {
 		t.Errorf("the replay reads as an attempt 0:\n%s", timeline)
 	}
 }
+
+// TestTrailSaysItsDeadLetterIsOutcomeUnknown: the trail of a dead letter
+// marked outcome unknown (an attempt may have reached the rail) says so
+// where it links to the dead letter, as the list does: an operator reading
+// the trail before a replay or a refund must not miss it.
+func TestTrailSaysItsDeadLetterIsOutcomeUnknown(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	unknown := b.enqueue(t, "p1", "k1")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_TIMEOUT", 0)
+	if _, err := b.pool.Exec(b.ctx, `UPDATE outbox.dead_letters SET outcome_unknown = true WHERE outbox_id = $1`, unknown); err != nil {
+		t.Fatal(err)
+	}
+	known := b.enqueue(t, "p2", "k2")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
+	c := consoleAt(t, b.url)
+	banner := regexp.MustCompile(`(?s)<p class="dead-letter-now"[^>]*>(.*?)</p>`)
+	if m := banner.FindStringSubmatch(c.get(t, "/console/trail?id="+unknown.String())); m == nil || !strings.Contains(m[1], "outcome unknown") {
+		t.Errorf("the trail of an outcome-unknown dead letter does not say so: %q", m)
+	}
+	if m := banner.FindStringSubmatch(c.get(t, "/console/trail?id="+known.String())); m == nil || strings.Contains(m[1], "outcome unknown") {
+		t.Errorf("the trail of a rejected dead letter: %q", m)
+	}
+}
