@@ -165,6 +165,7 @@ func (s *Server) mountConsole(mux *http.ServeMux) {
 	mux.Handle("POST /console/dead-letters/{id}/{action}", s.console(RoleOperator, true, s.pageAct))
 	mux.Handle("GET /console/trail", s.console(RoleAuditor, false, s.pageTrail))
 	mux.Handle("POST /console/verify", s.console(RoleAuditor, true, s.pageVerify))
+	mux.Handle("GET /console/rails", s.console(RoleOperator, false, s.pageRails))
 	mux.Handle("POST /console/rails/{action}", s.console(RoleOperator, true, s.pagePause))
 	mux.HandleFunc("GET /console", func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, "/console/", http.StatusSeeOther)

@@ -249,3 +249,41 @@ func TestActionsInViewWhenTheListScrolls(t *testing.T) {
 		}
 	}
 }
+
+// TestPauseReasonSurvivesTheRefresh: the overview refreshes itself every
+// 5 s, which would wipe a pause's reason half typed into a form on it (an
+// operator in an incident types slowly); the way to pause from the
+// overview leads to a page that does not refresh, where what is typed
+// stays.
+func TestPauseReasonSurvivesTheRefresh(t *testing.T) {
+	t.Parallel()
+	bin := chromium(t)
+	b := setup(t, admin.Config{})
+	ctx := b.signedIn(t, bin, operatorSecret)
+	const typed = "beneficiary bank's maintenance"
+	if err := chromedp.Do(ctx, chromedp.Navigate(b.url+"/console/"), waitVisible(".tiles")); err != nil {
+		t.Fatal(err)
+	}
+	// A link to pause, if the overview has one, else its own form.
+	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => {
+	  const a = [...document.querySelectorAll("main a")].find(a => /pause/i.test(a.innerText));
+	  if (a) a.click();
+	  return !!a;
+	})()`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(ctx,
+		waitVisible(`form[action="/console/rails/pause"] input[name="reason"]`),
+		sendKeys(`form[action="/console/rails/pause"] input[name="reason"]`, typed),
+		chromedp.Sleep(6*time.Second),
+	); err != nil {
+		t.Fatal(err)
+	}
+	got, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(document.querySelector('form[action="/console/rails/pause"] input[name="reason"]') || {value: "(no form)"}).value`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != typed {
+		t.Errorf("6 s after typing a pause's reason the box holds %q, want %q", got, typed)
+	}
+}

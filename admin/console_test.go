@@ -263,16 +263,18 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("trail out of order:\n%s", s)
 	}
 	shot(op, "trail")
-	if err := chromedp.Do(op, chromedp.Navigate(b.url+"/console/"), waitVisible("form.inline"), click("form.inline button"), waitVisible("h1")); err != nil {
+	if err := chromedp.Do(op, chromedp.Navigate(b.url+"/console/"), waitVisible("form.inline"), click("form.inline button"), waitVisible("section.card")); err != nil {
 		t.Fatal(err)
 	}
 	shot(op, "verify")
 
-	// Pause the sandbox rail from the overview's form, see the banner
-	// (and the rail held), resume it from the banner.
+	// Pause the sandbox rail from the overview's link to the rails page,
+	// see the banner (and the rail held), resume it from the banner's
+	// link.
 	pause := `form.pause`
 	if err := chromedp.Do(op,
 		chromedp.Navigate(b.url+"/console/"),
+		click(`a.pause`), // the forms' page, which does not refresh itself
 		waitVisible(pause),
 		sendKeys(pause+` input[name="rail"]`, "sandbox"),
 		sendKeys(pause+` input[name="reason"]`, "beneficiary bank's maintenance window"),
@@ -288,6 +290,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	shot(op, "overview-paused")
 	held := b.enqueue(t, "initech", "k6")
 	if err := chromedp.Do(op,
+		click(`div.paused a.resume`),
+		waitVisible(`div.paused input[name="reason"]`),
 		sendKeys(`div.paused input[name="reason"]`, "maintenance over"),
 		click(`div.paused button`),
 		chromedp.WaitNotPresent("div.paused", css("div.paused")),

@@ -115,8 +115,12 @@ func (s *Server) pagePause(w http.ResponseWriter, r *http.Request, p *page) {
 	switch {
 	case rail == "":
 		p.Error = "Name the rail (* for every rail)."
+		s.pageRails(w, r, p) // the form again, on the page that keeps it
+		return
 	case reason == "":
 		p.Error = "A reason is required: it is recorded with your name."
+		s.pageRails(w, r, p)
+		return
 	default:
 		res, err := s.PauseRail(r.Context(), rail, p.Who.Name, action, reason)
 		if err != nil {
@@ -163,4 +167,18 @@ func (s *Server) railSent(ctx context.Context, rail string) bool {
 		}
 	}
 	return false
+}
+
+// pageRails is the console's page to pause and resume rails (GET
+// /console/rails): the pauses in force, each with its resume form, and
+// the pause form. It does not refresh itself, unlike the overview, whose
+// refresh would wipe a reason being typed.
+func (s *Server) pageRails(w http.ResponseWriter, r *http.Request, p *page) {
+	ov, err := s.Overview(r.Context())
+	if err != nil {
+		s.internalError(w, r, err)
+		return
+	}
+	p.Title, p.Nav, p.Data = "Pause or resume a rail", "overview", overviewPage{Overview: ov}
+	s.render(w, r, "rails.html", p)
 }

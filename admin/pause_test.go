@@ -65,9 +65,22 @@ func TestPauseRailThroughAPIAndConsole(t *testing.T) {
 		!strings.Contains(page, "by oscar: bank maintenance") || strings.Contains(page, "/console/rails/") {
 		t.Fatalf("the auditor's overview: a banner, no forms:\n%s", page)
 	}
+	// The forms are on a page of their own that does not refresh itself
+	// (the overview's refresh would wipe a reason being typed); the
+	// overview links to it.
 	page := operator.get(t, "/console/")
-	if !strings.Contains(page, `action="/console/rails/resume"`) || !strings.Contains(page, `action="/console/rails/pause"`) {
-		t.Fatalf("the operator's overview lacks the forms:\n%s", page)
+	if !strings.Contains(page, `href="/console/rails"`) || strings.Contains(page, `action="/console/rails/`) {
+		t.Fatalf("the operator's overview: a link to the rails page, no forms:\n%s", page)
+	}
+	page = operator.get(t, "/console/rails")
+	if !strings.Contains(page, `action="/console/rails/resume"`) || !strings.Contains(page, `action="/console/rails/pause"`) ||
+		!strings.Contains(page, `rail <b>sandbox</b> `+banner) || strings.Contains(page, `http-equiv="refresh"`) {
+		t.Fatalf("the operator's rails page: the pause in force with its resume form, the pause form, no refresh:\n%s", page)
+	}
+	if resp, err := auditor.client.Get(b.url + "/console/rails"); err != nil {
+		t.Fatal(err)
+	} else if resp.Body.Close(); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("an auditor's rails page: %s, want 403", resp.Status)
 	}
 	page = operator.post(t, "/console/rails/resume", url.Values{"rail": {"sandbox"}, "reason": {"maintenance over"}})
 	if !strings.Contains(page, "Resumed rail sandbox.") || strings.Contains(page, banner) {
@@ -77,8 +90,8 @@ func TestPauseRailThroughAPIAndConsole(t *testing.T) {
 		t.Fatalf("the page that answers the form refreshes to itself:\n%s", page)
 	}
 	page = operator.post(t, "/console/rails/pause", url.Values{"rail": {"*"}, "reason": {""}})
-	if !strings.Contains(page, "A reason is required") || strings.Contains(page, banner) {
-		t.Fatalf("a pause without a reason:\n%s", page)
+	if !strings.Contains(page, "A reason is required") || strings.Contains(page, banner) || !strings.Contains(page, `action="/console/rails/pause"`) {
+		t.Fatalf("a pause without a reason (the rails page again, its form):\n%s", page)
 	}
 	page = operator.post(t, "/console/rails/pause", url.Values{"rail": {"*"}, "reason": {"restore drill"}})
 	if !strings.Contains(page, "Paused rail *: nothing of it is in flight.") || !strings.Contains(page, "<b>every rail</b> "+banner) {
