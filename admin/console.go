@@ -377,6 +377,14 @@ func (s *Server) instructionOf(ctx context.Context, id uuid.UUID) string {
 	return " (instruction " + a.InstructionID + " of participant " + a.ParticipantID + ")"
 }
 
+// participantPage is the participant page's data: the view, and whether
+// the page refreshes itself (?watch=1). It does only when asked: a refresh
+// wipes an id being typed into its box.
+type participantPage struct {
+	store.ParticipantView
+	Watch bool
+}
+
 func (s *Server) pageParticipant(w http.ResponseWriter, r *http.Request, p *page) {
 	p.Title, p.Nav = "Participant", "participant"
 	if id := r.URL.Query().Get("id"); id != "" {
@@ -385,7 +393,11 @@ func (s *Server) pageParticipant(w http.ResponseWriter, r *http.Request, p *page
 			s.internalError(w, r, err)
 			return
 		}
-		p.Data, p.Refresh = v, 5
+		d := participantPage{ParticipantView: v, Watch: r.URL.Query().Get("watch") != ""}
+		if d.Watch {
+			p.Refresh = 5
+		}
+		p.Data = d
 	}
 	s.render(w, r, "participant.html", p)
 }

@@ -287,3 +287,49 @@ func TestPauseReasonSurvivesTheRefresh(t *testing.T) {
 		t.Errorf("6 s after typing a pause's reason the box holds %q, want %q", got, typed)
 	}
 }
+
+// TestParticipantIDSurvivesTheRefresh: on a participant's page an
+// operator types another participant's id into its box; the page's
+// refresh must not wipe it. The page refreshes itself only when asked to
+// (watching a participant), and says how to stop.
+func TestParticipantIDSurvivesTheRefresh(t *testing.T) {
+	t.Parallel()
+	bin := chromium(t)
+	b := setup(t, admin.Config{})
+	b.enqueue(t, "acme", "k1")
+	ctx := b.signedIn(t, bin, operatorSecret)
+	const typed = "globex-treasury-settlements"
+	if err := chromedp.Do(ctx,
+		chromedp.Navigate(b.url+"/console/participant?id=acme"),
+		waitVisible("section.card"),
+		chromedp.Clear(`form.filters input[name="id"]`, css(`form.filters input[name="id"]`)),
+		sendKeys(`form.filters input[name="id"]`, typed),
+		chromedp.Sleep(6*time.Second),
+	); err != nil {
+		t.Fatal(err)
+	}
+	got, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('form.filters input[name="id"]').value`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != typed {
+		t.Errorf("6 s after typing a participant id the box holds %q, want %q", got, typed)
+	}
+	watch, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(() => { const a = [...document.querySelectorAll("main a")].find(a => /refresh/i.test(a.innerText)); return a ? a.getAttribute("href") : ""; })()`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if watch == "" {
+		t.Fatal("the participant's page has no link to watch it (refresh itself)")
+	}
+	if err := chromedp.Do(ctx, chromedp.Navigate(b.url+watch), waitVisible("section.card")); err != nil {
+		t.Fatal(err)
+	}
+	refresh, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(document.querySelector('meta[http-equiv="refresh"]') || {content: ""}).content`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(refresh, "5") {
+		t.Errorf("no way to watch the participant (link %q, refresh %q)", watch, refresh)
+	}
+}
