@@ -196,7 +196,11 @@ func reason(h *Queued, lastError string) string {
 		return fmt.Sprintf("sequence %d was claimed by relayer %s at %s and its lease ran out at %s: the relayer is presumed dead, the reaper will requeue it",
 			h.SequenceID, h.RelayerID, ts(h.ClaimedAt), ts(h.LeaseUntil))
 	case "retry_wait":
-		return fmt.Sprintf("sequence %d waits for its next attempt until %s after %d attempts%s", h.SequenceID, ts(h.NextAttempt), h.AttemptCount, after)
+		attempts := "attempts"
+		if h.AttemptCount == 1 {
+			attempts = "attempt"
+		}
+		return fmt.Sprintf("sequence %d waits for its next attempt until %s after %d %s%s", h.SequenceID, ts(h.NextAttempt), h.AttemptCount, attempts, after)
 	case "due":
 		return fmt.Sprintf("sequence %d has been due since %s, waiting for a relayer to claim it%s", h.SequenceID, ts(h.NextAttempt), after)
 	default:
