@@ -169,3 +169,26 @@ func TestTrailSaysItsDeadLetterIsOutcomeUnknown(t *testing.T) {
 		t.Errorf("the trail of a rejected dead letter: %q", m)
 	}
 }
+
+// TestTrailOperatorActionsAreNotAttempts: an acknowledgement's archive
+// row carries the attempt number of the failure it closes, but it is no
+// attempt: the trail shows it, as a replay, as an operator's action.
+func TestTrailOperatorActionsAreNotAttempts(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	id := b.enqueue(t, "p1", "k1")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
+	var res admin.ActionResult
+	if code := b.call(t, "POST", "/api/v1/dead-letters/"+id.String()+"/acknowledge", operatorSecret,
+		map[string]string{"reason": "refunded by hand"}, &res); code != 200 || !res.Done {
+		t.Fatalf("acknowledge: %d %+v", code, res)
+	}
+	page := consoleAt(t, b.url).get(t, "/console/trail?id="+id.String())
+	m := regexp.MustCompile(`(?s)<li class="ev st-acknowledged">(.*?)</li>`).FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("no acknowledgement in the trail:\n%s", page)
+	}
+	if strings.Contains(m[1], "attempt") || !strings.Contains(m[1], "operator action") {
+		t.Errorf("the acknowledgement reads as an attempt:\n%s", m[1])
+	}
+}
