@@ -184,7 +184,9 @@ FROM {schema}.pending WHERE participant_id = $1 ORDER BY sequence_id LIMIT 1`
 
 // reason says why a participant waits on its head.
 func reason(h *Queued, lastError string) string {
-	ts := func(t *time.Time) string { return t.UTC().Format(time.RFC3339) }
+	// As the console shows times: to the millisecond (a short lease's claim
+	// and end are apart), the zone named.
+	ts := func(t *time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000 UTC") }
 	after := ""
 	if lastError != "" {
 		after = fmt.Sprintf(" (last error %s)", lastError)

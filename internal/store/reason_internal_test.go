@@ -18,3 +18,19 @@ func TestReasonCountsAttemptsInWords(t *testing.T) {
 		}
 	}
 }
+
+// TestReasonTimesAsTheConsoleShowsThem: the reason's times read as the
+// console's other times (UTC, to the millisecond, zone named): a lease of
+// a few hundred milliseconds no longer shows as claimed and run out at
+// the same second.
+func TestReasonTimesAsTheConsoleShowsThem(t *testing.T) {
+	t.Parallel()
+	claimed := time.Date(2026, 11, 29, 0, 56, 11, 189_000_000, time.UTC)
+	until := claimed.Add(300 * time.Millisecond)
+	got := reason(&Queued{State: "stuck", SequenceID: 1, RelayerID: "r1", ClaimedAt: &claimed, LeaseUntil: &until}, "")
+	for _, want := range []string{"2026-11-29 00:56:11.189 UTC", "2026-11-29 00:56:11.489 UTC"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("%q lacks %q", got, want)
+		}
+	}
+}
