@@ -112,6 +112,9 @@ var consoleTemplates = template.Must(template.New("").Funcs(template.FuncMap{
 		return time.Duration(f * float64(time.Second)).Round(time.Second).String()
 	},
 	"lower": strings.ToLower,
+	// prev is the sequence id before n: what a queued instruction waits
+	// on (with ordering on, the one before it settles first).
+	"prev": func(n int64) int64 { return n - 1 },
 	// at is the list's cursor of a page that starts with dead letter d:
 	// just before it (a microsecond earlier, the failure times' precision,
 	// and the greatest id), whatever page of the list holds it.

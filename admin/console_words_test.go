@@ -201,3 +201,21 @@ func TestInFlightRowsSayWhyNoCancel(t *testing.T) {
 		t.Errorf("the action cell of an instruction in flight: %q", m)
 	}
 }
+
+// TestQueuedRowsSayWhatTheyWaitFor: a pending instruction queued behind
+// its participant's head has no next attempt time; its cell says what it
+// waits for instead of standing empty (which reads as "never").
+func TestQueuedRowsSayWhatTheyWaitFor(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	b.enqueue(t, "acme", "k1")
+	queued := b.enqueue(t, "acme", "k2")
+	page := consoleAt(t, b.url).get(t, "/console/instructions?state=pending")
+	m := regexp.MustCompile(`(?s)<tr>\s*<td><span class="badge st-queued">.*?</tr>`).FindString(page)
+	if m == "" || !strings.Contains(m, queued.String()) {
+		t.Fatalf("no queued row for %s:\n%s", queued, page)
+	}
+	if !strings.Contains(m, "behind sequence 1") {
+		t.Errorf("the queued row does not say what it waits for:\n%s", m)
+	}
+}
