@@ -38,6 +38,15 @@ var ErrAlreadyStarted = reaper.ErrAlreadyStarted
 // [reaper.ErrInvalidConfig]).
 var ErrInvalidConfig = errors.New("invalid config")
 
+// invalidConfigError is the relayer's or the reaper's refusal of its
+// Config, which is also ErrInvalidConfig. It reads as that refusal, which
+// already says "invalid config" ("relay: engine: invalid config: ..."),
+// rather than saying it twice.
+type invalidConfigError struct{ err error }
+
+func (e invalidConfigError) Error() string   { return "relay: " + e.err.Error() }
+func (e invalidConfigError) Unwrap() []error { return []error{ErrInvalidConfig, e.err} }
+
 // Config configures a [Service]. Zero values are the documented defaults
 // of the packages the fields come from.
 type Config struct {
@@ -98,13 +107,13 @@ func New(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 	var err error
 	if s.relayer, err = engine.New(pool, cfg.Relayer); err != nil {
 		// engine.New fails on its Config only.
-		return nil, fmt.Errorf("relay: %w: %w", ErrInvalidConfig, err)
+		return nil, invalidConfigError{err}
 	}
 	if !cfg.NoReaper {
 		rc := cfg.Reaper
 		rc.Schema, rc.ReaperID, rc.Logger = cfg.Relayer.Schema, s.relayer.ID(), cfg.Relayer.Logger
 		if s.reaper, err = reaper.New(pool, rc); err != nil {
-			return nil, fmt.Errorf("relay: %w: %w", ErrInvalidConfig, err)
+			return nil, invalidConfigError{err}
 		}
 	}
 	if s.metrics, err = newMetrics(pool, s.relayer, s.reaper, cfg); err != nil {

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -245,6 +246,13 @@ func TestNewRefusesABadConfig(t *testing.T) {
 		}
 		if c.pool != nil && c.cfg.QueueGaugesMaxAge == 0 && c.cfg.Reaper.Interval == 0 && !errors.Is(err, engine.ErrInvalidConfig) {
 			t.Errorf("%s: New = %v; want the relayer's refusal, engine.ErrInvalidConfig, in it too", name, err)
+		}
+		if c.cfg.Reaper.Interval != 0 && !errors.Is(err, reaper.ErrInvalidConfig) {
+			t.Errorf("%s: New = %v; want the reaper's refusal, reaper.ErrInvalidConfig, in it too", name, err)
+		}
+		// Said once: it read "relay: invalid config: engine: invalid config: ...".
+		if err != nil && strings.Count(err.Error(), "invalid config") != 1 {
+			t.Errorf("%s: New = %q; want it to say invalid config once", name, err)
 		}
 	}
 }
