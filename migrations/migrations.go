@@ -118,7 +118,7 @@ func MigrateWith(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", lockName(schema)); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
-			return lockTimeout(ctx, conn.Conn(), schema, timeout, err)
+			return lockTimeout(ctx, conn.Conn(), "migrate", schema, timeout, err)
 		}
 		return fmt.Errorf("migrate: take advisory lock: %w", err)
 	}
@@ -180,6 +180,8 @@ func lockTimeoutSetting(d time.Duration) (time.Duration, string) {
 // LockTimeoutError says that the migration lock of a schema could not be
 // taken in time, and who holds it.
 type LockTimeoutError struct {
+	// Op is what waited for the lock: "migrate" or "create roles".
+	Op      string
 	Schema  string
 	Waited  time.Duration
 	Holders []LockHolder // empty if the holder ended meanwhile
@@ -198,12 +200,12 @@ type LockHolder struct {
 // Error implements error.
 func (e *LockTimeoutError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "migrate %s: the migration lock is still held after %s", e.Schema, e.Waited)
+	fmt.Fprintf(&b, "%s %s: the migration lock is still held after %s", e.Op, e.Schema, e.Waited)
 	for _, h := range e.Holders {
 		fmt.Fprintf(&b, "; held by pid %d (application %q, %s since %s, client %s)", h.PID, h.ApplicationName, h.State,
 			h.Since.Format(time.RFC3339), h.ClientAddr)
 	}
-	b.WriteString(": if no migration is running, that session keeps the lock by mistake (a migration through a transaction pooler leaves it on a pooled server session): end it with SELECT pg_terminate_backend(pid), and migrate with a direct database URL")
+	b.WriteString(": if no migration is running, that session keeps the lock by mistake (a migration through a transaction pooler leaves it on a pooled server session): end it with SELECT pg_terminate_backend(pid), and run it again with a direct database URL")
 	return b.String()
 }
 
@@ -212,8 +214,8 @@ func (e *LockTimeoutError) Unwrap() error { return e.err }
 
 // lockTimeout builds the LockTimeoutError of a failed lock wait, looking up
 // who holds the lock on the same connection.
-func lockTimeout(ctx context.Context, conn *pgx.Conn, schema string, waited time.Duration, cause error) error {
-	e := &LockTimeoutError{Schema: schema, Waited: waited, err: cause}
+func lockTimeout(ctx context.Context, conn *pgx.Conn, op, schema string, waited time.Duration, cause error) error {
+	e := &LockTimeoutError{Op: op, Schema: schema, Waited: waited, err: cause}
 	rows, err := conn.Query(ctx, `
 		SELECT a.pid, coalesce(a.application_name, ''), coalesce(a.state, ''), coalesce(a.state_change, a.backend_start),
 		       coalesce(host(a.client_addr), 'local')

@@ -405,8 +405,8 @@ func TestMigrateLockTimeoutNamesTheHolder(t *testing.T) {
 	if len(lt.Holders) != 1 || lt.Holders[0].ApplicationName != "stuck-migrator" || lt.Holders[0].PID != int(holder.PgConn().PID()) {
 		t.Fatalf("holders %+v, want the stuck-migrator session (pid %d)", lt.Holders, holder.PgConn().PID())
 	}
-	if !strings.Contains(err.Error(), "pg_terminate_backend") {
-		t.Errorf("the error does not say what to do: %v", err)
+	if !strings.Contains(err.Error(), "pg_terminate_backend") || !strings.HasPrefix(err.Error(), "migrate outbox: ") || lt.Op != "migrate" {
+		t.Errorf("the error does not say what waited and what to do: %v", err)
 	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {

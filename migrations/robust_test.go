@@ -72,6 +72,10 @@ func TestCreateRolesLockTimeoutNamesTheHolder(t *testing.T) {
 	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" || !strings.Contains(err.Error(), "pg_terminate_backend") {
 		t.Errorf("the error does not wrap the database's lock timeout or say what to do: %v", err)
 	}
+	// It said "migrate" whatever waited.
+	if !strings.HasPrefix(err.Error(), "create roles outbox: ") || strings.Contains(err.Error(), "migrate") {
+		t.Errorf("the error does not name what waited, creating the roles: %v", err)
+	}
 	var lockTimeout string
 	if err := b.pool.QueryRow(b.ctx, "SHOW lock_timeout").Scan(&lockTimeout); err != nil || lockTimeout != "0" {
 		t.Errorf("the pool's sessions kept lock_timeout %q (%v)", lockTimeout, err)

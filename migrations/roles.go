@@ -103,7 +103,7 @@ func CreateRolesWith(ctx context.Context, pool *pgxpool.Pool, opts RolesOptions)
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
 			_ = tx.Rollback(ctx)
-			return lockTimeout(ctx, conn.Conn(), schema, timeout, err)
+			return lockTimeout(ctx, conn.Conn(), "create roles", schema, timeout, err)
 		}
 		return fmt.Errorf("create roles: take advisory lock: %w", err)
 	}
