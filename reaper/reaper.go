@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -25,6 +26,7 @@ import (
 	"github.com/ledgerline/outbox/internal/lifecycle"
 	"github.com/ledgerline/outbox/internal/retry"
 	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/migrations"
 )
 
 // Defaults and limits of [Config].
@@ -168,6 +170,10 @@ type Reaper struct {
 
 	lc lifecycle.Lifecycle
 
+	// schemaReady is set once a pass found the schema at this build's
+	// version: the check costs a query, once per reaper.
+	schemaReady atomic.Bool
+
 	// testRoundTrip replaces the statement deadlines in tests.
 	testRoundTrip time.Duration
 }
@@ -207,7 +213,16 @@ func (r *Reaper) Stats() Stats {
 // back short (every expired row not locked by another reaper is done). It
 // returns what it requeued, oldest lease first per batch; on error, what the
 // batches before the error committed.
+//
+// The first pass of a reaper checks the schema as Start does: one not
+// migrated or older than this build is refused with a
+// [*github.com/ledgerline/outbox/migrations.SchemaError] and nothing is
+// done (its statements would fail on it, and zombies stay in flight).
 func (r *Reaper) RunOnce(ctx context.Context) ([]Requeued, error) {
+	if err := r.checkSchema(ctx); err != nil {
+		r.countPass(0, err)
+		return nil, err
+	}
 	var all []Requeued
 	for {
 		batch, err := r.reapBatch(ctx)
@@ -226,6 +241,24 @@ func (r *Reaper) RunOnce(ctx context.Context) ([]Requeued, error) {
 		r.log.Warn("requeued zombie instructions", "count", requeued)
 	}
 	return all, nil
+}
+
+// checkSchema refuses a schema older than this build, once per reaper
+// until it finds it ready.
+func (r *Reaper) checkSchema(ctx context.Context) error {
+	if r.schemaReady.Load() {
+		return nil
+	}
+	ctx, cancel := r.bounded(ctx, roundTripDeadline)
+	defer cancel()
+	if _, err := migrations.Ready(ctx, r.pool, r.cfg.Schema); err != nil {
+		if retry.Permanent(err) {
+			err = retry.Explain(err)
+		}
+		return fmt.Errorf("reaper: %w", err)
+	}
+	r.schemaReady.Store(true)
+	return nil
 }
 
 // countRequeued counts the instructions put back into pending (not the

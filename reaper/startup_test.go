@@ -69,3 +69,40 @@ func TestStartWhileDatabaseUnreachable(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestRunOnceRefusesAnOlderSchema: one pass by hand (`outbox reap`) refuses
+// a schema not migrated or older than this build as Start does, with a
+// permanent *migrations.SchemaError, and does nothing. Before, it ran its
+// statements on it and failed with whatever SQL error they met.
+func TestRunOnceRefusesAnOlderSchema(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if err := migrations.MigrateWith(b.ctx, b.pool, migrations.Options{Schema: "behind_once", TargetVersion: 31}); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		schema  string
+		current int32
+	}{{"behind_once", 31}, {"never_migrated_once", 0}} {
+		r, err := New(b.pool, Config{Schema: tt.schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		requeued, err := r.RunOnce(b.ctx)
+		var se *migrations.SchemaError
+		if !errors.As(err, &se) || se.Current != tt.current || !retry.Permanent(err) || len(requeued) != 0 {
+			t.Errorf("RunOnce on schema %s (version %d) = %v, %v; want a permanent *migrations.SchemaError", tt.schema, tt.current, requeued, err)
+		}
+		if st := r.Stats(); st.Errors != 1 {
+			t.Errorf("schema %s: %+v, want the refused pass counted as an error", tt.schema, st)
+		}
+	}
+	// On this build's schema it passes.
+	r, err := New(b.pool, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.RunOnce(b.ctx); err != nil {
+		t.Errorf("RunOnce on a migrated schema: %v", err)
+	}
+}
