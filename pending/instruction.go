@@ -150,6 +150,30 @@ func (e *SchemaError) Error() string {
 // Unwrap makes errors.Is(err, ErrSchemaBehind) work.
 func (e *SchemaError) Unwrap() error { return ErrSchemaBehind }
 
+// ErrKeyWithoutInstruction is returned when an idempotency key was
+// inserted without its instruction: a key row with no sequence id, which
+// only a hand-made insert leaves (an enqueue inserts the key and its
+// instruction in one transaction, and producers may insert keys). No
+// enqueue can use the key: it names an outbox id nothing was enqueued
+// under, which must not become a payment. Nothing is written; ask the
+// database's owner to look at the row (docs/audit.md).
+var ErrKeyWithoutInstruction = errors.New("idempotency key was inserted without its instruction")
+
+// KeyWithoutInstructionError details an [ErrKeyWithoutInstruction].
+type KeyWithoutInstructionError struct {
+	InstructionID  string
+	IdempotencyKey string
+	OutboxID       uuid.UUID // the outbox id the key row names
+}
+
+func (e *KeyWithoutInstructionError) Error() string {
+	return fmt.Sprintf("%v: instruction %q: key %q names outbox id %s, under which nothing was enqueued",
+		ErrKeyWithoutInstruction, e.InstructionID, e.IdempotencyKey, e.OutboxID)
+}
+
+// Unwrap makes errors.Is(err, ErrKeyWithoutInstruction) work.
+func (e *KeyWithoutInstructionError) Unwrap() error { return ErrKeyWithoutInstruction }
+
 // ErrKeyRetired is returned when an idempotency key belongs to an
 // instruction enqueued before the archive's retention horizon: its archive
 // months were detached (`outbox archive detach`) and the key kept only in

@@ -330,3 +330,41 @@ func raceHeldEnqueue(ctx context.Context, t *testing.T, b *testBundle, key strin
 	}
 	return held, <-done
 }
+
+// TestKeyWithoutInstructionIsRefused: a key row inserted outside an
+// enqueue (no sequence id: a producer credential may insert keys) makes
+// its key unusable, and every enqueue of it, alone or in a batch, with the
+// row's payload or another, is refused with ErrKeyWithoutInstruction at its
+// index, writing nothing. It was an untyped "key has no sequence id", or a
+// mismatch naming an instruction that was never enqueued.
+func TestKeyWithoutInstructionIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	orphan := uuid.Must(uuid.NewV7())
+	if _, err := b.pool.Exec(b.ctx, `INSERT INTO outbox.idempotency_keys (tenant_id, instruction_id, idempotency_key, outbox_id, participant_id, payload_hash)
+		VALUES ('', 'ins-k1', 'k1', $1, 'p1', '\x00')`, orphan); err != nil {
+		t.Fatal(err)
+	}
+	before := b.counts(t)
+	other := payout("p1", "k1")
+	other.InstructionID = "ins-other"
+	for name, batch := range map[string][]pending.Instruction{
+		"alone":             {payout("p1", "k1")},
+		"another id":        {other},
+		"second of a batch": {payout("p2", "k2"), payout("p1", "k1")},
+	} {
+		_, err := b.producer.EnqueueBatch(b.ctx, b.pool, batch)
+		var kerr *pending.KeyWithoutInstructionError
+		var berr *pending.BatchError
+		if !errors.Is(err, pending.ErrKeyWithoutInstruction) || !errors.As(err, &kerr) || kerr.OutboxID != orphan ||
+			!errors.As(err, &berr) || berr.Index != len(batch)-1 {
+			t.Errorf("%s: %v, want ErrKeyWithoutInstruction naming %s at index %d", name, err, orphan, len(batch)-1)
+		}
+	}
+	if _, err := b.producer.Enqueue(b.ctx, b.pool, payout("p1", "k1")); !errors.Is(err, pending.ErrKeyWithoutInstruction) {
+		t.Errorf("Enqueue: %v, want ErrKeyWithoutInstruction", err)
+	}
+	if after := b.counts(t); after != before {
+		t.Errorf("counts %+v -> %+v, want nothing written", before, after)
+	}
+}

@@ -313,14 +313,16 @@ func (p *Producer) write(ctx context.Context, db DBTX, preps []prepared) ([]Rece
 		case k.OwnerKey != "":
 			return nil, &BatchError{Index: i, Err: &InstructionReusedError{InstructionID: pr.in.InstructionID, IdempotencyKey: pr.in.IdempotencyKey,
 				TenantID: pr.in.TenantID, OwnerKey: k.OwnerKey, OutboxID: k.OutboxID}}
+		case k.SequenceID == nil:
+			// A committed key without its instruction: inserted outside an
+			// enqueue (a producer credential may insert keys). Before the
+			// mismatches: whatever it names, nothing was enqueued under it.
+			return nil, &BatchError{Index: i, Err: &KeyWithoutInstructionError{InstructionID: pr.in.InstructionID,
+				IdempotencyKey: pr.in.IdempotencyKey, OutboxID: k.OutboxID}}
 		case k.InstructionID != pr.in.InstructionID:
 			return nil, &BatchError{Index: i, Err: &MismatchError{InstructionID: pr.in.InstructionID, IdempotencyKey: pr.in.IdempotencyKey, OutboxID: k.OutboxID, Owner: k.InstructionID}}
 		case !bytes.Equal(k.PayloadHash, pr.hash):
 			return nil, &BatchError{Index: i, Err: &MismatchError{InstructionID: pr.in.InstructionID, IdempotencyKey: pr.in.IdempotencyKey, OutboxID: k.OutboxID}}
-		case k.SequenceID == nil:
-			// Only visible inside its own transaction; cannot happen for a
-			// committed key, and a same-batch twin resolves above.
-			return nil, fmt.Errorf("enqueue: instruction %d: key %q has no sequence id", i, pr.in.IdempotencyKey)
 		default:
 			receipts[i] = Receipt{OutboxID: k.OutboxID, SequenceID: *k.SequenceID, Duplicate: true}
 		}

@@ -58,7 +58,10 @@ const (
 	// key (migration 030): refused for good, on the instruction id.
 	codeInstructionReused = "INSTRUCTION_ID_REUSED"
 	codeKeyRetired        = "KEY_RETIRED"
-	codeDatabaseError     = "DATABASE_ERROR"
+	// codeKeyWithoutInstruction is a key inserted outside an enqueue:
+	// refused for good, until the owner looks at the row.
+	codeKeyWithoutInstruction = "KEY_WITHOUT_INSTRUCTION"
+	codeDatabaseError         = "DATABASE_ERROR"
 )
 
 type lineError struct {
@@ -132,6 +135,8 @@ func classify(err error) *lineError {
 		// Refused for good, like a mismatch: a retry will not help, so it
 		// must not read as the database's trouble.
 		return &lineError{Code: codeKeyRetired, Field: payment.FieldIdempotencyKey, Message: err.Error()}
+	case errors.Is(err, pending.ErrKeyWithoutInstruction):
+		return &lineError{Code: codeKeyWithoutInstruction, Field: payment.FieldIdempotencyKey, Message: err.Error()}
 	case errors.As(err, &jerr):
 		return &lineError{Code: codeInvalidInput, Field: jerr.Name, Message: "not a valid instruction: " + jerr.Error()}
 	default:

@@ -206,6 +206,21 @@ func TestClassifyRetiredKey(t *testing.T) {
 	}
 }
 
+// TestClassifyKeyWithoutInstruction: a key inserted outside an enqueue
+// is refused for good, on the key, and not sent again; it was a
+// DATABASE_ERROR (or a mismatch naming an instruction never enqueued).
+func TestClassifyKeyWithoutInstruction(t *testing.T) {
+	t.Parallel()
+	err := &pending.BatchError{Index: 0, Err: &pending.KeyWithoutInstructionError{InstructionID: "ins-1", IdempotencyKey: "k1"}}
+	got := classify(err)
+	if got.Code != "KEY_WITHOUT_INSTRUCTION" || got.Field != "idempotency_key" || got.Message != err.Error() {
+		t.Errorf("%v: %+v, want KEY_WITHOUT_INSTRUCTION on idempotency_key", err, got)
+	}
+	if why := resendable(context.Background(), err); why != "" {
+		t.Errorf("%v is sent again (%s), want it reported at once", err, why)
+	}
+}
+
 // TestEnqueueInterruptedWhileWaitingForInput: an interrupt while stdin is
 // open but sends nothing stops enqueue at once (it waited for the next
 // line, and if stdin then closed, exited 0 as if nothing had happened),
