@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -162,7 +163,10 @@ func (r *runner) ceilingDispatch(ctx context.Context, bin, dir string, ordered b
 		return Result{}, err
 	}
 	batch, held := clientBatch(ordered, clients, batch, r.cfg.Participants)
-	script := dispatchScript(st.HotPath(), !held)
+	script, err := dispatchScript(st.HotPath(), !held)
+	if err != nil {
+		return Result{}, err
+	}
 	// Claims stop short of the queue's end, so every transaction claims a
 	// full batch or close to it (an empty queue would make them free);
 	// one more per client for its first, which records nothing.
@@ -213,7 +217,8 @@ func (r *runner) ceilingDispatch(ctx context.Context, bin, dir string, ordered b
 // only a client's first write refills, to claim its first batch; the
 // others send the hand-off without the refill, as a relayer does while
 // its claims come back short.
-func dispatchScript(h store.HotPath, refill bool) string {
+func dispatchScript(h store.HotPath, refill bool) (string, error) {
+	var st statements
 	outcomes := make(map[int]string, 13)
 	for i := 1; i <= 13; i++ {
 		outcomes[i] = store.CarriedArgument("a" + strconv.Itoa(i))
@@ -222,17 +227,19 @@ func dispatchScript(h store.HotPath, refill bool) string {
 	write := func(handoff string) string {
 		return "\\startpipeline\n" +
 			h.PlanSettings + ";\n" +
-			pgbenchSQL(h.LockParticipants, map[int]string{1: participants}) + ";\n" +
-			pgbenchSQL(h.RecordDispatched, outcomes) + ";\n" +
-			pgbenchSQL(handoff, map[int]string{1: "(:relayer::text || '-' || :client_id::text)", 2: ":batch", 3: ":rails", 4: ":leases",
+			st.sql(h.LockParticipants, map[int]string{1: participants}) + ";\n" +
+			st.sql(h.RecordDispatched, outcomes) + ";\n" +
+			st.sql(handoff, map[int]string{1: "(:relayer::text || '-' || :client_id::text)", 2: ":batch", 3: ":rails", 4: ":leases",
 				5: participants, 6: store.CarriedArgument("a3"), 7: "true"}) + ";\n" +
 			"\\endpipeline\n"
 	}
 	if refill {
-		return write(h.HandoffAsOutcomes)
+		script := write(h.HandoffAsOutcomes)
+		return script, st.err
 	}
-	return "\\if :first\n" + write(h.HandoffAsOutcomes) + "\\set first 0\n\\else\n" +
+	script := "\\if :first\n" + write(h.HandoffAsOutcomes) + "\\set first 0\n\\else\n" +
 		write(h.HandoffSuccessorsAsOutcomes) + "\\endif\n"
+	return script, st.err
 }
 
 // clientBatch is the batch each ceiling client claims and records, and
@@ -277,7 +284,11 @@ func (r *runner) ceilingEnqueue(ctx context.Context, bin, dir string, clients in
 	// clients at 200/s for a second) on a busy machine once gave no client
 	// a transaction past its warm-up, and so had no figure.
 	secs := max(1, int(r.cfg.Duration.Seconds()/2), int(math.Ceil(float64(4*warmTransactions*clients)/float64(max(r.cfg.Rate, 1)))))
-	run, err := r.runPgBench(ctx, bin, dir, r.enqueueScript(st), clients, []string{"-T", strconv.Itoa(secs)})
+	script, err := r.enqueueScript(st)
+	if err != nil {
+		return Result{}, err
+	}
+	run, err := r.runPgBench(ctx, bin, dir, script, clients, []string{"-T", strconv.Itoa(secs)})
 	if err != nil {
 		return Result{}, err
 	}
@@ -307,18 +318,20 @@ func (r *runner) enqueueSchema(ctx context.Context) (schema string, st *store.St
 // enqueueScript is a pgbench transaction of the producer's three
 // statements for one instruction, its ids made from a random number (the
 // outbox id is their md5, so all three statements agree on it).
-func (r *runner) enqueueScript(st *store.Store) string {
+func (r *runner) enqueueScript(st *store.Store) (string, error) {
 	h := st.HotPath()
+	var s statements
 	id := `('ceiling-' || :client_id || '-' || :n)`
 	uuid := `(md5` + id + `::uuid)`
 	payload := `'{"amount_minor":1000,"currency":"USD","destination":"acct-1"}'`
 	part := `('p' || :p)`
-	return fmt.Sprintf("\\set n random(1, 1000000000000)\n\\set p random(0, %d)\n", r.cfg.Participants-1) +
+	script := fmt.Sprintf("\\set n random(1, 1000000000000)\n\\set p random(0, %d)\n", r.cfg.Participants-1) +
 		"\\startpipeline\n" +
-		pgbenchSQL(h.InsertKey, map[int]string{1: `''`, 2: id, 3: id, 4: uuid, 5: part, 6: `'\x00'::bytea`}) + ";\n" +
-		pgbenchSQL(h.InsertPending, map[int]string{1: uuid, 2: `'sandbox'`, 3: `''`, 4: payload}) + ";\n" +
-		pgbenchSQL(h.LookupKey, map[int]string{1: `''`, 2: id, 3: id, 4: uuid}) + ";\n" +
+		s.sql(h.InsertKey, map[int]string{1: `''`, 2: id, 3: id, 4: uuid, 5: part, 6: `'\x00'::bytea`}) + ";\n" +
+		s.sql(h.InsertPending, map[int]string{1: uuid, 2: `'sandbox'`, 3: `''`, 4: payload}) + ";\n" +
+		s.sql(h.LookupKey, map[int]string{1: `''`, 2: id, 3: id, 4: uuid}) + ";\n" +
 		"\\endpipeline\n"
+	return script, s.err
 }
 
 // ceilingAtRate runs statements (statementsEnqueue or statementsCommit)
@@ -345,7 +358,9 @@ func (r *runner) ceilingAtRate(ctx context.Context, bin, dir, statements string)
 		}
 		script = "INSERT INTO " + schema + ".ceiling_commits VALUES (:client_id);\n"
 	default:
-		script = r.enqueueScript(st)
+		if script, err = r.enqueueScript(st); err != nil {
+			return Result{}, err
+		}
 	}
 	clients := max(r.cfg.Producers, latencyProducers)
 	secs := max(1, int(r.cfg.Duration.Seconds()/2))
@@ -472,14 +487,46 @@ var placeholder = regexp.MustCompile(`\$(\d+)`)
 
 // pgbenchSQL is a statement with its parameters $1, $2 ... replaced as
 // args says (pgbench variables, :name, or SQL expressions), on one line
-// per statement as pgbench reads them.
-func pgbenchSQL(sql string, args map[int]string) string {
+// per statement as pgbench reads them. A parameter without an argument,
+// or an argument the statement has no parameter for, is an error: a
+// statement whose parameters changed would otherwise be measured with
+// its arguments in the wrong places (the enqueue's once was, and only a
+// jsonb cast that happened to fail in pgbench showed it).
+func pgbenchSQL(sql string, args map[int]string) (string, error) {
+	used := make(map[int]bool, len(args))
+	var missing []int
 	sql = placeholder.ReplaceAllStringFunc(sql, func(m string) string {
 		n, _ := strconv.Atoi(m[1:])
-		if a, ok := args[n]; ok {
-			return a
+		a, ok := args[n]
+		if !ok {
+			missing = append(missing, n)
+			return m
 		}
-		return m
+		used[n] = true
+		return a
 	})
-	return strings.TrimSpace(sql)
+	var unused []int
+	for n := range args {
+		if !used[n] {
+			unused = append(unused, n)
+		}
+	}
+	if len(missing) > 0 || len(unused) > 0 {
+		slices.Sort(unused)
+		return "", fmt.Errorf("bench: the statement's parameters and the script's arguments differ (no argument for %v, no parameter for %v): %.60s...",
+			missing, unused, strings.TrimSpace(sql))
+	}
+	return strings.TrimSpace(sql), nil
+}
+
+// statements renders a script's statements with pgbenchSQL, keeping the
+// first error, so that a script reads as the pipeline it sends.
+type statements struct{ err error }
+
+func (s *statements) sql(q string, args map[int]string) string {
+	out, err := pgbenchSQL(q, args)
+	if s.err == nil {
+		s.err = err
+	}
+	return out
 }

@@ -25,7 +25,10 @@ func hotPath(t *testing.T) store.HotPath {
 func TestDispatchScriptIsOneWrite(t *testing.T) {
 	t.Parallel()
 	h := hotPath(t)
-	script := dispatchScript(h, true)
+	script, err := dispatchScript(h, true)
+	if err != nil {
+		t.Fatal(err)
+	}
 	lines := strings.Split(strings.TrimSpace(script), "\n")
 	if lines[0] != `\startpipeline` || lines[len(lines)-1] != `\endpipeline` {
 		t.Errorf("script is not one pipeline: starts %q, ends %q", lines[0], lines[len(lines)-1])
@@ -61,7 +64,10 @@ func TestDispatchScriptIsOneWrite(t *testing.T) {
 func TestDispatchScriptWithoutRefill(t *testing.T) {
 	t.Parallel()
 	h := hotPath(t)
-	script := dispatchScript(h, false)
+	script, err := dispatchScript(h, false)
+	if err != nil {
+		t.Fatal(err)
+	}
 	first, later, ok := strings.Cut(script, `\else`)
 	if !ok || !strings.HasPrefix(first, `\if :first`) || !strings.Contains(first, `\set first 0`) ||
 		!strings.HasSuffix(strings.TrimSpace(later), `\endif`) {
@@ -104,6 +110,28 @@ func TestClientBatchSharesHeldParticipants(t *testing.T) {
 		if got != c.want || held != c.held {
 			t.Errorf("clientBatch(%v, %d, %d, %d) = %d, %v; want %d, %v", c.ordered, c.clients, c.batch, c.participants,
 				got, held, c.want, c.held)
+		}
+	}
+}
+
+// TestPgbenchSQLRefusesMismatchedArguments: a statement rendered with an
+// argument it has no parameter for, or without one for a parameter, is an
+// error, not a script that measures the statement with its arguments in
+// the wrong places (the enqueue's ceiling once mapped six arguments onto a
+// statement of four, and only a failing jsonb cast showed it).
+func TestPgbenchSQLRefusesMismatchedArguments(t *testing.T) {
+	t.Parallel()
+	const q = "SELECT $1::int + $2::int"
+	if got, err := pgbenchSQL(q, map[int]string{1: ":a", 2: ":b"}); err != nil || got != "SELECT :a::int + :b::int" {
+		t.Errorf("exact arguments: %q, %v", got, err)
+	}
+	for name, args := range map[string]map[int]string{
+		"an extra argument": {1: ":a", 2: ":b", 3: ":c"},
+		"a missing one":     {1: ":a"},
+		"shifted":           {2: ":a", 3: ":b"},
+	} {
+		if got, err := pgbenchSQL(q, args); err == nil {
+			t.Errorf("%s: %q, want an error", name, got)
 		}
 	}
 }
