@@ -333,12 +333,18 @@ func NotifyEnabled(ctx context.Context, db DB, schema string) (bool, error) {
 	return enabled, err
 }
 
+// TxBeginner opens a transaction with options; *pgxpool.Pool and
+// *pgx.Conn satisfy it.
+type TxBeginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
 // SetOrdered switches per-participant ordering on or off for a schema (see
 // docs/architecture.md): on, a participant's instructions are dispatched
 // one at a time in sequence order; off, any due instruction may be
 // dispatched, concurrently with others of its participant. It refuses
 // while instructions are in flight: stop the relayers first.
-func SetOrdered(ctx context.Context, db store.TxBeginner, schema string, on bool) error {
+func SetOrdered(ctx context.Context, db TxBeginner, schema string, on bool) error {
 	if noDB(db) {
 		return fmt.Errorf("set ordering: %w", ErrNoDB)
 	}

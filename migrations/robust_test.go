@@ -23,17 +23,18 @@ func TestNilDatabaseIsAnError(t *testing.T) {
 	var pool *pgxpool.Pool
 	var conn *pgx.Conn
 	for name, call := range map[string]func() error{
-		"Migrate":        func() error { return migrations.Migrate(ctx, pool) },
-		"MigrateWith":    func() error { return migrations.MigrateWith(ctx, pool, migrations.Options{}) },
-		"CreateRoles":    func() error { return migrations.CreateRoles(ctx, pool, "") },
-		"GetStatus":      func() error { _, err := migrations.GetStatus(ctx, pool, ""); return err },
-		"GetStatus conn": func() error { _, err := migrations.GetStatus(ctx, conn, ""); return err },
-		"GetStatus nil":  func() error { _, err := migrations.GetStatus(ctx, nil, ""); return err },
-		"Ready":          func() error { _, err := migrations.Ready(ctx, pool, ""); return err },
-		"SetNotify":      func() error { return migrations.SetNotify(ctx, pool, "", true) },
-		"NotifyEnabled":  func() error { _, err := migrations.NotifyEnabled(ctx, pool, ""); return err },
-		"SetOrdered":     func() error { return migrations.SetOrdered(ctx, pool, "", true) },
-		"Ordered":        func() error { _, err := migrations.Ordered(ctx, pool, ""); return err },
+		"Migrate":         func() error { return migrations.Migrate(ctx, pool) },
+		"MigrateWith":     func() error { return migrations.MigrateWith(ctx, pool, migrations.Options{}) },
+		"CreateRoles":     func() error { return migrations.CreateRoles(ctx, pool, "") },
+		"GetStatus":       func() error { _, err := migrations.GetStatus(ctx, pool, ""); return err },
+		"GetStatus conn":  func() error { _, err := migrations.GetStatus(ctx, conn, ""); return err },
+		"GetStatus nil":   func() error { _, err := migrations.GetStatus(ctx, nil, ""); return err },
+		"Ready":           func() error { _, err := migrations.Ready(ctx, pool, ""); return err },
+		"SetNotify":       func() error { return migrations.SetNotify(ctx, pool, "", true) },
+		"NotifyEnabled":   func() error { _, err := migrations.NotifyEnabled(ctx, pool, ""); return err },
+		"SetOrdered":      func() error { return migrations.SetOrdered(ctx, pool, "", true) },
+		"SetOrdered conn": func() error { return migrations.SetOrdered(ctx, conn, "", true) },
+		"Ordered":         func() error { _, err := migrations.Ordered(ctx, pool, ""); return err },
 	} {
 		func() {
 			defer func() {
