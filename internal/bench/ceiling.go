@@ -513,7 +513,7 @@ func pgbenchSQL(sql string, args map[int]string) (string, error) {
 	}
 	if len(missing) > 0 || len(unused) > 0 {
 		slices.Sort(unused)
-		return "", fmt.Errorf("bench: the statement's parameters and the script's arguments differ (no argument for %v, no parameter for %v): %.60s...",
+		return "", fmt.Errorf("bench: the statement's parameters and the script's arguments differ (no argument for %v, no parameter for %v) in the statement beginning %.60q",
 			missing, unused, strings.TrimSpace(sql))
 	}
 	return strings.TrimSpace(sql), nil
