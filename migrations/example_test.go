@@ -39,3 +39,24 @@ func ExampleMigrateWith() {
 	// before: refused true at version 0
 	// after: ready true at the latest version true
 }
+
+// Per-participant ordering is switched with the relayers stopped, with
+// what the program already has: a *pgxpool.Pool or a *pgx.Conn (any
+// [migrations.TxBeginner]).
+func ExampleSetOrdered() {
+	ctx := context.Background()
+	pool := testdb.ForExample() // the program's *pgxpool.Pool, as the schema's owner
+
+	const schema = "unordered_outbox"
+	if err := migrations.MigrateWith(ctx, pool, migrations.Options{Schema: schema}); err != nil {
+		panic(err)
+	}
+	var db migrations.TxBeginner = pool
+	if err := migrations.SetOrdered(ctx, db, schema, false); err != nil {
+		panic(err) // in flight instructions: stop the relayers first
+	}
+	on, err := migrations.Ordered(ctx, pool, schema)
+	fmt.Println("ordered:", on, err)
+	// Output:
+	// ordered: false <nil>
+}

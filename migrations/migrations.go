@@ -333,8 +333,11 @@ func NotifyEnabled(ctx context.Context, db DB, schema string) (bool, error) {
 	return enabled, err
 }
 
-// TxBeginner opens a transaction with options; *pgxpool.Pool and
-// *pgx.Conn satisfy it.
+// TxBeginner is what [SetOrdered] needs of a connection: a transaction
+// of its own (the switch locks the queue's tables, checks that nothing is
+// in flight and flips the setting in one transaction). *pgxpool.Pool and
+// *pgx.Conn satisfy it. It is declared here, not taken from an internal
+// package, so that a program can name it.
 type TxBeginner interface {
 	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 }

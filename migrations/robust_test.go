@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -81,4 +82,40 @@ func TestCreateRolesLockTimeoutNamesTheHolder(t *testing.T) {
 	if err := b.pool.QueryRow(b.ctx, "SHOW lock_timeout").Scan(&lockTimeout); err != nil || lockTimeout != "0" {
 		t.Errorf("the pool's sessions kept lock_timeout %q (%v)", lockTimeout, err)
 	}
+}
+
+// TestPublicSignaturesUseNoInternalType: every exported function takes
+// and returns types a caller outside the module can name. SetOrdered took
+// the internal store.TxBeginner: a pool or a connection still fitted it,
+// but a program could not name the parameter's type (to wrap it, or to
+// hold one in a field of its own).
+func TestPublicSignaturesUseNoInternalType(t *testing.T) {
+	t.Parallel()
+	for name, fn := range map[string]any{
+		"Ready": migrations.Ready, "ValidateSchema": migrations.ValidateSchema, "Migrate": migrations.Migrate,
+		"MigrateWith": migrations.MigrateWith, "Latest": migrations.Latest, "GetStatus": migrations.GetStatus,
+		"Hash": migrations.Hash, "SetNotify": migrations.SetNotify, "NotifyEnabled": migrations.NotifyEnabled,
+		"SetOrdered": migrations.SetOrdered, "Ordered": migrations.Ordered, "RolesSQL": migrations.RolesSQL,
+		"CreateRoles": migrations.CreateRoles, "CreateRolesWith": migrations.CreateRolesWith,
+	} {
+		ft := reflect.TypeOf(fn)
+		var types []reflect.Type
+		for i := range ft.NumIn() {
+			types = append(types, ft.In(i))
+		}
+		for i := range ft.NumOut() {
+			types = append(types, ft.Out(i))
+		}
+		for _, typ := range types {
+			for typ.Kind() == reflect.Pointer || typ.Kind() == reflect.Slice {
+				typ = typ.Elem()
+			}
+			if strings.Contains(typ.PkgPath(), "/internal/") {
+				t.Errorf("%s uses %s.%s, which a caller cannot name", name, typ.PkgPath(), typ.Name())
+			}
+		}
+	}
+	// What callers have already fits the public interface.
+	var _ migrations.TxBeginner = (*pgxpool.Pool)(nil)
+	var _ migrations.TxBeginner = (*pgx.Conn)(nil)
 }
