@@ -9,6 +9,7 @@ import (
 
 	"github.com/gofrs/uuid/v5"
 
+	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/pending"
 )
 
@@ -366,5 +367,19 @@ func TestKeyWithoutInstructionIsRefused(t *testing.T) {
 	}
 	if after := b.counts(t); after != before {
 		t.Errorf("counts %+v -> %+v, want nothing written", before, after)
+	}
+	// audit verify reports the row (docs/operations.md): its outbox id is
+	// in no place, and its participant has a key without a sequence.
+	archive, _ := attempts.New("")
+	r, err := archive.Verify(b.ctx, b.pool, attempts.VerifyOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[int]bool{}
+	for _, v := range r.Violations {
+		seen[v.Invariant] = true
+	}
+	if !seen[1] || !seen[2] || len(seen) != 2 {
+		t.Errorf("verify with the row: %v, want invariants 1 and 2 reported", r.Violations)
 	}
 }
