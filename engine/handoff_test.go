@@ -82,3 +82,101 @@ func TestLostCommitReplyReleasesItsHandoffs(t *testing.T) {
 		t.Fatalf("report %+v: want 2 dispatched", rep)
 	}
 }
+
+// TestLostCommitReplyReleasesItsHandoffsWhenTheResendIsSplit: as
+// TestLostCommitReplyReleasesItsHandoffs, but the resend is refused for its
+// content (the database state changed between the writes: here a trigger,
+// armed by the lost write's commit, refuses the next outcome write once
+// with SQLSTATE 22023), so the recorder isolates the outcome and records
+// it again in parts. The lost write's hand-off must still be handed back
+// (RELEASED), not left in flight for the reaper; before the fix it was,
+// the split forgot that a reply had been lost.
+func TestLostCommitReplyReleasesItsHandoffsWhenTheResendIsSplit(t *testing.T) {
+	t.Parallel()
+	direct, proxied, proxy := testdb.NewProxied(t, 8, 0)
+	const marker = "cut-the-reply-to-this-write-then-refuse-the-resend"
+	b := setupOn(t, direct, rails.SandboxOptions{})
+	if _, err := direct.Exec(b.ctx, `
+CREATE TABLE public.refuse_armed (xid bigint NOT NULL);
+CREATE SEQUENCE public.refuse_once;
+CREATE FUNCTION public.arm_refusal() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO public.refuse_armed VALUES (txid_current()); RETURN NULL; END $$;
+CREATE FUNCTION public.refuse_next_write() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  -- Armed by a committed write, not the one running; refuses once
+  -- (a sequence is not rolled back with the refused write).
+  IF EXISTS (SELECT 1 FROM public.refuse_armed WHERE xid IS DISTINCT FROM txid_current_if_assigned())
+     AND nextval('public.refuse_once') = 1 THEN
+    RAISE EXCEPTION 'refused once, for the test' USING ERRCODE = '22023';
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER arm_refusal AFTER INSERT ON outbox.attempts FOR EACH ROW
+  WHEN (NEW.rail_reference = '`+marker+`') EXECUTE FUNCTION public.arm_refusal();
+CREATE TRIGGER refuse_next_write BEFORE DELETE ON outbox.inflight FOR EACH STATEMENT
+  EXECUTE FUNCTION public.refuse_next_write();`); err != nil {
+		t.Fatal(err)
+	}
+	b.useTransport(t, funcTransport(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
+		ref := "ref-" + ins.IdempotencyKey
+		if ins.SequenceID == 1 {
+			ref = marker
+		}
+		return rails.Result{Code: rails.SandboxAccepted, Reference: ref}, nil
+	}), time.Second)
+	for i := range 2 {
+		if _, err := b.producer.Enqueue(b.ctx, direct, instruction("split", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy.CutReplyAfter([]byte(marker))
+
+	cfg := b.config("r-lost-split")
+	cfg.LeaseGrace = time.Second
+	cfg.PollInterval = time.Hour // the successor comes by hand-off only
+	r, err := New(proxied, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = r.Stop(ctx)
+	})
+
+	for deadline := time.Now().Add(30 * time.Second); r.Stats().Dispatched < 2; time.Sleep(20 * time.Millisecond) {
+		var expired int
+		if err := direct.QueryRow(b.ctx, `SELECT count(*) FROM outbox.inflight WHERE lease_until < now()`).Scan(&expired); err != nil {
+			t.Fatal(err)
+		}
+		if expired > 0 {
+			t.Fatalf("stats %+v: the lost write's hand-off sat in flight until its lease ended", r.Stats())
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v: not dispatched", r.Stats())
+		}
+	}
+	b.waitDrained(t, 10*time.Second)
+	var refused int64
+	if err := direct.QueryRow(b.ctx, `SELECT last_value FROM public.refuse_once`).Scan(&refused); err != nil {
+		t.Fatal(err)
+	}
+	if refused < 1 {
+		t.Fatal("the resend was never refused: the test did not take the split path")
+	}
+	var cut, released, zombies int
+	if err := direct.QueryRow(b.ctx, `SELECT count(*) FILTER (WHERE rail_reference = $1),
+		count(*) FILTER (WHERE error_code = 'RELEASED'), count(*) FILTER (WHERE state = 'ZOMBIE_REQUEUE')
+		FROM outbox.attempts`, marker).Scan(&cut, &released, &zombies); err != nil {
+		t.Fatal(err)
+	}
+	if cut != 1 || released != 1 || zombies != 0 {
+		t.Fatalf("%d outcomes of the cut write, %d hand-offs released, %d zombies: want 1, 1 and 0", cut, released, zombies)
+	}
+	if rep := b.verify(t, true); rep.Dispatched != 2 {
+		t.Fatalf("report %+v: want 2 dispatched", rep)
+	}
+}

@@ -412,7 +412,7 @@ func (rc *recorder) takeQueued(batch []pendingOutcome, limit int) []pendingOutco
 func (rc *recorder) flush(w *retry.Loop, batch []pendingOutcome) {
 	for len(batch) > 0 {
 		n := min(len(batch), rc.r.cfg.FlushSize)
-		rc.flushChunk(w, batch[:n], false)
+		rc.flushChunk(w, batch[:n], false, 0)
 		batch = batch[n:]
 	}
 }
@@ -434,8 +434,15 @@ func (rc *recorder) flush(w *retry.Loop, batch []pendingOutcome) {
 // error: retrying the same statement cannot succeed) is split until the
 // offending outcome is alone, so one bad outcome cannot block the others.
 // That one is recorded once more with the rail's text removed; if even that
-// fails it is left in flight.
-func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed bool) {
+// fails it is left in flight. If that refusal answered the resend after a
+// lost reply, the lost write's hand-offs are looked for before the split
+// (its writes then hand off nothing that the look could take for them) and
+// recorded as RELEASED after it.
+//
+// keep is how many of the batch's slots it keeps for outcomes recorded
+// after it (those hand-offs, which took the slots of the batch's terminal
+// outcomes); a batch that keeps slots does not hand off.
+func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed bool, keep int) {
 	r := rc.r
 	if len(batch) == 0 {
 		return
@@ -448,7 +455,7 @@ func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed b
 			terminal++
 		}
 	}
-	handoff := true
+	handoff := keep == 0
 	// lost is set once a write that may have handed off failed without the
 	// server's answer (see replyLost): it may have committed, its hand-offs
 	// this relayer's without its knowing.
@@ -469,7 +476,7 @@ func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed b
 			}
 			// The orphans take slots of this batch's terminal outcomes, as
 			// hand-offs do; recording their release gives them back.
-			freed := len(batch) - handed - len(orphans)
+			freed := len(batch) - handed - len(orphans) - keep
 			r.slots.Release(int64(freed))
 			rc.afterFlush(batch, recorded, freed)
 			rc.flush(w, orphans)
@@ -483,7 +490,11 @@ func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed b
 			continue
 		}
 		if code, ok := contentError(err); ok {
-			rc.unrecordable(w, batch, scrubbed, code, err)
+			if lost {
+				rc.unrecordableAfterLostReply(w, batch, outcomes, scrubbed, keep, code, err)
+				return
+			}
+			rc.unrecordable(w, batch, scrubbed, keep, code, err)
 			return
 		}
 		if handoff && terminal > 0 && replyLost(err) {
@@ -495,7 +506,7 @@ func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed b
 			handoff, lost = false, true
 		}
 		if rc.ctx.Err() != nil {
-			r.slots.Release(int64(len(batch)))
+			r.slots.Release(int64(len(batch) - keep))
 			r.stats.leftInFlight.Add(int64(len(batch)))
 			r.log.Error("gave up recording outcomes at stop; the reaper will requeue them", "count", len(batch), "err", err)
 			return
@@ -618,12 +629,12 @@ func (rc *recorder) record(ctx context.Context, outcomes []store.Outcome, termin
 }
 
 // unrecordable handles a batch the database refused for its content.
-func (rc *recorder) unrecordable(w *retry.Loop, batch []pendingOutcome, scrubbed bool, code string, err error) {
+func (rc *recorder) unrecordable(w *retry.Loop, batch []pendingOutcome, scrubbed bool, keep int, code string, err error) {
 	r := rc.r
 	if len(batch) > 1 {
 		half := len(batch) / 2
-		rc.flushChunk(w, batch[:half], scrubbed)
-		rc.flushChunk(w, batch[half:], scrubbed)
+		rc.flushChunk(w, batch[:half], scrubbed, min(keep, half))
+		rc.flushChunk(w, batch[half:], scrubbed, keep-min(keep, half))
 		return
 	}
 	o := batch[0]
@@ -632,13 +643,29 @@ func (rc *recorder) unrecordable(w *retry.Loop, batch []pendingOutcome, scrubbed
 			"attempt_no", o.AttemptNo, "sqlstate", code, "err", err)
 		o.RailReference, o.RailCode = "", ""
 		o.ErrorMessage = fmt.Sprintf("the rail's reference, code and message could not be stored (SQLSTATE %s) and were removed", code)
-		rc.flushChunk(w, []pendingOutcome{o}, true)
+		rc.flushChunk(w, []pendingOutcome{o}, true, keep)
 		return
 	}
-	r.slots.Release(1)
+	r.slots.Release(int64(1 - keep))
 	r.stats.leftInFlight.Add(1)
 	r.log.Error("outcome cannot be recorded; left in flight for the reaper", "outbox_id", o.OutboxID,
 		"instruction_id", o.InstructionID, "attempt_no", o.AttemptNo, "state", o.State, "sqlstate", code, "err", err)
+}
+
+// unrecordableAfterLostReply is unrecordable for a resend after a lost
+// reply: the lost write may have committed (the database state changed
+// since, and now refuses the resend), so its hand-offs are looked for
+// first, while this batch's writes have handed off nothing (the look takes
+// what that one transaction claimed: store.LostHandoffs), then the batch
+// is split, keeping the slots those hand-offs took from its terminal
+// outcomes, and they are recorded as RELEASED after it. A cold path.
+//
+//go:noinline
+func (rc *recorder) unrecordableAfterLostReply(w *retry.Loop, batch []pendingOutcome, outcomes []store.Outcome,
+	scrubbed bool, keep int, code string, err error) {
+	orphans := rc.lostHandoffs(w, &outcomes[0])
+	rc.unrecordable(w, batch, scrubbed, keep+len(orphans), code, err)
+	rc.flush(w, orphans)
 }
 
 // sqlstateDataCorrupted is PostgreSQL's data_corrupted.
