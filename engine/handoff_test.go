@@ -180,3 +180,124 @@ CREATE TRIGGER refuse_next_write BEFORE DELETE ON outbox.inflight FOR EACH STATE
 		t.Fatalf("report %+v: want 2 dispatched", rep)
 	}
 }
+
+// TestLostCommitReplyHandoffsAtAbandonedStopGoToTheReaper: the reply to a
+// committed outcome write that handed off is lost, every resend is refused
+// (a server error, not one about the outcome's content: the recorder keeps
+// trying), and Stop abandons recording (StopRecordTimeout) before one goes
+// through. The lost write's hand-off is not handed back: its RELEASED row
+// is itself an outcome write, the kind that was not getting through (see
+// README, "Relaying"). This test pins what happens instead: Stop returns
+// once it abandons recording (the outcome counted LeftInFlight), the
+// outcome is archived once, the hand-off stays leased to the stopped
+// relayer, never dispatched, and the reaper requeues it after its lease
+// (one ZOMBIE_REQUEUE), after which it is dispatched once.
+func TestLostCommitReplyHandoffsAtAbandonedStopGoToTheReaper(t *testing.T) {
+	t.Parallel()
+	direct, proxied, proxy := testdb.NewProxied(t, 8, 0)
+	const marker = "cut-the-reply-to-this-write-then-stop"
+	b := setupOn(t, direct, rails.SandboxOptions{})
+	if _, err := direct.Exec(b.ctx, `
+CREATE TABLE public.refuse_armed (xid bigint NOT NULL);
+CREATE FUNCTION public.arm_refusal() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO public.refuse_armed VALUES (txid_current()); RETURN NULL; END $$;
+CREATE FUNCTION public.refuse_writes() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF EXISTS (SELECT 1 FROM public.refuse_armed WHERE xid IS DISTINCT FROM txid_current_if_assigned()) THEN
+    RAISE EXCEPTION 'refused, for the test' USING ERRCODE = 'P0001';
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER arm_refusal AFTER INSERT ON outbox.attempts FOR EACH ROW
+  WHEN (NEW.rail_reference = '`+marker+`') EXECUTE FUNCTION public.arm_refusal();
+CREATE TRIGGER refuse_writes BEFORE DELETE ON outbox.inflight FOR EACH STATEMENT
+  EXECUTE FUNCTION public.refuse_writes();`); err != nil {
+		t.Fatal(err)
+	}
+	b.useTransport(t, funcTransport(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
+		ref := "ref-" + ins.IdempotencyKey
+		if ins.SequenceID == 1 {
+			ref = marker
+		}
+		return rails.Result{Code: rails.SandboxAccepted, Reference: ref}, nil
+	}), time.Second)
+	for i := range 2 {
+		if _, err := b.producer.Enqueue(b.ctx, direct, instruction("abandon", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy.CutReplyAfter([]byte(marker))
+
+	cfg := b.config("r-lost-stop")
+	cfg.LeaseGrace = time.Second
+	cfg.PollInterval = time.Hour
+	r, err := New(proxied, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The lost write committed (it armed the refusal) and the resends are
+	// being refused.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var armed int
+		if err := direct.QueryRow(b.ctx, `SELECT count(*) FROM public.refuse_armed`).Scan(&armed); err != nil {
+			t.Fatal(err)
+		}
+		if armed > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the cut write never committed")
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	// Stop gives recording StopRecordTimeout, then abandons it.
+	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	err = r.Stop(ctx)
+	cancel()
+	if err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if st := r.Stats(); st.LeftInFlight != 1 {
+		t.Fatalf("stats %+v: want the refused outcome counted as left in flight", st)
+	}
+	if _, err := direct.Exec(b.ctx, `DELETE FROM public.refuse_armed`); err != nil {
+		t.Fatal(err)
+	}
+	var cut, held, released int
+	if err := direct.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM outbox.attempts WHERE rail_reference = $1),
+		(SELECT count(*) FROM outbox.inflight WHERE relayer_id = 'r-lost-stop'),
+		(SELECT count(*) FROM outbox.attempts WHERE error_code = 'RELEASED')`, marker).Scan(&cut, &held, &released); err != nil {
+		t.Fatal(err)
+	}
+	if cut != 1 || held != 1 || released != 0 {
+		t.Fatalf("%d outcomes of the cut write, %d held in flight, %d released: want 1, 1 and 0", cut, held, released)
+	}
+	// The reaper requeues it after its lease; another relayer sends it.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		n, err := r.store.Reap(b.ctx, direct, 100, "test-reaper", 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(n) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the reaper never requeued the hand-off")
+		}
+	}
+	b.start(t, b.config("r-after-stop"))
+	b.waitDrained(t, 10*time.Second)
+	var zombies int
+	if err := direct.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE state = 'ZOMBIE_REQUEUE'`).Scan(&zombies); err != nil {
+		t.Fatal(err)
+	}
+	if zombies != 1 {
+		t.Fatalf("%d zombie requeues, want the hand-off's one", zombies)
+	}
+	if rep := b.verify(t, true); rep.Dispatched != 2 {
+		t.Fatalf("report %+v: want 2 dispatched, each once", rep)
+	}
+}
