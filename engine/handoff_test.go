@@ -1,7 +1,12 @@
 package engine
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"regexp"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -300,4 +305,116 @@ CREATE TRIGGER refuse_writes BEFORE DELETE ON outbox.inflight FOR EACH STATEMENT
 	if rep := b.verify(t, true); rep.Dispatched != 2 {
 		t.Fatalf("report %+v: want 2 dispatched, each once", rep)
 	}
+}
+
+// TestLostCommitReplyToTheResendToo: the reply to the resend is lost as
+// well (the resend committed too: it found the outcome archived). The
+// recorder must keep knowing that a reply was lost and, once a resend is
+// answered, still hand back the first write's hand-off (RELEASED); the
+// look is fenced to the transaction that archived the outcome, the first
+// write, so the resends, which hand off nothing, add nothing to it.
+func TestLostCommitReplyToTheResendToo(t *testing.T) {
+	t.Parallel()
+	direct, proxied, proxy := testdb.NewProxied(t, 8, 0)
+	const marker = "cut-the-reply-to-this-write-and-its-resend"
+	b := setupOn(t, direct, rails.SandboxOptions{})
+	b.useTransport(t, funcTransport(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
+		ref := "ref-" + ins.IdempotencyKey
+		if ins.SequenceID == 1 {
+			ref = marker
+		}
+		return rails.Result{Code: rails.SandboxAccepted, Reference: ref}, nil
+	}), time.Second)
+	for i := range 2 {
+		if _, err := b.producer.Enqueue(b.ctx, direct, instruction("twice", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy.CutReplyAfter([]byte(marker))
+	var logs lockedBuffer
+	cfg := b.config("r-lost-twice")
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	cfg.LeaseGrace = time.Second
+	cfg.PollInterval = time.Hour
+	r, err := New(proxied, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = r.Stop(ctx)
+	})
+	// Once the first write committed (its reply is being cut), cut the
+	// reply to the resend that reads the archive (only the resend's
+	// statement for outcomes already archived names archived_attempt).
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+		var n int
+		if err := direct.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE rail_reference = $1`, marker).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the cut write never committed")
+		}
+	}
+	proxy.CutReplyAfter([]byte("archived_attempt("))
+
+	for deadline := time.Now().Add(30 * time.Second); r.Stats().Dispatched < 2; time.Sleep(20 * time.Millisecond) {
+		var expired int
+		if err := direct.QueryRow(b.ctx, `SELECT count(*) FROM outbox.inflight WHERE lease_until < now()`).Scan(&expired); err != nil {
+			t.Fatal(err)
+		}
+		if expired > 0 {
+			t.Fatalf("stats %+v: the lost write's hand-off sat in flight until its lease ended", r.Stats())
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v: not dispatched", r.Stats())
+		}
+	}
+	b.waitDrained(t, 10*time.Second)
+	// The writer logs how many writes failed once one succeeds.
+	failed := 0
+	if m := regexp.MustCompile(`record outcomes recovered.* failures=(\d+)`).FindStringSubmatch(logs.String()); m != nil {
+		failed, _ = strconv.Atoi(m[1])
+	}
+	if failed < 2 {
+		t.Fatalf("want the first write and its resend failed (their replies cut), logs:\n%s", logs.String())
+	}
+	var cut, released, zombies int
+	if err := direct.QueryRow(b.ctx, `SELECT count(*) FILTER (WHERE rail_reference = $1),
+		count(*) FILTER (WHERE error_code = 'RELEASED'), count(*) FILTER (WHERE state = 'ZOMBIE_REQUEUE')
+		FROM outbox.attempts`, marker).Scan(&cut, &released, &zombies); err != nil {
+		t.Fatal(err)
+	}
+	if cut != 1 || released != 1 || zombies != 0 {
+		t.Fatalf("%d outcomes of the cut write, %d hand-offs released, %d zombies: want 1, 1 and 0", cut, released, zombies)
+	}
+	if rep := b.verify(t, true); rep.Dispatched != 2 {
+		t.Fatalf("report %+v: want 2 dispatched", rep)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer the relayer's goroutines may log into
+// while a test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }
