@@ -30,39 +30,8 @@ import (
 // deterministic form of any pool under load.
 func TestTenantBehindATransactionPooler(t *testing.T) {
 	t.Parallel()
-	cluster := testdb.Cluster(t)
-	if cluster == nil {
-		t.Skip("tests run against OUTBOX_TEST_DATABASE_URL: no local cluster to put PgBouncer in front of")
-	}
 	ctx := t.Context()
-	dbURL := testdb.URL(t)
-	admin, err := pgxpool.New(ctx, testdb.AsAdmin(t, dbURL))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(admin.Close)
-	if err := migrations.CreateRoles(ctx, admin, ""); err != nil {
-		t.Fatal(err)
-	}
-	for _, tenant := range []string{"tenant-a", "tenant-b"} {
-		if _, err := pending.Enqueue(ctx, admin, pending.Instruction{InstructionID: "i-" + tenant, ParticipantID: "p-" + tenant,
-			IdempotencyKey: "k-" + tenant, TenantID: tenant, RailType: "sandbox", AmountMinor: 100, Currency: "USD",
-			Destination: "acct-1"}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	bouncer, err := pglocal.StartPgBouncer(ctx, cluster, pglocal.PgBouncerOptions{Users: []string{migrations.RoleAuditor}, PoolSize: 1})
-	if errors.Is(err, pglocal.ErrNoPgBouncer) && os.Getenv("OUTBOX_REQUIRE_PGBOUNCER") == "" {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(bouncer.Stop)
-	viaBouncer, err := bouncer.Rewrite(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	viaBouncer := setupTenants(t).behindPgBouncer(t, migrations.RoleAuditor)
 	// connect opens a pool through PgBouncer as the auditor, with
 	// afterConnect run on each new connection.
 	connect := func(afterConnect func(context.Context, *pgx.Conn) error) *pgxpool.Pool {
@@ -152,27 +121,9 @@ func TestTenantBehindATransactionPooler(t *testing.T) {
 // left with: the binding follows the login, which PgBouncer pools by.
 func TestBoundTenantBehindATransactionPooler(t *testing.T) {
 	t.Parallel()
-	cluster := testdb.Cluster(t)
-	if cluster == nil {
-		t.Skip("tests run against OUTBOX_TEST_DATABASE_URL: no local cluster to put PgBouncer in front of")
-	}
 	ctx := t.Context()
-	dbURL := testdb.URL(t)
-	admin, err := pgxpool.New(ctx, testdb.AsAdmin(t, dbURL))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(admin.Close)
-	if err := migrations.CreateRoles(ctx, admin, ""); err != nil {
-		t.Fatal(err)
-	}
-	for _, tenant := range []string{"tenant-a", "tenant-b"} {
-		if _, err := pending.Enqueue(ctx, admin, pending.Instruction{InstructionID: "i-" + tenant, ParticipantID: "p-" + tenant,
-			IdempotencyKey: "k-" + tenant, TenantID: tenant, RailType: "sandbox", AmountMinor: 100, Currency: "USD",
-			Destination: "acct-1"}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	tb := setupTenants(t)
+	admin := tb.admin
 	role := fmt.Sprintf("bound_reader_%x", rand.Uint64())
 	if _, err := admin.Exec(ctx, fmt.Sprintf("CREATE ROLE %s LOGIN IN ROLE %s", role, migrations.RoleAuditor)); err != nil {
 		t.Fatal(err)
@@ -181,18 +132,7 @@ func TestBoundTenantBehindATransactionPooler(t *testing.T) {
 	if _, err := admin.Exec(ctx, `INSERT INTO outbox.tenant_bindings (role_name, tenant_id) VALUES ($1, 'tenant-a')`, role); err != nil {
 		t.Fatal(err)
 	}
-	bouncer, err := pglocal.StartPgBouncer(ctx, cluster, pglocal.PgBouncerOptions{Users: []string{role}, PoolSize: 1})
-	if errors.Is(err, pglocal.ErrNoPgBouncer) && os.Getenv("OUTBOX_REQUIRE_PGBOUNCER") == "" {
-		t.Skip(err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(bouncer.Stop)
-	viaBouncer, err := bouncer.Rewrite(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
+	viaBouncer := tb.behindPgBouncer(t, role)
 	// Each pool sets the tenant per connection, on the one server session.
 	connect := func(tenant string) *pgxpool.Pool {
 		t.Helper()
@@ -243,4 +183,60 @@ func TestBoundTenantBehindATransactionPooler(t *testing.T) {
 	if got := seen(connect("tenant-b")); len(got) != 0 {
 		t.Errorf("bound reader, setting B, sees the keys of %v", got)
 	}
+}
+
+// tenantsBundle is a database of the local cluster with the roles in
+// place and one instruction each of tenant-a and tenant-b.
+type tenantsBundle struct {
+	cluster *pglocal.Cluster
+	url     string
+	admin   *pgxpool.Pool
+}
+
+// setupTenants makes one, or skips the test when the tests run against
+// OUTBOX_TEST_DATABASE_URL (no local cluster to put PgBouncer in front of).
+func setupTenants(t *testing.T) *tenantsBundle {
+	t.Helper()
+	cluster := testdb.Cluster(t)
+	if cluster == nil {
+		t.Skip("tests run against OUTBOX_TEST_DATABASE_URL: no local cluster to put PgBouncer in front of")
+	}
+	ctx := t.Context()
+	dbURL := testdb.URL(t)
+	admin, err := pgxpool.New(ctx, testdb.AsAdmin(t, dbURL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(admin.Close)
+	if err := migrations.CreateRoles(ctx, admin, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, tenant := range []string{"tenant-a", "tenant-b"} {
+		if _, err := pending.Enqueue(ctx, admin, pending.Instruction{InstructionID: "i-" + tenant, ParticipantID: "p-" + tenant,
+			IdempotencyKey: "k-" + tenant, TenantID: tenant, RailType: "sandbox", AmountMinor: 100, Currency: "USD",
+			Destination: "acct-1"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &tenantsBundle{cluster: cluster, url: dbURL, admin: admin}
+}
+
+// behindPgBouncer starts PgBouncer in transaction mode with one server
+// connection for user, the deterministic form of any pool under load, and
+// returns the database's URL through it.
+func (tb *tenantsBundle) behindPgBouncer(t *testing.T, user string) string {
+	t.Helper()
+	bouncer, err := pglocal.StartPgBouncer(t.Context(), tb.cluster, pglocal.PgBouncerOptions{Users: []string{user}, PoolSize: 1})
+	if errors.Is(err, pglocal.ErrNoPgBouncer) && os.Getenv("OUTBOX_REQUIRE_PGBOUNCER") == "" {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bouncer.Stop)
+	viaBouncer, err := bouncer.Rewrite(tb.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return viaBouncer
 }
