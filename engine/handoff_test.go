@@ -47,25 +47,7 @@ func TestLostCommitReplyReleasesItsHandoffs(t *testing.T) {
 func TestLostCommitReplyReleasesItsHandoffsWhenTheResendIsSplit(t *testing.T) {
 	t.Parallel()
 	const marker = "cut-the-reply-to-this-write-then-refuse-the-resend"
-	l := setupLostReply(t, "split", marker, `
-CREATE TABLE public.refuse_armed (xid bigint NOT NULL);
-CREATE SEQUENCE public.refuse_once;
-CREATE FUNCTION public.arm_refusal() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN INSERT INTO public.refuse_armed VALUES (txid_current()); RETURN NULL; END $$;
-CREATE FUNCTION public.refuse_next_write() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  -- Armed by a committed write, not the one running; refuses once
-  -- (a sequence is not rolled back with the refused write).
-  IF EXISTS (SELECT 1 FROM public.refuse_armed WHERE xid IS DISTINCT FROM txid_current_if_assigned())
-     AND nextval('public.refuse_once') = 1 THEN
-    RAISE EXCEPTION 'refused once, for the test' USING ERRCODE = '22023';
-  END IF;
-  RETURN NULL;
-END $$;
-CREATE TRIGGER arm_refusal AFTER INSERT ON outbox.attempts FOR EACH ROW
-  WHEN (NEW.rail_reference = '`+marker+`') EXECUTE FUNCTION public.arm_refusal();
-CREATE TRIGGER refuse_next_write BEFORE DELETE ON outbox.inflight FOR EACH STATEMENT
-  EXECUTE FUNCTION public.refuse_next_write();`)
+	l := setupLostReply(t, "split", marker, refuseWritesAfterSQL(marker, "22023", true))
 	r := l.start(t, "r-lost-split", nil)
 	l.waitBothDispatched(t, r)
 	var refused int64
@@ -92,21 +74,7 @@ CREATE TRIGGER refuse_next_write BEFORE DELETE ON outbox.inflight FOR EACH STATE
 func TestLostCommitReplyHandoffsAtAbandonedStopGoToTheReaper(t *testing.T) {
 	t.Parallel()
 	const marker = "cut-the-reply-to-this-write-then-stop"
-	l := setupLostReply(t, "abandon", marker, `
-CREATE TABLE public.refuse_armed (xid bigint NOT NULL);
-CREATE FUNCTION public.arm_refusal() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN INSERT INTO public.refuse_armed VALUES (txid_current()); RETURN NULL; END $$;
-CREATE FUNCTION public.refuse_writes() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF EXISTS (SELECT 1 FROM public.refuse_armed WHERE xid IS DISTINCT FROM txid_current_if_assigned()) THEN
-    RAISE EXCEPTION 'refused, for the test' USING ERRCODE = 'P0001';
-  END IF;
-  RETURN NULL;
-END $$;
-CREATE TRIGGER arm_refusal AFTER INSERT ON outbox.attempts FOR EACH ROW
-  WHEN (NEW.rail_reference = '`+marker+`') EXECUTE FUNCTION public.arm_refusal();
-CREATE TRIGGER refuse_writes BEFORE DELETE ON outbox.inflight FOR EACH STATEMENT
-  EXECUTE FUNCTION public.refuse_writes();`)
+	l := setupLostReply(t, "abandon", marker, refuseWritesAfterSQL(marker, "P0001", false))
 	r := l.start(t, "r-lost-stop", nil)
 	// The lost write committed (it armed the refusal) and the resends are
 	// being refused.
@@ -210,6 +178,35 @@ func TestLostCommitReplyToTheResendToo(t *testing.T) {
 		t.Fatalf("want the first write and its resend failed (their replies cut), logs:\n%s", logs.String())
 	}
 	l.wantReleasedOnce(t)
+}
+
+// refuseWritesAfterSQL arms triggers that refuse the outcome writes (their
+// delete from inflight) once the write archiving marker has committed,
+// with sqlstate: the next write only if once (a sequence, which a refused
+// write does not roll back, counts), else every one. public.refuse_armed
+// holds the arming write's transaction id.
+func refuseWritesAfterSQL(marker, sqlstate string, once bool) string {
+	onlyOnce := ""
+	if once {
+		onlyOnce = "\n     AND nextval('public.refuse_once') = 1"
+	}
+	return `
+CREATE TABLE public.refuse_armed (xid bigint NOT NULL);
+CREATE SEQUENCE public.refuse_once;
+CREATE FUNCTION public.arm_refusal() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO public.refuse_armed VALUES (txid_current()); RETURN NULL; END $$;
+CREATE FUNCTION public.refuse_writes() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  -- Armed by a committed write, not the one running.
+  IF EXISTS (SELECT 1 FROM public.refuse_armed WHERE xid IS DISTINCT FROM txid_current_if_assigned())` + onlyOnce + ` THEN
+    RAISE EXCEPTION 'refused, for the test' USING ERRCODE = '` + sqlstate + `';
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER arm_refusal AFTER INSERT ON outbox.attempts FOR EACH ROW
+  WHEN (NEW.rail_reference = '` + marker + `') EXECUTE FUNCTION public.arm_refusal();
+CREATE TRIGGER refuse_writes BEFORE DELETE ON outbox.inflight FOR EACH STATEMENT
+  EXECUTE FUNCTION public.refuse_writes();`
 }
 
 // lostReply is the scene of the lost-commit-reply tests: two instructions

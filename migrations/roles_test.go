@@ -80,11 +80,23 @@ func setupRoles(t *testing.T) *rolesBundle {
 // rows without one).
 func (b *rolesBundle) as(t *testing.T, role, tenant string) *pgxpool.Pool {
 	t.Helper()
+	pool := b.connect(t, role, tenant)
+	var who string
+	if err := pool.QueryRow(b.ctx, "SELECT current_user").Scan(&who); err != nil || who != role {
+		t.Fatalf("connected as %q (%v), want %q", who, err, role)
+	}
+	return pool
+}
+
+// connect opens a pool logged in as user, with outbox.tenant set to
+// tenant on each connection.
+func (b *rolesBundle) connect(t *testing.T, user, tenant string) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(b.url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, ""
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = user, ""
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
 		_, err := c.Exec(ctx, "SELECT set_config($1, $2, false)", migrations.TenantSetting, tenant)
 		return err
@@ -94,10 +106,6 @@ func (b *rolesBundle) as(t *testing.T, role, tenant string) *pgxpool.Pool {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	var who string
-	if err := pool.QueryRow(b.ctx, "SELECT current_user").Scan(&who); err != nil || who != role {
-		t.Fatalf("connected as %q (%v), want %q", who, err, role)
-	}
 	return pool
 }
 

@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/gofrs/uuid/v5"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -21,9 +20,17 @@ import (
 )
 
 // asBound connects as a login role of its own, a member of group, bound
-// to tenants (migration 036), with outbox.tenant set to setting. Roles are
-// cluster-wide, so each gets a fresh name, dropped after the test.
+// to tenants (migration 036) in the default schema, with outbox.tenant set
+// to setting.
 func (b *rolesBundle) asBound(t *testing.T, group, setting string, tenants ...string) *pgxpool.Pool {
+	t.Helper()
+	return b.connect(t, b.boundRole(t, group, "outbox", tenants...), setting)
+}
+
+// boundRole creates a login role, a member of group, bound to tenants in
+// schema. Roles are cluster-wide, so each gets a fresh name, dropped after
+// the test.
+func (b *rolesBundle) boundRole(t *testing.T, group, schema string, tenants ...string) string {
 	t.Helper()
 	role := fmt.Sprintf("bound_%x", rand.Uint64())
 	if _, err := b.admin.Exec(b.ctx, fmt.Sprintf("CREATE ROLE %s LOGIN IN ROLE %s", role, group)); err != nil {
@@ -35,25 +42,11 @@ func (b *rolesBundle) asBound(t *testing.T, group, setting string, tenants ...st
 		}
 	})
 	for _, tenant := range tenants {
-		if _, err := b.admin.Exec(b.ctx, `INSERT INTO outbox.tenant_bindings (role_name, tenant_id) VALUES ($1, $2)`, role, tenant); err != nil {
+		if _, err := b.admin.Exec(b.ctx, `INSERT INTO `+schema+`.tenant_bindings (role_name, tenant_id) VALUES ($1, $2)`, role, tenant); err != nil {
 			t.Fatal(err)
 		}
 	}
-	cfg, err := pgxpool.ParseConfig(b.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, ""
-	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		_, err := c.Exec(ctx, "SELECT set_config($1, $2, false)", migrations.TenantSetting, setting)
-		return err
-	}
-	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
+	return role
 }
 
 func isInsufficientPrivilege(err error) bool {
@@ -288,25 +281,7 @@ func TestBindingsHoldAfterAnUpgradeByTheOwner(t *testing.T) {
 	if err := enqueue(b.as(t, migrations.RoleProducer, "tenant-b"), "tenant-b", "unbound"); err != nil {
 		t.Fatalf("an unbound producer after the upgrade: %v", err)
 	}
-	role := fmt.Sprintf("bound_%x", rand.Uint64())
-	if _, err := b.admin.Exec(b.ctx, fmt.Sprintf("CREATE ROLE %s LOGIN IN ROLE %s", role, migrations.RoleProducer)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = b.admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
-	if _, err := b.admin.Exec(b.ctx, `INSERT INTO `+schema+`.tenant_bindings (role_name, tenant_id) VALUES ($1, 'tenant-a')`, role); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := pgxpool.ParseConfig(b.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, ""
-	cfg.ConnConfig.RuntimeParams[migrations.TenantSetting] = "tenant-b"
-	bound, err := pgxpool.NewWithConfig(b.ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(bound.Close)
+	bound := b.connect(t, b.boundRole(t, migrations.RoleProducer, schema, "tenant-a"), "tenant-b")
 	var pgErr *pgconn.PgError
 	if err := enqueue(bound, "tenant-b", "bound"); !errors.As(err, &pgErr) || !strings.Contains(pgErr.Message, "row-level security") {
 		t.Errorf("bound to A, setting B, after the upgrade: %v, want the tenant policy's refusal", err)

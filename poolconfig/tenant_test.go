@@ -32,49 +32,14 @@ func TestTenantBehindATransactionPooler(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	viaBouncer := setupTenants(t).behindPgBouncer(t, migrations.RoleAuditor)
-	// connect opens a pool through PgBouncer as the auditor, with
-	// afterConnect run on each new connection.
 	connect := func(afterConnect func(context.Context, *pgx.Conn) error) *pgxpool.Pool {
-		t.Helper()
-		cfg, err := pgxpool.ParseConfig(viaBouncer)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.ConnConfig.User, cfg.ConnConfig.Password = migrations.RoleAuditor, ""
-		s := poolconfig.Operator("audit")
-		s.Pooler = poolconfig.PoolerTransaction
-		s.ApplyPool(cfg)
-		cfg.AfterConnect = afterConnect
-		pool, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		return pool
+		return poolThrough(t, viaBouncer, migrations.RoleAuditor, afterConnect)
 	}
-	tenantsSeen := func(q interface {
-		Query(context.Context, string, ...any) (pgx.Rows, error)
-	}) []string {
-		t.Helper()
-		rows, err := q.Query(ctx, `SELECT tenant_id FROM outbox.idempotency_keys ORDER BY 1`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
+	tenantsSeen := func(q querier) []string { return keysSeen(t, q) }
 
 	// Per connection: the last client to connect chose the tenant of the
 	// one server session, for everyone.
-	perConnection := func(tenant string) *pgxpool.Pool {
-		return connect(func(ctx context.Context, c *pgx.Conn) error {
-			_, err := c.Exec(ctx, "SELECT set_config($1, $2, false)", migrations.TenantSetting, tenant)
-			return err
-		})
-	}
+	perConnection := func(tenant string) *pgxpool.Pool { return connect(setTenant(tenant)) }
 	readerA := perConnection("tenant-a")
 	if got := tenantsSeen(readerA); !slices.Equal(got, []string{"tenant-a"}) {
 		t.Fatalf("reader A alone sees the keys of %v", got)
@@ -134,39 +99,8 @@ func TestBoundTenantBehindATransactionPooler(t *testing.T) {
 	}
 	viaBouncer := tb.behindPgBouncer(t, role)
 	// Each pool sets the tenant per connection, on the one server session.
-	connect := func(tenant string) *pgxpool.Pool {
-		t.Helper()
-		cfg, err := pgxpool.ParseConfig(viaBouncer)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.ConnConfig.User, cfg.ConnConfig.Password = role, ""
-		s := poolconfig.Operator("audit")
-		s.Pooler = poolconfig.PoolerTransaction
-		s.ApplyPool(cfg)
-		cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-			_, err := c.Exec(ctx, "SELECT set_config($1, $2, false)", migrations.TenantSetting, tenant)
-			return err
-		}
-		pool, err := pgxpool.NewWithConfig(ctx, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(pool.Close)
-		return pool
-	}
-	seen := func(db *pgxpool.Pool) []string {
-		t.Helper()
-		rows, err := db.Query(ctx, `SELECT tenant_id FROM outbox.idempotency_keys ORDER BY 1`)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return got
-	}
+	connect := func(tenant string) *pgxpool.Pool { return poolThrough(t, viaBouncer, role, setTenant(tenant)) }
+	seen := func(db *pgxpool.Pool) []string { return keysSeen(t, db) }
 	readerA := connect("tenant-a")
 	if got := seen(readerA); !slices.Equal(got, []string{"tenant-a"}) {
 		t.Fatalf("bound reader, setting A, sees the keys of %v", got)
@@ -239,4 +173,54 @@ func (tb *tenantsBundle) behindPgBouncer(t *testing.T, user string) string {
 		t.Fatal(err)
 	}
 	return viaBouncer
+}
+
+// poolThrough opens a pool through PgBouncer (viaBouncer) as user, set up
+// as an operator's pool behind a transaction pooler, with afterConnect
+// run on each new connection.
+func poolThrough(t *testing.T, viaBouncer, user string, afterConnect func(context.Context, *pgx.Conn) error) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(viaBouncer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = user, ""
+	s := poolconfig.Operator("audit")
+	s.Pooler = poolconfig.PoolerTransaction
+	s.ApplyPool(cfg)
+	cfg.AfterConnect = afterConnect
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// setTenant sets outbox.tenant for the session (per connection: what a
+// transaction pooler leaks to the next client).
+func setTenant(tenant string) func(context.Context, *pgx.Conn) error {
+	return func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, "SELECT set_config($1, $2, false)", migrations.TenantSetting, tenant)
+		return err
+	}
+}
+
+// querier is a pool, a connection or a transaction.
+type querier interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}
+
+// keysSeen is the tenants of the idempotency keys q reads, in order.
+func keysSeen(t *testing.T, q querier) []string {
+	t.Helper()
+	rows, err := q.Query(t.Context(), `SELECT tenant_id FROM outbox.idempotency_keys ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
 }

@@ -10,18 +10,16 @@ import (
 
 	"github.com/gofrs/uuid/v5"
 
-	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/admin"
+	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/poolconfig"
 )
 
 // cancelRefusedCode is the exit status of a cancel of which some
 // instruction was refused because the rail may still be acting on its
-// cut-off call (store.ErrRailMayStillAct): unlike "not pending" (1), the
+// cut-off call (attempts.ErrRailMayStillAct): unlike "not pending" (1), the
 // same cancel succeeds once the time on its line has passed.
 const cancelRefusedCode = 3
-
-// railMayStillAct is the "error" a refused instruction's line carries.
-const railMayStillAct = "RAIL_MAY_STILL_ACT"
 
 // runCancel cancels pending instructions: they are never sent. Each id
 // gets a line; an instruction whose rail call a relayer's stop cut off is
@@ -59,10 +57,10 @@ func runCancel(ctx context.Context, env *environment, args []string) error {
 	missed, refused := 0, 0
 	for _, id := range ids {
 		ok, err := archive.Cancel(ctx, pool, id, *operator, *reason)
-		var wait *store.RailMayStillActError
+		var wait *attempts.RailMayStillActError
 		if errors.As(err, &wait) {
 			refused++
-			line := map[string]any{"outbox_id": id, "action": "cancel", "done": false, "error": railMayStillAct,
+			line := map[string]any{"outbox_id": id, "action": "cancel", "done": false, "error": admin.RailMayStillAct,
 				"note": "refused, nothing done: its rail call was cut off by a relayer's stop (CUT_OFF_AT_STOP, outcome unknown) and the rail may still be acting on it; run the cancel again after retry_after"}
 			if !wait.Until.IsZero() {
 				line["retry_after"] = wait.Until.UTC().Format(time.RFC3339Nano)
