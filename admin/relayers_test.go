@@ -1,6 +1,8 @@
 package admin_test
 
 import (
+	"fmt"
+	"maps"
 	"net/http"
 	"regexp"
 	"testing"
@@ -66,5 +68,48 @@ func TestOverviewOldestDueTileUsesTheThreshold(t *testing.T) {
 		if bad := m[1] == "bad"; bad != tc.bad {
 			t.Errorf("DegradedAfter %s: the oldest due tile is bad: %v, want %v\n%s", tc.after, bad, tc.bad, page)
 		}
+	}
+}
+
+// TestOverviewShowsADeadRelayersExpiredLeases: a relayer killed with its
+// claims in flight holds no live lease, and its claims wait for the reaper
+// once their leases end: the relayers table counted only live leases, so
+// it showed that relayer with 0 in flight (or not at all, once its last
+// archive write left the window), hiding exactly the rows an operator
+// needs to see. Each relayer now shows its live and its expired leases,
+// and one with expired leases is marked bad.
+func TestOverviewShowsADeadRelayersExpiredLeases(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	admin.SetOverviewMaxAge(b.srv, time.Nanosecond) // each read fresh
+	b.enqueue(t, "p1", "k1")
+	b.enqueue(t, "p2", "k2")
+	b.claim(t, "r-dead", 50*time.Millisecond)
+	b.claim(t, "r-live", time.Hour)
+	time.Sleep(150 * time.Millisecond) // r-dead's lease ends; no reaper runs
+	var ov struct {
+		Relayers []struct {
+			RelayerID     string     `json:"relayer_id"`
+			InFlight      int64      `json:"in_flight"`
+			ExpiredLeases int64      `json:"expired_leases"`
+			ExpiredSince  *time.Time `json:"expired_since"`
+		} `json:"relayers"`
+	}
+	if code := b.call(t, "GET", "/api/v1/overview", auditorSecret, nil, &ov); code != http.StatusOK {
+		t.Fatalf("overview: %d", code)
+	}
+	got := map[string]string{}
+	for _, r := range ov.Relayers {
+		got[r.RelayerID] = fmt.Sprintf("%d live, %d expired, since set %v", r.InFlight, r.ExpiredLeases, r.ExpiredSince != nil)
+	}
+	want := map[string]string{"r-dead": "0 live, 1 expired, since set true", "r-live": "1 live, 0 expired, since set false"}
+	if !maps.Equal(got, want) {
+		t.Fatalf("relayers %v, want %v", got, want)
+	}
+	page := consoleAt(t, b.url).get(t, "/console/")
+	dead := regexp.MustCompile(`<tr class="bad"><td class="id">r-dead</td>.*<td class="num">0</td><td class="num">1 <span class="badge expired"`)
+	live := regexp.MustCompile(`<tr><td class="id">r-live</td>.*<td class="num">1</td><td class="num">0</td>`)
+	if !dead.MatchString(page) || !live.MatchString(page) {
+		t.Fatalf("the relayers table does not mark r-dead's expired lease (or marks r-live):\n%s", page)
 	}
 }

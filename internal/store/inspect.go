@@ -264,26 +264,49 @@ func (s *Store) RailActivity(ctx context.Context, db Querier, window time.Durati
 	return out, nil
 }
 
-// LiveRelayer is a relayer that wrote to the archive recently.
+// LiveRelayer is a relayer that wrote to the archive recently or holds
+// claims in flight, live or with their leases expired.
 type LiveRelayer struct {
 	RelayerID string    `json:"relayer_id"`
 	LastSeen  time.Time `json:"last_seen"`
-	InFlight  int64     `json:"in_flight"`
+	// InFlight counts its claims whose lease has not ended.
+	InFlight int64 `json:"in_flight"`
+	// ExpiredLeases counts its claims whose lease has ended, waiting for
+	// the reaper: a relayer killed with work in flight shows them here
+	// (and 0 in flight), whatever its last archive write.
+	ExpiredLeases int64 `json:"expired_leases"`
+	// LeaseUntil is when its latest lease ends (or ended); nil without
+	// claims in flight.
+	LeaseUntil *time.Time `json:"lease_until,omitempty"`
+	// ExpiredSince is when its oldest expired lease ended: how long that
+	// claim has waited for the reaper. Nil without expired leases.
+	ExpiredSince *time.Time `json:"expired_since,omitempty"`
 }
 
 // liveRelayersSQL leaves out the operators' rows (REPLAYED, ACKNOWLEDGED,
 // CANCELLED), whose relayer_id is the operator's name: an operator who
 // acted is not a relayer, and listed as one would hide that none runs.
+// It reads inflight once for every relayer (one pass, grouped): inflight
+// has no index on relayer_id or lease_until (014 dropped the lease index,
+// which every claim paid for), and holds what is in flight, as the
+// snapshot's counts of it also read it whole. Every claim in flight
+// counts, the expired ones too: a dead relayer's claims are listed until
+// the reaper requeues them, even once its last archive write has left the
+// window.
 const liveRelayersSQL = `
-SELECT relayer_id, max(at), sum(n)::bigint FROM (
-  SELECT relayer_id, max(created_at) AS at, 0 AS n FROM {schema}.attempts
+SELECT relayer_id, max(at), sum(n)::bigint, sum(expired)::bigint, max(lease_until), min(expired_since) FROM (
+  SELECT relayer_id, max(created_at) AS at, 0 AS n, 0 AS expired, NULL::timestamptz AS lease_until, NULL::timestamptz AS expired_since
+  FROM {schema}.attempts
   WHERE created_at > now() - $1::interval AND state NOT IN ('REPLAYED', 'ACKNOWLEDGED', 'CANCELLED') GROUP BY relayer_id
   UNION ALL
-  SELECT relayer_id, max(claimed_at), count(*) FROM {schema}.inflight WHERE lease_until >= now() GROUP BY relayer_id
+  SELECT relayer_id, max(claimed_at), count(*) FILTER (WHERE lease_until >= now()), count(*) FILTER (WHERE lease_until < now()),
+         max(lease_until), min(lease_until) FILTER (WHERE lease_until < now())
+  FROM {schema}.inflight GROUP BY relayer_id
 ) x GROUP BY relayer_id ORDER BY relayer_id`
 
 // LiveRelayers lists the relayers (and reapers) that wrote to the archive
-// within `window` or hold a live lease; operators' actions do not count.
+// within `window` or hold claims in flight (live or expired leases);
+// operators' actions do not count.
 func (s *Store) LiveRelayers(ctx context.Context, db Querier, window time.Duration) ([]LiveRelayer, error) {
 	rows, err := db.Query(ctx, s.sql.liveRelayers, window)
 	if err != nil {
