@@ -100,6 +100,8 @@ type Server struct {
 	readyLogged string
 	// overviewReads shares the overview's database reads among callers.
 	overviewReads *sharedread.Value[overviewReads]
+	// standby says whether Pool's database is a standby (onStandby).
+	standby *sharedread.Value[bool]
 }
 
 // New validates cfg and returns a Server.
@@ -126,6 +128,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, store: st, log: log}
 	s.overviewReads = sharedread.New(overviewMaxAge, s.readOverview)
+	s.standby = sharedread.New(standbyMaxAge, s.readStandby)
 	return s, nil
 }
 

@@ -356,6 +356,8 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, who Token, action s
 		writeJSON(w, http.StatusConflict, res)
 	case errors.Is(err, store.ErrOperatorAction), errors.Is(err, ErrUnknownAction):
 		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, ErrReadOnlyStandby):
+		writeStandby(w)
 	case err != nil:
 		s.internalError(w, r, err)
 	case !res.Done:
@@ -383,7 +385,9 @@ func readReason(w http.ResponseWriter, r *http.Request) (string, bool) {
 // operator, for reason, and logs it. Done is false when there was no such
 // (unacknowledged) dead letter, or the instruction was not pending. Any
 // other action is refused with ErrUnknownAction before anything is read:
-// a misspelled action must not fall through to another one.
+// a misspelled action must not fall through to another one. On a standby
+// (read-only) every action is refused with ErrReadOnlyStandby before it
+// is tried.
 func (s *Server) Act(ctx context.Context, id uuid.UUID, operator, action, reason string) (ActionResult, error) {
 	return s.takeAction(ctx, id, nil, operator, action, reason)
 }
@@ -394,6 +398,11 @@ func (s *Server) Act(ctx context.Context, id uuid.UUID, operator, action, reason
 // replayed or acknowledged it since (store.ReplayShown).
 func (s *Server) takeAction(ctx context.Context, id uuid.UUID, shown *time.Time, operator, action, reason string) (ActionResult, error) {
 	res := ActionResult{OutboxID: id, Action: action, By: operator, Reason: reason}
+	if action == ActionCancel || action == ActionReplay || action == ActionAcknowledge {
+		if err := s.refuseOnStandby(ctx); err != nil {
+			return res, err
+		}
+	}
 	var err error
 	switch action {
 	case ActionCancel:

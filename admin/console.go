@@ -151,7 +151,15 @@ type page struct {
 	Error      string
 	Notice     string // what an action did
 	Data       any
+	// Standby says the database is a read-only standby: the page says so
+	// and shows no operator's form, which could only fail there.
+	Standby bool
 }
+
+// Acts says the page shows the operator's forms (replay, acknowledge,
+// cancel, pause, resume): to an operator, on a database that can take
+// them.
+func (p *page) Acts() bool { return p.Operator && !p.Standby }
 
 // mountConsole adds the console's routes to mux.
 func (s *Server) mountConsole(mux *http.ServeMux) {
@@ -205,7 +213,7 @@ func (s *Server) console(need Role, form bool, h func(w http.ResponseWriter, r *
 			return
 		}
 		pageHeaders(w)
-		h(w, r, &page{Who: sess.who, Operator: sess.who.Role == RoleOperator, CSRF: sess.csrf})
+		h(w, r, &page{Who: sess.who, Operator: sess.who.Role == RoleOperator, CSRF: sess.csrf, Standby: s.onStandby(r.Context())})
 	})
 }
 
@@ -351,6 +359,8 @@ func (s *Server) pageCancel(w http.ResponseWriter, r *http.Request, p *page) {
 	} else {
 		res, err := s.Act(r.Context(), id, p.Who.Name, ActionCancel, reason)
 		switch {
+		case errors.Is(err, ErrReadOnlyStandby):
+			p.Error = standbyRefusal
 		case errors.Is(err, store.ErrRailMayStillAct):
 			p.Error = "Not cancelled, nothing was done: a relayer's stop cut this instruction's rail call off (outcome unknown), and the rail may still be acting on it until its claim's lease ends."
 			if res.RetryAfter != nil {
@@ -499,6 +509,10 @@ func (s *Server) pageAct(w http.ResponseWriter, r *http.Request, p *page) {
 			return
 		}
 		res, err := s.takeAction(r.Context(), id, &shown, p.Who.Name, action, reason)
+		if errors.Is(err, ErrReadOnlyStandby) {
+			p.Error = standbyRefusal
+			break
+		}
 		if errors.Is(err, store.ErrDeadLetterChanged) {
 			p.Error = "That dead letter changed since this page was shown: someone replayed or acknowledged it (it may have failed again). Nothing was done; look at it again below before you act."
 			break

@@ -45,9 +45,15 @@ const (
 // PauseRail pauses (ActionPause) or resumes (ActionResume) dispatch to
 // railType for every relayer, as operator, for reason, and logs it. A
 // pause then waits up to QuietWait for the rail to go quiet. Any other
-// action is refused with ErrUnknownAction, and nothing is done.
+// action is refused with ErrUnknownAction, and nothing is done; on a
+// standby (read-only), every action with ErrReadOnlyStandby.
 func (s *Server) PauseRail(ctx context.Context, railType, operator, action, reason string) (PauseResult, error) {
 	res := PauseResult{RailType: railType, Action: action, By: operator, Reason: reason}
+	if action == ActionPause || action == ActionResume {
+		if err := s.refuseOnStandby(ctx); err != nil {
+			return res, err
+		}
+	}
 	var err error
 	switch action {
 	case ActionResume:
@@ -93,6 +99,8 @@ func (s *Server) pauseRail(w http.ResponseWriter, r *http.Request, who Token) {
 	switch {
 	case errors.Is(err, store.ErrOperatorAction), errors.Is(err, store.ErrRailType):
 		writeError(w, http.StatusBadRequest, err.Error())
+	case errors.Is(err, ErrReadOnlyStandby):
+		writeStandby(w)
 	case err != nil:
 		s.internalError(w, r, err)
 	case !res.Done && action == ActionResume:
@@ -123,6 +131,11 @@ func (s *Server) pagePause(w http.ResponseWriter, r *http.Request, p *page) {
 		return
 	default:
 		res, err := s.PauseRail(r.Context(), rail, p.Who.Name, action, reason)
+		if errors.Is(err, ErrReadOnlyStandby) {
+			p.Error = standbyRefusal
+			s.pageRails(w, r, p)
+			return
+		}
 		if err != nil {
 			s.internalError(w, r, err)
 			return
