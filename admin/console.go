@@ -112,6 +112,9 @@ var consoleTemplates = template.Must(template.New("").Funcs(template.FuncMap{
 		return time.Duration(f * float64(time.Second)).Round(time.Second).String()
 	},
 	"lower": strings.ToLower,
+	// words is a state as its badge says it: the raw name (the API's
+	// value, kept in the badge's title and class) reads as code.
+	"words": stateWords,
 	// prev is the sequence id before n: what a queued instruction waits
 	// on (with ordering on, the one before it settles first).
 	"prev": func(n int64) int64 { return n - 1 },
@@ -133,6 +136,28 @@ var consoleTemplates = template.Must(template.New("").Funcs(template.FuncMap{
 		return template.URL(v.Encode())
 	},
 }).ParseFS(consoleFiles, "console/*.html"))
+
+// stateWords says a queued instruction's or a participant's state
+// (store.Queued.State, store.ParticipantView.State) in an operator's
+// words; the page's next cell says until when, since when or behind
+// what. An unknown state is shown as it is.
+func stateWords(state string) string {
+	switch state {
+	case "due":
+		return "due"
+	case "retry_wait":
+		return "waiting to retry"
+	case "queued":
+		return "queued"
+	case "in_flight":
+		return "in flight"
+	case "stuck":
+		return "stuck: lease ended"
+	case "clear":
+		return "clear"
+	}
+	return state
+}
 
 // errBadState is the instructions page's answer to an unknown state.
 var errBadState = errors.New("state must be pending or in_flight")

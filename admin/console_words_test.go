@@ -211,7 +211,7 @@ func TestQueuedRowsSayWhatTheyWaitFor(t *testing.T) {
 	b.enqueue(t, "acme", "k1")
 	queued := b.enqueue(t, "acme", "k2")
 	page := consoleAt(t, b.url).get(t, "/console/instructions?state=pending")
-	m := regexp.MustCompile(`(?s)<tr>\s*<td><span class="badge st-queued">.*?</tr>`).FindString(page)
+	m := regexp.MustCompile(`(?s)<tr>\s*<td><span class="badge st-queued".*?</tr>`).FindString(page)
 	if m == "" || !strings.Contains(m, queued.String()) {
 		t.Fatalf("no queued row for %s:\n%s", queued, page)
 	}
