@@ -75,3 +75,18 @@ func TestStateBadgesSayWhatTheStateMeans(t *testing.T) {
 		t.Errorf("the API's pending states: %v", states)
 	}
 }
+
+// TestDeadLettersSayTheirOrder: the dead letters list is in failure order,
+// oldest first (the API's too), and did not say so: an operator reading
+// its first rows as the latest failures replays the wrong ones first. Its
+// failure column's heading says it (and marks the column sorted).
+func TestDeadLettersSayTheirOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	b.enqueue(t, "p1", "k1")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
+	page := consoleAt(t, b.url).get(t, "/console/dead-letters")
+	if !regexp.MustCompile(`<th aria-sort="ascending"[^>]*>failed, oldest first \(UTC\)</th>`).MatchString(page) {
+		t.Errorf("the failure column's heading does not say the order:\n%s", page)
+	}
+}
