@@ -315,7 +315,7 @@ func (s *Server) pageOverview(w http.ResponseWriter, r *http.Request, p *page) {
 		return
 	}
 	p.Title, p.Nav, p.Refresh, p.Data = "Overview", "overview", 5, overviewPage{Overview: ov, DegradedAfterSecs: s.cfg.DegradedAfter.Seconds(),
-		VerifyOnPrimary: s.cfg.AuditPool == nil}
+		VerifyOnPrimary: s.cfg.AuditPool == nil && !p.Standby}
 	s.render(w, r, "overview.html", p)
 }
 
@@ -326,8 +326,8 @@ type overviewPage struct {
 	Overview
 	DegradedAfterSecs float64
 	// VerifyOnPrimary says audit verify runs on the primary (no
-	// Config.AuditPool), where its snapshot holds back vacuum: the
-	// button says so before it is pressed.
+	// Config.AuditPool, and Pool is not a standby), where its snapshot
+	// holds back vacuum: the button says so before it is pressed.
 	VerifyOnPrimary bool
 }
 

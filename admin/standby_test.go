@@ -87,6 +87,11 @@ func TestConsoleOnAStandby(t *testing.T) {
 			}
 		}
 	}
+	// Verify runs on the standby too: the overview must not warn that it
+	// holds back vacuum on the primary.
+	if page := op.get(t, "/console/"); strings.Contains(page, "here on the primary") {
+		t.Errorf("the overview on a standby says verify runs on the primary:\n%s", page)
+	}
 	// A form posted anyway (a page shown before a failover) is refused
 	// with the same words, before anything is tried.
 	for path, form := range map[string]url.Values{
