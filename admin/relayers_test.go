@@ -107,8 +107,8 @@ func TestOverviewShowsADeadRelayersExpiredLeases(t *testing.T) {
 		t.Fatalf("relayers %v, want %v", got, want)
 	}
 	page := consoleAt(t, b.url).get(t, "/console/")
-	dead := regexp.MustCompile(`<tr class="bad"><td class="id">r-dead</td>.*<td class="num">0</td><td class="num">1 <span class="badge expired"`)
-	live := regexp.MustCompile(`<tr><td class="id">r-live</td>.*<td class="num">1</td><td class="num">0</td>`)
+	dead := regexp.MustCompile(`<tr class="bad"><td class="id">r-dead</td>.*<td class="num">0</td><td class="num">1</td><td><span class="badge expired"[^>]*>waiting for the reaper</span> <span class="nowrap">since \d{4}-`)
+	live := regexp.MustCompile(`<tr><td class="id">r-live</td>.*<td class="num">1</td><td class="num">0</td><td><span class="nowrap">live until \d{4}-`)
 	if !dead.MatchString(page) || !live.MatchString(page) {
 		t.Fatalf("the relayers table does not mark r-dead's expired lease (or marks r-live):\n%s", page)
 	}
