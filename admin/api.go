@@ -31,9 +31,12 @@ const activityWindow = 5 * time.Minute
 
 // Overview is the queue at a glance.
 type Overview struct {
-	Queue    store.Snapshot      `json:"queue"`
-	Rails    []RailOverview      `json:"rails"`
-	Relayers []store.LiveRelayer `json:"relayers"` // wrote to the archive or held a lease in the last 5 minutes
+	Queue store.Snapshot `json:"queue"`
+	Rails []RailOverview `json:"rails"`
+	// Relayers wrote to the archive in the last 5 minutes or hold claims
+	// in flight, live or with their leases expired (a dead relayer's,
+	// waiting for the reaper).
+	Relayers []store.LiveRelayer `json:"relayers"`
 	Window   string              `json:"activity_window"`
 	// Warnings are conditions that slow the whole queue down without
 	// stopping it: today, a transaction or slot that has held back vacuum
