@@ -289,4 +289,129 @@ func TestBindingsHoldAfterAnUpgradeByTheOwner(t *testing.T) {
 	if err := enqueue(bound, "tenant-a", "bound"); !errors.As(err, &pgErr) || !strings.Contains(pgErr.Message, "row-level security") {
 		t.Errorf("bound to A, setting B, enqueue for A after the upgrade: %v, want the tenant policy's refusal (the setting still chooses)", err)
 	}
+	// Migration 038, run by the owner: the enqueue functions keep their
+	// standing (the unbound producer above enqueued through them) and
+	// refuse the bound producer a key of the tenant it sets, inserted
+	// without its instruction.
+	orphan := uuid.Must(uuid.NewV4())
+	if _, err := b.admin.Exec(b.ctx, `INSERT INTO `+schema+`.idempotency_keys (tenant_id, instruction_id, idempotency_key, outbox_id, participant_id, payload_hash)
+		VALUES ('tenant-b', 'ins-orphan', 'k-orphan', $1, 'p-orphan', '\x00')`, orphan); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`SELECT ` + schema + `.enqueue_pending($1, 'sandbox', '', '{}')`,
+		`SELECT ` + schema + `.enqueue_pending_batch(ARRAY[$1::uuid], ARRAY['sandbox'], ARRAY[''], ARRAY['{}'])`,
+	} {
+		if _, err := bound.Exec(b.ctx, q, orphan); !errors.As(err, &pgErr) || pgErr.Code != "42501" || !strings.Contains(pgErr.Message, "not bound") {
+			t.Errorf("bound to A, setting B, after the upgrade: %s on B's key: %v, want the binding's 42501", q, err)
+		}
+	}
+	var stamped bool
+	if err := b.admin.QueryRow(b.ctx, `SELECT sequence_id IS NOT NULL FROM `+schema+`.idempotency_keys WHERE outbox_id = $1`, orphan).Scan(&stamped); err != nil || stamped {
+		t.Errorf("B's key after the refusals: stamped %v (%v), want without its instruction", stamped, err)
+	}
+}
+
+// TestBoundProducerCannotCompleteAKeyOfTheTenantItSets: the enqueue
+// functions run as the owner, which row-level security does not filter.
+// Before migration 038 they applied the binding only to a key of another
+// tenant than outbox.tenant, so a producer bound to A with the setting B
+// made a key of B inserted without its instruction (its outbox id known)
+// a payment of B, with the rail and payload it chose. Now they refuse it
+// (42501, as a key of another tenant) by either form and write nothing;
+// a key within the bindings, an unbound producer and the owner complete
+// such a key as before.
+func TestBoundProducerCannotCompleteAKeyOfTheTenantItSets(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	// orphan inserts a key of tenant, as the owner, with no instruction.
+	orphan := func(tenant string) uuid.UUID {
+		t.Helper()
+		id := uuid.Must(uuid.NewV4())
+		if _, err := b.admin.Exec(b.ctx, `INSERT INTO outbox.idempotency_keys (tenant_id, instruction_id, idempotency_key, outbox_id, participant_id, payload_hash)
+			VALUES ($1, 'ins-'||$2, 'k-'||$2, $2::uuid, 'p-'||$2, '\x00')`, tenant, id.String()); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	const payload = `{"amount_minor":1,"currency":"USD","destination":"x"}`
+	single := func(db *pgxpool.Pool, id uuid.UUID) error {
+		_, err := db.Exec(b.ctx, `SELECT outbox.enqueue_pending($1, 'sandbox', '', $2)`, id, payload)
+		return err
+	}
+	batch := func(db *pgxpool.Pool, id uuid.UUID) error {
+		_, err := db.Exec(b.ctx, `SELECT outbox.enqueue_pending_batch(ARRAY[$1::uuid], ARRAY['sandbox'], ARRAY[''], ARRAY[$2])`, id, payload)
+		return err
+	}
+	// completed is whether the key's instruction exists: its pending row,
+	// its participant's sequence and its key's sequence id, all or none.
+	completed := func(id uuid.UUID) bool {
+		t.Helper()
+		var rows, seqs int
+		var stamped bool
+		if err := b.admin.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM outbox.pending WHERE outbox_id = $1),
+			(SELECT count(*) FROM outbox.sequences WHERE participant_id = 'p-'||$1::uuid::text),
+			(SELECT sequence_id IS NOT NULL FROM outbox.idempotency_keys WHERE outbox_id = $1)`, id).Scan(&rows, &seqs, &stamped); err != nil {
+			t.Fatal(err)
+		}
+		if !(rows == 0 && seqs == 0 && !stamped) && !(rows == 1 && seqs == 1 && stamped) {
+			t.Errorf("key %s half completed: %d pending, %d sequences, stamped %v", id, rows, seqs, stamped)
+		}
+		return rows == 1
+	}
+	calls := map[string]func(*pgxpool.Pool, uuid.UUID) error{"enqueue_pending": single, "enqueue_pending_batch": batch}
+
+	for name, c := range map[string]struct {
+		db     *pgxpool.Pool
+		tenant string
+	}{
+		"bound to A, setting B, a key of B":                {b.asBound(t, migrations.RoleProducer, "tenant-b", "tenant-a"), "tenant-b"},
+		"bound to A, setting none, a key without a tenant": {b.asBound(t, migrations.RoleProducer, "", "tenant-a"), ""},
+		"bound to no tenant, setting B, a key of B":        {b.asBound(t, migrations.RoleProducer, "tenant-b", ""), "tenant-b"},
+		"bound to A and C, setting B, a key of B":          {b.asBound(t, migrations.RoleProducer, "tenant-b", "tenant-a", "tenant-c"), "tenant-b"},
+	} {
+		for fn, call := range calls {
+			id := orphan(c.tenant)
+			var pgErr *pgconn.PgError
+			if err := call(c.db, id); !errors.As(err, &pgErr) || pgErr.Code != "42501" || !strings.Contains(pgErr.Message, "not bound") {
+				t.Errorf("%s, %s: %v, want the binding's 42501", name, fn, err)
+			}
+			if completed(id) {
+				t.Errorf("%s, %s: the key became an instruction", name, fn)
+			}
+		}
+	}
+
+	for name, c := range map[string]struct {
+		db     *pgxpool.Pool
+		tenant string
+	}{
+		"bound to A and B, setting B, a key of B": {b.asBound(t, migrations.RoleProducer, "tenant-b", "tenant-a", "tenant-b"), "tenant-b"},
+		"bound to no tenant, a key without one":   {b.asBound(t, migrations.RoleProducer, "", ""), ""},
+		"unbound, setting B, a key of B":          {b.as(t, migrations.RoleProducer, "tenant-b"), "tenant-b"},
+		"the owner, a key of B":                   {b.as(t, migrations.RoleOwner, ""), "tenant-b"},
+		"a superuser, a key of B":                 {b.admin, "tenant-b"},
+	} {
+		for fn, call := range calls {
+			id := orphan(c.tenant)
+			if err := call(c.db, id); err != nil {
+				t.Errorf("%s, %s: %v", name, fn, err)
+			}
+			if !completed(id) {
+				t.Errorf("%s, %s: the key is still without its instruction", name, fn)
+			}
+		}
+	}
+
+	// A bound producer's own enqueues, one and a batch, as before.
+	asA := b.asBound(t, migrations.RoleProducer, "tenant-a", "tenant-a")
+	if _, err := b.enqueue(t, asA, "tenant-a", "a-own"); err != nil {
+		t.Errorf("bound to A, setting A, enqueue for A: %v", err)
+	}
+	if rs, err := b.producer.EnqueueBatch(b.ctx, asA, []pending.Instruction{
+		{InstructionID: "ins-a1", ParticipantID: "p-a", IdempotencyKey: "k-a1", TenantID: "tenant-a", RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1"},
+		{InstructionID: "ins-a2", ParticipantID: "p-a", IdempotencyKey: "k-a2", TenantID: "tenant-a", RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1"},
+	}); err != nil || rs[0].SequenceID != 1 || rs[1].SequenceID != 2 {
+		t.Errorf("bound to A, setting A, a batch for A: %+v, %v; want sequences 1 and 2", rs, err)
+	}
 }
