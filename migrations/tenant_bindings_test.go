@@ -389,7 +389,8 @@ func TestBoundProducerCannotCompleteAKeyOfTheTenantItSets(t *testing.T) {
 		"bound to A and B, setting B, a key of B": {b.asBound(t, migrations.RoleProducer, "tenant-b", "tenant-a", "tenant-b"), "tenant-b"},
 		"bound to no tenant, a key without one":   {b.asBound(t, migrations.RoleProducer, "", ""), ""},
 		"unbound, setting B, a key of B":          {b.as(t, migrations.RoleProducer, "tenant-b"), "tenant-b"},
-		"the owner, a key of B":                   {b.as(t, migrations.RoleOwner, ""), "tenant-b"},
+		"the owner, setting B, a key of B":        {b.as(t, migrations.RoleOwner, "tenant-b"), "tenant-b"},
+		"the owner, setting none, a key of B":     {b.as(t, migrations.RoleOwner, ""), "tenant-b"},
 		"a superuser, a key of B":                 {b.admin, "tenant-b"},
 	} {
 		for fn, call := range calls {
