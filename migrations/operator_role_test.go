@@ -183,9 +183,20 @@ func TestOperatorRoleAcrossTheUpgrade(t *testing.T) {
 		outcomes = append(outcomes, store.Outcome{Identity: c.Identity, AttemptID: id, ClaimAttemptID: c.AttemptID, AttemptNo: c.AttemptNo,
 			RelayerID: "r1", ClaimedAt: c.ClaimedAt, State: store.Failed, ErrorCode: "RAIL_REJECTED", CountAttempt: true})
 	}
+	// This build's outcome statement names pending.retry_at (migration
+	// 039), which a schema at 034 lacks: the column is lent for the write,
+	// as the build of that time wrote these dead letters without it.
+	lend := func(sql string) {
+		t.Helper()
+		if _, err := b.pool.Exec(b.ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lend(`ALTER TABLE ` + schema + `.pending ADD COLUMN retry_at timestamptz`)
 	if _, _, err := st.Record(b.ctx, b.pool, outcomes, store.HandoffParams{}); err != nil {
 		t.Fatal(err)
 	}
+	lend(`ALTER TABLE ` + schema + `.pending DROP COLUMN retry_at`)
 	acts := func(era string) {
 		t.Helper()
 		for _, step := range []struct {

@@ -51,9 +51,10 @@ FOR UPDATE`
 //
 //   - successors: for each freed participant with nothing in flight whose
 //     next instruction (lowest pending sequence) waits (next_attempt_at =
-//     'infinity'), that instruction; those beyond $2, and those of a rail
-//     this relayer does not claim or an operator paused, are made due now
-//     instead. Which of them are beyond $2 is not chosen by age: a relayer
+//     'infinity'), that instruction; those beyond $2, those of a rail
+//     this relayer does not claim or an operator paused, and those whose
+//     retry time is still ahead (retry_at: a retry that waited behind a
+//     replay, migration 039) are made due instead (dueAgainSQL). Which of them are beyond $2 is not chosen by age: a relayer
 //     asks for as many as it records terminal outcomes, so none are, and
 //     one made due is claimed by the next claim anyway (sorting them cost
 //     a write of ten outcomes about 2%). With ordering off nothing waits.
@@ -143,17 +144,17 @@ WITH freed AS (
 ), waiting AS (
   SELECT h.* FROM freed f
   CROSS JOIN LATERAL (
-    SELECT p.ctid AS row, p.next_attempt_at, p.rail_type, p.created_at FROM {schema}.pending p
+    SELECT p.ctid AS row, p.next_attempt_at, p.retry_at, p.rail_type, p.created_at FROM {schema}.pending p
     WHERE p.participant_id = f.participant_id ORDER BY p.sequence_id LIMIT 1) h` + waiting + `
 ), successors AS (
   SELECT w.row FROM waiting w
-  WHERE w.rail_type = ANY (` + claimableRails + `)
+  WHERE w.rail_type = ANY (` + claimableRails + `) AND (w.retry_at IS NULL OR w.retry_at <= now())
   LIMIT $2
 ), refill AS (` + refill + `
 ), locked AS (
   SELECT row FROM successors UNION ALL SELECT row FROM refill
 ), promoted AS (
-  UPDATE {schema}.pending p SET next_attempt_at = now()
+  UPDATE {schema}.pending p SET ` + dueAgainSQL + `
   WHERE p.ctid = ANY (ARRAY(SELECT row FROM waiting WHERE row NOT IN (SELECT row FROM successors)))
 ),` + tail
 }

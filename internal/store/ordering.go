@@ -43,12 +43,19 @@ func (s *Store) SetOrdered(ctx context.Context, db TxBeginner, on bool) error {
 		if on {
 			statements = append(statements,
 				`UPDATE {schema}.sequences s SET queued = coalesce((SELECT count(*) FROM {schema}.pending p WHERE p.participant_id = s.participant_id), 0)`,
-				`UPDATE {schema}.pending p SET next_attempt_at = CASE
-				   WHEN EXISTS (SELECT 1 FROM {schema}.pending q WHERE q.participant_id = p.participant_id AND q.sequence_id < p.sequence_id) THEN 'infinity'
-				   WHEN p.next_attempt_at = 'infinity' THEN now()
-				   ELSE p.next_attempt_at END`)
+				// A row put waiting keeps a retry time still ahead
+				// (retry_at, waiting.go); one made due is due at it.
+				`UPDATE {schema}.pending p SET (next_attempt_at, retry_at) = (SELECT CASE
+				   WHEN w.waits THEN 'infinity'
+				   WHEN p.next_attempt_at = 'infinity' THEN CASE WHEN p.retry_at > now() THEN p.retry_at ELSE now() END
+				   ELSE p.next_attempt_at END,
+				   CASE WHEN NOT w.waits THEN NULL
+				   WHEN p.next_attempt_at = 'infinity' THEN p.retry_at
+				   WHEN p.next_attempt_at > now() THEN p.next_attempt_at END
+				 FROM (SELECT EXISTS (SELECT 1 FROM {schema}.pending q
+				                      WHERE q.participant_id = p.participant_id AND q.sequence_id < p.sequence_id) AS waits) w)`)
 		} else {
-			statements = append(statements, `UPDATE {schema}.pending SET next_attempt_at = now() WHERE next_attempt_at = 'infinity'`)
+			statements = append(statements, `UPDATE {schema}.pending p SET `+dueAgainSQL+` WHERE next_attempt_at = 'infinity'`)
 		}
 		for i, st := range statements {
 			var args []any

@@ -147,7 +147,7 @@ WITH expired AS (
   -- (The row is locked as it is found and picked by id alone: a
   -- condition on next_attempt_at here let the planner read the due
   -- index's waiting rows instead.)
-  UPDATE {schema}.pending p SET next_attempt_at = now()
+  UPDATE {schema}.pending p SET ` + dueAgainSQL + `
   WHERE p.ctid = ANY (ARRAY(
       SELECT h.row FROM (SELECT DISTINCT participant_id FROM reaped WHERE poisoned AND ordered) t
       CROSS JOIN LATERAL (SELECT q.ctid AS row, q.next_attempt_at FROM {schema}.pending q

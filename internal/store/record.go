@@ -366,20 +366,22 @@ var recordLateSQL = recordWith(requeuedSQL+deadSQL, true)
 // With ordering on, a retry is its participant's head again unless a
 // lower sequence of the participant is pending: a dead letter an operator
 // replayed while this one was in flight, which waits (replay_dead_letter).
-// No terminal outcome will hand that one on, so the retry waits instead and
-// the participant's lowest pending row is made due now (behindSQL, ahead).
+// No terminal outcome will hand that one on, so the retry waits instead,
+// keeping its retry time (retry_at, waiting.go), and the participant's
+// lowest pending row is made due (behindSQL, ahead).
 // The participant's lock (Record takes it for retries too) keeps a replay
 // or a cancel from changing those rows meanwhile.
 var (
 	requeuedSQL = behindSQL("s.state = 'RETRYABLE'") + `
 ), requeued AS (
-  INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head, zombie_count, outcome_unknown)
+  INSERT INTO {schema}.pending (` + pendingColumns + `, chain_head, zombie_count, outcome_unknown, retry_at)
   SELECT ` + identityColumns + `, payload, ` + countAfter("attempt_no", "count_attempt") + `,
          CASE WHEN outbox_id IN (SELECT outbox_id FROM behind) THEN 'infinity' ELSE due END, created_at, NULL, hash,
-         zombie_count, outcome_unknown OR attempt_unknown
+         zombie_count, outcome_unknown OR attempt_unknown,
+         ` + retryAtBehindSQL("outbox_id IN (SELECT outbox_id FROM behind)", "due") + `
   FROM stamped WHERE state = 'RETRYABLE'
 ), ahead AS (
-  UPDATE {schema}.pending p SET next_attempt_at = now()
+  UPDATE {schema}.pending p SET ` + dueAgainSQL + `
   WHERE p.ctid = ANY (ARRAY(SELECT row FROM behind WHERE waits))`
 	deadSQL = `
 ), dead AS (

@@ -204,6 +204,24 @@ var checks = []check{
 		WHERE d.state = 'DISPATCHING'
 		  AND (coalesce(c.n, 0) <> CASE WHEN f.attempt_id IS NULL THEN 1 ELSE 0 END
 		       OR coalesce(c.n_late, 0) > coalesce(c.n_zombie, 0))`, false},
+	// A claim after a retry comes no earlier than the retry time that
+	// attempt recorded (the claim's time is the database's now(), which
+	// every gate compares the due time with). Late outcomes record none
+	// and are left out. Checked for claims since migration 039, before
+	// which a hand-off could claim a retry that had waited behind a
+	// replay at once (waiting.go); on a schema before 039 (no such
+	// setting: read from the row as JSON), for none.
+	{5, "no claim before its retry time", `
+		SELECT format('outbox %s: attempt %s claimed at %s, before %s, the retry time its attempt %s recorded',
+		              outbox_id, attempt_id, claimed_at, prev_retry_at, prev_attempt_id)
+		FROM (SELECT a.outbox_id, a.attempt_id, a.state, a.claimed_at,
+		             lag(a.state) OVER w AS prev_state, lag(a.next_attempt_at) OVER w AS prev_retry_at,
+		             lag(a.attempt_id) OVER w AS prev_attempt_id
+		      FROM {schema}.archive a WHERE NOT a.late
+		      WINDOW w AS (PARTITION BY a.outbox_id ORDER BY a.created_at, a.attempt_id)) x
+		WHERE x.state = 'DISPATCHING' AND x.prev_state = 'RETRYABLE' AND x.prev_retry_at > x.claimed_at
+		  AND x.claimed_at >= (SELECT coalesce((to_jsonb(s) ->> 'retry_times_kept_since')::timestamptz, 'infinity')
+		                       FROM {schema}.settings s)`, false},
 	// The primary key is (attempt_id, created_at), as partitioning
 	// requires, so it does not stop one attempt being archived twice.
 	{5, "attempt ids unique", `
