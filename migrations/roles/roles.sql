@@ -208,6 +208,18 @@ BEGIN
                                  AND coalesce(tenant_id, '') = ANY (coalesce((SELECT array_agg(b.tenant_id) FROM {{schema}}.tenant_bindings b WHERE b.role_name = session_user), ARRAY[coalesce(tenant_id, '')])))$p$, t);
   END LOOP;
 END $$;
+-- Operator rows only through the operators' functions (migration 040):
+-- relayers append to the archive and the dead letters, but never a
+-- replay, acknowledgement or cancel (rows that name a person and a
+-- database role) nor a dead letter already acknowledged. The operators'
+-- functions write those as the owner, whom no policy restricts.
+-- Restrictive: they narrow outbox_relayer_all above.
+DROP POLICY IF EXISTS outbox_relayer_no_operator_rows ON {{schema}}.attempts;
+CREATE POLICY outbox_relayer_no_operator_rows ON {{schema}}.attempts AS RESTRICTIVE FOR INSERT TO outbox_relayer
+  WITH CHECK (state NOT IN ('REPLAYED', 'ACKNOWLEDGED', 'CANCELLED'));
+DROP POLICY IF EXISTS outbox_relayer_no_acknowledgement ON {{schema}}.dead_letters;
+CREATE POLICY outbox_relayer_no_acknowledgement ON {{schema}}.dead_letters AS RESTRICTIVE FOR INSERT TO outbox_relayer
+  WITH CHECK (acknowledged_at IS NULL AND acknowledged_by IS NULL AND acknowledged_reason IS NULL);
 -- Who may act for which tenant (migration 036): a producer reads its own
 -- login role's bindings, auditors and operators read all of them, only
 -- the owner writes them.
