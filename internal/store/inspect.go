@@ -25,7 +25,7 @@ type Queued struct {
 	// died; the reaper will requeue it).
 	State        string     `json:"state"`
 	AttemptCount int        `json:"attempt_count"`        // pending: attempts so far; in flight: this attempt's number
-	NextAttempt  *time.Time `json:"next_attempt_at"`      // pending only; while queued, the retry time it keeps (waiting.go) or nil
+	NextAttempt  *time.Time `json:"next_attempt_at"`      // pending only; nil while queued behind the head
 	RelayerID    string     `json:"relayer_id,omitempty"` // in flight only
 	ClaimedAt    *time.Time `json:"claimed_at,omitempty"`
 	LeaseUntil   *time.Time `json:"lease_until,omitempty"`
@@ -62,7 +62,7 @@ const (
 	queuedPendingColumns = `
 SELECT outbox_id, instruction_id, participant_id, sequence_id, rail_type, coalesce(tenant_id, ''), created_at,
        CASE WHEN next_attempt_at = 'infinity' THEN 'queued' WHEN next_attempt_at <= now() THEN 'due' ELSE 'retry_wait' END,
-       attempt_count, CASE WHEN next_attempt_at = 'infinity' THEN retry_at ELSE next_attempt_at END,
+       attempt_count, CASE WHEN next_attempt_at = 'infinity' THEN NULL ELSE next_attempt_at END,
        '', NULL::timestamptz, NULL::timestamptz, zombie_count, outcome_unknown OR zombie_attempt_id IS NOT NULL`
 	queuedInFlightColumns = `
 SELECT outbox_id, instruction_id, participant_id, sequence_id, rail_type, coalesce(tenant_id, ''), created_at,

@@ -13,9 +13,7 @@ type PendingRow struct {
 	Identity
 	Payload      []byte
 	AttemptCount int
-	// NextAttemptAt is when it is due. While it Waits it is the retry time
-	// it keeps (waiting.go: not due before then even once it is its
-	// participant's head), or zero.
+	// NextAttemptAt is when it is due; zero while it Waits.
 	NextAttemptAt time.Time
 	// Waits is true while, with ordering on, it waits for an earlier
 	// instruction of its participant to end (stored as next_attempt_at =
@@ -47,18 +45,19 @@ func (s *Store) ListPending(ctx context.Context, db Querier, f PendingFilter) ([
 		var tenant, corr *string
 		var due *time.Time
 		err := row.Scan(scanUUID(&p.OutboxID), &p.InstructionID, &p.ParticipantID, &p.SequenceID, &p.IdempotencyKey, &p.RailType,
-			&tenant, &corr, &p.Payload, &p.AttemptCount, &due, &p.CreatedAt, &p.Waits)
+			&tenant, &corr, &p.Payload, &p.AttemptCount, &due, &p.CreatedAt)
 		p.TenantID, p.CorrelationID = deref(tenant), deref(corr)
 		if due != nil {
 			p.NextAttemptAt = *due
+		} else {
+			p.Waits = true
 		}
 		return p, err
 	})
 }
 
 const listPendingSQL = `
-SELECT ` + identityColumns + `, payload, attempt_count, coalesce(nullif(next_attempt_at, 'infinity'), retry_at), created_at,
-       next_attempt_at = 'infinity'
+SELECT ` + identityColumns + `, payload, attempt_count, nullif(next_attempt_at, 'infinity'), created_at
 FROM {schema}.pending
 WHERE ($1 = '' OR instruction_id = $1) AND ($2 = '' OR participant_id = $2) AND ($3 = '' OR rail_type = $3)
 ORDER BY participant_id, sequence_id
