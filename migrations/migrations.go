@@ -346,7 +346,9 @@ type TxBeginner interface {
 // docs/architecture.md): on, a participant's instructions are dispatched
 // one at a time in sequence order; off, any due instruction may be
 // dispatched, concurrently with others of its participant. It refuses
-// while instructions are in flight: stop the relayers first.
+// while instructions are in flight: stop the relayers first. The schema
+// must be at this build's version, as for the relayers (it keeps the
+// retry times of migration 039).
 func SetOrdered(ctx context.Context, db TxBeginner, schema string, on bool) error {
 	if noDB(db) {
 		return fmt.Errorf("set ordering: %w", ErrNoDB)
