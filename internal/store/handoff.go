@@ -54,8 +54,9 @@ FOR UPDATE`
 //     'infinity'), that instruction; those beyond $2, those of a rail
 //     this relayer does not claim or an operator paused, and those whose
 //     retry time is still ahead (retry_at: a retry that waited behind a
-//     replay, migration 039) are made due instead (dueAgainSQL). Which of them are beyond $2 is not chosen by age: a relayer
-//     asks for as many as it records terminal outcomes, so none are, and
+//     replay, migration 039) are made due instead (dueAgainSQL). Which
+//     of them are beyond $2 is not chosen by age: a relayer asks for as
+//     many as it records terminal outcomes, so none are, and
 //     one made due is claimed by the next claim anyway (sorting them cost
 //     a write of ten outcomes about 2%). With ordering off nothing waits.
 //   - refill, if $7: the slots left are filled from the due queue, as
