@@ -14,8 +14,6 @@ import (
 
 	"github.com/ledgerline/outbox/admin"
 	"github.com/ledgerline/outbox/internal/store"
-	"github.com/ledgerline/outbox/internal/testdb"
-	"github.com/ledgerline/outbox/pending"
 )
 
 // shoot takes the page in ctx at 800 and 1280 px wide into dir (the
@@ -111,16 +109,7 @@ func TestDeadRelayerStandsOutInBrowser(t *testing.T) {
 func TestStandbyConsoleInBrowser(t *testing.T) {
 	t.Parallel()
 	bin := chromium(t)
-	primary, pool := testdb.OwnCluster(t)
-	st, err := store.New("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	producer, err := pending.NewProducer(pending.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &bundle{ctx: t.Context(), pool: pool, st: st, producer: producer}
+	primary, b := setupOwnCluster(t)
 	b.enqueue(t, "acme-payroll", "k1")
 	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
 	b.enqueue(t, "globex", "k2")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ledgerline/outbox/admin"
+	"github.com/ledgerline/outbox/internal/pglocal"
 	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/pending"
@@ -25,16 +26,7 @@ import (
 // ErrReadOnlyStandby).
 func TestConsoleOnAStandby(t *testing.T) {
 	t.Parallel()
-	primary, pool := testdb.OwnCluster(t)
-	st, err := store.New("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	producer, err := pending.NewProducer(pending.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &bundle{ctx: t.Context(), pool: pool, st: st, producer: producer}
+	primary, b := setupOwnCluster(t)
 	dead := b.enqueue(t, "p1", "k1")
 	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
 	queued := b.enqueue(t, "p2", "k2")
@@ -104,7 +96,24 @@ func TestConsoleOnAStandby(t *testing.T) {
 		}
 	}
 	var n int
-	if err := pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE state IN ('REPLAYED', 'ACKNOWLEDGED', 'CANCELLED')`).Scan(&n); err != nil || n != 0 {
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE state IN ('REPLAYED', 'ACKNOWLEDGED', 'CANCELLED')`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("operator actions archived on the primary: %d %v", n, err)
 	}
+}
+
+// setupOwnCluster is a bundle (no server) on a cluster of the test's own,
+// returned with it, so that a streaming standby can follow it
+// (startStandby).
+func setupOwnCluster(t *testing.T) (*pglocal.Cluster, *bundle) {
+	t.Helper()
+	primary, pool := testdb.OwnCluster(t)
+	st, err := store.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	producer, err := pending.NewProducer(pending.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return primary, &bundle{ctx: t.Context(), pool: pool, st: st, producer: producer}
 }
