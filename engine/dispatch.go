@@ -45,7 +45,10 @@ func (r *run) send(c *store.Claimed, d *rails.Decision, callDeadline time.Time) 
 		start := time.Now()
 		*d = r.execute(c, &ins, callDeadline)
 		latency := time.Since(start)
-		if r.dispatchCtx.Err() != nil && d.RailCalled && d.Outcome == rails.Retryable {
+		// An explicit answer stands even when the stop's deadline passed
+		// as it arrived (a status read before the cut, its body after):
+		// the rail is done with the call, and its code says what it did.
+		if r.dispatchCtx.Err() != nil && d.RailCalled && !d.Answered && d.Outcome == rails.Retryable {
 			r.cutOff(c, d)
 		}
 		return latency

@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -207,4 +209,81 @@ func TestOutcomeQueuedAfterTheFinalFlushIsAccounted(t *testing.T) {
 	waitFor(t, 10*time.Second, "both outcomes to be counted left in flight", func() bool {
 		return r.Stats().LeftInFlight == 2 && len(ru.rec.outcomes) == 0
 	})
+}
+
+// headersSeen is a RoundTripper that says when an answer's status and
+// headers have reached the client (the rail has answered), before its body
+// is read.
+type headersSeen struct {
+	next http.RoundTripper
+	seen chan struct{}
+}
+
+func (h headersSeen) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := h.next.RoundTrip(req)
+	if err == nil {
+		h.seen <- struct{}{}
+	}
+	return resp, err
+}
+
+// TestStopAfterTheRailAnsweredKeepsTheAnswer: the webhook rail answers
+// 503 (a refusal before any processing), its body is slow, and the
+// relayer's stop deadline passes while the body is read. The rail did
+// answer, so its answer is recorded: RAIL_UNAVAILABLE with the rail's
+// code, an attempt of the budget. Before, every retryable decision of a
+// call under way at the deadline was made a CUT_OFF_AT_STOP (outcome
+// unknown, "not retried before its lease ends"), so an answer that says
+// the rail did not act was archived as one that may have paid, without
+// the rail's code, and an operator's cancel was refused until the lease
+// ended.
+func TestStopAfterTheRailAnsweredKeepsTheAnswer(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // the body never comes
+	}))
+	t.Cleanup(srv.Close)
+	seen := make(chan struct{}, 1)
+	hook, err := rails.NewWebhook(rails.WebhookOptions{URL: srv.URL, Secret: []byte("0123456789abcdef0123456789abcdef"),
+		Client: &http.Client{Transport: headersSeen{next: http.DefaultTransport, seen: seen}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: hook,
+		Timeout: 5 * time.Second, Breaker: rails.BreakerOptions{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.rails = set
+	b.enqueue(t, 1, 1)
+	r := b.newRelayer(t, b.config("answered"))
+	if err := r.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-seen:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the rail never answered")
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, 50*time.Millisecond)
+	err = r.Stop(ctx)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop: %v, want the deadline exceeded", err)
+	}
+	var state, errorCode, railCode string
+	var attemptCount int
+	if err := b.pool.QueryRow(b.ctx, `
+		SELECT state, coalesce(error_code, ''), coalesce(rail_code, ''), (SELECT attempt_count FROM outbox.pending)
+		FROM outbox.attempts WHERE state <> 'DISPATCHING'`).Scan(&state, &errorCode, &railCode, &attemptCount); err != nil {
+		t.Fatal(err)
+	}
+	if state != "RETRYABLE" || errorCode != string(rails.CodeRailUnavailable) || railCode != "HTTP_503" || attemptCount != 1 {
+		t.Fatalf("recorded %s %s rail code %q, attempt count %d: want RETRYABLE %s HTTP_503, 1",
+			state, errorCode, railCode, attemptCount, rails.CodeRailUnavailable)
+	}
 }

@@ -86,6 +86,11 @@ type Decision struct {
 	// open breaker, refused connection): such an attempt is not counted
 	// against the instruction's retry budget for breaker refusals.
 	RailCalled bool
+	// Answered is true when the rail gave an explicit answer (the
+	// transport returned no error), whatever its code means: the call is
+	// over on the rail's side. A relayer whose stop cut the call short
+	// records such an answer as it is, not as an outcome unknown.
+	Answered bool
 }
 
 // Decide classifies a dispatch answer. Errors are classified by type, never
@@ -115,6 +120,7 @@ func (t CodeTable) Decide(res Result, err error) Decision {
 		}
 		return d
 	}
+	d.Answered = true
 	rule, ok := t[res.Code]
 	if !ok {
 		d.Outcome, d.ErrorCode = Retryable, CodeUnknownRailCode

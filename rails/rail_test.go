@@ -39,7 +39,7 @@ func TestDecideSandboxCodes(t *testing.T) {
 		if d.Outcome != w.outcome || d.ErrorCode != w.code {
 			t.Errorf("%s: got %s/%q, want %s/%q", code, d.Outcome, d.ErrorCode, w.outcome, w.code)
 		}
-		if d.RailCode != code || d.Reference != "ref-1" || d.RetryAfter != time.Second || !d.RailCalled {
+		if d.RailCode != code || d.Reference != "ref-1" || d.RetryAfter != time.Second || !d.RailCalled || !d.Answered {
 			t.Errorf("%s: answer not carried into the decision: %+v", code, d)
 		}
 	}
@@ -49,7 +49,7 @@ func TestDecideUnknownCode(t *testing.T) {
 	t.Parallel()
 	for _, code := range []string{"PENDING_REVIEW", "", "accepted"} { // codes are case-sensitive
 		d := rails.SandboxCodes.Decide(rails.Result{Code: code}, nil)
-		if d.Outcome != rails.Retryable || d.ErrorCode != rails.CodeUnknownRailCode || d.RailCode != code || !d.RailCalled {
+		if d.Outcome != rails.Retryable || d.ErrorCode != rails.CodeUnknownRailCode || d.RailCode != code || !d.RailCalled || !d.Answered {
 			t.Errorf("code %q: got %+v", code, d)
 		}
 	}
@@ -105,9 +105,9 @@ func TestDecideErrors(t *testing.T) {
 			t.Parallel()
 			// An answer code next to an error is ignored: no answer was obtained.
 			d := rails.SandboxCodes.Decide(rails.Result{Code: rails.SandboxAccepted}, tc.err)
-			if d.Outcome != tc.outcome || d.ErrorCode != tc.code || d.RailCalled != tc.railCalled || d.Field != tc.field {
-				t.Fatalf("got %s/%s railCalled=%v field=%q, want %s/%s railCalled=%v field=%q",
-					d.Outcome, d.ErrorCode, d.RailCalled, d.Field, tc.outcome, tc.code, tc.railCalled, tc.field)
+			if d.Outcome != tc.outcome || d.ErrorCode != tc.code || d.RailCalled != tc.railCalled || d.Field != tc.field || d.Answered {
+				t.Fatalf("got %s/%s railCalled=%v field=%q answered=%v, want %s/%s railCalled=%v field=%q, not answered",
+					d.Outcome, d.ErrorCode, d.RailCalled, d.Field, d.Answered, tc.outcome, tc.code, tc.railCalled, tc.field)
 			}
 		})
 	}
