@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -285,5 +286,53 @@ func TestStopAfterTheRailAnsweredKeepsTheAnswer(t *testing.T) {
 	if state != "RETRYABLE" || errorCode != string(rails.CodeRailUnavailable) || railCode != "HTTP_503" || attemptCount != 1 {
 		t.Fatalf("recorded %s %s rail code %q, attempt count %d: want RETRYABLE %s HTTP_503, 1",
 			state, errorCode, railCode, attemptCount, rails.CodeRailUnavailable)
+	}
+}
+
+// TestStopWhileConnectingReleases: the stop's deadline passes while a Go
+// transport is still connecting to its rail, on the instruction's last
+// allowed attempt; the transport says nothing was sent (it wraps
+// rails.ErrUnavailable, as [rails.Transport] asks). The instruction is
+// handed back (RELEASED: no attempt counted) and stays pending. Before,
+// the answer was classified RAIL_UNAVAILABLE, an attempt of the budget,
+// and the graceful stop made a MAX_ATTEMPTS_EXCEEDED dead letter of an
+// instruction never sent.
+func TestStopWhileConnectingReleases(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	connecting := make(chan struct{}, 1)
+	b.useTransport(t, funcTransport(func(ctx context.Context, _ payment.Instruction) (rails.Result, error) {
+		connecting <- struct{}{}
+		<-ctx.Done() // a host that does not answer the connection
+		return rails.Result{}, fmt.Errorf("connecting to the rail: %w (%w)", rails.ErrUnavailable, ctx.Err())
+	}), 5*time.Second)
+	b.enqueue(t, 1, 1)
+	cfg := b.config("connecting")
+	cfg.MaxAttempts = 1 // an attempt counted would be the last
+	r := b.newRelayer(t, cfg)
+	if err := r.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-connecting:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the rail was never called")
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, 50*time.Millisecond)
+	err := r.Stop(ctx)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Stop: %v, want the deadline exceeded", err)
+	}
+	var state, errorCode string
+	var pendingRows, dead int
+	if err := b.pool.QueryRow(b.ctx, `
+		SELECT state, coalesce(error_code, ''), (SELECT count(*) FROM outbox.pending), (SELECT count(*) FROM outbox.dead_letters)
+		FROM outbox.attempts WHERE state <> 'DISPATCHING'`).Scan(&state, &errorCode, &pendingRows, &dead); err != nil {
+		t.Fatal(err)
+	}
+	if state != "RETRYABLE" || errorCode != string(rails.CodeReleased) || pendingRows != 1 || dead != 0 {
+		t.Fatalf("recorded %s %s, %d pending, %d dead letters: want RETRYABLE %s, 1 pending, none dead",
+			state, errorCode, pendingRows, dead, rails.CodeReleased)
 	}
 }

@@ -27,7 +27,8 @@ const (
 // The answer's Result.Code is looked up in the rail's [CodeTable]. A
 // non-nil error means there is no answer, and is classified by type (see
 // [CodeTable.Decide]): wrap [ErrUnavailable] only when nothing can have
-// reached the rail (RAIL_UNAVAILABLE, not outcome unknown); any other
+// reached the rail (RAIL_UNAVAILABLE, not outcome unknown; RELEASED, no
+// attempt used up, when the caller cancelled the call); any other
 // error is a retryable RAIL_TRANSPORT_ERROR (or RAIL_TIMEOUT for ctx's
 // deadline) that may have paid, retried under the same idempotency key.
 //
@@ -288,8 +289,10 @@ func (s *Set) Claimable() (closed []string, halfOpen []string) {
 // concurrency cap, and dispatches it through the breaker with the rail's
 // timeout as the deadline of the transport's context (which bounds the
 // call only if the transport honours it; see [Transport]). It always
-// returns a Decision; if ctx ends while waiting for a slot, the decision
-// is a retryable RELEASED that never reached the rail.
+// returns a Decision; if ctx ends while waiting for a slot, or is
+// cancelled during a call whose transport then says nothing was sent
+// (RAIL_UNAVAILABLE), the decision is a retryable RELEASED that never
+// reached the rail.
 func (s *Set) Execute(ctx context.Context, ins payment.Instruction) Decision {
 	return s.ExecuteBefore(ctx, ins, time.Time{})
 }
@@ -358,7 +361,9 @@ func (s *Set) ExecuteWithin(ctx, wait context.Context, ins payment.Instruction, 
 			// The caller (the relayer's hard stop) cancelled the call:
 			// whatever error the transport made of that, the rail did
 			// nothing wrong. The decision stays as classified, retryable
-			// (the rail may have acted); only the breaker ignores it.
+			// (the rail may have acted), unless the transport says
+			// nothing was sent; only the breaker ignores it.
+			d.releaseIfUnsent()
 			return d, errCallerGone
 		case d.breakerFailure():
 			return d, errTrip
@@ -374,4 +379,18 @@ func (s *Set) ExecuteWithin(ctx, wait context.Context, ins payment.Instruction, 
 		return r.codes.Decide(Result{}, fmt.Errorf("rail %q: %w", ins.RailType, ErrCircuitOpen))
 	}
 	return d
+}
+
+// releaseIfUnsent makes d, the decision of a call its caller cancelled, a
+// RELEASED when the transport said nothing was sent (RAIL_UNAVAILABLE):
+// the caller stopping is no attempt of the instruction's, and counted as
+// one, a graceful stop on its last attempt made a dead letter of an
+// instruction never sent. (Fields set in place: a Decision literal here
+// would widen every dispatch goroutine's frame.)
+func (d *Decision) releaseIfUnsent() {
+	if d.RailCalled || d.ErrorCode != CodeRailUnavailable {
+		return
+	}
+	d.ErrorCode = CodeReleased
+	d.Message = "released without calling the rail: the caller stopped before anything was sent (" + d.Message + ")"
 }

@@ -565,3 +565,45 @@ func TestSetReleasesACallItsLeaseCannotCover(t *testing.T) {
 		t.Fatalf("the transport was called %d times, want 2", n)
 	}
 }
+
+// TestSetCancelledBeforeSendingReleases: a call its caller cancels (the
+// relayer's hard stop) whose transport then says nothing was sent
+// (ErrUnavailable) is a RELEASED that never reached the rail, which uses
+// up no attempt; one whose transport may have sent something stays
+// retryable with the rail called (outcome unknown). Before, the first was
+// a RAIL_UNAVAILABLE, an attempt of the instruction's budget.
+func TestSetCancelledBeforeSendingReleases(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		err        error
+		code       rails.ErrorCode
+		railCalled bool
+	}{
+		{"nothing sent", rails.ErrUnavailable, rails.CodeReleased, false},
+		{"maybe sent", context.Canceled, rails.CodeRailTransport, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			started := make(chan struct{})
+			s := newSet(t, rails.Options{Type: "r", Profile: payment.Generic{}, Codes: rails.SandboxCodes,
+				Transport: transportFunc(func(ctx context.Context, _ payment.Instruction) (rails.Result, error) {
+					close(started)
+					<-ctx.Done()
+					return rails.Result{}, fmt.Errorf("connecting: %w", tc.err)
+				})})
+			ctx, cancel := context.WithCancel(context.Background())
+			decision := make(chan rails.Decision, 1)
+			go func() { decision <- s.Execute(ctx, sandboxIns("r", "k")) }()
+			<-started
+			cancel()
+			if d := <-decision; d.Outcome != rails.Retryable || d.ErrorCode != tc.code || d.RailCalled != tc.railCalled {
+				t.Fatalf("decision %s/%s railCalled=%v, want %s/%s railCalled=%v", d.Outcome, d.ErrorCode, d.RailCalled,
+					rails.Retryable, tc.code, tc.railCalled)
+			}
+			if got := s.State("r"); got != rails.BreakerClosed {
+				t.Fatalf("breaker %v after a cancelled call, want closed", got)
+			}
+		})
+	}
+}
