@@ -70,7 +70,10 @@ type BreakerOptions struct {
 	// say the rail is in trouble count: unavailable, timeout, broken
 	// exchange, an answer code missing from the code table; rejections of a
 	// single instruction do not, and neither does a call cut short because
-	// the caller's context was cancelled (the relayer stopping).
+	// the caller's context was cancelled (the relayer stopping). A call
+	// cut short that way, or one whose transport refused the instruction
+	// before sending it (a validation error), counts as no success either:
+	// neither closes a half-open breaker.
 	ConsecutiveFailures uint32 `json:"consecutive_failures,omitempty"`
 	// OpenFor is how long the breaker stays open before a half-open probe
 	// (default 30 s).
@@ -145,6 +148,13 @@ var errTrip = errors.New("rail failure")
 // relayer neither trips the breaker nor closes it on an unfinished probe.
 var errCallerGone = errors.New("dispatch cancelled by the caller")
 
+// errNotCalled marks a call whose transport refused the instruction
+// before sending anything (its own validation error): it says nothing
+// about the rail, so the breaker counts it neither as a failure nor as a
+// success. Counted a success, such a half-open probe closed the breaker
+// and let a full batch through to a rail that was still down.
+var errNotCalled = errors.New("the transport refused the instruction before sending it")
+
 // Set is the collection of rails a relayer dispatches to. It applies, per
 // rail: validation, the concurrency cap, the circuit breaker, the hard
 // timeout and the code table. It is safe for concurrent use.
@@ -210,7 +220,7 @@ func newBreaker(o Options) (*gobreaker.CircuitBreaker[Decision], uint32) {
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= b.ConsecutiveFailures },
 		// A half-open probe excluded this way also frees its slot, so the
 		// next claim can probe again.
-		IsExcluded: func(err error) bool { return errors.Is(err, errCallerGone) },
+		IsExcluded: func(err error) bool { return errors.Is(err, errCallerGone) || errors.Is(err, errNotCalled) },
 	}
 	if o.OnBreakerChange != nil {
 		st.OnStateChange = func(name string, from, to gobreaker.State) { o.OnBreakerChange(name, from, to) }
@@ -367,6 +377,8 @@ func (s *Set) ExecuteWithin(ctx, wait context.Context, ins payment.Instruction, 
 			return d, errCallerGone
 		case d.breakerFailure():
 			return d, errTrip
+		case !d.RailCalled:
+			return d, errNotCalled
 		}
 		return d, nil
 	}

@@ -607,3 +607,41 @@ func TestSetCancelledBeforeSendingReleases(t *testing.T) {
 		})
 	}
 }
+
+// TestSetHalfOpenProbeRefusedByTransport: a half-open probe whose
+// transport refuses the instruction before sending anything (a
+// validation error of its own) proves nothing about the rail: the breaker
+// stays half-open and the next claim can probe. Before, the refusal
+// counted as a success and closed the breaker, letting a full batch (up
+// to the rail's concurrency) through to a rail that was still down.
+func TestSetHalfOpenProbeRefusedByTransport(t *testing.T) {
+	t.Parallel()
+	s := newSet(t, rails.Options{Type: "r", Profile: payment.Generic{}, Codes: rails.SandboxCodes,
+		Breaker: rails.BreakerOptions{ConsecutiveFailures: 1, OpenFor: 20 * time.Millisecond},
+		Transport: transportFunc(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
+			if ins.IdempotencyKey == "unsendable" {
+				return rails.Result{}, payment.Invalid(payment.FieldIdempotencyKey, payment.ReasonInvalid, "cannot be sent")
+			}
+			return rails.Result{}, rails.ErrUnavailable // the rail is still down
+		})})
+	if d := s.Execute(context.Background(), sandboxIns("r", "trip")); d.ErrorCode != rails.CodeRailUnavailable {
+		t.Fatalf("tripping call: %+v", d)
+	}
+	waitFor(t, "half-open", func() bool { return s.State("r") == rails.BreakerHalfOpen })
+	if d := s.Execute(context.Background(), sandboxIns("r", "unsendable")); d.ErrorCode != rails.CodeValidationFailed || d.RailCalled {
+		t.Fatalf("refused probe: %+v, want VALIDATION_FAILED, rail not called", d)
+	}
+	if got := s.State("r"); got != rails.BreakerHalfOpen {
+		t.Fatalf("breaker %v after a probe its transport refused, want still half-open", got)
+	}
+	if _, halfOpen := s.Claimable(); !slices.Equal(halfOpen, []string{"r"}) {
+		t.Fatalf("half-open claimable %v after a refused probe, want [r]", halfOpen)
+	}
+	// The next probe reaches the rail, still down: the breaker opens again.
+	if d := s.Execute(context.Background(), sandboxIns("r", "probe")); d.ErrorCode != rails.CodeRailUnavailable {
+		t.Fatalf("probe: %+v", d)
+	}
+	if got := s.State("r"); got != rails.BreakerOpen {
+		t.Fatalf("breaker %v after a failed probe, want open", got)
+	}
+}
