@@ -53,7 +53,10 @@ var WebhookCodes = CodeTable{
 	"HTTP_202": {Outcome: Dispatched},
 	"HTTP_204": {Outcome: Dispatched},
 	// 409: the receiver already has this idempotency key, so the original
-	// request was acted on; the instruction is done.
+	// request was acted on; the instruction is done. A receiver that
+	// answers 409 while the original is still in progress (it may yet
+	// fail) does not speak this protocol: its rail maps HTTP_409 to a
+	// retry (docs/relay-config.md, "Codes").
 	"HTTP_409": {Outcome: Dispatched},
 	"HTTP_400": {Outcome: Failed, Error: CodeRailRejected},
 	"HTTP_422": {Outcome: Failed, Error: CodeRailRejected},
@@ -159,7 +162,10 @@ func (o WebhookOptions) LogValue() slog.Value { return slog.StringValue(o.String
 // the signature, the timestamp and that the Idempotency-Key header names
 // the body's idempotency_key (see [VerifySignature]), and must honour the
 // idempotency key: a repeated key is answered 409 (or the original 2xx)
-// without acting again. Retries after a timeout carry the same key, which
+// without acting again. A 409 is recorded as dispatched, so it must mean
+// that the original request was acted on: while the original is still in
+// progress the receiver answers something retryable (503 or 429, with a
+// Retry-After) or waits for it. Retries after a timeout carry the same key, which
 // is what makes them safe.
 //
 // The answer's status becomes Result.Code "HTTP_<status>", classified by

@@ -24,7 +24,9 @@ import (
 const (
 	// HeaderIdempotencyKey carries the instruction's idempotency key. The
 	// receiver must treat a second request with the same key as a replay of
-	// the first and answer 409 (or the original 2xx) without acting again.
+	// the first and answer 409 (or the original 2xx) without acting again;
+	// while the first is still in progress, a retryable answer (503 or 429)
+	// instead, as a 409 is recorded as dispatched.
 	HeaderIdempotencyKey = "Idempotency-Key"
 	// HeaderTimestamp carries the signing time in Unix seconds. It is part of
 	// the signed string so a captured request cannot be replayed later.
