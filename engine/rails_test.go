@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"context"
 	"crypto/x509"
 	"fmt"
 	"io"
@@ -347,5 +348,57 @@ func TestWebhookServerErrorDeadLetterOutcome(t *testing.T) {
 				t.Errorf("HTTP %d dead-lettered with outcome_unknown=%t, want %t", tt.status, rec.OutcomeUnknown, tt.unknown)
 			}
 		})
+	}
+}
+
+// TestRetryAfterOfAGoTransportIsCapped: a Go transport's answer asks for
+// a retry in 1000 hours, and another's for a negative delay. The first
+// waits at most rails.MaxRetryAfter (an hour), as a webhook's Retry-After
+// does; the second waits the backoff. Before, a Go transport's delay was
+// taken whole: one answer parked the instruction, and with ordering its
+// participant's every later instruction, for six weeks.
+func TestRetryAfterOfAGoTransportIsCapped(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	b.useTransport(t, funcTransport(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
+		after := 1000 * time.Hour
+		if strings.HasSuffix(ins.ParticipantID, "negative") {
+			after = -time.Hour
+		}
+		return rails.Result{Code: rails.SandboxRateLimited, RetryAfter: after}, nil
+	}), 5*time.Second)
+	cfg := b.config("retry-after")
+	r, err := New(nil, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var waits []float64
+	if err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		for _, p := range []string{"p-huge", "p-negative"} {
+			if _, err := b.producer.Enqueue(b.ctx, tx, instruction(p, 1)); err != nil {
+				return err
+			}
+		}
+		if _, err := r.RelayOnce(b.ctx, tx); err != nil {
+			return err
+		}
+		rows, err := tx.Query(b.ctx, `SELECT extract(epoch FROM next_attempt_at - completed_at)::float8
+			FROM outbox.attempts WHERE state = 'RETRYABLE' ORDER BY participant_id`)
+		if err != nil {
+			return err
+		}
+		waits, err = pgx.CollectRows(rows, pgx.RowTo[float64])
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(waits) != 2 {
+		t.Fatalf("%d retries recorded, want 2", len(waits))
+	}
+	if huge := waits[0]; huge < rails.MaxRetryAfter.Seconds()-1 || huge > rails.MaxRetryAfter.Seconds()+1 {
+		t.Errorf("a 1000 h Retry-After made the retry wait %.0f s, want %.0f s", huge, rails.MaxRetryAfter.Seconds())
+	}
+	if negative := waits[1]; negative < 0 || negative > cfg.BackoffCap.Seconds()+1 {
+		t.Errorf("a negative Retry-After made the retry wait %.3f s, want the backoff (at most %s)", negative, cfg.BackoffCap)
 	}
 }

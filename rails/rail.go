@@ -48,6 +48,12 @@ type Result struct {
 	RetryAfter time.Duration
 }
 
+// MaxRetryAfter caps the retry delay a rail asks for (Result.RetryAfter),
+// whatever its transport: a misconfigured or hostile rail must not park
+// instructions, and with ordering their participants' later ones, for
+// days. [CodeTable.Decide] applies it, and a negative delay counts as none.
+const MaxRetryAfter = time.Hour
+
 // Rail is a configured payment rail: what the relayer dispatches to.
 type Rail interface {
 	// Type is the rail type instructions carry (e.g. "ach", "sandbox").
@@ -99,9 +105,10 @@ type Decision struct {
 // [*payment.ValidationError] is terminal VALIDATION_FAILED, and anything else is an
 // ambiguous RAIL_TRANSPORT_ERROR (retryable: the rail may have acted, and the
 // retry carries the same idempotency key). An answer code missing from the
-// table is retryable UNKNOWN_RAIL_CODE.
+// table is retryable UNKNOWN_RAIL_CODE. The answer's RetryAfter is kept
+// within [0, MaxRetryAfter].
 func (t CodeTable) Decide(res Result, err error) Decision {
-	d := Decision{RailCode: res.Code, Reference: res.Reference, Message: res.Message, RetryAfter: res.RetryAfter, RailCalled: true}
+	d := Decision{RailCode: res.Code, Reference: res.Reference, Message: res.Message, RetryAfter: min(max(res.RetryAfter, 0), MaxRetryAfter), RailCalled: true}
 	if err != nil {
 		d.Outcome = Retryable
 		d.Message = err.Error()

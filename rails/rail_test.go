@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"testing"
 	"time"
@@ -142,6 +143,26 @@ func TestDecideIgnoresText(t *testing.T) {
 		}
 		if d.Outcome != want {
 			t.Errorf("%+v: outcome %s, want %s", res, d.Outcome, want)
+		}
+	}
+}
+
+// TestDecideCapsRetryAfter: whatever the transport, a rail's requested
+// delay is kept within [0, MaxRetryAfter]; before, a Go transport's was
+// taken whole, however large or negative.
+func TestDecideCapsRetryAfter(t *testing.T) {
+	t.Parallel()
+	for asked, want := range map[time.Duration]time.Duration{
+		-time.Hour:                   0,
+		0:                            0,
+		90 * time.Second:             90 * time.Second,
+		rails.MaxRetryAfter:          rails.MaxRetryAfter,
+		1000 * time.Hour:             rails.MaxRetryAfter,
+		time.Duration(math.MaxInt64): rails.MaxRetryAfter,
+	} {
+		d := rails.SandboxCodes.Decide(rails.Result{Code: rails.SandboxRateLimited, RetryAfter: asked}, nil)
+		if d.RetryAfter != want {
+			t.Errorf("RetryAfter %s decided as %s, want %s", asked, d.RetryAfter, want)
 		}
 	}
 }

@@ -37,7 +37,7 @@ const (
 	webhookMaxText = 1000
 	// webhookMaxRetryAfter caps a rail's Retry-After: a misconfigured or
 	// hostile rail must not park instructions for days.
-	webhookMaxRetryAfter = time.Hour
+	webhookMaxRetryAfter = MaxRetryAfter
 	// webhookRedacted replaces the secret wherever options are printed.
 	webhookRedacted = "[REDACTED]"
 )
