@@ -235,6 +235,10 @@ type prepared struct {
 	outboxID uuid.UUID
 	payload  []byte
 	hash     []byte
+	// asGivenHash is the hash over the payload with its numbers as given,
+	// as builds before the numbers were hashed as stored computed it; nil
+	// when no number is written otherwise when stored (the same hash).
+	asGivenHash []byte
 }
 
 // canonicalJSON re-encodes a JSON object with sorted keys and no
@@ -255,7 +259,10 @@ func canonicalJSON(raw json.RawMessage) (json.RawMessage, error) {
 
 // payloadHash identifies what an idempotency key promised: everything that
 // changes what the rail would be asked to do. The correlation id is left out
-// on purpose (a retried request may carry a new trace).
+// on purpose (a retried request may carry a new trace). The caller passes
+// the payload with its numbers as stored ([strictjson.NumbersInFull]), so
+// that two spellings of one number (1e2, 100) are one payload, as they
+// are to the rail, which is sent what jsonb stored.
 func payloadHash(in Instruction, payload []byte) []byte {
 	h := sha256.New()
 	for _, s := range []string{in.ParticipantID, in.RailType, in.TenantID} {

@@ -278,7 +278,20 @@ func (p *Producer) prepare(in Instruction) (prepared, error) {
 	if err != nil {
 		return prepared{}, fmt.Errorf("enqueue: outbox id: %w", err)
 	}
-	return prepared{in: in, outboxID: id, payload: payload, hash: payloadHash(in, payload)}, nil
+	// The hash is over the payload with its numbers as jsonb stores them
+	// (1e2 as 100, -0 as 0), which is what the rail is sent: a retry
+	// whose encoder writes a number otherwise is the same payment. An
+	// older build hashed the numbers as given; a retry of one of its
+	// instructions, sent as it was then, must still match it.
+	full, rewritten, err := strictjson.NumbersInFull(payload)
+	if err != nil {
+		return prepared{}, payment.Invalid(payment.FieldMetadata, payment.ReasonInvalid, "metadata: %v", err)
+	}
+	pr := prepared{in: in, outboxID: id, payload: payload, hash: payloadHash(in, full)}
+	if rewritten {
+		pr.asGivenHash = payloadHash(in, payload)
+	}
+	return pr, nil
 }
 
 // write enqueues prepared instructions (see [store.Store.Enqueue]) and
@@ -321,7 +334,7 @@ func (p *Producer) write(ctx context.Context, db DBTX, preps []prepared) ([]Rece
 				IdempotencyKey: pr.in.IdempotencyKey, OutboxID: k.OutboxID}}
 		case k.InstructionID != pr.in.InstructionID:
 			return nil, &BatchError{Index: i, Err: &MismatchError{InstructionID: pr.in.InstructionID, IdempotencyKey: pr.in.IdempotencyKey, OutboxID: k.OutboxID, Owner: k.InstructionID}}
-		case !bytes.Equal(k.PayloadHash, pr.hash):
+		case !bytes.Equal(k.PayloadHash, pr.hash) && (pr.asGivenHash == nil || !bytes.Equal(k.PayloadHash, pr.asGivenHash)):
 			return nil, &BatchError{Index: i, Err: &MismatchError{InstructionID: pr.in.InstructionID, IdempotencyKey: pr.in.IdempotencyKey, OutboxID: k.OutboxID}}
 		default:
 			receipts[i] = Receipt{OutboxID: k.OutboxID, SequenceID: *k.SequenceID, Duplicate: true}

@@ -14,7 +14,7 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 
 // TestNumbersAgreeWithPostgreSQL guards the number rules against the real
 // jsonb: every edge number CheckStorable accepts inserts, and is stored
-// exactly as long as StoredSize says; every one it refuses is one
+// exactly as long as StoredSize says and as StoredNumber writes it; every one it refuses is one
 // PostgreSQL refuses (value overflows numeric format, after the statement
 // was sent) or stores with more than 1000 digits before or after the point.
 func TestNumbersAgreeWithPostgreSQL(t *testing.T) {
@@ -30,20 +30,27 @@ func TestNumbersAgreeWithPostgreSQL(t *testing.T) {
 		"0e99999", "0e1073741822", "0e1073741823", "0e-1073741822", "1e2000000000",
 		"1e999", "1e1000", "-9.99e999", "0.0001e1003", "0.0001e1004", "1e131071", "1e131072", "0.0001e131075",
 		"1e-1000", "-1e-1000", "1e-1001", "1.0e-1000", "1000e-1000", "1000e-1003", "1.5e-1000", "1E+2", "1e+0002",
-		"123.456e2", "-0.05e1", "12345678901234567890123", "0.000000000000000000001", "5e-324",
+		"123.456e2", "-0.05e1", "1.5E+1", "15e-3", "-1.2e2", "0e-2", "-0.00", "100e0", "0.0150e0", "-0e5", "12345678901234567890123", "0.000000000000000000001", "5e-324",
 		"1.7976931348623157e308", "1." + zeros[:1000], "1." + zeros[:1001], "1." + zeros, "1." + zeros + "0",
 		"1" + zeros[:999], "1" + zeros[:1000],
 	} {
 		doc := `[` + n + `]`
 		size, checkErr := StoredSize([]byte(doc))
+		full, fullErr := StoredNumber(n)
+		if (fullErr == nil) != (checkErr == nil) {
+			t.Errorf("%.40s: StoredNumber says %v, StoredSize %v", n, fullErr, checkErr)
+		}
 		var stored int
-		err := pool.QueryRow(ctx, `INSERT INTO numbers VALUES ($1::jsonb) RETURNING octet_length(j::text)`, doc).Scan(&stored)
+		var text string
+		err := pool.QueryRow(ctx, `INSERT INTO numbers VALUES ($1::jsonb) RETURNING octet_length(j::text), (j->0)::text`, doc).Scan(&stored, &text)
 		var pgErr *pgconn.PgError
 		switch {
 		case checkErr == nil && err != nil:
 			t.Errorf("%.40s: accepted, PostgreSQL refuses it: %v", n, err)
 		case checkErr == nil && stored != size:
 			t.Errorf("%.40s: StoredSize %d, PostgreSQL stores %d bytes", n, size, stored)
+		case checkErr == nil && full != text:
+			t.Errorf("%.40s: StoredNumber %.60s, PostgreSQL stores %.60s", n, full, text)
 		case checkErr != nil && err != nil && !(errors.As(err, &pgErr) && pgErr.Code == "22003"):
 			t.Errorf("%.40s: PostgreSQL refuses it with an unexpected error: %v", n, err)
 		case checkErr != nil && err == nil:

@@ -374,3 +374,102 @@ func storedNumber(s string) (int64, string) {
 	}
 	return n, ""
 }
+
+// StoredNumber returns a JSON number (valid syntax, storable by
+// [CheckStorable]'s rules) as PostgreSQL's numeric stores it in jsonb and
+// writes it back: in full, without exponent or leading zeros, with as many
+// digits after the point as the input's display scale (1e2 is 100, 1.5E+1
+// 15, 1.0 1.0, 0e-2 0.00, -0 0). Two numbers jsonb stores alike return the
+// same text, so a hash over it does not tell them apart; [StoredSize]'s
+// count is its length.
+func StoredNumber(s string) (string, error) {
+	if _, why := storedNumber(s); why != "" {
+		e := newError("", -1, nil)
+		e.Reason, e.msg = ReasonNumber, fmt.Sprintf("number %.40s: %s", s, why)
+		return "", e
+	}
+	mant, exp, hasExp := strings.Cut(s, "e")
+	if !hasExp {
+		mant, exp, _ = strings.Cut(s, "E")
+	}
+	neg := strings.HasPrefix(mant, "-")
+	mant = strings.TrimPrefix(mant, "-")
+	intPart, frac, _ := strings.Cut(mant, ".")
+	var e int
+	if exp != "" { // within pgMaxExponent, storedNumber checked
+		for _, c := range strings.TrimLeft(exp, "+-") {
+			e = e*10 + int(c-'0')
+		}
+		if exp[0] == '-' {
+			e = -e
+		}
+	}
+	// The digits with the point after the first point digits of them;
+	// the display scale is what stands after it (never below 0).
+	digits, point := intPart+frac, len(intPart)+e
+	if point < 0 {
+		digits, point = strings.Repeat("0", -point)+digits, 0
+	}
+	if point > len(digits) {
+		digits += strings.Repeat("0", point-len(digits))
+	}
+	whole := strings.TrimLeft(digits[:point], "0")
+	if whole == "" {
+		whole = "0"
+	}
+	out := whole
+	if point < len(digits) {
+		out += "." + digits[point:]
+	}
+	if neg && strings.Trim(digits, "0") != "" { // zero loses its sign
+		out = "-" + out
+	}
+	return out, nil
+}
+
+// NumbersInFull returns data, a valid JSON document, with every number
+// written as [StoredNumber] writes it and everything else as it was, and
+// whether any number changed (when none did, data itself is returned).
+func NumbersInFull(data []byte) ([]byte, bool, error) {
+	var out []byte
+	last := 0 // data[last:] is not in out yet
+	inString, escaped := false, false
+	for i := 0; i < len(data); i++ {
+		c := data[i]
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+			continue
+		case c == '"':
+			inString = true
+			continue
+		case c != '-' && (c < '0' || c > '9'):
+			continue
+		}
+		end := i
+		for end < len(data) && strings.IndexByte("0123456789.eE+-", data[end]) >= 0 {
+			end++
+		}
+		lit := string(data[i:end])
+		full, err := StoredNumber(lit)
+		if err != nil {
+			return nil, false, err
+		}
+		if full != lit {
+			out = append(append(out, data[last:i]...), full...)
+			last = end
+		}
+		i = end - 1
+	}
+	if out == nil {
+		return data, false, nil
+	}
+	return append(out, data[last:]...), true, nil
+}

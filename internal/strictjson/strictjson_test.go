@@ -128,3 +128,53 @@ func TestStoredSize(t *testing.T) {
 		}
 	}
 }
+
+// TestNumbersInFull: numbers are rewritten as jsonb stores them, and
+// nothing else changes, digits and escapes inside strings included.
+func TestNumbersInFull(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		`{"a":1,"b":"1e2"}`:                   ``,
+		`{"a":1e2,"b":"1e2 \"3e4\" -0"}`:      `{"a":100,"b":"1e2 \"3e4\" -0"}`,
+		`[ -0 , 0e-2,1.5E+1,true,null,-12e1]`: `[ 0 , 0.00,15,true,null,-120]`,
+		`{"\\":[15e-3],"x\"1e2":{"y":-0.0}}`:  `{"\\":[0.015],"x\"1e2":{"y":0.0}}`,
+	} {
+		got, changed, err := NumbersInFull([]byte(in))
+		if want == "" {
+			want = in
+		}
+		if err != nil || string(got) != want || changed != (want != in) {
+			t.Errorf("%s: %s, changed %v, %v; want %s", in, got, changed, err, want)
+		}
+	}
+}
+
+// FuzzNumbersInFull: for any storable document, the rewrite is valid JSON
+// of the same stored size whose numbers need no further rewriting.
+func FuzzNumbersInFull(f *testing.F) {
+	for _, s := range []string{`{"a":[1e2,-0,0e-3,"1e2"]}`, `1.5E+1`, `"\"1\""`, `[0.0150e0,-12e1,1e-1000]`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		size, err := StoredSize(data)
+		if err != nil {
+			return
+		}
+		full, changed, err := NumbersInFull(data)
+		if err != nil {
+			t.Fatalf("%s: storable, but %v", data, err)
+		}
+		if !stdjson.Valid(full) {
+			t.Fatalf("%s: rewritten to invalid JSON %s", data, full)
+		}
+		if got, _ := StoredSize(full); got != size || TextFormLength(full) != size {
+			t.Fatalf("%s: stored size %d, rewritten %s stores %d (text form %d)", data, size, full, got, TextFormLength(full))
+		}
+		if again, more, _ := NumbersInFull(full); more || string(again) != string(full) {
+			t.Fatalf("%s: rewritten %s is rewritten again to %s", data, full, again)
+		}
+		if !changed && string(full) != string(data) {
+			t.Fatalf("%s: unchanged, but %s", data, full)
+		}
+	})
+}

@@ -1,0 +1,12 @@
+package pending
+
+// AsGivenHash is the payload hash builds before numbers were hashed as
+// stored computed for in (its numbers as given), for tests that write a
+// key as such a build did.
+func AsGivenHash(p *Producer, in Instruction) ([]byte, error) {
+	pr, err := p.prepare(in)
+	if pr.asGivenHash == nil {
+		return pr.hash, err
+	}
+	return pr.asGivenHash, err
+}
