@@ -10,3 +10,10 @@ func AsGivenHash(p *Producer, in Instruction) ([]byte, error) {
 	}
 	return pr.asGivenHash, err
 }
+
+// PayloadHashOf is the payload hash an enqueue of in compares with its
+// key's.
+func PayloadHashOf(p *Producer, in Instruction) ([]byte, error) {
+	pr, err := p.prepare(in)
+	return pr.hash, err
+}

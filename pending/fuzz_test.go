@@ -1,11 +1,13 @@
 package pending_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"testing"
 
+	"github.com/ledgerline/outbox/internal/strictjson"
 	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
@@ -21,6 +23,7 @@ func FuzzValidate(f *testing.F) {
 	f.Add("ins-3", "p3", "key-\xff", "sandbox", int64(-1), "DEM", "a\x00b", []byte(`{"a":1,"a":2}`))
 	f.Add("ins-4", "p4", "k4", "sandbox", int64(1), "JPY", "acct", []byte(`{"big":123456789012345678901234567890,"e":1e999,"z":"\u0000"}`))
 	f.Add("ins-5", "p5", "k5", "event", int64(0), "", "", []byte(`{"z":0e-20000,"t":1.000e-999,"s":[0e-1000,0e-1000]}`))
+	f.Add("ins-6", "p6", "k6", "sandbox", int64(7), "EUR", "acct", []byte(`{"n":1e2,"f":[1.5E+1,-0,0e-2,-1.20e1],"s":"1e2"}`))
 	f.Add("", "", "", "", int64(0), "", "", []byte(`null`))
 	producer, err := pending.NewProducer(pending.Config{})
 	if err != nil {
@@ -41,7 +44,32 @@ func FuzzValidate(f *testing.F) {
 			return
 		}
 		checkRoundTrip(t, in, stored)
+		checkNumbersDoNotCount(t, producer, in)
 	})
+}
+
+// checkNumbersDoNotCount asserts that in (accepted), with its metadata's
+// numbers written as jsonb stores them, has the same payload hash: a
+// retry that spells a number otherwise is the same payment.
+func checkNumbersDoNotCount(t *testing.T, producer *pending.Producer, in pending.Instruction) {
+	t.Helper()
+	if len(in.Metadata) == 0 {
+		return
+	}
+	full, changed, err := strictjson.NumbersInFull(in.Metadata)
+	if err != nil {
+		t.Fatalf("accepted metadata %s: %v", in.Metadata, err)
+	}
+	if !changed {
+		return
+	}
+	h1, err1 := pending.PayloadHashOf(producer, in)
+	respelled := in
+	respelled.Metadata = full
+	h2, err2 := pending.PayloadHashOf(producer, respelled)
+	if err1 != nil || err2 != nil || !bytes.Equal(h1, h2) {
+		t.Fatalf("metadata %s and %s (its numbers as stored) hash differently (%v, %v)", in.Metadata, full, err1, err2)
+	}
 }
 
 // checkRoundTrip asserts that stored (a payload the producer accepted for
