@@ -85,6 +85,11 @@ func (r lineResult) MarshalJSON() ([]byte, error) {
 }
 
 func (l inputLine) instruction() (pending.Instruction, error) {
+	if string(bytes.TrimSpace(l.Metadata)) == "null" {
+		// null is the member left out, as for every other field: JSON
+		// encoders write a nil map or raw message so.
+		l.Metadata = nil
+	}
 	in := pending.Instruction{
 		InstructionID: l.InstructionID, ParticipantID: l.ParticipantID, IdempotencyKey: l.IdempotencyKey,
 		RailType: l.Rail, Currency: l.Currency, Destination: l.Destination,

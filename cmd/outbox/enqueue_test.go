@@ -276,3 +276,46 @@ func (r *interruptingReader) Read(p []byte) (int, error) {
 	<-r.block
 	return 0, io.EOF
 }
+
+// TestEnqueueNullMetadataIsNone: a line's null is the field left out, for
+// metadata as for every other optional field; a JSON encoder writes a nil
+// map or raw message as null, and such lines were refused as
+// VALIDATION_FAILED on metadata. The line is the instruction without
+// metadata: the same line without the member is its duplicate.
+func TestEnqueueNullMetadataIsNone(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	withNull := strings.TrimSuffix(inputJSON("p1", "k1", "100"), "}") + `,"metadata":null,"tenant_id":null,"correlation_id":null}`
+	input := strings.Join([]string{withNull, inputJSON("p1", "k1", "100"), inputJSON("p1", "k2", "200")}, "\n")
+	r := b.cli(t, input, "enqueue", "--batch", "3")
+	requireExit(t, r, 0)
+	checkEnqueueOutput(t, r.stdout, []wantLine{wantReceipt(1), wantDup(0, 1), wantReceipt(2)})
+	var meta bool
+	if err := b.pool.QueryRow(b.ctx, `SELECT payload ? 'metadata' FROM outbox.pending WHERE idempotency_key = 'k1'`).Scan(&meta); err != nil {
+		t.Fatal(err)
+	}
+	if meta {
+		t.Error("the null metadata was stored")
+	}
+	// An event rail, whose metadata is the event, still needs one.
+	event := `{"instruction_id":"ins-e","participant_id":"p2","idempotency_key":"k-e","rail":"event","metadata":null}`
+	r = b.cli(t, event, "enqueue")
+	requireExit(t, r, 1)
+	checkEnqueueOutput(t, r.stdout, []wantLine{wantValidation("metadata")})
+}
+
+// TestEnqueueLineEndings: lines ending in CRLF, and a last line without a
+// newline, are read as the others; a line that begins with a byte order
+// mark is not JSON and fails alone as INVALID_INPUT, writing nothing.
+func TestEnqueueLineEndings(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	input := "\ufeff" + inputJSON("p1", "k-bom", "100") + "\r\n" + inputJSON("p1", "k1", "100") + "\r\n\r\n" +
+		inputJSON("p1", "k2", "200")
+	r := b.cli(t, input, "enqueue", "--batch", "3")
+	requireExit(t, r, 1)
+	checkEnqueueOutput(t, r.stdout, []wantLine{wantInvalidInput(""), wantReceipt(1), wantReceipt(2)})
+	if n := b.count(t, "idempotency_keys"); n != 2 {
+		t.Errorf("%d instructions enqueued, want the 2 good ones", n)
+	}
+}

@@ -19,6 +19,7 @@ import (
 func FuzzEnqueueLine(f *testing.F) {
 	f.Add([]byte(`{"instruction_id":"i1","participant_id":"p1","idempotency_key":"k1","rail":"sandbox","amount_minor":1250,"currency":"USD","destination":"acct-42"}`))
 	f.Add([]byte(`{"instruction_id":"i1","participant_id":"p1","idempotency_key":"k1","rail":"sandbox","amount_minor":"1250.00","currency":"USD","destination":"acct-42","metadata":{"note":"caf\u00e9","n":1.50}}`))
+	f.Add([]byte(`{"instruction_id":"i1","participant_id":"p1","idempotency_key":"k1","rail":"sandbox","amount_minor":"1250","currency":"USD","destination":"acct-42","metadata":null,"tenant_id":null}`))
 	f.Add([]byte(`{"amount_minor":100,"AMOUNT_MINOR":99999999,"Destination":"attacker-acct"}`))
 	f.Add([]byte(`{"instruction_id":"a","instruction_id":"b"}`))
 	f.Add([]byte("{\"idempotency_key\":\"key-\xff\"}"))
