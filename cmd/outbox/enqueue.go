@@ -400,19 +400,32 @@ func (e *enqueuer) add(ctx context.Context, line inputLine, parseErr error) {
 // Reported as failed, it would read as not enqueued, and a script that
 // enqueued it again under a new key would pay twice. A serialization
 // failure or deadlock is sent again too; any other failure is reported
-// at once.
+// at once, for a batch of several lines after sending each on its own.
 func (e *enqueuer) flush(ctx context.Context) {
+	e.sendBatch(ctx, e.batch, e.slots)
+	for _, r := range e.results {
+		if r.err != nil {
+			e.failed++
+		}
+		_ = e.out.Encode(r)
+	}
+	e.results, e.batch, e.slots = e.results[:0], e.batch[:0], e.slots[:0]
+}
+
+// sendBatch enqueues batch in one transaction and records each line's
+// result in e.results at its slot.
+func (e *enqueuer) sendBatch(ctx context.Context, batch []pending.Instruction, slots []int) {
 	resent := 0
-	for len(e.batch) > 0 {
+	for len(batch) > 0 {
 		send := e.send
 		if send == nil {
 			send = e.enqueue
 		}
-		receipts, err := send(ctx, e.batch)
+		receipts, err := send(ctx, batch)
 		if why := resendable(ctx, err); why != "" && resent < transientResends {
 			resent++
 			e.log.Warn(why+": sending it again under the same keys",
-				"instructions", len(e.batch), "attempt", resent+1, "err", err)
+				"instructions", len(batch), "attempt", resent+1, "err", err)
 			select {
 			case <-ctx.Done():
 			case <-time.After(time.Duration(resent) * 200 * time.Millisecond):
@@ -421,27 +434,34 @@ func (e *enqueuer) flush(ctx context.Context) {
 		}
 		var be *pending.BatchError
 		if errors.As(err, &be) {
-			e.results[e.slots[be.Index]].err = classify(be.Err)
-			e.batch = append(e.batch[:be.Index], e.batch[be.Index+1:]...)
-			e.slots = append(e.slots[:be.Index], e.slots[be.Index+1:]...)
+			e.results[slots[be.Index]].err = classify(be.Err)
+			batch = append(batch[:be.Index:be.Index], batch[be.Index+1:]...)
+			slots = append(slots[:be.Index:be.Index], slots[be.Index+1:]...)
 			continue
 		}
-		for i, slot := range e.slots {
+		if err != nil && len(batch) > 1 && resendable(ctx, err) == "" && ctx.Err() == nil && !errors.Is(err, pending.ErrSchemaBehind) {
+			// The database refused the batch's statement as a whole, for
+			// what may be one line's doing (a tenant the session may not
+			// write for: 42501) without saying which: each line is sent
+			// on its own, so that only the lines it is about fail. The
+			// batch was rolled back; were it not, the same keys answer
+			// with their receipts.
+			e.log.Warn("the database refused the batch: sending each of its lines on its own",
+				"instructions", len(batch), "err", err)
+			for i := range batch {
+				e.sendBatch(ctx, batch[i:i+1], slots[i:i+1])
+			}
+			return
+		}
+		for i, slot := range slots {
 			if err != nil {
 				e.results[slot].err = classify(err)
 			} else {
 				e.results[slot].receipt = &receipts[i]
 			}
 		}
-		break
+		return
 	}
-	for _, r := range e.results {
-		if r.err != nil {
-			e.failed++
-		}
-		_ = e.out.Encode(r)
-	}
-	e.results, e.batch, e.slots = e.results[:0], e.batch[:0], e.slots[:0]
 }
 
 // transientResends is how many times flush sends a batch again after a

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/migrations"
+)
+
+// producerURL is b's database as a fresh login role of outbox_producer
+// (the roles created), its sessions scoped to tenant: what a producer
+// service's `outbox enqueue` connects as. The pool is a superuser's, which
+// reads what the owner's schema holds.
+func (b *cliBundle) producerURL(t *testing.T, tenant string) (string, *pgxpool.Pool) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := pgx.ParseConfig(testdb.AdminURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Roles are created, and ownership handed over, by a superuser.
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = admin.User, admin.Password
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := migrations.CreateRoles(b.ctx, pool, ""); err != nil {
+		t.Fatal(err)
+	}
+	role := fmt.Sprintf("enqueue_%x", rand.Uint64())
+	if _, err := pool.Exec(b.ctx, "CREATE ROLE "+role+" LOGIN IN ROLE outbox_producer"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cfg := cfg.Copy()
+		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		if err == nil {
+			defer pool.Close()
+			_, err = pool.Exec(context.Background(), "DROP ROLE IF EXISTS "+role)
+		}
+		if err != nil {
+			t.Errorf("dropping %s: %v", role, err)
+		}
+	})
+	u, err := url.Parse(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	q := u.Query()
+	q.Set(migrations.TenantSetting, tenant) // pgx sends it at connect, as a run-time parameter
+	u.RawQuery = q.Encode()
+	return u.String(), pool
+}
+
+// TestEnqueueLineTheDatabaseRefusesDoesNotSinkItsBatch: a refusal only
+// the database can give, and gives the batch's statement as a whole, such
+// as a tenant the session may not write for (42501), failed every line of
+// its --batch as DATABASE_ERROR, the good ones not enqueued. The batch is
+// sent again line by line: the good lines are enqueued, the refused one
+// is DATABASE_ERROR with the database's message.
+func TestEnqueueLineTheDatabaseRefusesDoesNotSinkItsBatch(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	producer, admin := b.producerURL(t, "A")
+	line := func(key, tenant string) string { return inputJSON("p-"+key, key, "100", "tenant_id", tenant) }
+	input := strings.Join([]string{line("k1", "A"), line("k2", "B"), line("k3", "A")}, "\n")
+	r := invokeCLI(t, nil, input, "enqueue", "--database-url", producer, "--batch", "3")
+	requireExit(t, r, 1)
+	got := checkEnqueueOutput(t, r.stdout, []wantLine{wantReceipt(1), wantError(codeDatabaseError, ""), wantReceipt(1)})
+	if !strings.Contains(stdoutLines(t, r.stdout)[1], "42501") {
+		t.Errorf("the refused line says %s, want the database's 42501", stdoutLines(t, r.stdout)[1])
+	}
+	var keys []string
+	rows, err := admin.Query(b.ctx, `SELECT tenant_id || '/' || idempotency_key FROM outbox.pending ORDER BY 1`)
+	if err == nil {
+		keys, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(keys, " ") != "A/k1 A/k3" || got[0].outboxID == got[2].outboxID {
+		t.Errorf("pending %q, want the good lines A/k1 and A/k3", keys)
+	}
+}
