@@ -23,7 +23,7 @@ func FuzzValidate(f *testing.F) {
 	f.Add("ins-3", "p3", "key-\xff", "sandbox", int64(-1), "DEM", "a\x00b", []byte(`{"a":1,"a":2}`))
 	f.Add("ins-4", "p4", "k4", "sandbox", int64(1), "JPY", "acct", []byte(`{"big":123456789012345678901234567890,"e":1e999,"z":"\u0000"}`))
 	f.Add("ins-5", "p5", "k5", "event", int64(0), "", "", []byte(`{"z":0e-20000,"t":1.000e-999,"s":[0e-1000,0e-1000]}`))
-	f.Add("ins-6", "p6", "k6", "sandbox", int64(7), "EUR", "acct", []byte(`{"n":1e2,"f":[1.5E+1,-0,0e-2,-1.20e1],"s":"1e2"}`))
+	f.Add("ins-6", "p6", "k6", "sandbox", int64(7), "EUR", "acct", []byte(`{"n":1e2,"f":[1.5E+1,-0,0e-2,-1.20e1,0e1073741822],"s":"1e2"}`))
 	f.Add("", "", "", "", int64(0), "", "", []byte(`null`))
 	producer, err := pending.NewProducer(pending.Config{})
 	if err != nil {

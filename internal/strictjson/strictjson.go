@@ -407,6 +407,17 @@ func StoredNumber(s string) (string, error) {
 	// The digits with the point after the first point digits of them;
 	// the display scale is what stands after it (never below 0).
 	digits, point := intPart+frac, len(intPart)+e
+	if strings.Trim(digits, "0") == "" {
+		// Zero, whatever its exponent (0e1000000000 is 0, and must not
+		// be written out digit by digit first): its scale only, which
+		// storedNumber bounded.
+		if scale := len(frac) - e; scale > 0 {
+			return "0." + strings.Repeat("0", scale), nil
+		}
+		return "0", nil
+	}
+	// Not zero: storedNumber bounded the digits before the point, so
+	// the padding is at most those and the input's leading zeros.
 	if point < 0 {
 		digits, point = strings.Repeat("0", -point)+digits, 0
 	}
@@ -421,7 +432,7 @@ func StoredNumber(s string) (string, error) {
 	if point < len(digits) {
 		out += "." + digits[point:]
 	}
-	if neg && strings.Trim(digits, "0") != "" { // zero loses its sign
+	if neg {
 		out = "-" + out
 	}
 	return out, nil
@@ -456,6 +467,12 @@ func NumbersInFull(data []byte) ([]byte, bool, error) {
 		end := i
 		for end < len(data) && strings.IndexByte("0123456789.eE+-", data[end]) >= 0 {
 			end++
+		}
+		if plain := data[i:end]; bytes.IndexAny(plain, ".eE") < 0 && string(plain) != "-0" {
+			// An integer (JSON has no leading zeros) is stored as
+			// written: every payload's amount_minor.
+			i = end - 1
+			continue
 		}
 		lit := string(data[i:end])
 		full, err := StoredNumber(lit)

@@ -3,6 +3,7 @@ package strictjson
 import (
 	stdjson "encoding/json"
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -152,7 +153,7 @@ func TestNumbersInFull(t *testing.T) {
 // FuzzNumbersInFull: for any storable document, the rewrite is valid JSON
 // of the same stored size whose numbers need no further rewriting.
 func FuzzNumbersInFull(f *testing.F) {
-	for _, s := range []string{`{"a":[1e2,-0,0e-3,"1e2"]}`, `1.5E+1`, `"\"1\""`, `[0.0150e0,-12e1,1e-1000]`} {
+	for _, s := range []string{`{"a":[1e2,-0,0e-3,"1e2"]}`, `1.5E+1`, `"\"1\""`, `[0.0150e0,-12e1,1e-1000]`, `[0e100010000,0.00e-998]`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -177,4 +178,30 @@ func FuzzNumbersInFull(f *testing.F) {
 			t.Fatalf("%s: unchanged, but %s", data, full)
 		}
 	})
+}
+
+// TestStoredNumberOfZeroAllocatesLittle: zero with a huge exponent is
+// stored as 0 (numeric accepts exponents up to about 10^9): it must not
+// be written out digit by digit first, a gigabyte for a 14-byte
+// 0e1073741822 in an instruction's metadata.
+func TestStoredNumberOfZeroAllocatesLittle(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"0e1073741822": "0", "-0.00e1": "0.0", "0.0e-3": "0.0000", "0.000e100010000": "0",
+	} {
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		got, err := StoredNumber(in)
+		runtime.ReadMemStats(&after)
+		if err != nil || got != want {
+			t.Errorf("%s: %q, %v; want %q", in, got, err, want)
+		}
+		if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
+			t.Errorf("%s: allocated %d bytes", in, n)
+		}
+	}
+	got, changed, err := NumbersInFull([]byte(`[0e1073741822,-0.00e1,0.0e-3]`))
+	if err != nil || !changed || string(got) != `[0,0.0,0.0000]` {
+		t.Errorf("NumbersInFull: %s, %v, %v", got, changed, err)
+	}
 }
