@@ -468,7 +468,7 @@ func NumbersInFull(data []byte) ([]byte, bool, error) {
 		for end < len(data) && strings.IndexByte("0123456789.eE+-", data[end]) >= 0 {
 			end++
 		}
-		if plain := data[i:end]; bytes.IndexAny(plain, ".eE") < 0 && string(plain) != "-0" {
+		if plain := data[i:end]; !bytes.ContainsAny(plain, ".eE") && string(plain) != "-0" {
 			// An integer (JSON has no leading zeros) is stored as
 			// written: every payload's amount_minor.
 			i = end - 1
