@@ -5,8 +5,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -78,22 +80,72 @@ func runArchive(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer conn.Release()
-	f, err := os.Create(*outFile)
+	rows, sum, err := exportFile(*outFile, func(w io.Writer) (int64, error) {
+		return archive.Export(ctx, conn.Conn(), *partition, w)
+	})
 	if err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	h := sha256.New()
-	rows, err := archive.Export(ctx, conn.Conn(), *partition, io.MultiWriter(f, h))
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		_ = os.Remove(*outFile)
-		return err
-	}
-	sum := hex.EncodeToString(h.Sum(nil))
-	if err := os.WriteFile(*outFile+".sha256", fmt.Appendf(nil, "%s  %s\n", sum, filepath.Base(*outFile)), 0o644); err != nil {
 		return err
 	}
 	return out.Encode(map[string]any{"partition": *partition, "rows": rows, "file": *outFile, "sha256": sum})
+}
+
+// exportFile writes an export to path and its SHA-256 to path.sha256
+// (sha256sum format) so that neither is ever half-written or the earlier
+// copy lost: both are written to temporary files beside them and renamed
+// over them only once the export is complete and on disk. An export that
+// fails (a mistyped partition, a dropped connection, an interrupt) leaves
+// whatever was at path, usually the month's only copy, as it was. Between
+// the two renames the earlier checksum file is already gone, so a crash
+// there leaves an export without a checksum, never one beside a checksum
+// that is not its own.
+func exportFile(path string, export func(io.Writer) (int64, error)) (int64, string, error) {
+	dir, base := filepath.Dir(path), filepath.Base(path)
+	data, err := os.CreateTemp(dir, "."+base+".*.tmp")
+	if err != nil {
+		return 0, "", fmt.Errorf("%w: %v", errUsage, err)
+	}
+	defer os.Remove(data.Name()) // after the rename, nothing is left to remove
+	h := sha256.New()
+	rows, err := export(io.MultiWriter(data, h))
+	if err == nil {
+		err = data.Chmod(0o644)
+	}
+	if err == nil {
+		err = data.Sync()
+	}
+	if cerr := data.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, "", err
+	}
+	sum := hex.EncodeToString(h.Sum(nil))
+	check, err := os.CreateTemp(dir, "."+base+".sha256.*.tmp")
+	if err != nil {
+		return 0, "", err
+	}
+	defer os.Remove(check.Name())
+	_, err = fmt.Fprintf(check, "%s  %s\n", sum, base)
+	if err == nil {
+		err = check.Chmod(0o644)
+	}
+	if err == nil {
+		err = check.Sync()
+	}
+	if cerr := check.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, "", err
+	}
+	if err := os.Remove(path + ".sha256"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return 0, "", err
+	}
+	if err := os.Rename(data.Name(), path); err != nil {
+		return 0, "", err
+	}
+	if err := os.Rename(check.Name(), path+".sha256"); err != nil {
+		return 0, "", err
+	}
+	return rows, sum, nil
 }

@@ -68,3 +68,99 @@ func TestArchiveCommands(t *testing.T) {
 	requireExit(t, b.cli(t, "", "archive", "--before", "2026-13", "detach"), 2)
 	requireExit(t, b.cli(t, "", "archive", "detach"), 2)
 }
+
+// TestArchiveExportFailureKeepsTheEarlierCopy: an export that fails (here
+// a partition name mistyped) leaves the export already at --out and its
+// checksum file as they were, and no half-written file beside them. It
+// used to create (truncate) the file before asking the database anything
+// and then remove it, so a mistyped re-run deleted the month's only copy.
+func TestArchiveExportFailureKeepsTheEarlierCopy(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	r := b.cli(t, inputJSON("p1", "k1", "100"), "enqueue")
+	requireExit(t, r, 0)
+	requireExit(t, b.cli(t, "", "cancel", "--operator", "alice", "--reason", "recalled",
+		decodeEnqueueLine(t, stdoutLines(t, r.stdout)[0]).outboxID), 0)
+	month := "attempts_" + time.Now().UTC().Format("2006_01")
+	dir := t.TempDir()
+	out := filepath.Join(dir, "month.csv")
+	requireExit(t, b.cli(t, "", "archive", "--partition", month, "--out", out, "export"), 0)
+	data, sum := readExport(t, out)
+	if !strings.Contains(data, "CANCELLED") {
+		t.Fatalf("the export has no CANCELLED row:\n%s", data)
+	}
+
+	r = b.cli(t, "", "archive", "--partition", month+"_typo", "--out", out, "export")
+	requireExit(t, r, 1)
+	if !strings.Contains(r.stderr, "not a partition") {
+		t.Fatalf("export of an unknown partition:\n%s", r)
+	}
+	if d, s := readExport(t, out); d != data || s != sum {
+		t.Fatalf("a failed export changed the earlier copy:\nbefore %q %q\nafter %q %q", data, sum, d, s)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 2 {
+		var names []string
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		t.Fatalf("a failed export left files beside the export: %v", names)
+	}
+}
+
+// TestArchiveExportIsTheSameUnderAnyTimeZone: two exports of one month
+// are the same bytes (and checksum) whatever the database's or the
+// session's TimeZone, DateStyle and bytea_output: an auditor compares a
+// re-export with the copy and checksum kept. The CSV's times used to be
+// written in the session's time zone and date style.
+func TestArchiveExportIsTheSameUnderAnyTimeZone(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	r := b.cli(t, inputJSON("p1", "k1", "100"), "enqueue")
+	requireExit(t, r, 0)
+	requireExit(t, b.cli(t, "", "cancel", "--operator", "alice", "--reason", "recalled",
+		decodeEnqueueLine(t, stdoutLines(t, r.stdout)[0]).outboxID), 0)
+	month := "attempts_" + time.Now().UTC().Format("2006_01")
+	dir := t.TempDir()
+	utc := filepath.Join(dir, "utc.csv")
+	requireExit(t, b.cli(t, "", "archive", "--partition", month, "--out", utc, "export"), 0)
+	want, _ := readExport(t, utc)
+	if !strings.Contains(want, "CANCELLED") {
+		t.Fatalf("the export has no CANCELLED row:\n%s", want)
+	}
+	// The database's own settings, as a platform outside UTC has them.
+	if _, err := b.pool.Exec(b.ctx, `DO $$ BEGIN
+		EXECUTE format('ALTER DATABASE %I SET TimeZone = %L', current_database(), 'Pacific/Chatham');
+		EXECUTE format('ALTER DATABASE %I SET DateStyle = %L', current_database(), 'SQL, DMY');
+		EXECUTE format('ALTER DATABASE %I SET bytea_output = %L', current_database(), 'escape');
+	END $$`); err != nil {
+		t.Fatal(err)
+	}
+	local := filepath.Join(dir, "local.csv")
+	requireExit(t, b.cli(t, "", "archive", "--partition", month, "--out", local, "export"), 0)
+	if got, _ := readExport(t, local); got != want {
+		t.Fatalf("the export depends on the session's settings:\nUTC:\n%s\nPacific/Chatham, SQL dates, escaped bytea:\n%s", want, got)
+	}
+}
+
+// readExport returns an export and its checksum file, checking that the
+// checksum is the export's.
+func readExport(t *testing.T, out string) (data, sum string) {
+	t.Helper()
+	d, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := os.ReadFile(out + ".sha256")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sha256.Sum256(d)
+	if want := hex.EncodeToString(h[:]) + "  " + filepath.Base(out) + "\n"; string(s) != want {
+		t.Fatalf("checksum file %q, want %q", s, want)
+	}
+	return string(d), string(s)
+}

@@ -474,14 +474,34 @@ func (s *Store) findPartition(ctx context.Context, db Querier, name string) (Par
 // reader scoped to a tenant exports that tenant's rows of the month and no
 // other's; the whole month is an export by a reader of every tenant
 // (outbox.tenant '*') or by the owner.
+//
+// The CSV is the same bytes whatever the database's or the session's
+// settings (exportSettingsSQL): an auditor compares a later export of a
+// month with the copy and checksum kept, and the session's TimeZone,
+// DateStyle and bytea_output would otherwise change every time and hash.
 func (s *Store) ExportPartition(ctx context.Context, conn *pgx.Conn, name string, w io.Writer) (int64, error) {
-	p, parts, err := s.findPartition(ctx, conn, name)
-	if err != nil {
-		return 0, err
-	}
-	tag, err := conn.PgConn().CopyTo(ctx, w, `COPY (SELECT * `+s.partitionRows(p, parts)+` ORDER BY created_at, attempt_id) TO STDOUT WITH (FORMAT csv, HEADER true)`)
-	if err != nil {
-		return 0, fmt.Errorf("export %s: %w", name, err)
-	}
-	return tag.RowsAffected(), nil
+	var rows int64
+	err := pgx.BeginTxFunc(ctx, conn, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, exportSettingsSQL); err != nil {
+			return fmt.Errorf("export %s: %w", name, err)
+		}
+		p, parts, err := s.findPartition(ctx, tx, name)
+		if err != nil {
+			return err
+		}
+		tag, err := conn.PgConn().CopyTo(ctx, w, `COPY (SELECT * `+s.partitionRows(p, parts)+` ORDER BY created_at, attempt_id) TO STDOUT WITH (FORMAT csv, HEADER true)`)
+		if err != nil {
+			return fmt.Errorf("export %s: %w", name, err)
+		}
+		rows = tag.RowsAffected()
+		return nil
+	})
+	return rows, err
 }
+
+// exportSettingsSQL fixes, for the export's transaction only, every
+// setting that changes how COPY writes the archive's columns: times in UTC
+// and ISO form, hashes as hex.
+const exportSettingsSQL = `SELECT set_config('TimeZone', 'UTC', true), set_config('DateStyle', 'ISO, YMD', true),
+       set_config('IntervalStyle', 'postgres', true), set_config('bytea_output', 'hex', true),
+       set_config('extra_float_digits', '1', true)`
