@@ -53,7 +53,46 @@ ORDER BY 3 NULLS FIRST, 1`
 // Partitions lists the archive's partitions, oldest first. With exact, Rows
 // is a count (a read of every partition: run it on a replica) of the rows
 // the reader's tenant setting lets it read (see partitionRows).
+//
+// The bounds are read back from the catalog's text of them, which the
+// session's DateStyle and TimeZone write: in any style but ISO with the
+// zone's abbreviation, which PostgreSQL may read as another zone's ("IST"
+// as Israel's, "CST" as America's), and every month was then listed hours
+// off its true bounds, which the detach moved it under and an export read
+// it by. So the listing runs in a transaction of its own with the
+// settings of exportSettingsSQL (inside db's transaction, if db is one,
+// they last until it ends); a db that cannot open one must be in an ISO
+// DateStyle, whose offsets are numbers.
 func (s *Store) Partitions(ctx context.Context, db Querier, exact bool) ([]Partition, error) {
+	b, ok := db.(interface {
+		Begin(ctx context.Context) (pgx.Tx, error)
+	})
+	if !ok {
+		var style string
+		if err := db.QueryRow(ctx, `SELECT current_setting('DateStyle')`).Scan(&style); err != nil {
+			return nil, fmt.Errorf("archive partitions: %w", err)
+		}
+		if !strings.HasPrefix(style, "ISO") {
+			return nil, fmt.Errorf("%w: archive partitions: the session's DateStyle is %q, whose times name their zone by an abbreviation that may be read as another zone's: use ISO",
+				ErrArchiveLifecycle, style)
+		}
+		return s.partitions(ctx, db, exact)
+	}
+	var out []Partition
+	err := pgx.BeginFunc(ctx, b, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, exportSettingsSQL); err != nil {
+			return fmt.Errorf("archive partitions: %w", err)
+		}
+		var err error
+		out, err = s.partitions(ctx, tx, exact)
+		return err
+	})
+	return out, err
+}
+
+// partitions is Partitions on a session whose settings write the bounds
+// in a form read back as the same instants.
+func (s *Store) partitions(ctx context.Context, db Querier, exact bool) ([]Partition, error) {
 	rows, err := db.Query(ctx, s.sql.partitions, s.schema)
 	if err != nil {
 		return nil, fmt.Errorf("archive partitions: %w", err)
@@ -499,9 +538,9 @@ func (s *Store) ExportPartition(ctx context.Context, conn *pgx.Conn, name string
 	return rows, err
 }
 
-// exportSettingsSQL fixes, for the export's transaction only, every
-// setting that changes how COPY writes the archive's columns: times in UTC
-// and ISO form, hashes as hex.
+// exportSettingsSQL fixes, for the transaction only, every setting that
+// changes how the archive's columns and the partitions' bounds are written
+// as text (COPY, pg_get_expr): times in UTC and ISO form, hashes as hex.
 const exportSettingsSQL = `SELECT set_config('TimeZone', 'UTC', true), set_config('DateStyle', 'ISO, YMD', true),
        set_config('IntervalStyle', 'postgres', true), set_config('bytea_output', 'hex', true),
        set_config('extra_float_digits', '1', true)`
