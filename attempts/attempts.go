@@ -114,6 +114,11 @@ type Partition = store.Partition
 // done as asked; nothing is changed.
 var ErrArchiveLifecycle = store.ErrArchiveLifecycle
 
+// ErrPartitionMissing is what partition upkeep (the relayers' reapers,
+// logged as a failed pass) returns when a month it keeps could not be
+// created because the default partition holds rows of that month.
+var ErrPartitionMissing = store.ErrPartitionMissing
+
 // Archive reads the archive of one schema.
 type Archive struct {
 	store *store.Store
