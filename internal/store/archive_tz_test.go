@@ -49,3 +49,47 @@ func TestPartitionBoundsUnderAnyTimeZone(t *testing.T) {
 		}
 	}
 }
+
+// TestEnsurePartitionsUnderAnyTimeZone: partition upkeep run by a session
+// in Asia/Kolkata with an SQL DateStyle creates the month with its UTC
+// bounds. ensure_attempt_partitions wrote the bounds into its DDL in the
+// session's DateStyle ("01/12/2026 05:30:00 IST"), read back as Israel's
+// time: the month began at 03:30 UTC, its first hours went to the previous
+// month's gap, the default partition (migration 041).
+func TestEnsurePartitionsUnderAnyTimeZone(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	if err := b.st.EnsurePartitions(b.ctx, b.pool, 3); err != nil {
+		t.Fatal(err)
+	}
+	var start time.Time
+	if err := b.pool.QueryRow(b.ctx, `SELECT (date_trunc('month', now() AT TIME ZONE 'UTC') + interval '3 months') AT TIME ZONE 'UTC'`).Scan(&start); err != nil {
+		t.Fatal(err)
+	}
+	month := "attempts_" + start.UTC().Format("2006_01")
+	execAll(t, b.pool, "DROP TABLE outbox."+month)
+	cfg := b.pool.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["TimeZone"] = "Asia/Kolkata"
+	cfg.ConnConfig.RuntimeParams["DateStyle"] = "SQL, DMY"
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := b.st.EnsurePartitions(b.ctx, pool, 3); err != nil {
+		t.Fatal(err)
+	}
+	parts, err := b.st.Partitions(b.ctx, b.pool, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range parts {
+		if p.Name == month {
+			if !p.From.Equal(start) || !p.To.Equal(start.AddDate(0, 1, 0)) {
+				t.Fatalf("%s created from %s to %s, want from %s", month, p.From, p.To, start.UTC())
+			}
+			return
+		}
+	}
+	t.Fatalf("%s not created: %+v", month, parts)
+}
