@@ -149,6 +149,12 @@ func validateEnvelope(ins Instruction) error {
 			return err
 		}
 	}
+	// A session's outbox.tenant of "*" means every tenant (docs/audit.md,
+	// "Tenants"): a tenant of that name could never be read, replayed or
+	// cancelled alone.
+	if ins.TenantID == "*" {
+		return Invalid(FieldTenantID, ReasonInvalid, "%s \"*\" is reserved: outbox.tenant = '*' means every tenant", FieldTenantID)
+	}
 	// The key travels in an HTTP header too (Idempotency-Key), whose
 	// value loses its surrounding spaces on the wire: "k-1 " would reach
 	// the rail as "k-1", another instruction's key. Beyond ASCII a header

@@ -376,6 +376,10 @@ func TestEnvelope(t *testing.T) {
 		{"invalid UTF-8", func(i *payment.Instruction) { i.InstructionID = "ins-\xff" }, payment.FieldInstructionID, payment.ReasonInvalid},
 		{"oversize instruction id", func(i *payment.Instruction) { i.InstructionID = strings.Repeat("i", 201) }, payment.FieldInstructionID, payment.ReasonTooLarge},
 		{"oversize tenant", func(i *payment.Instruction) { i.TenantID = strings.Repeat("t", 201) }, payment.FieldTenantID, payment.ReasonTooLarge},
+		// "*" in the session's outbox.tenant means every tenant: a tenant
+		// of that name could never be chosen alone.
+		{"tenant named *", func(i *payment.Instruction) { i.TenantID = "*" }, payment.FieldTenantID, payment.ReasonInvalid},
+		{"tenant with a * in it", func(i *payment.Instruction) { i.TenantID = "a*" }, "", ""},
 		{"200 bytes is fine", func(i *payment.Instruction) { i.InstructionID = strings.Repeat("i", 200) }, "", ""},
 		{"metadata array", func(i *payment.Instruction) { i.Metadata = json.RawMessage(`[]`) }, payment.FieldMetadata, payment.ReasonInvalid},
 		{"metadata object", func(i *payment.Instruction) { i.Metadata = json.RawMessage(`{"memo":"rent"}`) }, "", ""},
