@@ -73,6 +73,10 @@ func TestConsoleOnAStandby(t *testing.T) {
 		if !strings.Contains(page, line) || !strings.Contains(page, "read-only standby") {
 			t.Errorf("%s on a standby does not say it is a read-only standby:\n%s", path, page)
 		}
+		// Once: the overview's own older hint said it again.
+		if n := strings.Count(page, "last replayed transaction"); n != 1 {
+			t.Errorf("%s on a standby says %d times that it reads as of the standby's last replayed transaction, want once", path, n)
+		}
 		for _, form := range []string{`action="/console/dead-letters/`, `action="/console/instructions/`, `action="/console/rails/`, `href="/console/rails"`} {
 			if strings.Contains(page, form) {
 				t.Errorf("%s on a standby shows an operator's form or its link (%s):\n%s", path, form, page)
