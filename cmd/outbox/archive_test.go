@@ -69,6 +69,24 @@ func TestArchiveCommands(t *testing.T) {
 	requireExit(t, b.cli(t, "", "archive", "detach"), 2)
 }
 
+// exportCancelled enqueues an instruction, cancels it, and exports this
+// month's partition to out: it returns the month's partition, the export
+// (which has the CANCELLED row) and its checksum.
+func (b *cliBundle) exportCancelled(t *testing.T, out string) (month, data, sum string) {
+	t.Helper()
+	r := b.cli(t, inputJSON("p1", "k1", "100"), "enqueue")
+	requireExit(t, r, 0)
+	requireExit(t, b.cli(t, "", "cancel", "--operator", "alice", "--reason", "recalled",
+		decodeEnqueueLine(t, stdoutLines(t, r.stdout)[0]).outboxID), 0)
+	month = "attempts_" + time.Now().UTC().Format("2006_01")
+	requireExit(t, b.cli(t, "", "archive", "--partition", month, "--out", out, "export"), 0)
+	data, sum = readExport(t, out)
+	if !strings.Contains(data, "CANCELLED") {
+		t.Fatalf("the export has no CANCELLED row:\n%s", data)
+	}
+	return month, data, sum
+}
+
 // TestArchiveExportFailureKeepsTheEarlierCopy: an export that fails (here
 // a partition name mistyped) leaves the export already at --out and its
 // checksum file as they were, and no half-written file beside them. It
@@ -77,20 +95,11 @@ func TestArchiveCommands(t *testing.T) {
 func TestArchiveExportFailureKeepsTheEarlierCopy(t *testing.T) {
 	t.Parallel()
 	b := setupCLI(t)
-	r := b.cli(t, inputJSON("p1", "k1", "100"), "enqueue")
-	requireExit(t, r, 0)
-	requireExit(t, b.cli(t, "", "cancel", "--operator", "alice", "--reason", "recalled",
-		decodeEnqueueLine(t, stdoutLines(t, r.stdout)[0]).outboxID), 0)
-	month := "attempts_" + time.Now().UTC().Format("2006_01")
 	dir := t.TempDir()
 	out := filepath.Join(dir, "month.csv")
-	requireExit(t, b.cli(t, "", "archive", "--partition", month, "--out", out, "export"), 0)
-	data, sum := readExport(t, out)
-	if !strings.Contains(data, "CANCELLED") {
-		t.Fatalf("the export has no CANCELLED row:\n%s", data)
-	}
+	month, data, sum := b.exportCancelled(t, out)
 
-	r = b.cli(t, "", "archive", "--partition", month+"_typo", "--out", out, "export")
+	r := b.cli(t, "", "archive", "--partition", month+"_typo", "--out", out, "export")
 	requireExit(t, r, 1)
 	if !strings.Contains(r.stderr, "not a partition") {
 		t.Fatalf("export of an unknown partition:\n%s", r)
@@ -119,18 +128,8 @@ func TestArchiveExportFailureKeepsTheEarlierCopy(t *testing.T) {
 func TestArchiveExportIsTheSameUnderAnyTimeZone(t *testing.T) {
 	t.Parallel()
 	b := setupCLI(t)
-	r := b.cli(t, inputJSON("p1", "k1", "100"), "enqueue")
-	requireExit(t, r, 0)
-	requireExit(t, b.cli(t, "", "cancel", "--operator", "alice", "--reason", "recalled",
-		decodeEnqueueLine(t, stdoutLines(t, r.stdout)[0]).outboxID), 0)
-	month := "attempts_" + time.Now().UTC().Format("2006_01")
 	dir := t.TempDir()
-	utc := filepath.Join(dir, "utc.csv")
-	requireExit(t, b.cli(t, "", "archive", "--partition", month, "--out", utc, "export"), 0)
-	want, _ := readExport(t, utc)
-	if !strings.Contains(want, "CANCELLED") {
-		t.Fatalf("the export has no CANCELLED row:\n%s", want)
-	}
+	month, want, _ := b.exportCancelled(t, filepath.Join(dir, "utc.csv"))
 	// The database's own settings, as a platform outside UTC has them.
 	if _, err := b.pool.Exec(b.ctx, `DO $$ BEGIN
 		EXECUTE format('ALTER DATABASE %I SET TimeZone = %L', current_database(), 'Pacific/Chatham');
