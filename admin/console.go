@@ -140,21 +140,16 @@ var consoleTemplates = template.Must(template.New("").Funcs(template.FuncMap{
 // stateWords says a queued instruction's or a participant's state
 // (store.Queued.State, store.ParticipantView.State) in an operator's
 // words; the page's next cell says until when, since when or behind
-// what. An unknown state is shown as it is.
+// what. The states that read as words already ("due", "queued",
+// "clear") and any unknown one are shown as they are.
 func stateWords(state string) string {
 	switch state {
-	case "due":
-		return "due"
 	case "retry_wait":
 		return "waiting to retry"
-	case "queued":
-		return "queued"
 	case "in_flight":
 		return "in flight"
 	case "stuck":
 		return "stuck: lease ended"
-	case "clear":
-		return "clear"
 	}
 	return state
 }

@@ -107,16 +107,7 @@ func exportFile(path string, export func(io.Writer) (int64, error)) (int64, stri
 	defer os.Remove(data.Name()) // after the rename, nothing is left to remove
 	h := sha256.New()
 	rows, err := export(io.MultiWriter(data, h))
-	if err == nil {
-		err = data.Chmod(0o644)
-	}
-	if err == nil {
-		err = data.Sync()
-	}
-	if cerr := data.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := finishTemp(data, err); err != nil {
 		return 0, "", err
 	}
 	sum := hex.EncodeToString(h.Sum(nil))
@@ -126,16 +117,7 @@ func exportFile(path string, export func(io.Writer) (int64, error)) (int64, stri
 	}
 	defer os.Remove(check.Name())
 	_, err = fmt.Fprintf(check, "%s  %s\n", sum, base)
-	if err == nil {
-		err = check.Chmod(0o644)
-	}
-	if err == nil {
-		err = check.Sync()
-	}
-	if cerr := check.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := finishTemp(check, err); err != nil {
 		return 0, "", err
 	}
 	if err := os.Remove(path + ".sha256"); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -148,4 +130,20 @@ func exportFile(path string, export func(io.Writer) (int64, error)) (int64, stri
 		return 0, "", err
 	}
 	return rows, sum, nil
+}
+
+// finishTemp ends a temporary file of exportFile whose writing gave err:
+// readable by all (as os.Create made exports), on disk, closed. It
+// returns the first error.
+func finishTemp(f *os.File, err error) error {
+	if err == nil {
+		err = f.Chmod(0o644)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

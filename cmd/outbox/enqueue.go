@@ -422,7 +422,8 @@ func (e *enqueuer) sendBatch(ctx context.Context, batch []pending.Instruction, s
 			send = e.enqueue
 		}
 		receipts, err := send(ctx, batch)
-		if why := resendable(ctx, err); why != "" && resent < transientResends {
+		why := resendable(ctx, err)
+		if why != "" && resent < transientResends {
 			resent++
 			e.log.Warn(why+": sending it again under the same keys",
 				"instructions", len(batch), "attempt", resent+1, "err", err)
@@ -439,7 +440,7 @@ func (e *enqueuer) sendBatch(ctx context.Context, batch []pending.Instruction, s
 			slots = append(slots[:be.Index:be.Index], slots[be.Index+1:]...)
 			continue
 		}
-		if err != nil && len(batch) > 1 && resendable(ctx, err) == "" && ctx.Err() == nil && !errors.Is(err, pending.ErrSchemaBehind) {
+		if err != nil && len(batch) > 1 && why == "" && ctx.Err() == nil && !errors.Is(err, pending.ErrSchemaBehind) {
 			// The database refused the batch's statement as a whole, for
 			// what may be one line's doing (a tenant the session may not
 			// write for: 42501) without saying which: each line is sent
