@@ -326,6 +326,22 @@ func (a *Archive) Detach(ctx context.Context, db DB, before time.Time, lockTimeo
 	return detached, retired, err
 }
 
+// MovedMonth is one month MoveDefault gave a partition of its own.
+type MovedMonth = store.MovedMonth
+
+// MoveDefault gives every month whose rows are in the archive's default
+// partition (written while no upkeep had created their month, which then
+// could not be created: ErrPartitionMissing) a partition of its own, and
+// moves those rows into it, in one transaction: no row changes, so hashes,
+// chains and checkpoints verify as before, and the months can then be
+// detached, exported and have their keys retired like any other. It waits
+// at most lockTimeout for the default partition's lock; relayers writing
+// into other months do not wait for it. It needs the schema's owner (or a
+// superuser).
+func (a *Archive) MoveDefault(ctx context.Context, db TxBeginner, lockTimeout time.Duration) ([]MovedMonth, error) {
+	return a.store.MoveDefaultRows(ctx, db, lockTimeout)
+}
+
 // Export writes one archive partition to w as CSV (a header line, then the
 // rows in (created_at, attempt_id) order) and returns its row count.
 func (a *Archive) Export(ctx context.Context, conn *pgx.Conn, partition string, w io.Writer) (int64, error) {

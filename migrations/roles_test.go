@@ -1112,6 +1112,21 @@ func TestArchivePartitionsReadThroughTheirParentsOnly(t *testing.T) {
 	}
 	sealed("after partition upkeep and a detach")
 
+	// The default partition's rows (a century on) moved into a month of
+	// their own by the superuser: owned by outbox_owner, sealed like the
+	// others, whatever the creator's default privileges.
+	moved, err := b.st.MoveDefaultRows(b.ctx, b.admin, time.Minute)
+	if err != nil || len(moved) == 0 {
+		t.Fatalf("move the default partition's rows: %+v, %v", moved, err)
+	}
+	for _, m := range moved {
+		var owner string
+		if err := b.admin.QueryRow(b.ctx, `SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = to_regclass('outbox.' || $1)`, m.Partition).Scan(&owner); err != nil || owner != "outbox_owner" {
+			t.Errorf("%s moved out of the default partition is owned by %q (%v), want outbox_owner", m.Partition, owner, err)
+		}
+	}
+	sealed("after moving the default partition's rows")
+
 	// Grants by hand, then --create-roles again (as after the next
 	// migration): nobody but the owner reads a partition still.
 	if _, err := b.admin.Exec(b.ctx, `GRANT SELECT ON outbox.attempts_default, outbox.`+pgx.Identifier{upkept}.Sanitize()+`

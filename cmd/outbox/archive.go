@@ -14,26 +14,27 @@ import (
 	"time"
 )
 
-// runArchive lists the archive's partitions, detaches old months, or
-// exports one partition to a CSV file with its checksum.
+// runArchive lists the archive's partitions, detaches old months,
+// exports one partition to a CSV file with its checksum, or moves the
+// default partition's rows into months of their own.
 func runArchive(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet(env, "archive", "archive [flags] list | detach --before YYYY-MM | export --partition NAME --out FILE")
+	fs := newFlagSet(env, "archive", "archive [flags] list | detach --before YYYY-MM | export --partition NAME --out FILE | move-default")
 	var db dbFlags
 	db.register(fs, auditSettings())
 	exact := fs.Bool("exact", false, "list: count each partition's rows instead of estimating them (reads the whole archive: use a replica)")
 	beforeMonth := fs.String("before", "", "detach: detach every month before this one (YYYY-MM, UTC) and retire the keys of the instructions that ended in them (acknowledged dead letters leave with theirs)")
-	lockTimeout := fs.Duration("detach-lock-timeout", 5*time.Second, "detach: give up on a partition whose lock is not granted within this (relayers queue behind a waiting detach)")
+	lockTimeout := fs.Duration("detach-lock-timeout", 5*time.Second, "detach, move-default: give up on a partition whose lock is not granted within this (relayers queue behind a waiting detach)")
 	partition := fs.String("partition", "", "export: the partition to export (a name from archive list)")
 	outFile := fs.String("out", "", "export: the CSV file to write; its SHA-256 goes to FILE.sha256 (sha256sum format)")
 	if _, err := parseFlags(fs, env, args); err != nil {
 		return err
 	}
 	if fs.NArg() != 1 {
-		return fmt.Errorf("%w: archive needs list, detach or export", errUsage)
+		return fmt.Errorf("%w: archive needs list, detach, export or move-default", errUsage)
 	}
 	var before time.Time
 	switch fs.Arg(0) {
-	case "list":
+	case "list", "move-default":
 	case "detach":
 		t, err := time.Parse("2006-01", *beforeMonth)
 		if err != nil {
@@ -45,7 +46,7 @@ func runArchive(ctx context.Context, env *environment, args []string) error {
 			return fmt.Errorf("%w: export needs --partition and --out", errUsage)
 		}
 	default:
-		return fmt.Errorf("%w: archive needs list, detach or export, not %q", errUsage, fs.Arg(0))
+		return fmt.Errorf("%w: archive needs list, detach, export or move-default, not %q", errUsage, fs.Arg(0))
 	}
 	archive, pool, cleanup, err := openArchive(ctx, env, &db)
 	if err != nil {
@@ -73,6 +74,14 @@ func runArchive(ctx context.Context, env *environment, args []string) error {
 	case "detach":
 		detached, retired, err := archive.Detach(ctx, pool, before, *lockTimeout)
 		_ = out.Encode(map[string]any{"before": before.Format("2006-01"), "detached": detached, "retired_keys": retired, "ok": err == nil})
+		return err
+	case "move-default":
+		moved, err := archive.MoveDefault(ctx, pool, *lockTimeout)
+		months := make([]map[string]any, len(moved))
+		for i, m := range moved {
+			months[i] = map[string]any{"partition": m.Partition, "from": m.From, "to": m.To, "rows": m.Rows}
+		}
+		_ = out.Encode(map[string]any{"moved": months, "ok": err == nil})
 		return err
 	}
 	conn, err := pool.Acquire(ctx)

@@ -163,3 +163,43 @@ func readExport(t *testing.T, out string) (data, sum string) {
 	}
 	return string(d), string(s)
 }
+
+// TestArchiveMoveDefault: this month's rows, written while it had no
+// partition, are in the default partition, where partition upkeep cannot
+// create the month; `archive move-default` moves them into a partition of
+// their own, which then exports like any month.
+func TestArchiveMoveDefault(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	month := "attempts_" + time.Now().UTC().Format("2006_01")
+	if _, err := b.pool.Exec(b.ctx, "DROP TABLE outbox."+month); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "month.csv")
+	r := b.cli(t, "", "archive", "--partition", month, "--out", out, "export")
+	requireExit(t, r, 1) // no such partition: the rows below go to the default one
+	r = b.cli(t, inputJSON("p1", "k1", "100"), "enqueue")
+	requireExit(t, r, 0)
+	requireExit(t, b.cli(t, "", "cancel", "--operator", "alice", "--reason", "recalled",
+		decodeEnqueueLine(t, stdoutLines(t, r.stdout)[0]).outboxID), 0)
+
+	r = b.cli(t, "", "archive", "move-default")
+	requireExit(t, r, 0)
+	var got struct {
+		Moved []struct {
+			Partition string `json:"partition"`
+			Rows      int64  `json:"rows"`
+		} `json:"moved"`
+		OK bool `json:"ok"`
+	}
+	if err := json.Unmarshal([]byte(stdoutLines(t, r.stdout)[0]), &got); err != nil {
+		t.Fatal(err)
+	}
+	if !got.OK || len(got.Moved) != 1 || got.Moved[0].Partition != month || got.Moved[0].Rows != 1 {
+		t.Fatalf("move-default: %+v, want %s's one row (the cancel's)\n%s", got, month, r)
+	}
+	requireExit(t, b.cli(t, "", "archive", "--partition", month, "--out", out, "export"), 0)
+	if data, _ := readExport(t, out); !strings.Contains(data, "CANCELLED") {
+		t.Fatalf("the moved month's export has no CANCELLED row:\n%s", data)
+	}
+}
