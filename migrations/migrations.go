@@ -141,6 +141,8 @@ func MigrateWith(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 		if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+schema); err != nil {
 			return fmt.Errorf("migrate: create schema %s: %w", schema, err)
 		}
+	} else if err := becomeOwner(ctx, conn.Conn(), schema); err != nil {
+		return err
 	}
 	m, err := newMigrator(ctx, conn.Conn(), schema)
 	if err != nil {
@@ -166,6 +168,32 @@ func MigrateWith(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 }
 
 func lockName(schema string) string { return "outbox-migrate:" + schema }
+
+// becomeOwner makes the migrating session act as the schema's owner when
+// it is another role it may become (a superuser upgrading a schema that
+// --create-roles gave to outbox_owner). What a migration creates belongs to
+// the role that runs it: created by a superuser, a new table was one the
+// owner's functions could not read (036's tenant_bindings refused every
+// producer's enqueue until --create-roles ran again), and a new function
+// that runs as its owner ran as a superuser. The session is the migration's
+// own and is closed afterwards, so the role goes with it (tern's RESET ALL
+// between migrations leaves it).
+func becomeOwner(ctx context.Context, conn *pgx.Conn, schema string) error {
+	var owner string
+	var other, may bool
+	err := conn.QueryRow(ctx, `SELECT pg_get_userbyid(nspowner), nspowner <> (SELECT oid FROM pg_roles WHERE rolname = current_user),
+		pg_has_role(current_user, nspowner, 'MEMBER') FROM pg_namespace WHERE nspname = $1`, schema).Scan(&owner, &other, &may)
+	if err != nil {
+		return fmt.Errorf("migrate: owner of schema %s: %w", schema, err)
+	}
+	if !other || !may {
+		return nil // the owner itself, or a role that cannot act as it: as before
+	}
+	if _, err := conn.Exec(ctx, "SET ROLE "+pgx.Identifier{owner}.Sanitize()); err != nil {
+		return fmt.Errorf("migrate: act as %s, the owner of schema %s: %w", owner, schema, err)
+	}
+	return nil
+}
 
 // lockTimeoutSetting is a LockTimeout option with its default applied, and
 // as lock_timeout's value: whole milliseconds, rounded up, since 0 would

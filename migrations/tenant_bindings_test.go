@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -414,5 +415,60 @@ func TestBoundProducerCannotCompleteAKeyOfTheTenantItSets(t *testing.T) {
 		{InstructionID: "ins-a2", ParticipantID: "p-a", IdempotencyKey: "k-a2", TenantID: "tenant-a", RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1"},
 	}); err != nil || rs[0].SequenceID != 1 || rs[1].SequenceID != 2 {
 		t.Errorf("bound to A, setting A, a batch for A: %+v, %v; want sequences 1 and 2", rs, err)
+	}
+}
+
+// TestUpgradeByASuperuserRunsAsTheOwner: on a schema whose roles were set
+// up before migration 036, an upgrade run by a superuser without a second
+// --create-roles runs its migrations as the schema's owner, so everything
+// they create (036's tenant_bindings, later functions that run as their
+// owner) belongs to outbox_owner, as after an upgrade by the owner. It
+// used to belong to the superuser: functions that run as their owner then
+// ran as a superuser, and the owner's own functions could not read the
+// bindings table, so every producer's enqueue was refused until
+// --create-roles ran again.
+func TestUpgradeByASuperuserRunsAsTheOwner(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	const schema = "superuser_upgrade"
+	if err := migrations.MigrateWith(b.ctx, b.admin, migrations.Options{Schema: schema, TargetVersion: 35}); err != nil {
+		t.Fatal(err)
+	}
+	sql, err := migrations.RolesSQL(schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.admin.Exec(b.ctx, rolesBefore036(sql)); err != nil {
+		t.Fatalf("roles at version 35: %v", err)
+	}
+	if err := migrations.MigrateWith(b.ctx, b.admin, migrations.Options{Schema: schema}); err != nil {
+		t.Fatalf("upgrade as a superuser: %v", err)
+	}
+	rows, err := b.admin.Query(b.ctx, `
+		SELECT 'relation ' || c.relname || ' owned by ' || pg_get_userbyid(c.relowner) FROM pg_class c
+		WHERE c.relnamespace = $1::regnamespace AND pg_get_userbyid(c.relowner) <> 'outbox_owner'
+		UNION ALL
+		SELECT 'function ' || p.oid::regprocedure || ' owned by ' || pg_get_userbyid(p.proowner) FROM pg_proc p
+		WHERE p.pronamespace = $1::regnamespace AND pg_get_userbyid(p.proowner) <> 'outbox_owner'
+		ORDER BY 1`, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	strays, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range strays {
+		t.Errorf("after the superuser's upgrade: %s, want outbox_owner", s)
+	}
+	producer, err := pending.NewProducer(pending.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := producer.Enqueue(b.ctx, b.as(t, migrations.RoleProducer, "tenant-a"), pending.Instruction{
+		InstructionID: "ins-1", ParticipantID: "p-1", IdempotencyKey: "k-1", TenantID: "tenant-a",
+		RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
+	}); err != nil {
+		t.Fatalf("a producer's enqueue after the superuser's upgrade: %v", err)
 	}
 }
