@@ -14,8 +14,8 @@ import (
 
 // forgedOperatorRows are what a relayer credential would append to pass
 // for an operator's action, in schema: an archive row in each operator's
-// state, and a dead letter already acknowledged. Each is otherwise a
-// valid row.
+// state, and a dead letter already acknowledged (of an instruction in
+// flight: the scene needs one). Each is otherwise a valid row.
 func forgedOperatorRows(schema string) []string {
 	var rows []string
 	for _, state := range []string{"REPLAYED", "ACKNOWLEDGED", "CANCELLED"} {
@@ -24,10 +24,12 @@ func forgedOperatorRows(schema string) []string {
 			VALUES (md5('forged')::uuid, 'ins-forged', 'p-forged', 1, 'forged', 'sandbox', 1, '`+state+`', 'alice', now(), now(),
 			        'by alice (database role ops_alice): forged', now())`)
 	}
+	// The dead letter says what an instruction in flight says, as a
+	// relayer's own dead letters must (migration 042).
 	return append(rows, `INSERT INTO `+schema+`.dead_letters (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key,
-		rail_type, payload, attempt_count, error_code, attempt_id, created_at, acknowledged_at, acknowledged_by, acknowledged_reason)
-		VALUES (md5('forged')::uuid, 'ins-forged', 'p-forged', 1, 'forged', 'sandbox', '{}', 1, 'RAIL_REJECTED',
-		        gen_random_uuid(), now(), now(), 'alice', 'forged')`)
+		rail_type, tenant_id, correlation_id, payload, attempt_count, error_code, attempt_id, created_at, acknowledged_at, acknowledged_by, acknowledged_reason)
+		SELECT outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, tenant_id, correlation_id, payload, 1, 'RAIL_REJECTED',
+		       gen_random_uuid(), created_at, now(), 'alice', 'forged' FROM `+schema+`.inflight`)
 }
 
 // refusedByPolicy checks that each statement, run as db in a transaction
@@ -62,7 +64,7 @@ func asRelayersWrite(q string) string {
 	for _, state := range []string{"'REPLAYED'", "'ACKNOWLEDGED'", "'CANCELLED'"} {
 		q = strings.Replace(q, state, "'RETRYABLE'", 1)
 	}
-	return strings.Replace(q, "now(), now(), 'alice', 'forged')", "now(), NULL, NULL, NULL)", 1)
+	return strings.Replace(q, "created_at, now(), 'alice', 'forged' FROM", "created_at, NULL, NULL, NULL FROM", 1)
 }
 
 // TestRelayersCannotAppendOperatorRows: a relayer credential cannot
@@ -74,6 +76,7 @@ func TestRelayersCannotAppendOperatorRows(t *testing.T) {
 	t.Parallel()
 	b := setupRoles(t)
 	relayer := b.as(t, migrations.RoleRelayer, "")
+	b.queuedAndInFlight(t, "outbox", relayer)
 	refusedByPolicy(t, b, relayer, forgedOperatorRows("outbox"), asRelayersWrite)
 
 	producer := b.as(t, migrations.RoleProducer, "")
@@ -117,7 +120,7 @@ func TestOperatorRowsRefusedAfterAnUpgradeByTheOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	var before []string
-	for _, line := range strings.Split(sql, "\n") {
+	for _, line := range strings.Split(rolesBefore042(sql), "\n") {
 		if !strings.Contains(line, "outbox_relayer_no_") && !strings.HasPrefix(strings.TrimSpace(line), "WITH CHECK (state NOT IN") &&
 			!strings.HasPrefix(strings.TrimSpace(line), "WITH CHECK (acknowledged_at IS NULL") {
 			before = append(before, line)
@@ -127,6 +130,7 @@ func TestOperatorRowsRefusedAfterAnUpgradeByTheOwner(t *testing.T) {
 		t.Fatalf("roles at version 39: %v", err)
 	}
 	relayer := b.as(t, migrations.RoleRelayer, "")
+	b.queuedAndInFlight(t, schema, relayer)
 	for _, q := range forgedOperatorRows(schema) {
 		if err := func() error {
 			tx, err := relayer.Begin(b.ctx)

@@ -236,6 +236,7 @@ func tenantsSeen(t *testing.T, ctx context.Context, db *pgxpool.Pool, table stri
 // rolesBefore036 is the roles script sql as builds before migration 036
 // had it: tenant policies without bindings, no tenant_bindings table.
 func rolesBefore036(sql string) string {
+	sql = rolesBefore042(sql)
 	sql = regexp.MustCompile(`\s*AND coalesce\(tenant_id, ''\) = ANY \(coalesce\(\(SELECT array_agg\(b\.tenant_id\) FROM [a-z_]*\.tenant_bindings b WHERE b\.role_name = session_user\), ARRAY\[coalesce\(tenant_id, ''\)\]\)\)`).
 		ReplaceAllString(sql, "")
 	var lines []string

@@ -129,7 +129,12 @@ GRANT EXECUTE ON FUNCTION {{schema}}.enqueue_pending_batch(uuid[], text[], text[
 -- Relayer: claim, record, hand off, reap, register idle, checkpoint,
 -- partition upkeep. The archive and the checkpoints only grow; checkpoints
 -- through take_checkpoint alone.
-GRANT SELECT, INSERT, UPDATE, DELETE ON {{schema}}.pending, {{schema}}.inflight TO outbox_relayer;
+GRANT SELECT, INSERT, DELETE ON {{schema}}.pending, {{schema}}.inflight TO outbox_relayer;
+-- When a pending row is due, and nothing else of it (migration 042); no
+-- relayer statement updates inflight, but the reaper's row locks (FOR
+-- UPDATE) need UPDATE on one of its columns.
+GRANT UPDATE (next_attempt_at, retry_at) ON {{schema}}.pending TO outbox_relayer;
+GRANT UPDATE (lease_until) ON {{schema}}.inflight TO outbox_relayer;
 GRANT SELECT ON {{schema}}.sequences TO outbox_relayer;
 -- queued only (outcomes, hand-offs, reaps and withdrawals count an
 -- instruction out); the next sequence id is allocated for producers alone.
@@ -220,6 +225,40 @@ CREATE POLICY outbox_relayer_no_operator_rows ON {{schema}}.attempts AS RESTRICT
 DROP POLICY IF EXISTS outbox_relayer_no_acknowledgement ON {{schema}}.dead_letters;
 CREATE POLICY outbox_relayer_no_acknowledgement ON {{schema}}.dead_letters AS RESTRICTIVE FOR INSERT TO outbox_relayer
   WITH CHECK (acknowledged_at IS NULL AND acknowledged_by IS NULL AND acknowledged_reason IS NULL);
+-- A relayer moves rows between the queue's tables unchanged (migration
+-- 042): what it inserts into pending, inflight or dead_letters must say
+-- what the row it moves from says (the statement deletes that row, and
+-- still sees it). Restrictive: they narrow outbox_relayer_all above.
+DROP POLICY IF EXISTS outbox_relayer_from_inflight ON {{schema}}.pending;
+CREATE POLICY outbox_relayer_from_inflight ON {{schema}}.pending AS RESTRICTIVE FOR INSERT TO outbox_relayer
+  WITH CHECK (EXISTS (SELECT 1 FROM {{schema}}.inflight f
+                      WHERE f.outbox_id = pending.outbox_id
+                        AND (f.instruction_id, f.participant_id, f.sequence_id, f.idempotency_key, f.rail_type, f.payload, f.created_at)
+                          = (pending.instruction_id, pending.participant_id, pending.sequence_id, pending.idempotency_key, pending.rail_type, pending.payload, pending.created_at)
+                        AND f.tenant_id IS NOT DISTINCT FROM pending.tenant_id
+                        AND f.correlation_id IS NOT DISTINCT FROM pending.correlation_id));
+DROP POLICY IF EXISTS outbox_relayer_from_pending ON {{schema}}.inflight;
+CREATE POLICY outbox_relayer_from_pending ON {{schema}}.inflight AS RESTRICTIVE FOR INSERT TO outbox_relayer
+  WITH CHECK (EXISTS (SELECT 1 FROM {{schema}}.pending p
+                      WHERE p.outbox_id = inflight.outbox_id
+                        AND (p.instruction_id, p.participant_id, p.sequence_id, p.idempotency_key, p.rail_type, p.payload, p.created_at)
+                          = (inflight.instruction_id, inflight.participant_id, inflight.sequence_id, inflight.idempotency_key, inflight.rail_type, inflight.payload, inflight.created_at)
+                        AND p.tenant_id IS NOT DISTINCT FROM inflight.tenant_id
+                        AND p.correlation_id IS NOT DISTINCT FROM inflight.correlation_id));
+DROP POLICY IF EXISTS outbox_relayer_from_queue ON {{schema}}.dead_letters;
+CREATE POLICY outbox_relayer_from_queue ON {{schema}}.dead_letters AS RESTRICTIVE FOR INSERT TO outbox_relayer
+  WITH CHECK (EXISTS (SELECT 1 FROM {{schema}}.inflight f
+                      WHERE f.outbox_id = dead_letters.outbox_id
+                        AND (f.instruction_id, f.participant_id, f.sequence_id, f.idempotency_key, f.rail_type, f.payload, f.created_at)
+                          = (dead_letters.instruction_id, dead_letters.participant_id, dead_letters.sequence_id, dead_letters.idempotency_key, dead_letters.rail_type, dead_letters.payload, dead_letters.created_at)
+                        AND f.tenant_id IS NOT DISTINCT FROM dead_letters.tenant_id
+                        AND f.correlation_id IS NOT DISTINCT FROM dead_letters.correlation_id)
+           OR EXISTS (SELECT 1 FROM {{schema}}.pending p
+                      WHERE p.outbox_id = dead_letters.outbox_id
+                        AND (p.instruction_id, p.participant_id, p.sequence_id, p.idempotency_key, p.rail_type, p.payload, p.created_at)
+                          = (dead_letters.instruction_id, dead_letters.participant_id, dead_letters.sequence_id, dead_letters.idempotency_key, dead_letters.rail_type, dead_letters.payload, dead_letters.created_at)
+                        AND p.tenant_id IS NOT DISTINCT FROM dead_letters.tenant_id
+                        AND p.correlation_id IS NOT DISTINCT FROM dead_letters.correlation_id));
 -- Who may act for which tenant (migration 036): a producer reads its own
 -- login role's bindings, auditors and operators read all of them, only
 -- the owner writes them.
