@@ -39,17 +39,32 @@ func chromium(t *testing.T) string {
 }
 
 // browser starts a headless Chromium of its own (its own cookies) and
-// returns a context that drives it.
+// returns a context that drives it. On a busy machine, with other tests'
+// browsers starting beside it, Chromium now and then exits before it
+// listens ("chrome failed to start", with nothing but its usual warnings
+// printed): that start is tried again, twice at most, so the tests fail
+// for what the console does, not for a browser that never came up.
 func browser(t *testing.T, bin string) context.Context {
 	t.Helper()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(bin), chromedp.NoSandbox,
 		chromedp.DisableGPU, chromedp.WindowSize(1400, 1000))
-	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancel := chromedp.NewContext(alloc)
-	t.Cleanup(func() { cancel(); cancelAlloc() })
-	ctx, cancelTimeout := context.WithTimeout(ctx, 90*time.Second)
-	t.Cleanup(cancelTimeout)
-	return ctx
+	for attempt := 1; ; attempt++ {
+		alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+		ctx, cancel := chromedp.NewContext(alloc)
+		err := chromedp.Do(ctx) // starts the browser
+		if err == nil {
+			t.Cleanup(func() { cancel(); cancelAlloc() })
+			ctx, cancelTimeout := context.WithTimeout(ctx, 90*time.Second)
+			t.Cleanup(cancelTimeout)
+			return ctx
+		}
+		cancel()
+		cancelAlloc()
+		if attempt == 3 || !strings.Contains(err.Error(), "chrome failed to start") {
+			t.Fatalf("start %s: %v", bin, err)
+		}
+		t.Logf("%s exited before it listened (attempt %d of 3): %v", bin, attempt, err)
+	}
 }
 
 // css makes an element query use a CSS selector (querySelectorAll)
