@@ -88,10 +88,20 @@ func (c *Config) Build(opts BuildOptions) (*Built, error) {
 	return built, nil
 }
 
-// buildWebhook reads the secret and builds the transport. Errors name the
-// secret's file or variable, never its value.
+// buildWebhook reads the secret and builds the transport. A secret file
+// becomes a [RotatingSecret], read again by [Set.ReloadSecrets]; a
+// variable cannot change in a running process and is read once. Errors
+// name the secret's file or variable, never its value.
 func buildWebhook(w WebhookConfig, getenv func(string) string) (*Webhook, error) {
-	secret, err := SecretSource{File: w.SecretFile, Env: w.SecretEnv, AllowWorldReadable: w.AllowWorldReadableSecret, Getenv: getenv}.Load()
+	src := SecretSource{File: w.SecretFile, Env: w.SecretEnv, AllowWorldReadable: w.AllowWorldReadableSecret, Getenv: getenv}
+	if src.File != "" {
+		rs, err := NewRotatingSecret(src, 0)
+		if err != nil {
+			return nil, err
+		}
+		return NewWebhook(WebhookOptions{URL: w.URL, RotatingSecret: rs, CAFile: w.CAFile})
+	}
+	secret, err := src.Load()
 	if err != nil {
 		return nil, err
 	}

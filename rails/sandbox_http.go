@@ -103,11 +103,37 @@ func NewSandboxHandler(s *Sandbox, secret []byte) http.Handler {
 // bodies up to [WebhookBodyLimit] of it are read, longer ones answered 413.
 func NewSandboxHandlerLimit(s *Sandbox, secret []byte, maxPayloadBytes int) http.Handler {
 	key := bytes.Clone(secret)
+	return newSandboxHandler(s, maxPayloadBytes, func(time.Time) [][]byte { return [][]byte{key} })
+}
+
+// NewSandboxHandlerSecret is [NewSandboxHandlerLimit] whose secret can
+// change while it serves: a request is accepted if it is signed with any
+// secret secret.Accepted lists, the one in force and, for the window the
+// secret was given, the one it replaced, so that senders that have not
+// reloaded their copy yet are not refused during a rotation.
+func NewSandboxHandlerSecret(s *Sandbox, secret *RotatingSecret, maxPayloadBytes int) http.Handler {
+	return newSandboxHandler(s, maxPayloadBytes, secret.Accepted)
+}
+
+// newSandboxHandler builds the handler; keys lists the secrets accepted at
+// a time, the one in force first.
+func newSandboxHandler(s *Sandbox, maxPayloadBytes int, keys func(time.Time) [][]byte) http.Handler {
 	h := &sandboxHandler{
 		sandbox:  s,
 		maxBytes: WebhookBodyLimit(maxPayloadBytes),
 		verify: func(header http.Header, body []byte) error {
-			return VerifySignature(key, header, body, time.Now(), DefaultSignatureTolerance)
+			now := time.Now()
+			var first error
+			for _, key := range keys(now) {
+				err := VerifySignature(key, header, body, now, DefaultSignatureTolerance)
+				if err == nil || errors.Is(err, errKeyBinding) {
+					return err // authentic: this key's answer is the answer
+				}
+				if first == nil {
+					first = err
+				}
+			}
+			return first
 		},
 	}
 	mux := http.NewServeMux()

@@ -102,6 +102,10 @@ type WebhookOptions struct {
 	// Secret is the HMAC-SHA256 key shared with the receiver (at least 32
 	// random bytes recommended; see [LoadSecret]).
 	Secret []byte `json:"-"`
+	// RotatingSecret, instead of Secret, is a secret that can change while
+	// the process runs (a secret file, see [RotatingSecret]): every
+	// request is signed with the secret in force when it is signed.
+	RotatingSecret *RotatingSecret `json:"-"`
 	// CAFile is an optional PEM file of extra root CAs, added to the system
 	// roots (or to RootCAs). TLS verification cannot be turned off.
 	CAFile string
@@ -122,8 +126,11 @@ type WebhookOptions struct {
 // String describes the options with the secret redacted.
 func (o WebhookOptions) String() string {
 	secret := "<empty>"
-	if len(o.Secret) > 0 {
+	switch {
+	case len(o.Secret) > 0:
 		secret = webhookRedacted
+	case o.RotatingSecret != nil:
+		secret = webhookRedacted + " (rotating)"
 	}
 	return fmt.Sprintf("rails.WebhookOptions{URL:%s Secret:%s CAFile:%q RootCAs:%t Client:%t Codes:%d}",
 		redactURLString(o.URL), secret, o.CAFile, o.RootCAs != nil, o.Client != nil, len(o.Codes))
@@ -200,6 +207,9 @@ type Webhook struct {
 	codes   CodeTable
 	sign    func(timestamp string, body []byte) string
 	now     func() time.Time // tests pin the clock
+	// rotating is the secret that sign reads when it can change (nil: a
+	// fixed secret, held only in sign's closure).
+	rotating *RotatingSecret
 }
 
 // NewWebhook checks the options and builds a webhook transport.
@@ -221,7 +231,10 @@ func NewWebhook(o WebhookOptions) (*Webhook, error) {
 	default:
 		return nil, fmt.Errorf("rails: webhook URL scheme %q is not supported; use https://", u.Scheme)
 	}
-	if len(o.Secret) == 0 {
+	switch {
+	case len(o.Secret) > 0 && o.RotatingSecret != nil:
+		return nil, errors.New("rails: webhook takes a Secret or a RotatingSecret, not both")
+	case len(o.Secret) == 0 && o.RotatingSecret == nil:
 		return nil, errors.New("rails: webhook secret is empty")
 	}
 
@@ -233,16 +246,28 @@ func NewWebhook(o WebhookOptions) (*Webhook, error) {
 	if codes == nil {
 		codes = WebhookCodes
 	}
-	key := bytes.Clone(o.Secret) // the caller may zero or reuse its slice
-	return &Webhook{
-		url:     u.String(),
-		safeURL: redactURL(u),
-		client:  client,
-		codes:   codes,
-		sign:    func(ts string, body []byte) string { return Sign(key, ts, body) },
-		now:     time.Now,
-	}, nil
+	w := &Webhook{
+		url:      u.String(),
+		safeURL:  redactURL(u),
+		client:   client,
+		codes:    codes,
+		now:      time.Now,
+		rotating: o.RotatingSecret,
+	}
+	if rs := o.RotatingSecret; rs != nil {
+		// Each request reads the secret in force once: a rotation never
+		// mixes two secrets in one signature.
+		w.sign = func(ts string, body []byte) string { return Sign(rs.Key(), ts, body) }
+	} else {
+		key := bytes.Clone(o.Secret) // the caller may zero or reuse its slice
+		w.sign = func(ts string, body []byte) string { return Sign(key, ts, body) }
+	}
+	return w, nil
 }
+
+// RotatingSecret returns the rotating secret the webhook signs with, or
+// nil for a fixed secret; [Set.ReloadSecrets] reloads it.
+func (w *Webhook) RotatingSecret() *RotatingSecret { return w.rotating }
 
 // webhookClient returns the caller's client (checked, redirects disabled)
 // or builds one.
