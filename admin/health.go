@@ -63,7 +63,8 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 // readyz answers 200 when the process can do its work (database reachable,
 // schema at this build's version, listener connected or poll-only by
 // choice, not stopping), degraded when it can but the queue is late or a
-// rail's breaker is open, and 503 otherwise. The causes and reasons are
+// rail's breaker is open or its secret file was changed into one that is
+// refused, and 503 otherwise. The causes and reasons are
 // detailed only for a request with a valid API credential (any role);
 // otherwise they are generic (Readiness.Public), and the detail is logged
 // when it changes (probes come every few seconds).
@@ -165,6 +166,11 @@ func (s *Server) Readiness(ctx context.Context) Readiness {
 		for _, t := range set.Types() {
 			if st := set.State(t); st != rails.BreakerClosed {
 				degraded(fmt.Sprintf("rail %s: breaker %s", t, st), "a rail's breaker is not closed")
+			}
+			// The error names the file, never the secret.
+			if sec, ok := set.SecretStatus(t); ok && sec.Err != nil {
+				degraded(fmt.Sprintf("rail %s: its secret file was changed to one that is refused (%v); requests are still signed with the secret read at %s",
+					t, sec.Err, sec.LoadedAt.UTC().Format(time.RFC3339)), "a rail's secret file is refused")
 			}
 		}
 	}

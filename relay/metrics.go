@@ -31,6 +31,9 @@ import (
 //	outbox_rail_call_seconds{rail}             rail call duration, every call (in whole milliseconds)
 //	outbox_rail_breaker_state{rail}            0 closed, 1 half-open, 2 open
 //	outbox_rail_overruns_total{rail}           calls whose transport ignored its deadline (rails.Set.Overruns)
+//	outbox_rail_secret_rotations_total{rail}, outbox_rail_secret_refusals_total{rail},
+//	outbox_rail_secret_refused{rail}           a secret file's rotations, reloads that refused it, and
+//	                                           1 while the file holds a refused secret (rails.Set.SecretStatus)
 //	outbox_outcome_writes_total, outbox_outcome_write_seconds_total
 //	                                           outcome transactions, and the time they took
 //	outbox_claim_batches_total, outbox_claimed_total, outbox_handoffs_total, outbox_notify_wakeups_total,
@@ -76,6 +79,34 @@ func newMetrics(pool *pgxpool.Pool, r *engine.Relayer, rp *reaper.Reaper, svc Co
 			ch <- prometheus.MustNewConstMetric(overruns, prometheus.CounterValue, float64(cfg.Rails.Overruns(t)), t)
 		}
 	}})
+	// A secret file rotated into one the checks refuse leaves the rail
+	// signing with the older secret: the receiver may soon refuse it.
+	secretFamilies := []struct {
+		desc  *prometheus.Desc
+		kind  prometheus.ValueType
+		value func(rails.SecretStatus) float64
+	}{
+		{prometheus.NewDesc("outbox_rail_secret_rotations_total", "Webhook secrets adopted from a changed secret file since start, by rail.", []string{"rail"}, nil),
+			prometheus.CounterValue, func(s rails.SecretStatus) float64 { return float64(s.Rotations) }},
+		{prometheus.NewDesc("outbox_rail_secret_refusals_total", "Reloads of a webhook secret file that refused its secret (the secret in force kept), by rail.", []string{"rail"}, nil),
+			prometheus.CounterValue, func(s rails.SecretStatus) float64 { return float64(s.Failures) }},
+		{prometheus.NewDesc("outbox_rail_secret_refused", "1 while a rail's webhook secret file holds a secret the checks refuse (requests are signed with the older secret in force), else 0.", []string{"rail"}, nil),
+			prometheus.GaugeValue, func(s rails.SecretStatus) float64 {
+				if s.Err != nil {
+					return 1
+				}
+				return 0
+			}},
+	}
+	for _, f := range secretFamilies {
+		m.all = append(m.all, funcCollector{desc: f.desc, collect: func(ch chan<- prometheus.Metric) {
+			for _, t := range cfg.Rails.Types() {
+				if st, ok := cfg.Rails.SecretStatus(t); ok {
+					ch <- prometheus.MustNewConstMetric(f.desc, f.kind, f.value(st), t)
+				}
+			}
+		}})
+	}
 	counter := func(name, help string, f func(engine.Stats) int64) {
 		m.all = append(m.all, prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
 			func() float64 { return float64(f(r.Stats())) }))

@@ -60,12 +60,14 @@ type relayFlags struct {
 	adminAuditURL      string
 	horizonAfter       time.Duration
 	adminCookieSecure  bool
+	secretCheck        time.Duration
 }
 
 // register registers every flag of `outbox relay`.
 func (f *relayFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.railsConfig, "rails-config", "", "rail configuration file (JSON, see docs/relay-config.md); empty: the sandbox and event rails on the sandbox transport")
 	fs.StringVar(&f.relayerID, "relayer-id", "", "relayer id in attempt rows and logs (default host-pid-random)")
+	fs.DurationVar(&f.secretCheck, "secret-check-interval", DefaultSecretCheckInterval, "how often webhook secret files are read again, a changed secret taking effect without a restart (SIGHUP: at once; docs/relay-config.md)")
 	f.registerShared(fs)
 	fs.StringVar(&f.adminAuditURL, "admin-audit-database-url", "", "where the console's and the API's audit verify runs: a hot standby (empty: the admin address's connection; on the primary its snapshot holds back vacuum while it runs)")
 	fs.BoolVar(&f.adminCookieSecure, "admin-cookie-secure", false, "always mark the console's session cookie Secure: set it when a TLS-terminating proxy serves the admin address (default: Secure only over TLS to this process, which serves plain HTTP)")
@@ -203,10 +205,23 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
+	if rf.secretCheck <= 0 {
+		return fmt.Errorf("%w: --secret-check-interval must be positive", errUsage)
+	}
 	built, err := rf.loadRails(log)
 	if err != nil {
 		return fmt.Errorf("%w: rails configuration: %w", errUsage, err)
 	}
+	// Secret files are read again while the relayer runs: a rotated
+	// secret must not need a restart of every relayer.
+	secrets := newSecretReporter(log)
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	secretWatch(watchCtx, rf.secretCheck, func() {
+		for _, res := range built.Set.ReloadSecrets() {
+			secrets.report(res)
+		}
+	})
 	conns := int32(*maxConns)
 	if conns <= 0 {
 		conns = int32(rf.maxConcurrency/4 + 8)

@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -32,6 +34,8 @@ func runSandbox(ctx context.Context, env *environment, args []string) error {
 	addr := fs.String("addr", "127.0.0.1:0", "listen address (port 0: pick one; the address is printed on stdout)")
 	secretFile := fs.String("secret-file", "", "file holding the HMAC secret that requests must be signed with")
 	secretEnv := fs.String("secret-env", "", "environment variable holding the HMAC secret (name, not value)")
+	secretCheck := fs.Duration("secret-check-interval", DefaultSecretCheckInterval, "how often --secret-file is read again, a changed secret taking effect without a restart (SIGHUP: at once)")
+	keepPrevious := fs.Duration("previous-secret-for", 10*time.Minute, "after --secret-file changes, requests signed with the previous secret are still accepted this long: the time the relayers get to take the new one")
 	allowReadable := fs.Bool("allow-world-readable-secret", false, "accept a --secret-file that other users of the machine can read")
 	readTimeout := fs.Duration("read-timeout", 30*time.Second, "longest time to read a request (headers within 10s at most)")
 	idleTimeout := fs.Duration("idle-timeout", 2*time.Minute, "keep-alive connections idle this long are closed")
@@ -59,7 +63,23 @@ func runSandbox(ctx context.Context, env *environment, args []string) error {
 	if err := errors.Join(o.Check(flagName), src.Check(flagName)); err != nil {
 		return fmt.Errorf("%w: sandbox serve: %w", errUsage, err)
 	}
-	secret, err := src.Load()
+	if *secretCheck <= 0 || *keepPrevious < 0 {
+		return fmt.Errorf("%w: --secret-check-interval must be positive and --previous-secret-for not negative", errUsage)
+	}
+	if *secretFile == "" {
+		// A variable cannot change in a running process: refused, not
+		// ignored.
+		var given []string
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "secret-check-interval" || f.Name == "previous-secret-for" {
+				given = append(given, "--"+f.Name)
+			}
+		})
+		if len(given) > 0 {
+			return fmt.Errorf("%w: sandbox serve: %s only apply to --secret-file", errUsage, strings.Join(given, " and "))
+		}
+	}
+	secret, err := rails.NewRotatingSecret(src, *keepPrevious)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
@@ -80,11 +100,21 @@ func runSandbox(ctx context.Context, env *environment, args []string) error {
 	srv := &http.Server{
 		// The body cap follows the producers' payload limit: a fixed one
 		// refused instructions the engine had accepted.
-		Handler:           rails.NewSandboxHandlerLimit(rails.NewSandbox(o), secret, *maxPayload),
+		Handler:           rails.NewSandboxHandlerSecret(rails.NewSandbox(o), secret, *maxPayload),
 		ReadHeaderTimeout: min(10*time.Second, *readTimeout),
 		ReadTimeout:       *readTimeout,
 		IdleTimeout:       *idleTimeout,
 		MaxHeaderBytes:    64 << 10,
+	}
+	if *secretFile != "" {
+		log := slog.New(slog.NewTextHandler(env.stderr, nil))
+		secrets := newSecretReporter(log)
+		watchCtx, stopWatch := context.WithCancel(ctx)
+		defer stopWatch()
+		secretWatch(watchCtx, *secretCheck, func() {
+			changed, err := secret.Reload()
+			secrets.report(rails.SecretReload{Source: *secretFile, Changed: changed, Err: err})
+		})
 	}
 	fmt.Fprintf(env.stdout, "sandbox rail listening on http://%s\n", ln.Addr())
 	errc := make(chan error, 1)

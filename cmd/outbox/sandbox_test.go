@@ -22,13 +22,19 @@ import (
 // the address it listens on; the server stops when the test ends.
 func serveSandbox(t *testing.T, args ...string) string {
 	t.Helper()
+	return serveSandboxWith(t, append([]string{"--secret-env", "SANDBOX_SECRET"}, args...)...)
+}
+
+// serveSandboxWith is serveSandbox with args alone (no --secret-env).
+func serveSandboxWith(t *testing.T, args ...string) string {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	out, w := io.Pipe()
 	env := &environment{stdin: strings.NewReader(""), stdout: w, stderr: io.Discard,
 		getenv: func(k string) string { return map[string]string{"SANDBOX_SECRET": "s3cret-s3cret"}[k] }}
 	done := make(chan error, 1)
 	go func() {
-		err := run(ctx, env, append([]string{"sandbox", "serve", "--secret-env", "SANDBOX_SECRET"}, args...))
+		err := run(ctx, env, append([]string{"sandbox", "serve"}, args...))
 		w.CloseWithError(errors.New("server exited"))
 		done <- err
 	}()
