@@ -80,6 +80,18 @@ func TestRelayRefusesNegativeRailDefaults(t *testing.T) {
 	}
 }
 
+// TestRelayRefusesNoSecretCheckInterval: secret files are read again
+// every --secret-check-interval, which must be positive (a ticker of
+// zero would panic; there is no "never": SIGHUP alone is not a schedule).
+func TestRelayRefusesNoSecretCheckInterval(t *testing.T) {
+	t.Parallel()
+	r := invokeCLI(t, nil, "", "relay", "--database-url", deadDatabaseURL, "--secret-check-interval", "0s")
+	requireExit(t, r, 2)
+	if !strings.Contains(r.stderr, "--secret-check-interval must be positive") {
+		t.Errorf("stderr does not name the flag: %s", r.stderr)
+	}
+}
+
 // TestDemoRefusesFlagsItWouldIgnore guards `outbox demo` against taking
 // relay flags it does not honour: it builds its own sandbox rails and names
 // its relayers, so --rails-config, --relayer-id and the admin database URLs

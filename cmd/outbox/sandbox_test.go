@@ -144,6 +144,8 @@ func TestSandboxServerRefusesWhatTheRailsFileRefuses(t *testing.T) {
 		{[]string{"--latency-min", "-1ms"}, "--latency-min -1ms: must not be negative"},
 		{[]string{"--secret-file", secretFile}, "takes --secret-file or --secret-env, not both"},
 		{[]string{"--max-payload-bytes", "-1"}, "--max-payload-bytes must not be negative"},
+		{[]string{"--previous-secret-for", "1m"}, "--previous-secret-for only apply to --secret-file"},
+		{[]string{"--secret-check-interval", "0s"}, "--secret-check-interval must be positive"},
 	} {
 		// A regression would serve until the context ends, and exit 0.
 		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
