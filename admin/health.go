@@ -28,8 +28,12 @@ type Readiness struct {
 	Status  string   `json:"status"`
 	Checks  []Check  `json:"checks"`
 	Reasons []string `json:"degraded_reasons,omitempty"`
-	// publicReasons are Reasons for a request without a credential.
-	publicReasons []string
+	// Notes say what is worth knowing but degrades nothing (a breaker
+	// waiting for an instruction to probe its rail with).
+	Notes []string `json:"notes,omitempty"`
+	// publicReasons and publicNotes are Reasons and Notes for a request
+	// without a credential.
+	publicReasons, publicNotes []string
 }
 
 // Public is rd as /readyz answers a request without a valid credential:
@@ -38,7 +42,7 @@ type Readiness struct {
 // error) or the role and application holding back vacuum, and the probe
 // is open to anyone who reaches the admin address.
 func (rd Readiness) Public() Readiness {
-	out := Readiness{Status: rd.Status, Checks: make([]Check, len(rd.Checks)), Reasons: rd.publicReasons}
+	out := Readiness{Status: rd.Status, Checks: make([]Check, len(rd.Checks)), Reasons: rd.publicReasons, Notes: rd.publicNotes}
 	for i, c := range rd.Checks {
 		out.Checks[i] = Check{Name: c.Name, OK: c.OK, Cause: c.public}
 	}
@@ -63,8 +67,9 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 // readyz answers 200 when the process can do its work (database reachable,
 // schema at this build's version, listener connected or poll-only by
 // choice, not stopping), degraded when it can but the queue is late or a
-// rail's breaker is open or its secret file was changed into one that is
-// refused, and 503 otherwise. The causes and reasons are
+// rail's breaker is open (or half-open with its probe in flight; waiting
+// for an instruction to probe with, it is a note) or its secret file was
+// changed into one that is refused, and 503 otherwise. The causes and reasons are
 // detailed only for a request with a valid API credential (any role);
 // otherwise they are generic (Readiness.Public), and the detail is logged
 // when it changes (probes come every few seconds).
@@ -164,7 +169,22 @@ func (s *Server) Readiness(ctx context.Context) Readiness {
 	}
 	if set := s.cfg.Rails; set != nil {
 		for _, t := range set.Types() {
-			if st := set.State(t); st != rails.BreakerClosed {
+			switch st := set.State(t); {
+			case st == rails.BreakerHalfOpen && set.ProbesInFlight(t) == 0:
+				// The open period is over and the breaker lets the rail's
+				// next instruction through as its probe; until one comes
+				// nothing is known that was not when it opened, and
+				// nothing waits on the rail (a due instruction is claimed
+				// as the probe at once, or the queue check above says it
+				// is late). Degraded, this stayed so on a quiet rail for
+				// hours after the outage.
+				rd.Notes = append(rd.Notes, fmt.Sprintf("rail %s: breaker half-open, waiting for an instruction of the rail to probe it with", t))
+				if note := "a rail's breaker waits for an instruction to probe its rail with"; !slices.Contains(rd.publicNotes, note) {
+					rd.publicNotes = append(rd.publicNotes, note)
+				}
+			case st == rails.BreakerHalfOpen:
+				degraded(fmt.Sprintf("rail %s: breaker half-open, its probe in flight", t), "a rail's breaker is not closed")
+			case st != rails.BreakerClosed:
 				degraded(fmt.Sprintf("rail %s: breaker %s", t, st), "a rail's breaker is not closed")
 			}
 			// The error names the file, never the secret.

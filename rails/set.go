@@ -275,6 +275,18 @@ func (s *Set) State(railType string) BreakerState {
 	return BreakerClosed
 }
 
+// ProbesInFlight returns how many calls a rail's half-open breaker has
+// let through that have not finished (zero if unknown or without a
+// breaker). A half-open breaker with none waits for the rail's next
+// instruction: the open period is over and nothing new is known of the
+// rail until that probe.
+func (s *Set) ProbesInFlight(railType string) int64 {
+	if r, ok := s.rails[railType]; ok {
+		return r.probes.Load()
+	}
+	return 0
+}
+
 // Claimable splits the rail types by breaker state: open rails are not
 // claimed at all (their instructions stay pending and burn no attempt),
 // half-open rails only while fewer probes are in flight than the breaker

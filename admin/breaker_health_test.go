@@ -1,0 +1,99 @@
+package admin_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ledgerline/outbox/admin"
+	"github.com/ledgerline/outbox/payment"
+	"github.com/ledgerline/outbox/rails"
+)
+
+// probeTransport fails its first call (the rail is down) and holds every
+// later one until release is closed, then accepts it.
+type probeTransport struct {
+	calls   chan struct{}
+	release chan struct{}
+	n       int
+}
+
+func (p *probeTransport) Send(ctx context.Context, _ payment.Instruction) (rails.Result, error) {
+	p.n++ // one call at a time: the breaker lets one probe through
+	if p.n == 1 {
+		return rails.Result{}, rails.ErrUnavailable
+	}
+	p.calls <- struct{}{}
+	select {
+	case <-p.release:
+		return rails.Result{Code: "OK"}, nil
+	case <-ctx.Done():
+		return rails.Result{}, ctx.Err()
+	}
+}
+
+// TestReadinessOfAHalfOpenBreakerWaitingForWork: a breaker whose open
+// period has ended waits, half-open, for the rail's next instruction to
+// probe the rail with. Before that probe nothing is known that was not
+// known when it opened, and nothing waits on the rail: /readyz is ready
+// and says in a note that the breaker waits for a probe. It was degraded
+// ("breaker half-open") for as long as no instruction of the rail came,
+// hours on a quiet rail, long after the outage. While the probe is in
+// flight it is degraded, as while open; a probe that succeeds closes the
+// breaker and the note goes.
+func TestReadinessOfAHalfOpenBreakerWaitingForWork(t *testing.T) {
+	t.Parallel()
+	tr := &probeTransport{calls: make(chan struct{}, 1), release: make(chan struct{})}
+	set, err := rails.NewSet(rails.Options{Type: "psp", Profile: payment.Generic{}, Transport: tr, Timeout: time.Minute,
+		Codes:   rails.CodeTable{"OK": {Outcome: rails.Dispatched}},
+		Breaker: rails.BreakerOptions{ConsecutiveFailures: 1, OpenFor: 100 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := setup(t, admin.Config{Rails: set})
+	ins := payment.Instruction{InstructionID: "i1", ParticipantID: "p1", IdempotencyKey: "k1", RailType: "psp",
+		Payment: &payment.Payment{AmountMinor: 100, Currency: "USD", Destination: "acct-1"}}
+	readyz := func() admin.Readiness {
+		var rd admin.Readiness
+		if code := b.call(t, "GET", "/readyz", auditorSecret, nil, &rd); code != 200 {
+			t.Fatalf("readyz: %d %+v", code, rd)
+		}
+		return rd
+	}
+	if d := set.Execute(b.ctx, ins); d.ErrorCode != rails.CodeRailUnavailable {
+		t.Fatalf("first call: %+v", d)
+	}
+	if rd := readyz(); rd.Status != "degraded" || !slices.Contains(rd.Reasons, "rail psp: breaker open") {
+		t.Fatalf("open: %+v", rd)
+	}
+	for deadline := time.Now().Add(10 * time.Second); set.State("psp") != rails.BreakerHalfOpen; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the breaker never went half-open")
+		}
+	}
+	rd := readyz()
+	if rd.Status != "ready" || len(rd.Reasons) != 0 || len(rd.Notes) != 1 || !strings.Contains(rd.Notes[0], "rail psp: breaker half-open, waiting for") {
+		t.Fatalf("half-open, no probe: %+v; want ready with a note", rd)
+	}
+	var public admin.Readiness
+	b.call(t, "GET", "/readyz", "", nil, &public)
+	if public.Status != "ready" || len(public.Notes) != 1 || strings.Contains(public.Notes[0], "psp") {
+		t.Fatalf("half-open, no probe, without a credential: %+v; want ready with a general note", public)
+	}
+
+	decision := make(chan rails.Decision, 1)
+	go func() { decision <- set.Execute(b.ctx, ins) }()
+	<-tr.calls
+	if rd := readyz(); rd.Status != "degraded" || !slices.Contains(rd.Reasons, "rail psp: breaker half-open, its probe in flight") {
+		t.Fatalf("half-open, probe in flight: %+v", rd)
+	}
+	close(tr.release)
+	if d := <-decision; d.Outcome != rails.Dispatched {
+		t.Fatalf("probe: %+v", d)
+	}
+	if rd := readyz(); rd.Status != "ready" || len(rd.Reasons)+len(rd.Notes) != 0 {
+		t.Fatalf("closed again: %+v", rd)
+	}
+}
