@@ -352,6 +352,12 @@ func (r *run) claim(ctx context.Context, limit int) ([]store.Claimed, error) {
 		if err != nil {
 			return nil, err
 		}
+		// In flight from its claim, not its call: a claim made before
+		// its call begins (the next pass of a drain) must not claim
+		// another probe, which the breaker would refuse.
+		for _, c := range probe {
+			r.cfg.Rails.ProbeClaimed(c.RailType)
+		}
 		out = probe
 		p.Limit = limit - len(probe)
 	}

@@ -128,6 +128,11 @@ type configured struct {
 	// their result), so [Set.Claimable] does not offer the rail for more
 	// probes than the breaker would let through.
 	probes atomic.Int64
+	// held counts probes claimed ([Set.ProbeClaimed]) whose Execute has
+	// not begun yet, until heldUntil (unix nanoseconds): they count as
+	// probes in flight too, so the rail is not offered for another probe
+	// between a probe's claim and its call.
+	held, heldUntil atomic.Int64
 	// overruns counts Sends that returned more than OverrunGrace after
 	// their deadline.
 	overruns atomic.Int64
@@ -282,9 +287,55 @@ func (s *Set) State(railType string) BreakerState {
 // rail until that probe.
 func (s *Set) ProbesInFlight(railType string) int64 {
 	if r, ok := s.rails[railType]; ok {
-		return r.probes.Load()
+		return r.inFlightProbes()
 	}
 	return 0
+}
+
+// ProbeClaimed tells the Set that an instruction of a half-open rail was
+// claimed as its probe: it counts as a probe in flight from now, not from
+// its call, so [Set.Claimable] does not offer the rail for another probe
+// while this one is validated or waits for its goroutine or a rail slot.
+// Counted only from its call, a relayer draining another rail's backlog
+// claimed more "probes" in between, which the breaker refused as
+// CIRCUIT_OPEN (an attempt and an archive row each, for nothing). The
+// hold passes to the first Execute of the rail that begins, or lapses
+// after the rail's timeout (a claim that is never dispatched: its
+// relayer stopped).
+func (s *Set) ProbeClaimed(railType string) {
+	if r, ok := s.rails[railType]; ok && r.breaker != nil {
+		r.heldUntil.Store(time.Now().Add(r.opts.Timeout).UnixNano())
+		r.held.Add(1)
+	}
+}
+
+// inFlightProbes counts the probes in flight: called, or claimed and
+// held (see ProbeClaimed) within the hold's time.
+func (r *configured) inFlightProbes() int64 {
+	n := r.probes.Load()
+	if held := r.held.Load(); held > 0 {
+		if time.Now().UnixNano() < r.heldUntil.Load() {
+			return n + held
+		}
+		r.held.CompareAndSwap(held, 0) // lapsed: never dispatched
+	}
+	return n
+}
+
+// takeHold moves a held probe (see ProbeClaimed) to the probes counted in
+// flight, for an Execute of the rail that begins: it reports whether it
+// did.
+func (r *configured) takeHold() bool {
+	for {
+		held := r.held.Load()
+		if held <= 0 {
+			return false
+		}
+		if r.held.CompareAndSwap(held, held-1) {
+			r.probes.Add(1)
+			return true
+		}
+	}
 }
 
 // Claimable splits the rail types by breaker state: open rails are not
@@ -299,7 +350,7 @@ func (s *Set) Claimable() (closed []string, halfOpen []string) {
 		case BreakerClosed:
 			closed = append(closed, t)
 		case BreakerHalfOpen:
-			if r := s.rails[t]; r.probes.Load() < int64(r.maxProbes) {
+			if r := s.rails[t]; r.inFlightProbes() < int64(r.maxProbes) {
 				halfOpen = append(halfOpen, t)
 			}
 		}
@@ -339,6 +390,14 @@ func (s *Set) ExecuteWithin(ctx, wait context.Context, ins payment.Instruction, 
 		return Decision{Outcome: Retryable, ErrorCode: CodeRailNotConfigured,
 			Message: fmt.Sprintf("no rail of type %q is configured", ins.RailType)}
 	}
+	// A probe claimed as such (ProbeClaimed) counts as in flight from
+	// here until its result is recorded, as one admitted below does.
+	probing := r.takeHold()
+	defer func() {
+		if probing {
+			r.probes.Add(-1)
+		}
+	}()
 	if err := r.Validate(ins); err != nil {
 		return r.codes.Decide(Result{}, err)
 	}
@@ -355,19 +414,14 @@ func (s *Set) ExecuteWithin(ctx, wait context.Context, ins payment.Instruction, 
 			Message: "released without calling the rail: the lease would end before the rail's timeout"}
 	}
 
-	// probing is set when the breaker admitted this call while half-open;
-	// the probe counts as in flight until Execute has recorded its result,
-	// so Claimable cannot offer the rail again in between. (A probe whose
+	// probing is set when the breaker admitted this call while half-open
+	// (or above, for a probe claimed as such); the probe counts as in
+	// flight until Execute has recorded its result, so Claimable cannot
+	// offer the rail again in between. (A probe whose
 	// breaker has meanwhile moved on to another generation stays counted
 	// until it ends, at most the rail's timeout: conservative.)
-	probing := false
-	defer func() {
-		if probing {
-			r.probes.Add(-1)
-		}
-	}()
 	call := func() (Decision, error) {
-		if r.breaker != nil && r.breaker.State() == BreakerHalfOpen {
+		if !probing && r.breaker != nil && r.breaker.State() == BreakerHalfOpen {
 			probing = true
 			r.probes.Add(1)
 		}

@@ -645,3 +645,45 @@ func TestSetHalfOpenProbeRefusedByTransport(t *testing.T) {
 		t.Fatalf("breaker %v after a failed probe, want open", got)
 	}
 }
+
+// TestSetProbeClaimedCountsFromTheClaim: a probe the relayer claimed
+// (ProbeClaimed) counts as in flight from its claim, so Claimable does not
+// offer the half-open rail for another probe before the first one's call
+// begins; its Execute takes the hold over, and once its answer closes the
+// breaker nothing is left counted. A hold whose instruction never reaches
+// Execute (its relayer stopped) lapses after the rail's timeout.
+func TestSetProbeClaimedCountsFromTheClaim(t *testing.T) {
+	t.Parallel()
+	s, calls, release := halfOpenSet(t, 1)
+	s.ProbeClaimed("r")
+	if _, halfOpen := s.Claimable(); len(halfOpen) != 0 || s.ProbesInFlight("r") != 1 {
+		t.Fatalf("a claimed probe before its call: half-open claimable %v, %d probes in flight; want none offered, 1", halfOpen, s.ProbesInFlight("r"))
+	}
+	decision := make(chan rails.Decision, 1)
+	go func() { decision <- s.Execute(context.Background(), sandboxIns("r", "probe")) }()
+	waitFor(t, "the probe to reach the transport", func() bool { return calls() == 1 })
+	if _, halfOpen := s.Claimable(); len(halfOpen) != 0 || s.ProbesInFlight("r") != 1 {
+		t.Fatalf("the probe in its call: half-open claimable %v, %d probes in flight; want none offered, 1", halfOpen, s.ProbesInFlight("r"))
+	}
+	close(release)
+	if d := <-decision; d.Outcome != rails.Dispatched {
+		t.Fatalf("probe: %+v", d)
+	}
+	if closed, _ := s.Claimable(); !slices.Equal(closed, []string{"r"}) || s.ProbesInFlight("r") != 0 {
+		t.Fatalf("after the probe: closed %v, %d probes in flight", closed, s.ProbesInFlight("r"))
+	}
+
+	// A hold that is never dispatched lapses after the rail's timeout.
+	lapse := newSet(t, rails.Options{Type: "r", Profile: payment.Generic{}, Codes: rails.SandboxCodes, Timeout: 50 * time.Millisecond,
+		Transport: transportFunc(func(context.Context, payment.Instruction) (rails.Result, error) {
+			return rails.Result{}, rails.ErrUnavailable
+		}),
+		Breaker: rails.BreakerOptions{ConsecutiveFailures: 1, OpenFor: 20 * time.Millisecond}})
+	lapse.Execute(context.Background(), sandboxIns("r", "trip"))
+	waitFor(t, "half-open", func() bool { return lapse.State("r") == rails.BreakerHalfOpen })
+	lapse.ProbeClaimed("r")
+	if _, halfOpen := lapse.Claimable(); len(halfOpen) != 0 {
+		t.Fatalf("held: half-open claimable %v", halfOpen)
+	}
+	waitFor(t, "the hold to lapse", func() bool { _, halfOpen := lapse.Claimable(); return slices.Equal(halfOpen, []string{"r"}) })
+}
