@@ -453,11 +453,29 @@ func (s *Set) ExecuteWithin(ctx, wait context.Context, ins payment.Instruction, 
 		return d
 	}
 	d, err := r.breaker.Execute(call)
-	if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
+	switch {
+	case errors.Is(err, gobreaker.ErrOpenState):
 		return r.codes.Decide(Result{}, fmt.Errorf("rail %q: %w", ins.RailType, ErrCircuitOpen))
+	case errors.Is(err, gobreaker.ErrTooManyRequests):
+		return r.codes.Decide(Result{}, halfOpenRefusal{rail: ins.RailType, probes: r.maxProbes})
 	}
 	return d
 }
+
+// halfOpenRefusal is a half-open breaker's refusal of a call beyond its
+// probes. It is [ErrCircuitOpen] (CIRCUIT_OPEN) but says half-open: the
+// archive row an auditor reads must not say the breaker was open while
+// its probe was being answered.
+type halfOpenRefusal struct {
+	rail   string
+	probes uint32
+}
+
+func (e halfOpenRefusal) Error() string {
+	return fmt.Sprintf("rail %q: circuit breaker half-open: the %d probe call(s) it lets through are in flight, and their answer decides whether it closes", e.rail, e.probes)
+}
+
+func (e halfOpenRefusal) Unwrap() error { return ErrCircuitOpen }
 
 // releaseIfUnsent makes d, the decision of a call its caller cancelled, a
 // RELEASED when the transport said nothing was sent (RAIL_UNAVAILABLE):

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -492,8 +493,11 @@ func TestSetClaimableHalfOpenProbes(t *testing.T) {
 				t.Fatalf("with all %d probes in flight: Claimable = %v, %v, want nothing", probes, closed, halfOpen)
 			}
 			// This is what the relayer would claim otherwise: refused.
-			if d := s.Execute(context.Background(), sandboxIns("r", "extra")); d.ErrorCode != rails.CodeCircuitOpen {
-				t.Fatalf("extra probe: %+v, want CIRCUIT_OPEN", d)
+			// Its archive row says what refused it: the breaker is
+			// half-open, not open (it said "circuit breaker open").
+			if d := s.Execute(context.Background(), sandboxIns("r", "extra")); d.ErrorCode != rails.CodeCircuitOpen ||
+				!strings.Contains(d.Message, "half-open") || strings.Contains(d.Message, "breaker open") {
+				t.Fatalf("extra probe: %+v, want CIRCUIT_OPEN saying the breaker is half-open", d)
 			}
 			close(release)
 			for range probes {
