@@ -8,8 +8,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -176,4 +178,46 @@ func TestSecretRotationWithoutRestart(t *testing.T) {
 	eventually(t, "the fixed file clears the report", func() bool {
 		return strings.Contains(get("/metrics"), `outbox_rail_secret_refused{rail="sandbox"} 0`) && !strings.Contains(get("/readyz"), relaySecret)
 	})
+}
+
+// TestSandboxSecretReloadsOnSIGHUP: SIGHUP reads a secret file again at
+// once, whatever the check interval (here an hour), and does not end the
+// process (its default action would).
+func TestSandboxSecretReloadsOnSIGHUP(t *testing.T) {
+	t.Parallel()
+	// The test binary's own handler too: the signal must never take the
+	// binary down, whichever in-process servers are running.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	file := filepath.Join(t.TempDir(), "rail.key")
+	replaceFile(t, file, "secret-A-0123456789abcdef0123456789", 0o600)
+	addr := serveSandboxWith(t, "--secret-file", file, "--secret-check-interval", "1h", "--previous-secret-for", "0s")
+	signedBy := func(secret string, key string) string {
+		w, err := rails.NewWebhook(rails.WebhookOptions{URL: "http://" + addr, Secret: []byte(secret)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := w.Send(t.Context(), payment.Instruction{InstructionID: key, ParticipantID: "p", IdempotencyKey: key,
+			RailType: "sandbox", Payment: &payment.Payment{AmountMinor: 1, Currency: "USD", Destination: "acct-1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Code
+	}
+	if got := signedBy("secret-A-0123456789abcdef0123456789", "k-1"); got != "HTTP_200" {
+		t.Fatalf("before: %s", got)
+	}
+	replaceFile(t, file, "secret-B-0123456789abcdef0123456789", 0o600)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	eventually(t, "the new secret taken after SIGHUP", func() bool {
+		n++
+		return signedBy("secret-B-0123456789abcdef0123456789", fmt.Sprint("k-b-", n)) == "HTTP_200"
+	})
+	if got := signedBy("secret-A-0123456789abcdef0123456789", "k-2"); got != "HTTP_401" {
+		t.Fatalf("the previous secret with --previous-secret-for 0s: %s", got)
+	}
 }
