@@ -8,7 +8,8 @@ import (
 
 // Build checks the configuration ([Config.Validate]), builds every declared
 // transport (reading webhook secrets and CA files; nothing is dialled) and
-// the rail [Set]. A sandbox transport is one [Sandbox] shared by every rail
+// the rail [Set]. A webhook's secret_file can be read again later, without
+// a new Build, by [Set.ReloadSecrets]. A sandbox transport is one [Sandbox] shared by every rail
 // that names it. The Config is not modified and the result shares no
 // mutable state with it.
 func (c *Config) Build(opts BuildOptions) (*Built, error) {

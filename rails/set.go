@@ -341,7 +341,8 @@ func (r *configured) takeHold() bool {
 // Claimable splits the rail types by breaker state: open rails are not
 // claimed at all (their instructions stay pending and burn no attempt),
 // half-open rails only while fewer probes are in flight than the breaker
-// lets through (HalfOpenProbes). Without that limit every claim pass would
+// lets through (HalfOpenProbes; a probe the caller reports with
+// [Set.ProbeClaimed] counts from its claim). Without that limit every claim pass would
 // claim another "probe" while the first is still running, and the breaker
 // would refuse each one (a DISPATCHING + CIRCUIT_OPEN pair in the archive).
 func (s *Set) Claimable() (closed []string, halfOpen []string) {
