@@ -37,6 +37,7 @@ func runBench(ctx context.Context, env *environment, args []string) error {
 	fs.IntVar(&cfg.FlushSize, "flush-size", engine.DefaultFlushSize, "each relayer's largest outcome write (and the ceiling's batch: a draining relayer writes that many outcomes and claims as many in one transaction)")
 	fs.StringVar(&clients, "clients", "", "ceiling: pgbench client counts to try, comma-separated (default 1,2,4,8 for claim+outcome, 4,8,16,32 for enqueue)")
 	fs.BoolVar(&cfg.JSON, "json", false, "print one JSON object per result line")
+	fs.BoolVar(&cfg.Roles, "roles", false, "run the relayers as outbox_relayer and the producers as outbox_producer (the roles script on each fresh schema, as a deployment with --create-roles): their row-level security and grants cost what they cost there (needs a superuser's URL, and those roles logging in without a password: the embedded cluster)")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile (pprof) of the whole run to this file")
 	fs.StringVar(&memProfile, "memprofile", "", "write a heap profile (pprof) at the end of the run to this file (what is still live: a leak shows here)")
 	if _, err := parseFlags(fs, env, args); err != nil {

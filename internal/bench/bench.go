@@ -75,6 +75,16 @@ type Config struct {
 	// transaction.
 	FlushSize int
 
+	// Roles runs the relayers as outbox_relayer and the producers as
+	// outbox_producer, over the roles script (migrations.CreateRoles) run
+	// on each fresh schema, as a deployment with --create-roles does: the
+	// row-level security policies and the grants then cost what they cost
+	// there. Pool must be a superuser's, and those roles must be able to
+	// log in without a password from here (the embedded local cluster's
+	// trust). Without it every connection is Pool's, which the policies do
+	// not restrict. The ceiling's pgbench runs as Pool's user either way.
+	Roles bool
+
 	// Clients are the pgbench client counts the ceiling tries (default 1,
 	// 2, 4, 8 for the claim and outcome, 4, 8, 16, 32 for the enqueue).
 	Clients []int
@@ -153,6 +163,9 @@ type Result struct {
 	// at 1 (docs/performance.md, "One processor beside the database"), so
 	// a line says which it ran with.
 	Procs int `json:"procs"`
+	// Roles says the relayers and producers ran as outbox_relayer and
+	// outbox_producer (Config.Roles).
+	Roles bool `json:"roles,omitempty"`
 	// Seconds is how long the measured part took.
 	Seconds float64 `json:"seconds"`
 
@@ -190,6 +203,11 @@ func Run(ctx context.Context, cfg Config, workloads []string) ([]Result, error) 
 		}
 	}
 	r := &runner{cfg: cfg, runID: rand.Uint32()}
+	closeRoles, err := r.connectRoles(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	defer closeRoles()
 	var all []Result
 	for round := 1; round <= cfg.Rounds; round++ {
 		if cfg.Rounds > 1 {
@@ -215,7 +233,7 @@ func Run(ctx context.Context, cfg Config, workloads []string) ([]Result, error) 
 				rs, err = r.soak(ctx)
 			}
 			for i := range rs {
-				rs[i].Round = r.round
+				rs[i].Round, rs[i].Roles = r.round, cfg.Roles
 			}
 			all = append(all, rs...)
 			if err != nil {
@@ -255,12 +273,42 @@ type runner struct {
 	cfg   Config
 	runID uint32 // tells this run's instruction ids from other runs'
 	round int    // the round under way (Result.Round)
+	// relayerDB and producerDB are what the relayers (and the soak's
+	// reaper) and the producers connect with: Pool, or with Config.Roles
+	// pools of their roles.
+	relayerDB, producerDB *pgxpool.Pool
+}
+
+// connectRoles sets the runner's relayers' and producers' pools: Pool's,
+// or with Config.Roles pools that log in as outbox_relayer and
+// outbox_producer. The returned func closes those.
+func (r *runner) connectRoles(ctx context.Context) (func(), error) {
+	r.relayerDB, r.producerDB = r.cfg.Pool, r.cfg.Pool
+	if !r.cfg.Roles {
+		return func() {}, nil
+	}
+	as := func(role string) (*pgxpool.Pool, error) {
+		cfg := r.cfg.Pool.Config().Copy()
+		cfg.ConnConfig.User, cfg.ConnConfig.Password = role, ""
+		cfg.MaxConns = r.cfg.Pool.Config().MaxConns
+		return pgxpool.NewWithConfig(ctx, cfg)
+	}
+	var err error
+	if r.relayerDB, err = as(migrations.RoleRelayer); err != nil {
+		return nil, fmt.Errorf("connect as %s: %w", migrations.RoleRelayer, err)
+	}
+	if r.producerDB, err = as(migrations.RoleProducer); err != nil {
+		r.relayerDB.Close()
+		return nil, fmt.Errorf("connect as %s: %w", migrations.RoleProducer, err)
+	}
+	return func() { r.relayerDB.Close(); r.producerDB.Close() }, nil
 }
 
 // emit prints one result.
 func (r *runner) emit(res Result) {
 	res.Round = r.round
 	res.Procs = runtime.GOMAXPROCS(0)
+	res.Roles = r.cfg.Roles
 	if r.cfg.JSON {
 		b, _ := json.Marshal(res)
 		fmt.Fprintf(r.cfg.Out, "%s\n", b)
@@ -307,6 +355,9 @@ func (res Result) text() string {
 	if res.Note != "" {
 		s += "  (" + res.Note + ")"
 	}
+	if res.Roles {
+		s += "  [as outbox_relayer and outbox_producer]"
+	}
 	if res.Round > 0 {
 		s += fmt.Sprintf("  [round %d]", res.Round)
 	}
@@ -324,6 +375,12 @@ func (r *runner) freshSchema(ctx context.Context, ordered bool) (string, func(),
 	if err := migrations.SetOrdered(ctx, r.cfg.Pool, schema, ordered); err != nil {
 		drop()
 		return "", nil, err
+	}
+	if r.cfg.Roles {
+		if err := migrations.CreateRoles(ctx, r.cfg.Pool, schema); err != nil {
+			drop()
+			return "", nil, err
+		}
 	}
 	return schema, drop, nil
 }

@@ -62,7 +62,7 @@ func (r *runner) produce(ctx context.Context, schema, what string) (int64, time.
 			defer wg.Done()
 			for pctx.Err() == nil {
 				i := next.Add(1)
-				if _, err := producer.Enqueue(pctx, r.cfg.Pool, instruction(run, int(i), r.cfg.Participants)); err != nil {
+				if _, err := producer.Enqueue(pctx, r.producerDB, instruction(run, int(i), r.cfg.Participants)); err != nil {
 					if pctx.Err() == nil {
 						errs <- err
 					}

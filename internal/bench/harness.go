@@ -101,7 +101,7 @@ func (r *runner) relayers(ctx context.Context, schema string, onCall func(paymen
 		}
 	}
 	for i := range r.cfg.Relayers {
-		rl, err := engine.New(r.cfg.Pool, engine.Config{Schema: schema, RelayerID: fmt.Sprintf("bench-%d", i), Rails: set,
+		rl, err := engine.New(r.relayerDB, engine.Config{Schema: schema, RelayerID: fmt.Sprintf("bench-%d", i), Rails: set,
 			MaxConcurrency: r.cfg.MaxConcurrency, BatchSize: r.cfg.BatchSize, FlushSize: r.cfg.FlushSize, OnRecorded: observe})
 		if err != nil {
 			stop()

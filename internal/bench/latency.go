@@ -105,7 +105,7 @@ func (r *runner) latency(ctx context.Context) ([]Result, error) {
 					enqueuedAt.Store(ins.InstructionID, time.Now())
 				}
 				t0 := time.Now()
-				_, err := producer.Enqueue(ctx, r.cfg.Pool, ins)
+				_, err := producer.Enqueue(ctx, r.producerDB, ins)
 				if warm.Load() {
 					now := time.Now()
 					mu.Lock()

@@ -132,7 +132,7 @@ func (r *runner) soak(ctx context.Context) ([]Result, error) {
 		return nil, err
 	}
 	defer stopRelayers()
-	rp, err := reaper.New(r.cfg.Pool, reaper.Config{Schema: schema})
+	rp, err := reaper.New(r.relayerDB, reaper.Config{Schema: schema})
 	if err != nil {
 		return nil, err
 	}
@@ -149,7 +149,7 @@ func (r *runner) soak(ctx context.Context) ([]Result, error) {
 	run := r.stream(ctx, duration, func(i int) {
 		ins := instruction(r.runID, i, r.cfg.Participants)
 		enqueuedAt.Store(ins.InstructionID, time.Now())
-		if _, err := producer.Enqueue(ctx, r.cfg.Pool, ins); err != nil {
+		if _, err := producer.Enqueue(ctx, r.producerDB, ins); err != nil {
 			enqueuedAt.Delete(ins.InstructionID)
 			failed.Add(1)
 			return
