@@ -84,11 +84,17 @@ type Checkpoint = store.Checkpoint
 // period ends by default.
 const DefaultCheckpointSettle = store.DefaultCheckpointSettle
 
-// WriteCheckpoints writes checkpoints as JSON lines: the export an auditor
-// keeps outside the database.
+// WriteCheckpoints writes checkpoints as JSON lines, between a line giving
+// the export's format and an end line giving their number and the last
+// one's hash: the export an auditor keeps outside the database.
 func WriteCheckpoints(w io.Writer, cps []Checkpoint) error { return store.WriteCheckpoints(w, cps) }
 
-// ReadCheckpoints reads an export written by [WriteCheckpoints].
+// ErrCheckpointsExport is returned by [ReadCheckpoints] for an export
+// that is not whole (cut short, or lines added or removed).
+var ErrCheckpointsExport = store.ErrCheckpointsExport
+
+// ReadCheckpoints reads an export written by [WriteCheckpoints] (or one
+// of an earlier build, which has no first and end lines).
 func ReadCheckpoints(r io.Reader) ([]Checkpoint, error) { return store.ReadCheckpoints(r) }
 
 // VerifyOptions tune [Archive.Verify].

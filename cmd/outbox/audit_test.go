@@ -51,6 +51,22 @@ func TestAuditCheckpointsExportAndVerify(t *testing.T) {
 		t.Fatalf("verify on one connection: exit %d %v", code, rep)
 	}
 	requireExit(t, b.cli(t, "", "audit", "--workers", "0", "verify"), 2)
+	// The export cut short at a line's end (its end line lost) is refused,
+	// not taken for an export of fewer checkpoints.
+	whole, err := os.ReadFile(export)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := filepath.Join(t.TempDir(), "cut.jsonl")
+	lines := strings.SplitAfter(strings.TrimSuffix(string(whole), "\n"), "\n")
+	if err := os.WriteFile(cut, []byte(strings.Join(lines[:len(lines)-1], "")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r = b.cli(t, "", "audit", "--checkpoints", cut, "verify")
+	requireExit(t, r, 2)
+	if !strings.Contains(r.stderr, "cut short") {
+		t.Fatalf("verify against an export cut short:\n%s", r)
+	}
 
 	// The owner replaces the checkpoints with new ones of its own.
 	for _, q := range []string{

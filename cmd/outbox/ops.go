@@ -270,7 +270,7 @@ func runCheckpoints(ctx context.Context, env *environment, db *dbFlags, take boo
 			fmt.Fprintln(env.stderr, "no period to checkpoint yet")
 			return nil
 		}
-		return attempts.WriteCheckpoints(env.stdout, []attempts.Checkpoint{*cp})
+		return json.NewEncoder(env.stdout).Encode(cp) // the one taken, not an export
 	}
 	cps, err := archive.Checkpoints(ctx, pool)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -120,39 +121,119 @@ func readCheckpoint(row interface{ Scan(...any) error }, extra ...any) (Checkpoi
 	return c, err
 }
 
-// WriteCheckpoints writes checkpoints as JSON lines, the export format.
+// ErrCheckpointsExport is returned by ReadCheckpoints for an export that
+// is not whole: a line that is not a checkpoint, or an export of this
+// format cut short (its end line missing or not matching what precedes
+// it). Nothing is compared against such an export.
+var ErrCheckpointsExport = errors.New("checkpoints export not whole")
+
+// The export's first line says its format, and its last line how many
+// checkpoints it holds and the last one's hash: an export cut short at a
+// line's end is otherwise a valid, shorter export, and an auditor would
+// compare fewer checkpoints than they keep without knowing it.
+type (
+	exportHeader struct {
+		Format int `json:"outbox_checkpoints_export"`
+	}
+	exportEnd struct {
+		End struct {
+			Checkpoints int      `json:"checkpoints"`
+			LastHash    HexBytes `json:"last_hash"`
+		} `json:"end_of_export"`
+	}
+)
+
+// checkpointsExportFormat is the export format WriteCheckpoints writes.
+const checkpointsExportFormat = 1
+
+// WriteCheckpoints writes checkpoints as the export: JSON lines, a
+// checkpoint each, between a line giving the format and an end line
+// giving their number and the last one's hash (ReadCheckpoints).
 func WriteCheckpoints(w io.Writer, cps []Checkpoint) error {
 	enc := json.NewEncoder(w)
+	if err := enc.Encode(exportHeader{Format: checkpointsExportFormat}); err != nil {
+		return err
+	}
 	for _, c := range cps {
 		if err := enc.Encode(c); err != nil {
 			return err
 		}
 	}
-	return nil
+	var end exportEnd
+	end.End.Checkpoints = len(cps)
+	if len(cps) > 0 {
+		end.End.LastHash = cps[len(cps)-1].Hash
+	}
+	return enc.Encode(end)
 }
 
-// ReadCheckpoints reads an export written by WriteCheckpoints.
+// ReadCheckpoints reads an export written by WriteCheckpoints, and one of
+// an earlier build (checkpoint lines alone, with no first and end lines:
+// such an export cut short cannot be told from a whole one). An export
+// that starts with the format line must end with its end line, matching
+// the checkpoints between: otherwise it was cut short, or lines were
+// added or removed, and ReadCheckpoints returns ErrCheckpointsExport.
 func ReadCheckpoints(r io.Reader) ([]Checkpoint, error) {
 	var cps []Checkpoint
+	var formatted, ended bool
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 1<<20)
-	for n := 1; sc.Scan(); n++ {
+	for n, first := 1, true; sc.Scan(); n++ {
 		line := bytes.TrimSpace(sc.Bytes())
 		if len(line) == 0 {
 			continue
 		}
-		var c Checkpoint
-		dec := json.NewDecoder(bytes.NewReader(line))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&c); err != nil {
-			return nil, fmt.Errorf("checkpoints line %d: %w", n, err)
+		if ended {
+			return nil, fmt.Errorf("%w: line %d follows the end line", ErrCheckpointsExport, n)
 		}
-		cps = append(cps, c)
+		var probe map[string]json.RawMessage
+		if err := json.Unmarshal(line, &probe); err != nil {
+			return nil, fmt.Errorf("%w: line %d: %v", ErrCheckpointsExport, n, err)
+		}
+		switch _, header := probe["outbox_checkpoints_export"]; {
+		case header:
+			var h exportHeader
+			if err := strictJSON(line, &h); err != nil || !first || h.Format != checkpointsExportFormat {
+				return nil, fmt.Errorf("%w: line %d: not the first line of an export of format %d (%s)", ErrCheckpointsExport, n, checkpointsExportFormat, line)
+			}
+			formatted = true
+		case probe["end_of_export"] != nil:
+			var e exportEnd
+			if err := strictJSON(line, &e); err != nil || !formatted {
+				return nil, fmt.Errorf("%w: line %d: an end line %s", ErrCheckpointsExport, n, line)
+			}
+			var last HexBytes
+			if len(cps) > 0 {
+				last = cps[len(cps)-1].Hash
+			}
+			if e.End.Checkpoints != len(cps) || !bytes.Equal(e.End.LastHash, last) {
+				return nil, fmt.Errorf("%w: the end line says %d checkpoints, the last with hash %x; the export holds %d, the last with hash %x",
+					ErrCheckpointsExport, e.End.Checkpoints, []byte(e.End.LastHash), len(cps), []byte(last))
+			}
+			ended = true
+		default:
+			var c Checkpoint
+			if err := strictJSON(line, &c); err != nil {
+				return nil, fmt.Errorf("%w: checkpoints line %d: %v", ErrCheckpointsExport, n, err)
+			}
+			cps = append(cps, c)
+		}
+		first = false
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("checkpoints: %w", err)
 	}
+	if formatted && !ended {
+		return nil, fmt.Errorf("%w: no end line after %d checkpoints: the export was cut short", ErrCheckpointsExport, len(cps))
+	}
 	return cps, nil
+}
+
+// strictJSON decodes one JSON value into v, refusing unknown fields.
+func strictJSON(line []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.DisallowUnknownFields()
+	return dec.Decode(v)
 }
 
 // chainEncodingSQL is the canonical encoding of the archive row a, as the
