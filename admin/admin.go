@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -84,6 +85,11 @@ type Config struct {
 	// Secure only on requests that came to this process over TLS, so the
 	// browser would also send the session to the host's http:// address.
 	SecureCookie bool
+	// PrimaryConsole, if set, is the console of an admin address whose
+	// database is the primary (an absolute http or https URL, e.g.
+	// "https://outbox-admin.internal/console/"): a console on a standby
+	// links to it where it says that actions are taken on the primary.
+	PrimaryConsole string
 	// Logger receives refused requests and operator actions (nil: none).
 	Logger *slog.Logger
 }
@@ -115,6 +121,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	if err := CheckTokens(cfg.Tokens); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if cfg.PrimaryConsole != "" {
+		u, err := url.Parse(cfg.PrimaryConsole)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("%w: the primary's console %q is not an absolute http or https URL", ErrInvalidConfig, cfg.PrimaryConsole)
+		}
 	}
 	if cfg.DegradedAfter <= 0 {
 		cfg.DegradedAfter = DefaultDegradedAfter

@@ -174,6 +174,9 @@ type page struct {
 	// Standby says the database is a read-only standby: the page says so
 	// and shows no operator's form, which could only fail there.
 	Standby bool
+	// PrimaryConsole is Config.PrimaryConsole, linked from the standby's
+	// line.
+	PrimaryConsole string
 }
 
 // Acts says the page shows the operator's forms (replay, acknowledge,
@@ -233,7 +236,8 @@ func (s *Server) console(need Role, form bool, h func(w http.ResponseWriter, r *
 			return
 		}
 		pageHeaders(w)
-		h(w, r, &page{Who: sess.who, Operator: sess.who.Role == RoleOperator, CSRF: sess.csrf, Standby: s.onStandby(r.Context())})
+		h(w, r, &page{Who: sess.who, Operator: sess.who.Role == RoleOperator, CSRF: sess.csrf, Standby: s.onStandby(r.Context()),
+			PrimaryConsole: s.cfg.PrimaryConsole})
 	})
 }
 

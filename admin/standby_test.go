@@ -23,7 +23,8 @@ import (
 // forms that it reads a standby and where actions are taken; its form
 // posts and the API's actions are refused before anything is tried (the
 // API with 503 and the code READ_ONLY_STANDBY, Server.Act with
-// ErrReadOnlyStandby).
+// ErrReadOnlyStandby). With Config.PrimaryConsole its line links to the
+// primary's console.
 func TestConsoleOnAStandby(t *testing.T) {
 	t.Parallel()
 	primary, b := setupOwnCluster(t)
@@ -102,6 +103,27 @@ func TestConsoleOnAStandby(t *testing.T) {
 	var n int
 	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE state IN ('REPLAYED', 'ACKNOWLEDGED', 'CANCELLED')`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("operator actions archived on the primary: %d %v", n, err)
+	}
+
+	// With the primary's console configured, the line links to it.
+	const primaryConsole = "https://outbox-admin.example/console/"
+	if page := op.get(t, "/console/"); strings.Contains(page, primaryConsole) {
+		t.Fatalf("a link to a primary's console nobody configured:\n%s", page)
+	}
+	linked, err := admin.New(admin.Config{Pool: replica, Tokens: toks, PrimaryConsole: primaryConsole})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hsLinked := httptest.NewServer(linked.Handler())
+	t.Cleanup(hsLinked.Close)
+	page := consoleAs(t, hsLinked.URL, operatorSecret).get(t, "/console/dead-letters")
+	if !strings.Contains(page, `Take those actions on <a href="`+primaryConsole+`">the primary's console</a>.`) {
+		t.Errorf("the standby's line does not link to the primary's console:\n%s", page)
+	}
+	for _, bad := range []string{"outbox-admin.example/console/", "javascript:alert(1)", "ftp://outbox-admin.example/"} {
+		if _, err := admin.New(admin.Config{Pool: replica, Tokens: toks, PrimaryConsole: bad}); !errors.Is(err, admin.ErrInvalidConfig) {
+			t.Errorf("PrimaryConsole %q: %v, want ErrInvalidConfig", bad, err)
+		}
 	}
 }
 

@@ -60,6 +60,7 @@ type relayFlags struct {
 	adminAuditURL      string
 	horizonAfter       time.Duration
 	adminCookieSecure  bool
+	adminPrimary       string
 	secretCheck        time.Duration
 }
 
@@ -71,6 +72,7 @@ func (f *relayFlags) register(fs *flag.FlagSet) {
 	f.registerShared(fs)
 	fs.StringVar(&f.adminAuditURL, "admin-audit-database-url", "", "where the console's and the API's audit verify runs: a hot standby (empty: the admin address's connection; on the primary its snapshot holds back vacuum while it runs)")
 	fs.BoolVar(&f.adminCookieSecure, "admin-cookie-secure", false, "always mark the console's session cookie Secure: set it when a TLS-terminating proxy serves the admin address (default: Secure only over TLS to this process, which serves plain HTTP)")
+	fs.StringVar(&f.adminPrimary, "admin-primary-console", "", "the console of an admin address on the primary (an absolute http or https URL): a console on a standby links to it where it says actions are taken there")
 	fs.StringVar(&f.adminDatabaseURL, "admin-database-url", "", "the admin address's own connection (e.g. as outbox_operator with options=-c outbox.tenant=*); empty: the relayer's (which, as outbox_relayer, can neither replay nor read keys)")
 }
 
@@ -276,7 +278,7 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 		}
 		adm, err := admin.New(admin.Config{Pool: admPool, AuditPool: auditPool, Schema: db.schema, Tokens: tokens, Rails: built.Set,
 			Relayer: svc.Relayer(), DegradedAfter: rf.degradedAfter, HorizonDegradedAfter: rf.horizonAfter,
-			SecureCookie: rf.adminCookieSecure, Logger: log})
+			SecureCookie: rf.adminCookieSecure, PrimaryConsole: rf.adminPrimary, Logger: log})
 		if err != nil {
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}
