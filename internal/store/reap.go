@@ -36,7 +36,9 @@ type Requeued struct {
 // in one implicit transaction of two pipelined statements. The first locks
 // the sequences rows of the participants of expired instructions, in
 // participant order, as producers and outcomes lock them (reapLockSQL).
-// The second locks the expired rows (skipping rows another
+// The second locks the expired rows of those participants (with ordering
+// off, every expired row; an ordered one whose claim committed after the
+// first statement is left for the next pass), skipping rows another
 // reaper, or a relayer recording a late outcome, holds), deletes them, puts
 // each back into pending with its identity, payload, first enqueue time
 // and attempt count (see budget.go) marked with the abandoned attempt's id
@@ -99,21 +101,40 @@ func (s *Store) Reap(ctx context.Context, db Batcher, limit int, reaperID string
 // instructions, in participant order: a poison instruction's dead letter
 // changes its participant's queued count, and a requeue may change who is
 // its participant's head (reapSQL's behind), which replays and cancels,
-// under the same lock, must see. The reap that follows reads the same
-// expired rows or fewer (now() is the transaction's start in both; only a
-// claim committed in between whose lease was already over, shorter than
-// that gap, could slip past the lock). With ordering off it locks nothing.
+// under the same lock, must see. With ordering off it locks nothing. It
+// leaves the participants it locked in a setting of the transaction
+// (reapLockedSetting), and the reap that follows requeues only the
+// expired ordered instructions of those: one whose claim committed
+// between the two statements, unseen by this one, is left for the next
+// pass. Such a claim's lease can be over when it commits (a claim, or an
+// outcome write's hand-off, whose transaction waited for locks longer
+// than the lease, which runs from the transaction's start); requeued
+// without its participant's lock, a replay of a lower sequence running
+// meanwhile saw it in flight and left the replayed instruction waiting,
+// while the reap, from a snapshot without that one, made the copy due:
+// the participant stranded
+// (TestReapLeavesAClaimItDidNotLockForTheNextPass).
 const reapLockSQL = `
-SELECT 1 FROM {schema}.sequences
-WHERE participant_id IN (SELECT participant_id FROM {schema}.inflight WHERE lease_until < now() AND ordered)
-  AND ` + orderedSQL + `
-ORDER BY participant_id
-FOR UPDATE`
+WITH locked AS (
+  SELECT participant_id FROM {schema}.sequences
+  WHERE participant_id IN (SELECT participant_id FROM {schema}.inflight WHERE lease_until < now() AND ordered)
+    AND ` + orderedSQL + `
+  ORDER BY participant_id
+  FOR UPDATE
+)
+SELECT set_config('` + reapLockedSetting + `', coalesce(array_agg(participant_id), '{}')::text, true) FROM locked`
+
+// reapLockedSetting names the transaction's setting in which reapLockSQL
+// leaves the participants it locked, as a text[] (a custom setting's name
+// needs a dot). Unset or empty (reapSQL alone, as plan tests run it), no
+// ordered row is reaped.
+const reapLockedSetting = "outbox_reaper.locked"
 
 var reapSQL = `
 WITH expired AS (
   SELECT ctid AS row FROM {schema}.inflight
   WHERE lease_until < now()
+    AND (NOT ordered OR participant_id = ANY ((SELECT coalesce(nullif(current_setting('` + reapLockedSetting + `', true), ''), '{}'))::text[]))
   ORDER BY lease_until
   LIMIT $1
   FOR UPDATE SKIP LOCKED

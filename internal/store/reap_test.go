@@ -1,7 +1,11 @@
 package store_test
 
 import (
+	"context"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/ledgerline/outbox/internal/store"
 )
@@ -80,5 +84,134 @@ FROM generate_series(1, 5000) AS g`, otherBacklogSQL} {
 	var due bool
 	if err := b.pool.QueryRow(b.ctx, `SELECT next_attempt_at <= now() FROM outbox.pending WHERE outbox_id = $1`, successor).Scan(&due); err != nil || !due {
 		t.Errorf("the poison instruction's successor: due %v (%v), want due", due, err)
+	}
+}
+
+// TestReapLeavesAClaimItDidNotLockForTheNextPass guards the reaper's
+// participant lock against a claim that commits between its two
+// statements with its lease already over (a claim or a hand-off whose
+// transaction waited for locks longer than the lease: its lease is
+// counted from the transaction's start). The lock statement did not see
+// that claim, so its participant was not locked, and the reap, which did
+// see it, requeued it anyway: a replay of a lower sequence of that
+// participant running meanwhile saw the instruction in flight and left
+// the replayed one waiting, while the reap, from a snapshot without the
+// replayed one, made the requeued copy due. The replayed instruction then
+// waited with nothing in flight, and no claim takes the copy with a lower
+// sequence pending: the participant stranded. Here the lock statement
+// waits for another participant's lock (p1's, which the reap needs too)
+// while the claim commits, and the reap waits for a row of p1 while the
+// replay runs.
+func TestReapLeavesAClaimItDidNotLockForTheNextPass(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	reaperConn := b.conn(t)
+	if _, err := b.st.Reap(b.ctx, reaperConn, 10, "test-reaper", 0); err != nil { // its statements prepared
+		t.Fatal(err)
+	}
+	// p1: a replayed dead letter waits behind an expired claim, so the
+	// reap locks p1 and, making the replayed one due, one of its rows.
+	oDead, _, oHeld := b.replayedBehindInFlight(t, "dies", shortLease)
+	// p2: a dead letter, then the instruction the late claim takes, then
+	// one waiting behind it.
+	pDead := b.enqueue(t, "p2", "p2-k1")
+	pClaimed := b.enqueue(t, "p2", "p2-k2")
+	pThird := b.enqueue(t, "p2", "p2-k3")
+	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Failed))
+
+	late, err := b.ownConn(t).Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = late.Rollback(b.ctx) }()
+	claimed, err := b.st.Claim(b.ctx, late, store.ClaimParams{RelayerID: "slow", Limit: 1, Leases: map[string]time.Duration{"sandbox": shortLease}})
+	if err != nil || len(claimed) != 1 || claimed[0].OutboxID != pClaimed {
+		t.Fatalf("claim: %v, %v; want %s", outboxIDs(claimed), err, pClaimed)
+	}
+	b.waitExpired(t, oHeld, claimed[0])
+
+	lockConn, rowConn := b.ownConn(t), b.ownConn(t)
+	lockTx, err := lockConn.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lockTx.Rollback(b.ctx) }()
+	execAll(t, lockTx, `SELECT 1 FROM outbox.sequences WHERE participant_id = 'p1' FOR UPDATE`)
+	rowTx, err := rowConn.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = rowTx.Rollback(b.ctx) }()
+	if _, err := rowTx.Exec(b.ctx, `SELECT 1 FROM outbox.pending WHERE outbox_id = $1 FOR UPDATE`, oDead); err != nil {
+		t.Fatal(err)
+	}
+
+	done := make(chan error, 1)
+	pid := reaperConn.Conn().PgConn().PID()
+	go func() {
+		_, err := b.st.Reap(b.ctx, reaperConn, 10, "test-reaper", 0)
+		done <- err
+	}()
+	b.waitBlockedBy(t, pid, lockConn.PgConn().PID(), done) // the lock statement, waiting for p1's lock
+	if err := late.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := lockTx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.waitBlockedBy(t, pid, rowConn.PgConn().PID(), done) // the reap, waiting for p1's row
+	b.replay(t, pDead)
+	if err := rowTx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// Passes until nothing is left to reap, as the reaper's loop runs them.
+	for range 3 {
+		if _, err := b.st.Reap(b.ctx, b.pool, 10, "test-reaper", 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.verifyOK(t)
+	if !b.due(t, pDead) || b.due(t, pClaimed) || b.due(t, pThird) {
+		t.Fatal("want p2's replayed instruction due, the requeued one and the third waiting")
+	}
+}
+
+// ownConn opens a connection to the bundle's database outside its pool,
+// for the rest of the test: a test that holds several transactions open
+// at once would otherwise wait for a connection of the pool itself.
+func (b *recordBundle) ownConn(t *testing.T) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.ConnectConfig(b.ctx, b.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn
+}
+
+// waitBlockedBy waits (bounded) until the backend pid waits for a lock
+// the backend blocker holds; done has the answer of the statement pid
+// runs, which fails the test if it finishes first.
+func (b *recordBundle) waitBlockedBy(t *testing.T, pid, blocker uint32, done chan error) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var waiting bool
+		if err := b.pool.QueryRow(b.ctx, `SELECT $2::int = ANY (pg_blocking_pids($1))`, int64(pid), int64(blocker)).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			return
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the statement finished (%v) before it waited for backend %d", err, blocker)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for backend %d to block backend %d", blocker, pid)
+		}
 	}
 }
