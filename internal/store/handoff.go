@@ -52,9 +52,12 @@ FOR UPDATE`
 //   - successors: for each freed participant with nothing in flight whose
 //     next instruction (lowest pending sequence) waits (next_attempt_at =
 //     'infinity'), that instruction; those beyond $2, those of a rail
-//     this relayer does not claim or an operator paused, and those whose
+//     this relayer does not claim or an operator paused, those whose
 //     retry time is still ahead (retry_at: a retry that waited behind a
-//     replay, migration 039) are made due instead (dueAgainSQL). Which
+//     replay, migration 039) and suspects (a reaped copy, or a head a
+//     replay put waiting, whose relayers died with it twice: a relayer
+//     claims those alone, ClaimParams.Suspects) are made due instead
+//     (dueAgainSQL). Which
 //     of them are beyond $2 is not chosen by age: a relayer asks for as
 //     many as it records terminal outcomes, so none are, and
 //     one made due is claimed by the next claim anyway (sorting them cost
@@ -145,11 +148,12 @@ WITH freed AS (
 ), waiting AS (
   SELECT h.* FROM freed f
   CROSS JOIN LATERAL (
-    SELECT p.ctid AS row, p.next_attempt_at, p.retry_at, p.rail_type, p.created_at FROM {schema}.pending p
+    SELECT p.ctid AS row, p.next_attempt_at, p.retry_at, p.rail_type, p.created_at, p.zombie_count FROM {schema}.pending p
     WHERE p.participant_id = f.participant_id ORDER BY p.sequence_id LIMIT 1) h` + waiting + `
 ), successors AS (
   SELECT w.row FROM waiting w
   WHERE w.rail_type = ANY (` + claimableRails + `) AND (w.retry_at IS NULL OR w.retry_at <= now())
+    AND w.zombie_count < ` + suspectAfter + `
   LIMIT $2
 ), refill AS (` + refill + `
 ), locked AS (

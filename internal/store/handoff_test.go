@@ -50,3 +50,38 @@ func TestLostHandoffsAreTheWritesOwn(t *testing.T) {
 		t.Fatalf("lost hand-offs of a write that handed off nothing: %+v, %v; want none", lost, err)
 	}
 }
+
+// TestHandoffLeavesASuspectForASuspectClaim: a suspect (an instruction
+// whose relayer died with it in flight twice) that waits behind a
+// replayed lower sequence is not taken by the hand-off of that one's
+// outcome, which claims for a relayer with other work in flight: it is
+// made due, and only a suspect claim, which a relayer makes with nothing
+// else in flight, takes it. The hand-off claimed it as any successor, so
+// a poison instruction killed its relayer with a batch beside it, each of
+// them a zombie again.
+func TestHandoffLeavesASuspectForASuspectClaim(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	dead := b.enqueue(t, "p1", "k1")
+	suspect := b.enqueue(t, "p1", "k2")
+	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Failed))
+	for range 2 {
+		b.reap(t, b.claimOne(t, "dies", shortLease))
+	}
+	b.replay(t, dead) // the suspect waits behind the replayed one
+	b.wantDue(t, suspect, "infinity", false)
+	c := b.claimOne(t, "r2", longLease)
+	if c.OutboxID != dead {
+		t.Fatalf("claimed %s, want the replayed %s", c.OutboxID, dead)
+	}
+	if handed := b.dispatchHandingOff(t, c, "r2"); len(handed) != 0 {
+		t.Fatalf("the hand-off claimed the suspect %s beside its relayer's other work", handed[0].OutboxID)
+	}
+	b.wantDue(t, suspect, "now", false)
+	b.verifyOK(t)
+	claimed, err := b.st.Claim(b.ctx, b.pool, store.ClaimParams{RelayerID: "r3", Limit: 1, Suspects: true,
+		Leases: map[string]time.Duration{"sandbox": longLease}})
+	if err != nil || len(claimed) != 1 || claimed[0].OutboxID != suspect {
+		t.Fatalf("suspect claim: %v, %v; want %s", outboxIDs(claimed), err, suspect)
+	}
+}
