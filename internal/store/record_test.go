@@ -1323,6 +1323,36 @@ func TestLateDispatchedSettlesPoisonDeadLetter(t *testing.T) {
 	b.verifyOK(t)
 }
 
+// TestLateOutcomeOfThePoisonedClaimVerifies: the claim the reaper closed
+// by making its instruction a dead letter (FAILED, ZOMBIE_LIMIT) may
+// still have its outcome come late, from a relayer that was only slow;
+// audit verify counts that closing row as the reaper's, as it counts a
+// ZOMBIE_REQUEUE, and does not report the claim closed twice. It counted
+// only ZOMBIE_REQUEUE rows, so the late outcome of the last claim of a
+// poison instruction failed "every claim closed once".
+func TestLateOutcomeOfThePoisonedClaimVerifies(t *testing.T) {
+	t.Parallel()
+	for _, state := range []store.State{store.Dispatched, store.Failed, store.Retryable} {
+		t.Run(string(state), func(t *testing.T) {
+			t.Parallel()
+			b := setupRecord(t)
+			poison := b.enqueue(t, "p1", "k1")
+			var last store.Claimed
+			for i := range reaper.DefaultZombieLimit + 1 {
+				last = b.claimOne(t, fmt.Sprintf("doomed-%d", i), shortLease)
+				b.reap(t, last)
+			}
+			if w := b.where(t, poison); !w.dead {
+				t.Fatalf("poison instruction is %+v, want a dead letter", w)
+			}
+			if rec := b.record(t, recordOutcome(t, last, "doomed-last", state)); !rec[0].Late {
+				t.Fatalf("the poisoned claim's outcome was not late: %+v", rec[0])
+			}
+			b.verifyOK(t)
+		})
+	}
+}
+
 // TestLateOutcomesReadTheQueueByKey: late outcomes come in numbers when
 // leases run out during an incident, which is also when a backlog builds.
 // Withdrawing the reaper's requeued copies must find them by key, not scan

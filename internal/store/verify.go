@@ -187,15 +187,18 @@ var checks = []check{
 		LEFT JOIN terminal t ON t.participant_id = c.participant_id AND t.sequence_id = c.sequence_id - 1
 		WHERE c.sequence_id > 1 AND (t.terminal_at IS NULL OR t.terminal_at > c.first_claim)`, true},
 	// A claim is closed by exactly one on-time row (its outcome or the
-	// reaper's ZOMBIE_REQUEUE); a late outcome is legitimate only after a
-	// ZOMBIE_REQUEUE, and at most once.
+	// reaper's: a ZOMBIE_REQUEUE, or for a poison instruction a FAILED
+	// row with error code ZOMBIE_LIMIT); a late outcome is legitimate only
+	// after the reaper's, and at most once (the relayer of a poisoned
+	// claim may have been only slow, and its outcome comes late as any
+	// other's).
 	{5, "every claim closed once", `
 		WITH closers AS (
 		  SELECT claim_attempt_id, count(*) FILTER (WHERE NOT late) AS n, count(*) FILTER (WHERE late) AS n_late,
-		         count(*) FILTER (WHERE state = 'ZOMBIE_REQUEUE' AND NOT late) AS n_zombie
+		         count(*) FILTER (WHERE (state = 'ZOMBIE_REQUEUE' OR state = 'FAILED' AND error_code = 'ZOMBIE_LIMIT') AND NOT late) AS n_zombie
 		  FROM {schema}.archive WHERE state <> 'DISPATCHING' AND claim_attempt_id IS NOT NULL GROUP BY 1
 		)
-		SELECT format('outbox %s attempt %s (DISPATCHING): %s closing rows, %s late, %s zombie requeues, in flight now: %s',
+		SELECT format('outbox %s attempt %s (DISPATCHING): %s closing rows, %s late, %s closed by the reaper, in flight now: %s',
 		              d.outbox_id, d.attempt_id, coalesce(c.n, 0), coalesce(c.n_late, 0), coalesce(c.n_zombie, 0),
 		              f.attempt_id IS NOT NULL)
 		FROM {schema}.archive d
