@@ -259,3 +259,28 @@ func TestPoisonedReplayKeepsTheRetryTimeBehindIt(t *testing.T) {
 	b.wantDue(t, retried, "in an hour", false)
 	b.verifyOK(t)
 }
+
+// TestWithdrawnCopyHandsOnAtTheRetryTime guards the withdrawal of a
+// reaper's copy by its claim's late outcome (withdraw.go), the one path
+// besides an outcome's own hand-off that ends a participant's head: the
+// replayed instruction ahead of a retry is reaped and its slow relayer's
+// DISPATCHED comes late, withdrawing the copy; the retry behind it is then
+// due at its retry time, neither at once nor left waiting.
+func TestWithdrawnCopyHandsOnAtTheRetryTime(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	replayed, third, held := b.replayedBehindInFlight(t, "r1", longLease)
+	b.retryIn(t, held, "r1", retryWait)
+	slow := b.claimOne(t, "slow", shortLease)
+	if slow.OutboxID != replayed {
+		t.Fatalf("claimed %s, want the replayed %s", slow.OutboxID, replayed)
+	}
+	b.reap(t, slow)
+	rec := b.record(t, recordOutcome(t, slow, "slow", store.Dispatched))
+	if !rec[0].Late || !rec[0].Withdrew {
+		t.Fatalf("recorded %+v, want late and the copy withdrawn", rec[0])
+	}
+	b.wantDue(t, held.OutboxID, "in an hour", false)
+	b.wantDue(t, third, "infinity", false)
+	b.verifyOK(t)
+}
