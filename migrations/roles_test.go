@@ -663,13 +663,18 @@ func TestOperatorsActWithinTheirTenant(t *testing.T) {
 }
 
 // TestRelayServiceAsRelayerRole: the whole relay service (relayer,
-// reaper with partition upkeep and checkpoints, metrics) runs connected as
+// reaper with partition upkeep, checkpoints and the removal of dead
+// relayers' idle registrations, metrics) runs connected as
 // outbox_relayer, fed by a producer connected as outbox_producer.
 func TestRelayServiceAsRelayerRole(t *testing.T) {
 	t.Parallel()
 	b := setupRoles(t)
 	producer := b.as(t, migrations.RoleProducer, "")
 	relayer := b.as(t, migrations.RoleRelayer, "")
+	// A relayer killed two hours ago left its idle registration.
+	if _, err := b.admin.Exec(b.ctx, `INSERT INTO outbox.relayer_idle VALUES ('killed', now() - interval '2 hours')`); err != nil {
+		t.Fatal(err)
+	}
 	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{},
 		Transport: rails.NewSandbox(rails.SandboxOptions{}), Timeout: 5 * time.Second})
 	if err != nil {
@@ -695,6 +700,19 @@ func TestRelayServiceAsRelayerRole(t *testing.T) {
 			t.Fatalf("dispatched %d of %d", svc.Relayer().Stats().Dispatched, n)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var stale bool
+		if err := b.admin.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM outbox.relayer_idle WHERE relayer_id = 'killed')`).Scan(&stale); err != nil {
+			t.Fatal(err)
+		}
+		if !stale {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the reaper, as outbox_relayer, did not remove a dead relayer's idle registration")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	for deadline := time.Now().Add(30 * time.Second); svc.Reaper().Stats().Checkpoints == 0; {
 		if time.Now().After(deadline) {

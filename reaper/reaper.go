@@ -57,6 +57,12 @@ const (
 	// there requeues nothing meanwhile. The deadline makes pgx drop the
 	// connection, so the next pass gets a fresh one.
 	roundTripDeadline = 30 * time.Second
+	// staleIdleAfter is how long an idle registration (relayer_idle) may
+	// go unrefreshed before a background pass removes it: its relayer is
+	// gone (a live idle one refreshes it every few seconds, and the
+	// pending trigger ignores rows older than 10 s), and killed relayers'
+	// rows would otherwise stay for good (store.ForgetStaleIdle).
+	staleIdleAfter = time.Hour
 	// checkpointDeadline bounds a checkpoint, which first waits up to 30 s
 	// for the transactions running when it began, then digests its period.
 	checkpointDeadline = 2 * time.Minute
@@ -322,7 +328,9 @@ func (r *Reaper) reapBatch(ctx context.Context) ([]Requeued, error) {
 
 // Start starts the background loop and returns: a pass right away, then
 // one every Config.Interval, each also making sure the archive's monthly
-// partitions exist. The loop runs until Stop (ctx is for start-up only, as
+// partitions exist, taking the archive's checkpoint when it is due and
+// removing the idle registrations of relayers gone without removing them
+// (staleIdleAfter). The loop runs until Stop (ctx is for start-up only, as
 // for every long-running outbox service: Start on a running reaper is an
 // error wrapping [ErrAlreadyStarted], Stop on a stopped one a no-op, and a
 // stopped reaper can be started again). Stop cancels the batch in
@@ -412,7 +420,7 @@ func (r *Reaper) pass(ctx context.Context, failures *retry.Loop) {
 	perr := r.store.EnsurePartitions(pctx, r.pool, partitionMonthsAhead)
 	cancel()
 	_, err := r.RunOnce(ctx)
-	err = errors.Join(err, perr, r.checkpoint(ctx))
+	err = errors.Join(err, perr, r.forgetStaleIdle(ctx), r.checkpoint(ctx))
 	switch {
 	case ctx.Err() != nil:
 	case err != nil:
@@ -420,6 +428,21 @@ func (r *Reaper) pass(ctx context.Context, failures *retry.Loop) {
 	default:
 		failures.Succeeded()
 	}
+}
+
+// forgetStaleIdle removes the idle registrations of relayers that are
+// gone (see staleIdleAfter).
+func (r *Reaper) forgetStaleIdle(ctx context.Context) error {
+	ctx, cancel := r.bounded(ctx, roundTripDeadline)
+	defer cancel()
+	n, err := r.store.ForgetStaleIdle(ctx, r.pool, staleIdleAfter)
+	if err != nil {
+		return fmt.Errorf("reaper: %w", err)
+	}
+	if n > 0 {
+		r.log.Info("removed the idle registrations of relayers gone without removing them", "count", n, "unrefreshed_for", staleIdleAfter)
+	}
+	return nil
 }
 
 // checkpoint takes the archive's next checkpoint once the last one is

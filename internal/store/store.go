@@ -106,7 +106,7 @@ type statements struct {
 	vacuumHorizon                                         string
 	verifyCounts                                          string
 	verifyChecks                                          []string
-	registerIdle, unregisterIdle                          string
+	registerIdle, unregisterIdle, forgetStaleIdle         string
 	ensurePartitions                                      string
 	takeCheckpoint, checkpoints                           string
 	retireKeys                                            string
@@ -166,6 +166,7 @@ func renderStatements(schema string) statements {
 		verifyCounts:               q(verifyCountsSQL),
 		registerIdle:               q(registerIdleSQL),
 		unregisterIdle:             q(unregisterIdleSQL),
+		forgetStaleIdle:            q(forgetStaleIdleSQL),
 		ensurePartitions:           q(ensurePartitionsSQL),
 		takeCheckpoint:             q(takeCheckpointSQL),
 		retireKeys:                 q(retireKeysSQL),
