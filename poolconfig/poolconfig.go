@@ -22,6 +22,10 @@
 // gives up on the handshake only after about two minutes), never reaching
 // the second.
 //
+// A pool's connections also get a random part added to their lifetime
+// ([LifetimeJitterFraction]), so that those opened together are not all
+// renewed together.
+//
 // A lock timeout makes a statement that waits behind someone else's lock
 // (an ACCESS EXCLUSIVE lock taken by hand, a long migration) fail with
 // SQLSTATE 55P03 instead of hanging; the relayer's loops back off and try
@@ -174,11 +178,30 @@ func ceilMilliseconds(d time.Duration) int64 {
 	return ms
 }
 
-// ApplyPool sets s on a pool's connections (see [Settings.Apply]) and, behind
-// a transaction pooler, registers the types the outbox sends on every new
-// connection ([RegisterTypes]).
+// LifetimeJitterFraction says how much [Settings.ApplyPool] adds at random
+// to each connection's lifetime: up to MaxConnLifetime /
+// LifetimeJitterFraction (pgxpool draws it in whole seconds), unless the
+// configuration has a jitter of its own (a URL's
+// pool_max_conn_lifetime_jitter).
+//
+// pgxpool closes a connection at its first use past its lifetime (an hour
+// by default). Connections opened together (every connection of every
+// relayer, within seconds, once a restarted or failed-over database
+// answers again) would otherwise reach it together, and every hour after
+// that the whole fleet would reconnect at once: a backend fork and an
+// authentication each on the primary, with the statements waiting for
+// them. A quarter of an hour spreads an hour's renewals.
+const LifetimeJitterFraction = 4
+
+// ApplyPool sets s on a pool's connections (see [Settings.Apply]), spreads
+// their lifetimes (see [LifetimeJitterFraction]) and, behind a transaction
+// pooler, registers the types the outbox sends on every new connection
+// ([RegisterTypes]).
 func (s Settings) ApplyPool(cfg *pgxpool.Config) (notApplied []string) {
 	notApplied = s.Apply(cfg.ConnConfig)
+	if cfg.MaxConnLifetimeJitter == 0 && cfg.MaxConnLifetime > 0 {
+		cfg.MaxConnLifetimeJitter = cfg.MaxConnLifetime / LifetimeJitterFraction
+	}
 	if s.Pooler == PoolerTransaction {
 		prev := cfg.AfterConnect
 		cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
