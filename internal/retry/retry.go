@@ -1,6 +1,7 @@
 // Package retry is how the long-running loops (claim, outcome recording,
 // listener, reaper) live with a database that fails: capped exponential
-// backoff, and a log line per change of state (first failure, a different
+// backoff with jitter (a fleet's loops do not retry in lockstep), and a
+// log line per change of state (first failure, a different
 // kind of failure, recovery) instead of one per attempt, so an outage of an
 // hour is a handful of lines, not thousands.
 //
@@ -13,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -36,8 +38,12 @@ type Loop struct {
 }
 
 // Failed records a failed attempt and returns how long to wait before the
-// next one. It logs (at Warn) only when the loop starts failing or the kind
-// of failure changes; repeats are logged at Debug.
+// next one: between half the backoff and the backoff (Min, doubling with
+// each repeat, up to Max), drawn at random, so that the loops of a fleet
+// that lost the database in the same instant do not retry in lockstep
+// while it is away, nor all arrive together when it is back. It logs (at
+// Warn) only when the loop starts failing or the kind of failure changes;
+// repeats are logged at Debug.
 func (l *Loop) Failed(err error) time.Duration {
 	kind := Kind(err)
 	switch {
@@ -54,7 +60,15 @@ func (l *Loop) Failed(err error) time.Duration {
 	}
 	l.failures++
 	l.kind = kind
-	return l.delay
+	return jitter(l.delay)
+}
+
+// jitter draws a wait in [d/2, d].
+func jitter(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	return d - rand.N(d/2+1)
 }
 
 // Succeeded records a successful attempt, logging the recovery if the loop

@@ -40,10 +40,11 @@ func TestLoopLogsOncePerState(t *testing.T) {
 	l.Succeeded()
 	l.Succeeded()
 
+	// The backoff, each wait drawn between its half and itself.
 	want := []time.Duration{10, 20, 40, 40, 40, 40}
 	for i := range want {
-		if delays[i] != want[i]*time.Millisecond {
-			t.Fatalf("delays = %v, want %v ms", delays, want)
+		if w := want[i] * time.Millisecond; delays[i] < w/2 || delays[i] > w {
+			t.Fatalf("delays = %v, want each within [half, all] of %v ms", delays, want)
 		}
 	}
 	var warnOrInfo []string
@@ -91,5 +92,38 @@ func TestPermanent(t *testing.T) {
 		if got := Permanent(tt.err); got != tt.want {
 			t.Errorf("Permanent(%v) = %v, want %v", tt.err, got, tt.want)
 		}
+	}
+}
+
+// Every relayer of a fleet loses the database in the same instant (a
+// restart, a failover), and each of its loops (claims, outcome writes,
+// the listener) backs off from then on. With the same delays they retried
+// in lockstep for as long as it was down, every relayer's connects and
+// statements arriving together, and the first retry after it came back
+// was the whole fleet's at once. Jittered, loops that started failing
+// together retry apart.
+func TestLoopsFailingTogetherRetryApart(t *testing.T) {
+	t.Parallel()
+	const loops, failures = 10, 8
+	const lo, hi = 50 * time.Millisecond, 5 * time.Second
+	down := &pgconn.PgError{Code: "57P01"}
+	last := make([]time.Duration, loops)
+	for i := range loops {
+		l := &Loop{Log: slog.New(slog.DiscardHandler), What: "claim", Min: lo, Max: hi}
+		for range failures {
+			last[i] = l.Failed(down)
+		}
+	}
+	shortest, longest := hi, time.Duration(0)
+	for _, d := range last {
+		if d < hi/2 || d > hi {
+			t.Errorf("a capped retry waits %s, want between %s and %s", d, hi/2, hi)
+		}
+		shortest, longest = min(shortest, d), max(longest, d)
+	}
+	// Ten draws over half the cap span a fifth of it but for a chance of
+	// about 4e-6.
+	if longest-shortest < hi/10 {
+		t.Errorf("ten loops that failed together wait %s to %s before their next retry: in lockstep", shortest, longest)
 	}
 }
