@@ -216,7 +216,9 @@ func (r *Reaper) Stats() Stats {
 
 // RunOnce makes one pass: it requeues expired in-flight instructions in
 // batches of Config.BatchSize, one transaction each, until a batch comes
-// back short (every expired row not locked by another reaper is done). It
+// back short (every expired row not locked by another reaper is done, but
+// for one whose claim committed after its batch locked the participants,
+// with its lease already over, which waits for the next pass). It
 // returns what it requeued, oldest lease first per batch; on error, what the
 // batches before the error committed.
 //
