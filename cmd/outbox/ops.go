@@ -252,9 +252,11 @@ func runAudit(ctx context.Context, env *environment, args []string) error {
 	return nil
 }
 
-// runCheckpoints takes the archive's next checkpoint (take) and prints it,
-// or prints every checkpoint as JSON lines: the export an auditor keeps
-// outside the database and passes back to audit verify --checkpoints.
+// runCheckpoints takes the archive's next checkpoints up to now (take) and
+// prints them (a checkpoint covers a bounded number of claims, migration
+// 043, so a backlog takes several), or prints every checkpoint as JSON
+// lines: the export an auditor keeps outside the database and passes back
+// to audit verify --checkpoints.
 func runCheckpoints(ctx context.Context, env *environment, db *dbFlags, take bool, settle time.Duration) error {
 	archive, pool, cleanup, err := openArchive(ctx, env, db)
 	if err != nil {
@@ -262,15 +264,19 @@ func runCheckpoints(ctx context.Context, env *environment, db *dbFlags, take boo
 	}
 	defer cleanup()
 	if take {
-		cp, err := archive.TakeCheckpoint(ctx, pool, settle)
-		if err != nil {
-			return err
-		}
-		if cp == nil {
+		cps, err := archive.TakeCheckpoints(ctx, pool, settle)
+		if len(cps) == 0 && err == nil {
 			fmt.Fprintln(env.stderr, "no period to checkpoint yet")
-			return nil
 		}
-		return json.NewEncoder(env.stdout).Encode(cp) // the one taken, not an export
+		// The ones taken, a line each: not an export (no first and end
+		// lines).
+		enc := json.NewEncoder(env.stdout)
+		for _, c := range cps {
+			if werr := enc.Encode(c); werr != nil && err == nil {
+				err = werr
+			}
+		}
+		return err
 	}
 	cps, err := archive.Checkpoints(ctx, pool)
 	if err != nil {

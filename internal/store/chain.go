@@ -62,33 +62,50 @@ const DefaultCheckpointSettle = 5 * time.Second
 
 // TakeCheckpoint appends the next checkpoint, from the end of the last one
 // to settle before now (cut at a month's end, so that a checkpoint covers
-// one partition), unless that period is shorter than minPeriod. It first waits for the transactions running when it
+// one partition, and since migration 043 after a bounded number of
+// claims: see TakeCheckpointStep), unless that period is shorter than
+// minPeriod (and was not cut so). It first waits for the transactions running when it
 // started, so no row of the period commits after it. It returns the new
 // checkpoint, or nil when there is no period to close. Concurrent callers
 // serialize in the database; the relayer's checkpointer calls it every
 // interval. db must be in READ COMMITTED mode (the default).
 func (s *Store) TakeCheckpoint(ctx context.Context, db Querier, settle, minPeriod time.Duration) (*Checkpoint, error) {
+	cp, _, err := s.TakeCheckpointStep(ctx, db, settle, minPeriod)
+	return cp, err
+}
+
+// TakeCheckpointStep is TakeCheckpoint that also reports whether the
+// checkpoint ended before settle before now: cut at a month's end, or,
+// since migration 043, after the most claims one checkpoint digests
+// (outbox.checkpoint_max_claims). Then the next is due at once: after
+// hours without a checkpoint, a checkpointer calls it again while more is
+// true, and closes the backlog in steps of bounded size.
+func (s *Store) TakeCheckpointStep(ctx context.Context, db Querier, settle, minPeriod time.Duration) (cp *Checkpoint, more bool, err error) {
 	if settle <= 0 {
 		settle = DefaultCheckpointSettle
 	}
 	rows, err := db.Query(ctx, s.sql.takeCheckpoint, settle.Microseconds(), max(minPeriod, 0).Microseconds())
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint: %w", err)
+		return nil, false, fmt.Errorf("checkpoint: %w", err)
 	}
-	cps, err := pgx.CollectRows(rows, scanCheckpoint)
+	cps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Checkpoint, error) {
+		return readCheckpoint(row, &more)
+	})
 	if err != nil {
-		return nil, fmt.Errorf("checkpoint: %w", err)
+		return nil, false, fmt.Errorf("checkpoint: %w", err)
 	}
 	if len(cps) == 0 {
-		return nil, nil
+		return nil, false, nil
 	}
-	return &cps[0], nil
+	return &cps[0], more, nil
 }
 
+// takeCheckpointSQL asks for a period up to settle ($1) before now, of
+// at least $2, and says whether the one taken ends before that.
 const takeCheckpointSQL = `
-SELECT period_start, period_end, row_count, digest, prev_hash, hash
-FROM {schema}.take_checkpoint(clock_timestamp() - $1::bigint * interval '1 microsecond', interval '30 seconds',
-                              $2::bigint * interval '1 microsecond')`
+WITH asked AS (SELECT clock_timestamp() - $1::bigint * interval '1 microsecond' AS period_end)
+SELECT c.period_start, c.period_end, c.row_count, c.digest, c.prev_hash, c.hash, c.period_end < asked.period_end
+FROM asked, {schema}.take_checkpoint(asked.period_end, interval '30 seconds', $2::bigint * interval '1 microsecond') c`
 
 // Checkpoints returns every checkpoint, oldest first: what an auditor
 // exports (WriteCheckpoints) and keeps outside the database.

@@ -1,0 +1,84 @@
+-- Checkpoints of bounded size, migration 043.
+--
+-- take_checkpoint digests every archive row of its period in one statement
+-- (string_agg of the rows' hashes, then sha256), and its period ran from
+-- the end of the last checkpoint to the caller's end. After hours without
+-- a checkpoint (each one refused while a long transaction ran anywhere in
+-- the cluster, or checkpointing left off), the next one had hours of rows
+-- to digest at once: past the relayers' statement timeout (30 s), or past
+-- PostgreSQL's 1 GB for one value (34 million rows, under five hours at
+-- 1,000 instructions/s), it failed, and every later call started at the
+-- same place with a longer period and failed too: no checkpoint was taken
+-- again, and `archive detach` refused every month after.
+--
+-- A period now also ends at the claim of the instruction after the first
+-- outbox.checkpoint_max_claims (250,000 unless the session sets it)
+-- claimed since it began (DISPATCHING rows, read through their partial
+-- index on claimed_at), and at least a millisecond after it began (so that a checkpoint moves on even when more claims than that share one claim time): a backlog
+-- is closed in steps of bounded size, and an empty stretch costs nothing.
+-- A period so cut is taken even when it is shorter than the minimum
+-- period asked for. Same function otherwise (migration 034's table lock,
+-- 031's clock bound); its standing (SECURITY DEFINER where the roles are
+-- in place), owner and grants are kept.
+DO $m$
+DECLARE
+  definer boolean := (SELECT prosecdef FROM pg_proc
+                      WHERE oid = '{{.schema}}.take_checkpoint(timestamptz, interval, interval)'::regprocedure);
+BEGIN
+  CREATE OR REPLACE FUNCTION {{.schema}}.take_checkpoint(p_end timestamptz, p_wait interval DEFAULT '30 seconds',
+                                                         p_min_period interval DEFAULT '0')
+  RETURNS SETOF {{.schema}}.checkpoints
+  LANGUAGE plpgsql AS $fn$
+  DECLARE
+    last_end  timestamptz;
+    last_hash bytea;
+    s timestamptz;
+    e timestamptz;
+    cut timestamptz;
+    max_claims bigint;
+    month_end timestamptz;
+    snap pg_snapshot;
+    deadline timestamptz;
+    n bigint;
+    d bytea;
+  BEGIN
+    -- One checkpointer at a time, on a lock only the owner can take (it
+    -- conflicts with itself and with every write to the table).
+    LOCK TABLE {{.schema}}.checkpoints IN SHARE ROW EXCLUSIVE MODE;
+    SELECT c.period_end, c.hash INTO last_end, last_hash
+    FROM {{.schema}}.checkpoints c ORDER BY c.period_start DESC LIMIT 1;
+    s := coalesce(last_end, (SELECT chained_since FROM {{.schema}}.settings));
+    month_end := (date_trunc('month', s AT TIME ZONE 'UTC') + interval '1 month') AT TIME ZONE 'UTC';
+    -- Never past the clock: rows not stamped yet cannot be digested.
+    e := least(p_end, month_end, clock_timestamp());
+    -- Never more than max_claims claims: a backlog is closed in steps.
+    max_claims := greatest(coalesce(nullif(current_setting('outbox.checkpoint_max_claims', true), '')::bigint, 250000), 1);
+    cut := (SELECT a.claimed_at FROM {{.schema}}.attempts a
+            WHERE a.state = 'DISPATCHING' AND a.claimed_at >= s
+            ORDER BY a.claimed_at OFFSET max_claims LIMIT 1);
+    IF cut IS NOT NULL AND greatest(cut, s + interval '1 millisecond') < e THEN
+      e := greatest(cut, s + interval '1 millisecond');
+    ELSIF e <= s OR (e - s < p_min_period AND e < month_end) THEN
+      RETURN;
+    END IF;
+    snap := pg_current_snapshot();
+    deadline := clock_timestamp() + p_wait;
+    WHILE EXISTS (SELECT 1 FROM pg_snapshot_xip(snap) x WHERE pg_xact_status(x) = 'in progress') LOOP
+      IF clock_timestamp() > deadline THEN
+        RAISE EXCEPTION 'outbox checkpoint: transactions running since before % are still open after %', s, p_wait
+          USING ERRCODE = 'lock_not_available';
+      END IF;
+      PERFORM pg_sleep(0.01);
+    END LOOP;
+    SELECT count(*), sha256(coalesce(string_agg(coalesce(a.hash, '\x'::bytea), '\x'::bytea ORDER BY a.created_at, a.attempt_id), '\x'::bytea))
+    INTO n, d
+    FROM {{.schema}}.attempts a WHERE a.created_at >= s AND a.created_at < e;
+    RETURN QUERY
+    INSERT INTO {{.schema}}.checkpoints (period_start, period_end, row_count, digest, prev_hash, hash)
+    VALUES (s, e, n, d, last_hash, {{.schema}}.checkpoint_hash(last_hash, s, e, n, d))
+    RETURNING *;
+  END $fn$;
+  IF definer THEN
+    ALTER FUNCTION {{.schema}}.take_checkpoint(timestamptz, interval, interval) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+  END IF;
+END $m$;
