@@ -289,7 +289,7 @@ func (a *Archive) Verify(ctx context.Context, db TxBeginner, opts VerifyOptions)
 // TakeCheckpoint appends the next checkpoint of the archive: from the end
 // of the last one to settle before now (0 means
 // [DefaultCheckpointSettle]), cut at a month's end and, since migration
-// 043, after a bounded number of claims (see [Archive.TakeCheckpoints],
+// 043, at a bounded number of rows (see [Archive.TakeCheckpoints],
 // which takes the ones after it too). It returns nil when there is
 // nothing to checkpoint yet. Relayers' reapers take one at most
 // every reaper.Config.CheckpointInterval (a minute by default); db must be
@@ -300,9 +300,9 @@ func (a *Archive) TakeCheckpoint(ctx context.Context, db DB, settle time.Duratio
 
 // TakeCheckpoints appends the archive's next checkpoints up to settle
 // before now (0 means [DefaultCheckpointSettle]) and returns them, oldest
-// first: one, unless it was cut at a month's end or after the most claims
-// one checkpoint digests (migration 043: the session's
-// outbox.checkpoint_max_claims, 250,000 by default), as after a long time
+// first: one, unless it was cut at a month's end or at the most rows one
+// checkpoint digests (migration 043: the session's
+// outbox.checkpoint_max_rows, 1,000,000 by default), as after a long time
 // without a checkpoint; then the next, each in a statement of its own. On
 // an error it returns those taken before it.
 func (a *Archive) TakeCheckpoints(ctx context.Context, db DB, settle time.Duration) ([]Checkpoint, error) {

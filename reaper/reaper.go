@@ -450,7 +450,7 @@ func (r *Reaper) forgetStaleIdle(ctx context.Context) error {
 // checkpoint takes the archive's next checkpoint once the last one is
 // CheckpointInterval old (another relayer's reaper may have taken it),
 // and the ones after it while one comes back cut short (at a month's end,
-// or after the most claims one checkpoint digests, migration 043): hours
+// or at the most rows one checkpoint digests, migration 043): hours
 // without a checkpoint are closed in steps, each in a statement of its
 // own. It starts no new one after checkpointDeadline; the next pass goes
 // on from there.

@@ -10,8 +10,8 @@ import (
 	"github.com/ledgerline/outbox/internal/store"
 )
 
-// A checkpoint covers a bounded number of claims (migration 043; one
-// here, outbox.checkpoint_max_claims = 1), so after a long time without
+// A checkpoint digests a bounded number of rows (migration 043; two here,
+// outbox.checkpoint_max_rows = 2), so after a long time without
 // one, "take the next one now" takes every one up to now (what archive
 // detach asks for before it detaches a month), one JSON line each.
 func TestAuditCheckpointClosesABacklog(t *testing.T) {
@@ -24,7 +24,7 @@ func TestAuditCheckpointClosesABacklog(t *testing.T) {
 		b.settle(t, store.Dispatched, key)
 		time.Sleep(5 * time.Millisecond)
 	}
-	b.url += "&options=-c%20outbox.checkpoint_max_claims%3D1"
+	b.url += "&options=-c%20outbox.checkpoint_max_rows%3D2"
 
 	r := b.cli(t, "", "audit", "--settle", "1ms", "checkpoint")
 	requireExit(t, r, 0)
@@ -46,6 +46,6 @@ func TestAuditCheckpointClosesABacklog(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(cps) < 3 || rows != 6 || behind > 5*time.Second {
-		t.Errorf("%d checkpoints digest %d rows and end %s ago, want one per claim, the 6 rows, up to now\n%s", len(cps), rows, behind, r)
+		t.Errorf("%d checkpoints digest %d rows and end %s ago, want one per claim and its outcome, the 6 rows, up to now\n%s", len(cps), rows, behind, r)
 	}
 }

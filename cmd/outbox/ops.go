@@ -253,7 +253,7 @@ func runAudit(ctx context.Context, env *environment, args []string) error {
 }
 
 // runCheckpoints takes the archive's next checkpoints up to now (take) and
-// prints them (a checkpoint covers a bounded number of claims, migration
+// prints them (a checkpoint digests a bounded number of rows, migration
 // 043, so a backlog takes several), or prints every checkpoint as JSON
 // lines: the export an auditor keeps outside the database and passes back
 // to audit verify --checkpoints.

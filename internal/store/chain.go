@@ -62,9 +62,9 @@ const DefaultCheckpointSettle = 5 * time.Second
 
 // TakeCheckpoint appends the next checkpoint, from the end of the last one
 // to settle before now (cut at a month's end, so that a checkpoint covers
-// one partition, and since migration 043 after a bounded number of
-// claims: see TakeCheckpointStep), unless that period is shorter than
-// minPeriod (and was not cut so). It first waits for the transactions running when it
+// one partition, and since migration 043 at a bounded number of rows: see
+// TakeCheckpointStep), unless that period is shorter than minPeriod (and
+// was not cut so). It first waits for the transactions running when it
 // started, so no row of the period commits after it. It returns the new
 // checkpoint, or nil when there is no period to close. Concurrent callers
 // serialize in the database; the relayer's checkpointer calls it every
@@ -76,8 +76,8 @@ func (s *Store) TakeCheckpoint(ctx context.Context, db Querier, settle, minPerio
 
 // TakeCheckpointStep is TakeCheckpoint that also reports whether the
 // checkpoint ended before settle before now: cut at a month's end, or,
-// since migration 043, after the most claims one checkpoint digests
-// (outbox.checkpoint_max_claims). Then the next is due at once: after
+// since migration 043, at the most rows one checkpoint digests
+// (outbox.checkpoint_max_rows). Then the next is due at once: after
 // hours without a checkpoint, a checkpointer calls it again while more is
 // true, and closes the backlog in steps of bounded size.
 func (s *Store) TakeCheckpointStep(ctx context.Context, db Querier, settle, minPeriod time.Duration) (cp *Checkpoint, more bool, err error) {

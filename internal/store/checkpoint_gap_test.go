@@ -19,21 +19,21 @@ import (
 // 1,000 instructions/s), it failed, and every later attempt started at
 // the same place with a longer period, so no checkpoint was ever taken
 // again and no month could be detached. Since migration 043 a checkpoint
-// covers at most outbox.checkpoint_max_claims claims (250,000 by
-// default; two here), also when that makes it shorter than its minimum
-// period, and a backlog is closed in steps.
+// digests at most outbox.checkpoint_max_rows rows (1,000,000 by default;
+// four here) unless it lasts a millisecond, also when that makes it
+// shorter than its minimum period, and a backlog is closed in steps.
 func TestCheckpointAfterAGapIsTakenInSteps(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
 	// The last checkpoint (here: the start of the chain) was three hours
-	// ago; seven claims and their outcomes have been archived since.
+	// ago; fifteen rows have been archived since.
 	if _, err := b.pool.Exec(b.ctx, `UPDATE outbox.settings SET chained_since = clock_timestamp() - interval '3 hours'`); err != nil {
 		t.Fatal(err)
 	}
 	b.history(t)
 	time.Sleep(2 * time.Millisecond)
 	cfg := b.pool.Config()
-	cfg.ConnConfig.RuntimeParams["outbox.checkpoint_max_claims"] = "2"
+	cfg.ConnConfig.RuntimeParams["outbox.checkpoint_max_rows"] = "4"
 	capped, err := pgxpool.NewWithConfig(b.ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +47,7 @@ func TestCheckpointAfterAGapIsTakenInSteps(t *testing.T) {
 			t.Fatal(err)
 		}
 		if cp != nil && !more && len(cps) < 3 {
-			t.Errorf("checkpoint %d of a backlog of seven claims says it is not cut short", len(cps)+1)
+			t.Errorf("checkpoint %d of a backlog of fifteen rows says it is not cut short", len(cps)+1)
 		}
 		if cp == nil {
 			// Caught up but for a tail shorter than the minimum period:
@@ -57,22 +57,17 @@ func TestCheckpointAfterAGapIsTakenInSteps(t *testing.T) {
 				t.Fatalf("tail checkpoint %v, %v", cp, err)
 			}
 		}
-		var claims int
-		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts
-			WHERE state = 'DISPATCHING' AND claimed_at >= $1 AND claimed_at < $2`, cp.PeriodStart, cp.PeriodEnd).Scan(&claims); err != nil {
-			t.Fatal(err)
-		}
-		if claims > 2 {
-			t.Errorf("checkpoint %s to %s digests %d claims at once, want at most outbox.checkpoint_max_claims = 2",
-				cp.PeriodStart, cp.PeriodEnd, claims)
+		if cp.Rows > 4 && cp.PeriodEnd.Sub(cp.PeriodStart) > time.Millisecond {
+			t.Errorf("checkpoint %s to %s digests %d rows at once, want at most outbox.checkpoint_max_rows = 4",
+				cp.PeriodStart, cp.PeriodEnd, cp.Rows)
 		}
 		cps = append(cps, *cp)
-		if len(cps) > 20 {
-			t.Fatal("more than 20 checkpoints for seven claims")
+		if len(cps) > 60 {
+			t.Fatal("more than 60 checkpoints for fifteen rows")
 		}
 	}
 	if len(cps) < 4 {
-		t.Errorf("%d checkpoints for seven claims, want at least four of at most two claims", len(cps))
+		t.Errorf("%d checkpoints for fifteen rows, want at least four of at most four rows", len(cps))
 	}
 	var rows int64
 	for i, c := range cps {

@@ -11,15 +11,18 @@
 -- same place with a longer period and failed too: no checkpoint was taken
 -- again, and `archive detach` refused every month after.
 --
--- A period now also ends at the claim of the instruction after the first
--- outbox.checkpoint_max_claims (250,000 unless the session sets it)
--- claimed since it began (DISPATCHING rows, read through their partial
--- index on claimed_at), and at least a millisecond after it began (so that a checkpoint moves on even when more claims than that share one claim time): a backlog
--- is closed in steps of bounded size, and an empty stretch costs nothing.
--- A period so cut is taken even when it is shorter than the minimum
--- period asked for. Same function otherwise (migration 034's table lock,
--- 031's clock bound); its standing (SECURITY DEFINER where the roles are
--- in place), owner and grants are kept.
+-- A period now holds at most outbox.checkpoint_max_rows archive rows
+-- (1,000,000 unless the session sets it), or lasts a millisecond: when the
+-- period asked for holds more, it is cut at the longest window from its
+-- start, a minute doubled or halved, that holds no more. Each count reads
+-- at most that many rows more than one through the archive's BRIN index on
+-- created_at (the archive has no other index on time), so a normal
+-- checkpoint reads its rows twice, and one of a backlog a few times: a
+-- backlog is closed in steps of bounded size. A period so cut is taken
+-- even when it is shorter than the minimum period asked for. Same function
+-- otherwise (migration 034's table lock, 031's clock bound); its standing
+-- (SECURITY DEFINER where the roles are in place), owner and grants are
+-- kept.
 DO $m$
 DECLARE
   definer boolean := (SELECT prosecdef FROM pg_proc
@@ -34,8 +37,9 @@ BEGIN
     last_hash bytea;
     s timestamptz;
     e timestamptz;
-    cut timestamptz;
-    max_claims bigint;
+    cut boolean := false;
+    w interval;
+    max_rows bigint;
     month_end timestamptz;
     snap pg_snapshot;
     deadline timestamptz;
@@ -51,14 +55,32 @@ BEGIN
     month_end := (date_trunc('month', s AT TIME ZONE 'UTC') + interval '1 month') AT TIME ZONE 'UTC';
     -- Never past the clock: rows not stamped yet cannot be digested.
     e := least(p_end, month_end, clock_timestamp());
-    -- Never more than max_claims claims: a backlog is closed in steps.
-    max_claims := greatest(coalesce(nullif(current_setting('outbox.checkpoint_max_claims', true), '')::bigint, 250000), 1);
-    cut := (SELECT a.claimed_at FROM {{.schema}}.attempts a
-            WHERE a.state = 'DISPATCHING' AND a.claimed_at >= s
-            ORDER BY a.claimed_at OFFSET max_claims LIMIT 1);
-    IF cut IS NOT NULL AND greatest(cut, s + interval '1 millisecond') < e THEN
-      e := greatest(cut, s + interval '1 millisecond');
-    ELSIF e <= s OR (e - s < p_min_period AND e < month_end) THEN
+    -- Never more than max_rows rows (but for a millisecond's): a backlog
+    -- is closed in steps.
+    IF e > s THEN
+      max_rows := greatest(coalesce(nullif(current_setting('outbox.checkpoint_max_rows', true), '')::bigint, 1000000), 1);
+      SELECT count(*) INTO n FROM (SELECT FROM {{.schema}}.attempts a
+                                   WHERE a.created_at >= s AND a.created_at < e LIMIT max_rows + 1) r;
+      IF n > max_rows THEN
+        cut := true;
+        w := least(interval '1 minute', e - s);
+        LOOP -- halve a window that holds too many (a burst)
+          SELECT count(*) INTO n FROM (SELECT FROM {{.schema}}.attempts a
+                                       WHERE a.created_at >= s AND a.created_at < s + w LIMIT max_rows + 1) r;
+          EXIT WHEN n <= max_rows OR w <= interval '1 millisecond';
+          w := greatest(w / 2, interval '1 millisecond');
+        END LOOP;
+        WHILE n <= max_rows AND s + 2 * w < e LOOP -- double one that holds few enough
+          SELECT count(*) INTO n FROM (SELECT FROM {{.schema}}.attempts a
+                                       WHERE a.created_at >= s AND a.created_at < s + 2 * w LIMIT max_rows + 1) r;
+          IF n <= max_rows THEN
+            w := 2 * w;
+          END IF;
+        END LOOP;
+        e := s + w;
+      END IF;
+    END IF;
+    IF e <= s OR (NOT cut AND e - s < p_min_period AND e < month_end) THEN
       RETURN;
     END IF;
     snap := pg_current_snapshot();
