@@ -248,14 +248,10 @@ func rolesBefore036(sql string) string {
 	return strings.Join(lines, "\n")
 }
 
-// TestBindingsHoldAfterAnUpgradeByTheOwner: on a schema whose roles were
-// set up before migration 036, the migration run by the owner alone (no
-// second --create-roles) puts the bindings into the tenant policies
-// already in place, and producers keep enqueueing.
-func TestBindingsHoldAfterAnUpgradeByTheOwner(t *testing.T) {
-	t.Parallel()
-	b := setupRoles(t)
-	const schema = "bound_upgrade"
+// rolesAt035 migrates schema to version 35 and sets its roles up as the
+// build of that version did.
+func (b *rolesBundle) rolesAt035(t *testing.T, schema string) {
+	t.Helper()
 	if err := migrations.MigrateWith(b.ctx, b.admin, migrations.Options{Schema: schema, TargetVersion: 35}); err != nil {
 		t.Fatal(err)
 	}
@@ -266,6 +262,17 @@ func TestBindingsHoldAfterAnUpgradeByTheOwner(t *testing.T) {
 	if _, err := b.admin.Exec(b.ctx, rolesBefore036(sql)); err != nil {
 		t.Fatalf("roles at version 35: %v", err)
 	}
+}
+
+// TestBindingsHoldAfterAnUpgradeByTheOwner: on a schema whose roles were
+// set up before migration 036, the migration run by the owner alone (no
+// second --create-roles) puts the bindings into the tenant policies
+// already in place, and producers keep enqueueing.
+func TestBindingsHoldAfterAnUpgradeByTheOwner(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	const schema = "bound_upgrade"
+	b.rolesAt035(t, schema)
 	if err := migrations.MigrateWith(b.ctx, b.as(t, migrations.RoleOwner, ""), migrations.Options{Schema: schema}); err != nil {
 		t.Fatalf("upgrade as the owner: %v", err)
 	}
@@ -432,16 +439,7 @@ func TestUpgradeByASuperuserRunsAsTheOwner(t *testing.T) {
 	t.Parallel()
 	b := setupRoles(t)
 	const schema = "superuser_upgrade"
-	if err := migrations.MigrateWith(b.ctx, b.admin, migrations.Options{Schema: schema, TargetVersion: 35}); err != nil {
-		t.Fatal(err)
-	}
-	sql, err := migrations.RolesSQL(schema)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.admin.Exec(b.ctx, rolesBefore036(sql)); err != nil {
-		t.Fatalf("roles at version 35: %v", err)
-	}
+	b.rolesAt035(t, schema)
 	if err := migrations.MigrateWith(b.ctx, b.admin, migrations.Options{Schema: schema}); err != nil {
 		t.Fatalf("upgrade as a superuser: %v", err)
 	}

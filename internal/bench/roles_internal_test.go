@@ -15,20 +15,7 @@ import (
 // outbox_producer; without it both are the Pool's.
 func TestConnectRolesLogsInAsTheRoles(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin, err := pgx.ParseConfig(testdb.AdminURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.User, cfg.ConnConfig.Password = admin.User, admin.Password
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := superuserPool(t)
 	if err := migrations.CreateRoles(t.Context(), pool, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +35,7 @@ func TestConnectRolesLogsInAsTheRoles(t *testing.T) {
 		}
 		relayer, producer := who(r.relayerDB), who(r.producerDB)
 		done()
-		want := [2]string{admin.User, admin.User}
+		want := [2]string{pool.Config().ConnConfig.User, pool.Config().ConnConfig.User}
 		if roles {
 			want = [2]string{migrations.RoleRelayer, migrations.RoleProducer}
 		}
@@ -56,4 +43,25 @@ func TestConnectRolesLogsInAsTheRoles(t *testing.T) {
 			t.Errorf("roles %v: relayers as %s, producers as %s; want %s and %s", roles, relayer, producer, want[0], want[1])
 		}
 	}
+}
+
+// superuserPool is a pool on the test's database as the cluster's
+// superuser (roles are created by one).
+func superuserPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := pgx.ParseConfig(testdb.AdminURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = admin.User, admin.Password
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }

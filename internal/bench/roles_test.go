@@ -6,11 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/ledgerline/outbox/internal/bench"
-	"github.com/ledgerline/outbox/internal/testdb"
 )
 
 // TestDrainAsRoles: with Config.Roles a drain runs (as outbox_relayer,
@@ -19,7 +15,7 @@ import (
 // says so.
 func TestDrainAsRoles(t *testing.T) {
 	t.Parallel()
-	pool := superuserPool(t)
+	pool := bench.SuperuserPool(t)
 	var out bytes.Buffer
 	results, err := bench.Run(t.Context(), bench.Config{
 		Pool: pool, Out: &out, JSON: true, Roles: true, Ordered: []bool{true},
@@ -38,25 +34,4 @@ func TestDrainAsRoles(t *testing.T) {
 	if strings.Contains(out.String(), `"roles":false`) {
 		t.Fatalf("a line says it ran without the roles: %s", out.String())
 	}
-}
-
-// superuserPool is a pool on the test's database as the cluster's
-// superuser (roles are created by one).
-func superuserPool(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(testdb.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin, err := pgx.ParseConfig(testdb.AdminURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.User, cfg.ConnConfig.Password = admin.User, admin.Password
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
 }
