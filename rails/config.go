@@ -50,6 +50,8 @@ type SandboxConfig struct {
 	HangRate      float64 `json:"hang_rate,omitempty"`
 	// CrashKeys: see [SandboxOptions].
 	CrashKeys []string `json:"crash_keys,omitempty"`
+	// Remember: see [SandboxOptions] (0: every payment, for good).
+	Remember int `json:"remember,omitempty"`
 }
 
 // WebhookConfig configures a [Webhook] transport. The secret itself is
@@ -121,6 +123,11 @@ type Built struct {
 	Sandboxes map[string]*Sandbox
 }
 
+// DefaultSandboxRemember is how many recent payments the sandbox transport
+// of [DefaultConfig] remembers: a relayer left running without a rails
+// file kept every payment it ever made (about 200 bytes each).
+const DefaultSandboxRemember = 100_000
+
 // DefaultConfig is the configuration `outbox relay` uses without a file:
 // one sandbox transport named "sandbox" that injects no failures, serving
 // the rail types of [payment.DefaultCatalog]: "sandbox" (generic profile) and
@@ -128,7 +135,7 @@ type Built struct {
 func DefaultConfig() *Config {
 	return &Config{
 		Transports: map[string]TransportConfig{
-			"sandbox": {Kind: TransportKindSandbox, Sandbox: &SandboxConfig{}},
+			"sandbox": {Kind: TransportKindSandbox, Sandbox: &SandboxConfig{Remember: DefaultSandboxRemember}},
 		},
 		Rails: []RailConfig{
 			{Type: "sandbox", Profile: "generic", Transport: "sandbox"},

@@ -200,6 +200,7 @@ func checkSandbox(where string, s SandboxConfig) (SandboxOptions, []error) {
 		TimeoutRate:   s.TimeoutRate,
 		HangRate:      s.HangRate,
 		CrashKeys:     s.CrashKeys,
+		Remember:      s.Remember,
 	}
 	for _, err := range o.problems(jsonName) {
 		errs = append(errs, at(where, fmt.Errorf("sandbox: %w", err)))
@@ -252,6 +253,9 @@ func (o SandboxOptions) problems(name func(string) string) []error {
 	}
 	if o.SlowRate > 0 && o.SlowLatency <= 0 {
 		errs = append(errs, fmt.Errorf("%s needs %s", name("slow_rate"), name("slow_latency")))
+	}
+	if o.Remember < 0 {
+		errs = append(errs, fmt.Errorf("%s %d: must not be negative (0: every payment)", name("remember"), o.Remember))
 	}
 	return errs
 }

@@ -64,8 +64,9 @@ type SandboxOptions struct {
 	// this; never configure it on a process that serves anything else.
 	CrashKeys []string `json:"crash_keys,omitempty"`
 	// Remember bounds the payments the sandbox keeps for answering replays
-	// and counting duplicates: it remembers the most recent Remember at
-	// least and twice as many at most (0: every one, as tests need). Real
+	// and counting duplicates, and likewise the keys it refused for good:
+	// it remembers the most recent Remember of each at least and twice as
+	// many at most (0: every one, as tests need). Real
 	// rails expire idempotency keys too (after a day or weeks); a long
 	// soak needs the bound, or the rail's memory is what it measures.
 	Remember int `json:"remember,omitempty"`
@@ -120,6 +121,9 @@ type Sandbox struct {
 	ledger   sandboxLedger       // the payments made (with Remember: the recent ones)
 	previous sandboxLedger       // with Remember: the generation before ledger
 	rejected map[sandboxKey]bool // keys rejected terminally (stay rejected)
+	// rejectedBefore is, with Remember, the generation of rejected keys
+	// before rejected.
+	rejectedBefore map[sandboxKey]bool
 	stats    SandboxStats
 	attempts map[uuid.UUID]struct{} // with RecordAttempts
 }
@@ -350,11 +354,14 @@ func (s *Sandbox) Pay(ins payment.Instruction, reject bool) Result {
 		s.stats.Replays++
 		return Result{Code: SandboxDuplicate, Reference: prev.reference, Message: "idempotent replay"}
 	}
-	if s.rejected[key] {
+	if s.rejected[key] || s.rejectedBefore[key] {
 		s.stats.Rejected++
 		return Result{Code: SandboxRejected, Message: "sandbox: rejected"}
 	}
 	if reject {
+		if s.opts.Remember > 0 && len(s.rejected) >= s.opts.Remember {
+			s.rejectedBefore, s.rejected = s.rejected, make(map[sandboxKey]bool)
+		}
 		s.rejected[key] = true
 		s.stats.Rejected++
 		return Result{Code: SandboxRejected, Message: "sandbox: rejected"}

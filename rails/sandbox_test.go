@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -280,5 +281,34 @@ func TestSandboxRememberBoundsItsLedger(t *testing.T) {
 	}
 	if st := sbx.Stats(); st.Payments != paid || st.Replays != 1 || st.EffectiveDuplicates != 0 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// TestSandboxRememberBoundsItsRejections: with Remember, the keys the
+// sandbox refused for good are bounded like its payments: the last
+// Remember are still refused, and the oldest forgotten (a call under it
+// then pays). They used to be kept for good, whatever Remember said.
+func TestSandboxRememberBoundsItsRejections(t *testing.T) {
+	t.Parallel()
+	const remember, refused = 3, 20
+	sbx := rails.NewSandbox(rails.SandboxOptions{Remember: remember})
+	for i := range refused {
+		if res := sbx.Pay(sandboxIns("r", fmt.Sprintf("k%d", i)), true); res.Code != rails.SandboxRejected {
+			t.Fatalf("k%d: %+v, want refused", i, res)
+		}
+	}
+	for i := refused - remember; i < refused; i++ {
+		if res := sbx.Pay(sandboxIns("r", fmt.Sprintf("k%d", i)), false); res.Code != rails.SandboxRejected {
+			t.Errorf("k%d, one of the last %d refused: %+v, want refused again", i, remember, res)
+		}
+	}
+	if res := sbx.Pay(sandboxIns("r", "k0"), false); res.Code != rails.SandboxAccepted {
+		t.Errorf("k0, refused %d keys ago: %+v, want it forgotten (paid)", refused, res)
+	}
+	if err := (rails.SandboxOptions{Remember: -1}).Check(nil); err == nil || !strings.Contains(err.Error(), "remember") {
+		t.Errorf("a negative remember: %v, want it refused", err)
+	}
+	if got := rails.DefaultConfig().Transports["sandbox"].Sandbox.Remember; got != rails.DefaultSandboxRemember {
+		t.Errorf("the default configuration's sandbox remembers %d, want %d", got, rails.DefaultSandboxRemember)
 	}
 }
