@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -244,7 +245,10 @@ func recordArgs(outcomes []Outcome) (args []any, terminal, locked []string, err 
 			return nil, nil, nil, fmt.Errorf("record: outcome %d has state %q", i, o.State)
 		}
 		states[i], refs[i], codes[i], errCodes[i], messages[i] = string(o.State), o.RailReference, o.RailCode, o.ErrorCode, o.ErrorMessage
-		latencies[i], delays[i] = int32(o.LatencyMS), o.RetryDelay.Milliseconds()
+		// The archive's latency_ms is an int: a call longer than 24.8 days
+		// (a transport that ignored its deadline) is written as the most
+		// it holds, not wrapped to a negative.
+		latencies[i], delays[i] = int32(min(max(o.LatencyMS, 0), math.MaxInt32)), o.RetryDelay.Milliseconds()
 		claimedAt[i], counts[i], unknown[i] = o.ClaimedAt, o.CountAttempt, o.OutcomeUnknown
 	}
 	ids := wireUUIDs(outcomes, func(o *Outcome) uuid.UUID { return o.AttemptID })

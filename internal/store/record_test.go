@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -1421,5 +1422,25 @@ FROM generate_series(1, 20000) AS g`, `ANALYZE outbox.dead_letters`} {
 	}
 	if w := b.where(t, ids[1]); w.pending || !w.dead || w.inflight != nil {
 		t.Errorf("late FAILED: %+v, want only a dead letter", w)
+	}
+}
+
+// TestRecordCapsALatencyPastTheArchiveColumn: a call that took longer than
+// latency_ms (an int) can hold, 24.8 days (only a transport that ignores
+// its deadline), is archived with the most the column holds; it used to
+// wrap to a negative latency, and a negative one (a clock step) is 0.
+func TestRecordCapsALatencyPastTheArchiveColumn(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	for key, ms := range map[string]int{"k-long": 1 << 40, "k-negative": -5} {
+		id := b.enqueue(t, "p-"+key, key)
+		o := recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched)
+		o.LatencyMS = ms
+		b.record(t, o)
+		want := map[string]int{"k-long": math.MaxInt32, "k-negative": 0}[key]
+		var got int
+		if err := b.pool.QueryRow(b.ctx, `SELECT latency_ms FROM outbox.attempts WHERE outbox_id = $1 AND state = 'DISPATCHED'`, id).Scan(&got); err != nil || got != want {
+			t.Errorf("%s: latency %d ms archived as %d (%v), want %d", key, ms, got, err, want)
+		}
 	}
 }
