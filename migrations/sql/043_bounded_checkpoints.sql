@@ -19,8 +19,26 @@
 -- created_at (the archive has no other index on time), so a normal
 -- checkpoint reads its rows twice, and one of a backlog a few times: a
 -- backlog is closed in steps of bounded size. A period so cut is taken
--- even when it is shorter than the minimum period asked for. Same function
--- otherwise (migration 034's table lock, 031's clock bound); its standing
+-- even when it is shorter than the minimum period asked for.
+--
+-- Before digesting, a checkpoint waits for the transactions that were
+-- running when it began and could still commit rows into its period. It
+-- waited for the transaction ids of its snapshot's list of running ones,
+-- which had two faults. That list holds every transaction of the cluster
+-- that has written anything: a producer's long business transaction, or
+-- a batch job in another database of the same cluster, refused every
+-- checkpoint for as long as it ran. And it leaves out those whose id is
+-- not below the snapshot's xmax (the last completed transaction's id plus
+-- one): on a quiet database the newest writer of the archive, with no
+-- transaction completed after it got its id, was not waited for, and the
+-- checkpoint digested its period without the row it was about to commit,
+-- which audit verify then reported as a changed period. It now waits for
+-- every transaction that holds a lock on the archive (every insert into
+-- it takes one on attempts, kept to the transaction's end) and got its
+-- transaction id before the checkpoint's own, found through pg_locks,
+-- which every role reads whole (pg_stat_activity hides other roles'
+-- transaction ids). Same
+-- function otherwise (migration 034's table lock, 031's clock bound); its standing
 -- (SECURITY DEFINER where the roles are in place), owner and grants are
 -- kept.
 DO $m$
@@ -41,7 +59,6 @@ BEGIN
     w interval;
     max_rows bigint;
     month_end timestamptz;
-    snap pg_snapshot;
     deadline timestamptz;
     n bigint;
     d bytea;
@@ -83,9 +100,16 @@ BEGIN
     IF e <= s OR (NOT cut AND e - s < p_min_period AND e < month_end) THEN
       RETURN;
     END IF;
-    snap := pg_current_snapshot();
     deadline := clock_timestamp() + p_wait;
-    WHILE EXISTS (SELECT 1 FROM pg_snapshot_xip(snap) x WHERE pg_xact_status(x) = 'in progress') LOOP
+    -- This transaction's own id: the archive's writers that got theirs
+    -- before it (age() > 0) are the ones to wait for.
+    PERFORM pg_current_xact_id();
+    WHILE EXISTS (SELECT 1 FROM pg_locks r
+                  JOIN pg_locks t ON t.virtualtransaction = r.virtualtransaction
+                                 AND t.locktype = 'transactionid' AND t.mode = 'ExclusiveLock' AND t.granted
+                  WHERE r.locktype = 'relation' AND r.relation = '{{.schema}}.attempts'::regclass
+                    AND r.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                    AND age(t.transactionid) > 0) LOOP
       IF clock_timestamp() > deadline THEN
         RAISE EXCEPTION 'outbox checkpoint: transactions running since before % are still open after %', s, p_wait
           USING ERRCODE = 'lock_not_available';

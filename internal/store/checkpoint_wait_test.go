@@ -1,0 +1,71 @@
+package store_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ledgerline/outbox/internal/store"
+)
+
+// TestCheckpointWaitsOnlyForArchiveWriters: a checkpoint waits for the
+// transactions that could still commit rows into its period, and only
+// for those. A transaction holding a transaction id that never touched
+// the archive (a producer's long business transaction, here one that
+// just took an id) used to refuse every checkpoint for as long as it ran
+// (30 s, then lock_not_available); one that inserted an archive row
+// before the period's end is still waited for, and its row is in the
+// checkpoint once it commits.
+func TestCheckpointWaitsOnlyForArchiveWriters(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	b.enqueue(t, "p1", "k1")
+	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched))
+
+	business, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = business.Rollback(b.ctx) }()
+	if _, err := business.Exec(b.ctx, `SELECT txid_current()`); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	time.Sleep(2 * time.Millisecond)
+	cp, err := b.st.TakeCheckpoint(b.ctx, b.pool, time.Millisecond, 0)
+	if err != nil || cp == nil || cp.Rows != 2 {
+		t.Fatalf("checkpoint beside a long transaction that never touched the archive: %+v, %v (after %v)", cp, err, time.Since(start))
+	}
+	if waited := time.Since(start); waited > 5*time.Second {
+		t.Fatalf("the checkpoint waited %v for a transaction that never touched the archive", waited)
+	}
+
+	// A writer of the archive, its row stamped before the next period's
+	// end and not committed yet: waited for, then counted.
+	writer, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = writer.Rollback(b.ctx) }()
+	if _, err := writer.Exec(b.ctx, `INSERT INTO outbox.attempts (outbox_id, instruction_id, participant_id, sequence_id,
+		idempotency_key, rail_type, attempt_no, state, relayer_id, claimed_at)
+		VALUES (gen_random_uuid(), 'ins-w', 'p-w', 1, 'k-w', 'sandbox', 1, 'RETRYABLE', 'r1', now())`); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	committed := make(chan error, 1)
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		committed <- writer.Commit(b.ctx)
+	}()
+	start = time.Now()
+	cp, err = b.st.TakeCheckpoint(b.ctx, b.pool, time.Millisecond, 0)
+	if err := <-committed; err != nil {
+		t.Fatal(err)
+	}
+	if err != nil || cp == nil || cp.Rows != 1 {
+		t.Fatalf("checkpoint beside an uncommitted archive row: %+v, %v; want it to wait and count the row", cp, err)
+	}
+	if waited := time.Since(start); waited < 400*time.Millisecond {
+		t.Fatalf("the checkpoint waited %v for an uncommitted archive row, want until its commit (500 ms)", waited)
+	}
+}
