@@ -124,8 +124,8 @@ type Sandbox struct {
 	// rejectedBefore is, with Remember, the generation of rejected keys
 	// before rejected.
 	rejectedBefore map[sandboxKey]bool
-	stats    SandboxStats
-	attempts map[uuid.UUID]struct{} // with RecordAttempts
+	stats          SandboxStats
+	attempts       map[uuid.UUID]struct{} // with RecordAttempts
 }
 
 // NewSandbox returns a sandbox transport.
