@@ -290,7 +290,6 @@ func (r *runner) connectRoles(ctx context.Context) (func(), error) {
 	as := func(role string) (*pgxpool.Pool, error) {
 		cfg := r.cfg.Pool.Config().Copy()
 		cfg.ConnConfig.User, cfg.ConnConfig.Password = role, ""
-		cfg.MaxConns = r.cfg.Pool.Config().MaxConns
 		return pgxpool.NewWithConfig(ctx, cfg)
 	}
 	var err error

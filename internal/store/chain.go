@@ -207,8 +207,8 @@ func ReadCheckpoints(r io.Reader) ([]Checkpoint, error) {
 		if err := json.Unmarshal(line, &probe); err != nil {
 			return nil, fmt.Errorf("%w: line %d: %v", ErrCheckpointsExport, n, err)
 		}
-		switch _, header := probe["outbox_checkpoints_export"]; {
-		case header:
+		switch {
+		case probe["outbox_checkpoints_export"] != nil:
 			var h exportHeader
 			if err := strictJSON(line, &h); err != nil || !first || h.Format != checkpointsExportFormat {
 				return nil, fmt.Errorf("%w: line %d: not the first line of an export of format %d (%s)", ErrCheckpointsExport, n, checkpointsExportFormat, line)

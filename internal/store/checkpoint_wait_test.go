@@ -29,14 +29,11 @@ func TestCheckpointWaitsOnlyForArchiveWriters(t *testing.T) {
 	if _, err := business.Exec(b.ctx, `SELECT txid_current()`); err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
 	time.Sleep(2 * time.Millisecond)
+	// Waiting for it would end in lock_not_available (after 30 s).
 	cp, err := b.st.TakeCheckpoint(b.ctx, b.pool, time.Millisecond, 0)
 	if err != nil || cp == nil || cp.Rows != 2 {
-		t.Fatalf("checkpoint beside a long transaction that never touched the archive: %+v, %v (after %v)", cp, err, time.Since(start))
-	}
-	if waited := time.Since(start); waited > 5*time.Second {
-		t.Fatalf("the checkpoint waited %v for a transaction that never touched the archive", waited)
+		t.Fatalf("checkpoint beside a long transaction that never touched the archive: %+v, %v", cp, err)
 	}
 
 	// A writer of the archive, its row stamped before the next period's
@@ -57,15 +54,11 @@ func TestCheckpointWaitsOnlyForArchiveWriters(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 		committed <- writer.Commit(b.ctx)
 	}()
-	start = time.Now()
 	cp, err = b.st.TakeCheckpoint(b.ctx, b.pool, time.Millisecond, 0)
 	if err := <-committed; err != nil {
 		t.Fatal(err)
 	}
 	if err != nil || cp == nil || cp.Rows != 1 {
 		t.Fatalf("checkpoint beside an uncommitted archive row: %+v, %v; want it to wait and count the row", cp, err)
-	}
-	if waited := time.Since(start); waited < 400*time.Millisecond {
-		t.Fatalf("the checkpoint waited %v for an uncommitted archive row, want until its commit (500 ms)", waited)
 	}
 }

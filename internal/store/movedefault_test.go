@@ -208,14 +208,10 @@ func TestMoveDefaultRowsMovesAllOrNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	execAll(t, tx, `LOCK TABLE outbox.attempts_default IN ACCESS SHARE MODE`)
-	start := time.Now()
 	_, err = s.st.MoveDefaultRows(s.ctx, s.pool, 200*time.Millisecond)
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
 		t.Fatalf("move while another session reads the default partition: %v, want lock_not_available", err)
-	}
-	if waited := time.Since(start); waited > 5*time.Second {
-		t.Fatalf("waited %v for the lock, want about the lock timeout", waited)
 	}
 	if err := tx.Rollback(s.ctx); err != nil {
 		t.Fatal(err)
