@@ -192,7 +192,29 @@ func (s *Server) Handler() http.Handler {
 	api("POST /api/v1/verify", RoleAuditor, s.verify)
 	api("POST /api/v1/rails/{rail}/{action}", RoleOperator, s.pauseRail)
 	s.mountConsole(mux)
-	return mux
+	return limitBodies(mux)
+}
+
+// MaxRequestBody is the most a request to the admin address may send as
+// its body. Every form and API body is a few hundred bytes (a token, a
+// reason, a CSRF token); without a bound, the sign-in form, open to anyone
+// who can reach the address, would read up to 10 MB per request into
+// memory.
+const MaxRequestBody = 64 << 10
+
+// limitBodies answers 413 to a request that says its body is larger than
+// MaxRequestBody, and cuts off one that sends more than it said (or did
+// not say): its form then reads as empty, so it is refused as one
+// without a token, a CSRF token or a reason.
+func limitBodies(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength > MaxRequestBody {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("a request body may be at most %d bytes", MaxRequestBody))
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, MaxRequestBody)
+		next.ServeHTTP(w, r)
+	})
 }
 
 // authorize wraps an API handler: a request without a known credential

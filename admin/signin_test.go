@@ -1,6 +1,7 @@
 package admin_test
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -122,5 +123,42 @@ func TestSessionCookieSecure(t *testing.T) {
 		if c := resp.Cookies(); resp.StatusCode != http.StatusSeeOther || len(c) != 1 || c[0].Secure != secure || !c[0].HttpOnly {
 			t.Errorf("SecureCookie %v: %s %v", secure, resp.Status, resp.Header["Set-Cookie"])
 		}
+	}
+}
+
+// TestOversizedBodiesAreRefused: the sign-in form is open to anyone who
+// reaches the address, so what it reads is bounded: a body said to be
+// larger than admin.MaxRequestBody gets 413 unread, and one that sends more
+// than that without saying so is cut off and read as no form at all, even
+// with a valid token at its start.
+func TestOversizedBodiesAreRefused(t *testing.T) {
+	t.Parallel()
+	base := signinServer(t, admin.Config{})
+	form := url.Values{"token": {auditorSecret}, "pad": {strings.Repeat("x", admin.MaxRequestBody)}}.Encode()
+	for _, chunked := range []bool{false, true} {
+		var body io.Reader = strings.NewReader(form)
+		if chunked {
+			body = io.MultiReader(body) // no length known: sent chunked
+		}
+		req, err := http.NewRequestWithContext(t.Context(), "POST", base+"/console/signin", body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		resp, err := noRedirect.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		want := http.StatusRequestEntityTooLarge
+		if chunked {
+			want = http.StatusUnauthorized
+		}
+		if resp.StatusCode != want || resp.Header.Get("Set-Cookie") != "" {
+			t.Errorf("chunked %v: %s, cookie %q; want %d and no session", chunked, resp.Status, resp.Header.Get("Set-Cookie"), want)
+		}
+	}
+	if resp := signin(t, base, auditorSecret, nil); resp.StatusCode != http.StatusSeeOther {
+		t.Errorf("a sign-in of ordinary size: %s", resp.Status)
 	}
 }

@@ -352,7 +352,7 @@ func serveAdmin(addr string, adm *admin.Server, registry *prometheus.Registry, l
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	mux.Handle("/", adm.Handler())
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	srv := adminHTTPServer(mux, defaultAdminLimits)
 	log.Info("serving the admin address", "addr", ln.Addr().String())
 	done := make(chan struct{})
 	go func() {
@@ -367,6 +367,33 @@ func serveAdmin(addr string, adm *admin.Server, registry *prometheus.Registry, l
 		_ = srv.Shutdown(sctx)
 		<-done
 	}, ln.Addr().String(), nil
+}
+
+// adminLimits bounds what one client of the admin address can hold: the
+// address is reachable by probes and browsers, and each open connection
+// costs a goroutine and a file descriptor.
+type adminLimits struct {
+	// header bounds the request line and headers, read bounds the whole
+	// request with its body (a client trickling a body holds the handler
+	// otherwise), idle a kept-alive connection between requests.
+	header, read, idle time.Duration
+}
+
+// defaultAdminLimits: a form or an API body is a few hundred bytes, so 30 s
+// is generous for a slow link. There is no write timeout: a verify from the
+// console or the API reads the whole archive within its request, and a
+// client that goes away cancels it through the request's context.
+var defaultAdminLimits = adminLimits{header: 5 * time.Second, read: 30 * time.Second, idle: 2 * time.Minute}
+
+// adminHTTPServer is the admin address's server with lim applied.
+func adminHTTPServer(h http.Handler, lim adminLimits) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: lim.header,
+		ReadTimeout:       lim.read,
+		IdleTimeout:       lim.idle,
+		MaxHeaderBytes:    64 << 10,
+	}
 }
 
 func runReap(ctx context.Context, env *environment, args []string) error {
