@@ -14,6 +14,7 @@ import (
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // The archive's tamper evidence (migration 007, docs/audit.md): a hash
@@ -274,7 +275,7 @@ ORDER BY a.outbox_id, a.created_at, a.attempt_id`
 const verifyCheckpointsSQL = `
 SELECT period_start, period_end, row_count, digest, prev_hash, hash,
        record_send(ROW('outbox.checkpoints/1'::text, period_start, period_end, row_count, digest))
-FROM {schema}.checkpoints ORDER BY period_start`
+FROM {schema}.checkpoints WHERE period_start > $1 ORDER BY period_start LIMIT $2`
 
 // verifyDigestsSQL reads the row hashes of the checkpointed periods, in
 // digest order.
@@ -357,74 +358,104 @@ func (s *Store) verifyChains(ctx context.Context, tx pgx.Tx, r *Report, examples
 	return nil
 }
 
+// defaultCheckpointBatch is how many checkpoints verify holds at a time:
+// one is taken a minute, half a million a year, which held all at once
+// came to hundreds of MB in the process verifying (a relayer, for the
+// console's verify).
+const defaultCheckpointBatch = 10_000
+
 // verifyCheckpoints checks the checkpoints' own chain and contiguity,
 // recomputes every period's digest from the archive, and compares them
-// with an exported copy when one is given.
+// with an exported copy when one is given. It reads the checkpoints a
+// batch at a time, in order: only the last one read carries over.
 func (s *Store) verifyCheckpoints(ctx context.Context, tx pgx.Tx, r *Report, exported []Checkpoint) error {
 	add := func(check, detail string) {
 		r.Violations = append(r.Violations, Violation{Invariant: tamperInvariant, Check: check, Detail: detail})
 	}
-	rows, err := tx.Query(ctx, s.sql.verifyCheckpoints)
-	if err != nil {
-		return err
+	batch := s.checkpointBatch
+	if batch <= 0 {
+		batch = defaultCheckpointBatch
 	}
+	// seen marks the starts of the exported checkpoints the database has.
+	seen := make(map[time.Time]bool, len(exported))
+	byStart := make(map[time.Time][]Checkpoint, len(exported))
+	for _, e := range exported {
+		byStart[e.PeriodStart.UTC()] = append(byStart[e.PeriodStart.UTC()], e)
+	}
+	var last *Checkpoint
+	after := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	for {
+		cps, encodings, err := s.checkpointBatchAfter(ctx, tx, after, batch)
+		if err != nil {
+			return err
+		}
+		r.Checkpoints += len(cps)
+		for i, c := range cps {
+			var prevHash []byte
+			if last != nil {
+				prevHash = last.Hash
+				if !c.PeriodStart.Equal(last.PeriodEnd) {
+					add("checkpoint chain", fmt.Sprintf("checkpoint %s: the previous one ends at %s (a checkpoint is missing)",
+						stamp(c.PeriodStart), stamp(last.PeriodEnd)))
+				}
+			}
+			if !bytes.Equal(c.PrevHash, prevHash) {
+				add("checkpoint chain", fmt.Sprintf("checkpoint %s does not follow the checkpoint before it", stamp(c.PeriodStart)))
+			}
+			if !bytes.Equal(chainHash(c.PrevHash, encodings[i]), c.Hash) {
+				add("checkpoint chain", fmt.Sprintf("checkpoint %s does not match its hash (changed after it was written)", stamp(c.PeriodStart)))
+			}
+			for _, e := range byStart[c.PeriodStart] {
+				seen[c.PeriodStart] = true
+				if !c.PeriodEnd.Equal(e.PeriodEnd) || c.Rows != e.Rows || !bytes.Equal(c.Digest, e.Digest) ||
+					!bytes.Equal(c.PrevHash, e.PrevHash) || !bytes.Equal(c.Hash, e.Hash) {
+					add("exported checkpoints", fmt.Sprintf("checkpoint %s differs from the export (export: %d rows, digest %x; database: %d rows, digest %x)",
+						stamp(e.PeriodStart), e.Rows, []byte(e.Digest)[:min(len(e.Digest), 8)], c.Rows, []byte(c.Digest)[:min(len(c.Digest), 8)]))
+				}
+			}
+			last = &cps[i]
+		}
+		if len(cps) > 0 {
+			if err := s.verifyDigests(ctx, tx, cps, add); err != nil {
+				return err
+			}
+		}
+		if len(cps) < batch {
+			break
+		}
+		after = pgtype.Timestamptz{Time: last.PeriodStart, Valid: true}
+	}
+	if exported != nil {
+		for _, e := range exported {
+			if !seen[e.PeriodStart.UTC()] {
+				add("exported checkpoints", fmt.Sprintf("checkpoint %s of the export is not in the database", stamp(e.PeriodStart)))
+			}
+		}
+		r.ExportedCheckpoints = len(exported)
+	}
+	return nil
+}
+
+// checkpointBatchAfter reads up to n checkpoints starting after after, in
+// order, with their canonical encodings.
+func (s *Store) checkpointBatchAfter(ctx context.Context, tx pgx.Tx, after pgtype.Timestamptz, n int) ([]Checkpoint, [][]byte, error) {
+	rows, err := tx.Query(ctx, s.sql.verifyCheckpoints, after, n)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
 	var cps []Checkpoint
 	var encodings [][]byte
 	for rows.Next() {
 		var enc []byte
 		c, err := readCheckpoint(rows, &enc)
 		if err != nil {
-			rows.Close()
-			return err
+			return nil, nil, err
 		}
 		cps = append(cps, c)
 		encodings = append(encodings, enc)
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	r.Checkpoints = len(cps)
-	for i, c := range cps {
-		var prevHash []byte
-		if i > 0 {
-			prevHash = cps[i-1].Hash
-			if !c.PeriodStart.Equal(cps[i-1].PeriodEnd) {
-				add("checkpoint chain", fmt.Sprintf("checkpoint %s: the previous one ends at %s (a checkpoint is missing)",
-					stamp(c.PeriodStart), stamp(cps[i-1].PeriodEnd)))
-			}
-		}
-		if !bytes.Equal(c.PrevHash, prevHash) {
-			add("checkpoint chain", fmt.Sprintf("checkpoint %s does not follow the checkpoint before it", stamp(c.PeriodStart)))
-		}
-		if !bytes.Equal(chainHash(c.PrevHash, encodings[i]), c.Hash) {
-			add("checkpoint chain", fmt.Sprintf("checkpoint %s does not match its hash (changed after it was written)", stamp(c.PeriodStart)))
-		}
-	}
-	if len(cps) > 0 {
-		if err := s.verifyDigests(ctx, tx, cps, add); err != nil {
-			return err
-		}
-	}
-	if exported != nil {
-		byStart := make(map[time.Time]Checkpoint, len(cps))
-		for _, c := range cps {
-			byStart[c.PeriodStart] = c
-		}
-		for _, e := range exported {
-			c, ok := byStart[e.PeriodStart.UTC()]
-			switch {
-			case !ok:
-				add("exported checkpoints", fmt.Sprintf("checkpoint %s of the export is not in the database", stamp(e.PeriodStart)))
-			case !c.PeriodEnd.Equal(e.PeriodEnd) || c.Rows != e.Rows || !bytes.Equal(c.Digest, e.Digest) ||
-				!bytes.Equal(c.PrevHash, e.PrevHash) || !bytes.Equal(c.Hash, e.Hash):
-				add("exported checkpoints", fmt.Sprintf("checkpoint %s differs from the export (export: %d rows, digest %x; database: %d rows, digest %x)",
-					stamp(e.PeriodStart), e.Rows, []byte(e.Digest)[:min(len(e.Digest), 8)], c.Rows, []byte(c.Digest)[:min(len(c.Digest), 8)]))
-			}
-		}
-		r.ExportedCheckpoints = len(exported)
-	}
-	return nil
+	return cps, encodings, rows.Err()
 }
 
 // verifyDigests recomputes the digest of every checkpointed period in one

@@ -10,3 +10,11 @@ const (
 // BeginVerify is beginVerify, for tests of the snapshot a verify's
 // workers share.
 var BeginVerify = beginVerify
+
+// WithCheckpointBatch returns a copy of s whose verify reads n
+// checkpoints at a time.
+func WithCheckpointBatch(s *Store, n int) *Store {
+	c := *s
+	c.checkpointBatch = n
+	return &c
+}

@@ -62,6 +62,9 @@ type TxBeginner interface {
 type Store struct {
 	schema string
 	sql    statements
+	// checkpointBatch is how many checkpoints verify reads at a time (0:
+	// defaultCheckpointBatch); tests make it small.
+	checkpointBatch int
 }
 
 // New validates schema ("" means [DefaultSchema]) and renders every
