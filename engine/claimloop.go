@@ -264,7 +264,7 @@ func (r *run) claimOnce(ctx context.Context) (n int, full bool, err error) {
 	// time: leases measured from it by this process's clock end no later
 	// than the database's, however the two clocks disagree.
 	claimStart := time.Now()
-	claimed, err := r.claim(claimCtx, want)
+	claimed, err := r.claim(claimCtx, r.pool, want)
 	cancel()
 	r.slots.Release(int64(want - len(claimed)))
 	if err == nil {
@@ -339,8 +339,8 @@ func (r *run) claimSuspect(ctx context.Context) (int, bool, error) {
 }
 
 // claim claims up to limit instructions of rails whose breaker admits
-// calls; a half-open rail gets a claim of one, its probe.
-func (r *run) claim(ctx context.Context, limit int) ([]store.Claimed, error) {
+// calls, in db; a half-open rail gets a claim of one, its probe.
+func (r *run) claim(ctx context.Context, db store.Batcher, limit int) ([]store.Claimed, error) {
 	closed, halfOpen := r.cfg.Rails.Claimable()
 	p := store.ClaimParams{RelayerID: r.cfg.RelayerID, Limit: limit}
 	var out []store.Claimed
@@ -348,7 +348,7 @@ func (r *run) claim(ctx context.Context, limit int) ([]store.Claimed, error) {
 		p.Leases = r.leases(halfOpen)
 		p.Limit = 1
 		r.stats.claims.Add(1)
-		probe, err := r.store.Claim(ctx, r.pool, p)
+		probe, err := r.store.Claim(ctx, db, p)
 		if err != nil {
 			return nil, err
 		}
@@ -364,7 +364,7 @@ func (r *run) claim(ctx context.Context, limit int) ([]store.Claimed, error) {
 	if len(closed) > 0 && p.Limit > 0 {
 		p.Leases = r.leases(closed)
 		r.stats.claims.Add(1)
-		more, err := r.store.Claim(ctx, r.pool, p)
+		more, err := r.store.Claim(ctx, db, p)
 		if err != nil {
 			return out, joinClaimErr(out, err)
 		}

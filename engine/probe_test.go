@@ -109,3 +109,66 @@ func TestHalfOpenRailGetsOneProbe(t *testing.T) {
 		t.Fatalf("%d instructions of the half-open rail were claimed beside its probe and refused as CIRCUIT_OPEN", refused)
 	}
 }
+
+// TestRelayOnceClaimsOneProbeOfAHalfOpenRail: a pass (outboxtest's, a
+// tool's) made while a rail's breaker is half-open claims one of its
+// instructions, the probe, as a running relayer does. It claimed a whole
+// batch: with the probe failing, the breaker opened again and refused the
+// rest of the batch, each an attempt and a CIRCUIT_OPEN row in the
+// archive for a payment that was never sent.
+func TestRelayOnceClaimsOneProbeOfAHalfOpenRail(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	psp := &recoveringRail{}
+	set, err := rails.NewSet(rails.Options{Type: "psp", Profile: payment.Generic{}, Transport: psp, Timeout: 2 * time.Second,
+		Codes:   rails.CodeTable{"OK": {Outcome: rails.Dispatched}},
+		Breaker: rails.BreakerOptions{ConsecutiveFailures: 1, OpenFor: 50 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	psp.down.Store(true) // and stays down: the probe fails
+	if d := set.Execute(b.ctx, payment.Instruction{InstructionID: "x", ParticipantID: "x", IdempotencyKey: "x", RailType: "psp",
+		Payment: &payment.Payment{AmountMinor: 1, Currency: "USD", Destination: "acct-x"}}); d.ErrorCode != rails.CodeRailUnavailable {
+		t.Fatalf("opening call: %+v", d)
+	}
+	producer, err := pending.NewProducer(pending.Config{Rails: set.Catalog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var batch []pending.Instruction
+	for i := range 5 {
+		ins := instruction(fmt.Sprintf("psp-%02d", i), 0)
+		ins.RailType = "psp"
+		batch = append(batch, ins)
+	}
+	if err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := producer.EnqueueBatch(b.ctx, tx, batch)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // past OpenFor: half-open
+	if _, halfOpen := set.Claimable(); len(halfOpen) != 1 {
+		t.Fatalf("the breaker is not half-open: %v", halfOpen)
+	}
+	cfg := b.config("once")
+	cfg.Rails, cfg.BatchSize = set, 8
+	r, err := New(b.pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded, err := r.RelayOnce(b.ctx, b.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recorded) != 1 || psp.calls.Load() != 2 {
+		t.Errorf("the pass recorded %d outcomes and called the rail %d times after the opening call; want its one probe", len(recorded), psp.calls.Load()-1)
+	}
+	var refused int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE error_code = 'CIRCUIT_OPEN'`).Scan(&refused); err != nil {
+		t.Fatal(err)
+	}
+	if refused != 0 {
+		t.Errorf("%d instructions claimed beside the probe and refused as CIRCUIT_OPEN", refused)
+	}
+}

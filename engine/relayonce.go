@@ -20,7 +20,9 @@ type Batcher = store.Batcher
 // that finds nothing else due takes one suspect (an instruction whose
 // relayer died with it in flight) alone. It is
 // what a running relayer does continuously, for tests (package outboxtest)
-// and tools; it does not need Start and does not count in Stats.
+// and tools; it does not need Start, and of Stats it counts only its
+// claim statements (Claims). While a rail's breaker is half-open, a pass
+// claims one instruction of that rail, its probe, as a relayer does.
 func (r *Relayer) RelayOnce(ctx context.Context, db Batcher) ([]Recorded, error) {
 	closed, halfOpen := r.cfg.Rails.Claimable()
 	types := append(closed, halfOpen...)
@@ -29,8 +31,9 @@ func (r *Relayer) RelayOnce(ctx context.Context, db Batcher) ([]Recorded, error)
 	}
 	ru := &run{Relayer: r, dispatchCtx: ctx, slotWait: ctx}
 	claimStart := time.Now()
-	claimed, err := r.store.Claim(ctx, db, store.ClaimParams{RelayerID: r.cfg.RelayerID, Limit: r.cfg.BatchSize,
-		Leases: ru.leases(types)})
+	// As a running relayer claims: a half-open rail gets one instruction,
+	// its probe (the breaker would refuse the rest as CIRCUIT_OPEN).
+	claimed, err := ru.claim(ctx, db, r.cfg.BatchSize)
 	if err == nil && len(claimed) == 0 {
 		// Nothing else due: one suspect, alone (see store.ClaimParams).
 		claimed, err = r.store.Claim(ctx, db, store.ClaimParams{RelayerID: r.cfg.RelayerID, Limit: 1,
