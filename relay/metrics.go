@@ -200,6 +200,13 @@ var (
 		"Age of the oldest transaction holding back vacuum in the outbox's database (0: none, or a holder known by transaction ids only: see outbox_vacuum_horizon_xid_age).", nil, nil)
 	descHorizonXIDs = prometheus.NewDesc("outbox_vacuum_horizon_xid_age",
 		"Transaction ids since the oldest horizon held in the outbox's database (session, prepared transaction, standby feedback or replication slot); 0: none.", nil, nil)
+	// The archive's upkeep (store.ArchiveHealth).
+	descCheckpointAge = prometheus.NewDesc("outbox_archive_checkpoint_age_seconds",
+		"How long ago the last checkpoint's period ended (rows archived since are covered by the hash chains only); no series before the first checkpoint.", nil, nil)
+	descMonthsReady = prometheus.NewDesc("outbox_archive_months_ready",
+		"Months of the archive, from the current one (UTC) on, that have their partition: upkeep keeps 4; 0: this month's rows go to the default partition.", nil, nil)
+	descDefaultRows = prometheus.NewDesc("outbox_archive_default_partition_rows",
+		"Rows in the archive's default partition (the statistics collector's count; months stuck there until outbox archive move-default); not exported on a standby.", nil, nil)
 	// One series per pause in force (rail_type "*": every rail); none
 	// when nothing is paused.
 	descRailPaused = prometheus.NewDesc("outbox_rail_paused_seconds",
@@ -207,7 +214,8 @@ var (
 )
 
 func (snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPending, descDue, descOldest, descFlight, descStuck, descDLQ, descUp, descHorizonAge, descHorizonXIDs, descRailPaused} {
+	for _, d := range []*prometheus.Desc{descPending, descDue, descOldest, descFlight, descStuck, descDLQ, descUp, descHorizonAge, descHorizonXIDs, descRailPaused,
+		descCheckpointAge, descMonthsReady, descDefaultRows} {
 		ch <- d
 	}
 }
@@ -228,7 +236,12 @@ func (c snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, p := range s.PausedRails {
 		ch <- prometheus.MustNewConstMetric(descRailPaused, prometheus.GaugeValue, p.AgeSeconds, p.RailType)
 	}
+	if a := s.Archive.CheckpointAgeSecs; a != nil {
+		ch <- prometheus.MustNewConstMetric(descCheckpointAge, prometheus.GaugeValue, *a)
+	}
+	ch <- prometheus.MustNewConstMetric(descMonthsReady, prometheus.GaugeValue, float64(s.Archive.MonthsReady))
 	if !s.Standby {
+		ch <- prometheus.MustNewConstMetric(descDefaultRows, prometheus.GaugeValue, float64(s.Archive.DefaultRows))
 		var age, xids float64
 		if h := s.VacuumHorizon; h != nil {
 			age, xids = h.AgeSeconds, float64(h.XIDAge)

@@ -89,6 +89,8 @@ func TestMetricsReflectTheQueue(t *testing.T) {
 		`outbox_rail_breaker_state{rail="sandbox"} 0`,
 		`outbox_rail_overruns_total{rail="sandbox"} 0`,
 		`outbox_reaper_requeues_total 0`,
+		`outbox_archive_months_ready 4`,
+		`outbox_archive_default_partition_rows 0`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("scrape lacks %q", want)

@@ -32,6 +32,31 @@ type Snapshot struct {
 	// PausedRails are the pauses in force ([Store.PauseRail]): their due
 	// instructions count in Due and OldestPendingAge, and stay there.
 	PausedRails []RailPause `json:"paused_rails"`
+	// Archive is what keeps the archive sound over the years: checkpoints
+	// taken, months made ahead, nothing in the default partition.
+	Archive ArchiveHealth `json:"archive"`
+}
+
+// ArchiveHealth is what an operator watches to know that the archive's
+// upkeep (the reapers' passes) keeps up, which otherwise fails silently:
+// without checkpoints, deleting a whole finished instruction goes
+// unnoticed by verify; without a month's partition, its rows go to the
+// default partition, where that month can never be detached or exported
+// until `outbox archive move-default` moves them.
+type ArchiveHealth struct {
+	// CheckpointAgeSecs is how long ago the last checkpoint's period
+	// ended (rows archived since are covered by the hash chains only);
+	// nil before the first checkpoint.
+	CheckpointAgeSecs *float64 `json:"checkpoint_age_seconds"`
+	// MonthsReady counts the archive's months, from the current one (in
+	// UTC) on, that have their partition: upkeep keeps 4 (this one and 3
+	// ahead); 0 means this month's rows go to the default partition.
+	MonthsReady int `json:"months_ready"`
+	// DefaultRows is the number of rows in the default partition, by the
+	// statistics collector (an estimate, lost at a crash restart until
+	// the table is next vacuumed or analyzed); 0 on a standby, which
+	// counts nothing of the primary's writes.
+	DefaultRows int64 `json:"default_partition_rows"`
 }
 
 // Snapshot reads the queue's operational state.
@@ -56,6 +81,13 @@ func (s *Store) Snapshot(ctx context.Context, db Querier) (Snapshot, error) {
 	if sn.PausedRails, err = s.RailPauses(ctx, db); err != nil {
 		return Snapshot{}, fmt.Errorf("snapshot: %w", err)
 	}
+	if err := db.QueryRow(ctx, s.sql.archiveHealth, s.schema).Scan(
+		&sn.Archive.CheckpointAgeSecs, &sn.Archive.MonthsReady, &sn.Archive.DefaultRows); err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot: archive: %w", err)
+	}
+	if sn.Standby {
+		sn.Archive.DefaultRows = 0
+	}
 	sn.OldestPendingAge = time.Duration(sn.OldestPendingSecs * float64(time.Second))
 	return sn, nil
 }
@@ -75,6 +107,26 @@ SELECT p.n, p.due, coalesce(extract(epoch FROM now() - p.oldest), 0),
 FROM (SELECT count(*) AS n, count(*) FILTER (WHERE next_attempt_at <= now()) AS due,
              min(created_at) FILTER (WHERE next_attempt_at <= now()) AS oldest
       FROM {schema}.pending) p`
+
+// archiveHealthSQL reads ArchiveHealth ($1: the schema's name): the last
+// checkpoint by its primary key (periods are contiguous: the last to
+// start is the last to end), the months' partitions by their names
+// (ensure_attempt_partitions names them attempts_YYYY_MM), the default
+// partition's rows from the statistics views, which every role may read
+// (counting them would need SELECT on the partition itself).
+const archiveHealthSQL = `
+WITH months AS (
+  SELECT to_date(substr(c.relname, 10), 'YYYY_MM') AS m
+  FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+  WHERE i.inhparent = to_regclass(format('%I.attempts', $1::text))
+    AND c.relname ~ '^attempts_[0-9]{4}_[0-9]{2}$'
+)
+SELECT (SELECT extract(epoch FROM now() - c.period_end)::float8
+        FROM {schema}.checkpoints c ORDER BY c.period_start DESC LIMIT 1),
+       (SELECT min(g)::int FROM generate_series(0, 25) g
+        WHERE (date_trunc('month', now() AT TIME ZONE 'UTC') + make_interval(months => g))::date NOT IN (SELECT m FROM months)),
+       coalesce((SELECT n_live_tup FROM pg_stat_user_tables
+                 WHERE relid = to_regclass(format('%I.attempts_default', $1::text))), 0)`
 
 const idleRelayersSQL = `SELECT count(*) FROM {schema}.relayer_idle WHERE idle_since > clock_timestamp() - interval '10 seconds'`
 

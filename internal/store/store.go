@@ -105,7 +105,7 @@ type statements struct {
 	participantOpenDeadLetters, participantAllDeadLetters string
 	countOpenDeadLetters, countAllDeadLetters             string
 	listPending                                           string
-	snapshot, idleRelayers, dueOlderThan                  string
+	snapshot, idleRelayers, dueOlderThan, archiveHealth   string
 	vacuumHorizon                                         string
 	verifyCounts                                          string
 	verifyChecks                                          []string
@@ -164,6 +164,7 @@ func renderStatements(schema string) statements {
 		listPending:                q(listPendingSQL),
 		snapshot:                   q(snapshotSQL),
 		idleRelayers:               q(idleRelayersSQL),
+		archiveHealth:              q(archiveHealthSQL),
 		vacuumHorizon:              q(vacuumHorizonSQL),
 		dueOlderThan:               q(dueOlderThanSQL),
 		verifyCounts:               q(verifyCountsSQL),
