@@ -42,6 +42,28 @@ type Overview struct {
 	// stopping it: today, a transaction or slot that has held back vacuum
 	// past Config.HorizonDegradedAfter (the reason /readyz gives).
 	Warnings []string `json:"warnings,omitempty"`
+	// ArchiveWarnings say that the archive's upkeep (the reapers' passes)
+	// has fallen behind, at the thresholds of the shipped alert rules:
+	// the last checkpoint ended more than 15 minutes ago, fewer than 3
+	// months from this one on have their partition, or rows went to the
+	// default partition.
+	ArchiveWarnings []string `json:"archive_warnings,omitempty"`
+}
+
+// archiveWarnings words what Overview.ArchiveWarnings says of a.
+func archiveWarnings(a store.ArchiveHealth) []string {
+	var out []string
+	if a.CheckpointAgeSecs != nil && *a.CheckpointAgeSecs > 15*60 {
+		out = append(out, fmt.Sprintf("The archive's last checkpoint ended %s ago: rows archived since are covered by their hash chains only (docs/audit.md, \"What checkpoints detect\")",
+			(time.Duration(*a.CheckpointAgeSecs)*time.Second).String()))
+	}
+	if a.MonthsReady < 3 {
+		out = append(out, fmt.Sprintf("Only %d months of the archive from this one on have their partition (upkeep keeps 4): check the reapers (docs/operations.md, \"The archive's lifecycle\")", a.MonthsReady))
+	}
+	if a.DefaultRows > 0 {
+		out = append(out, fmt.Sprintf("%d archive rows are in the default partition: their months cannot be detached until outbox archive move-default (docs/operations.md, \"The archive's lifecycle\")", a.DefaultRows))
+	}
+	return out
 }
 
 // RailOverview is one rail's breaker and its last five minutes.
@@ -109,6 +131,7 @@ func (s *Server) Overview(ctx context.Context) (Overview, error) {
 	if reason := horizonReason(ov.Queue.VacuumHorizon, s.cfg.HorizonDegradedAfter); reason != "" {
 		ov.Warnings = append(ov.Warnings, reason)
 	}
+	ov.ArchiveWarnings = archiveWarnings(ov.Queue.Archive)
 	activity := reads.activity
 	byRail := map[string]store.RailActivity{}
 	for _, a := range activity {
