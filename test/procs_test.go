@@ -363,6 +363,8 @@ type fleet struct {
 	dbURL func(slot int) string
 	// extraArgs are added to every relayer's command line.
 	extraArgs []string
+	// adminAddr, if set, gives a slot's --admin-addr (its /readyz).
+	adminAddr func(slot int) string
 	current   map[int]*proc
 	gen       map[int]int
 	all       []*proc // every process ever started, for the log checks
@@ -405,6 +407,9 @@ func (f *fleet) start(slot int) string {
 		"--log-format", "json",
 		"--log-level", "warn",
 	}, f.extraArgs...)
+	if f.adminAddr != nil {
+		args = append(args, "--admin-addr", f.adminAddr(slot))
+	}
 	p := startProc(f.t, id, "", args...)
 	f.current[slot] = p
 	f.all = append(f.all, p)

@@ -39,12 +39,19 @@ type PgBouncerOptions struct {
 // TCP port. Stop it when done; it also dies with the process that started
 // it.
 type PgBouncer struct {
-	port    int
-	dir     string
-	cmd     *exec.Cmd
-	done    chan struct{}
-	waitErr error
-	stop    sync.Once
+	port int
+	dir  string
+	bin  string
+	as   *account
+	opts PgBouncerOptions
+	// mu guards the running process (Restart replaces it) and the
+	// backend's port (Retarget changes it).
+	mu          sync.Mutex
+	backendPort int
+	cmd         *exec.Cmd
+	done        chan struct{}
+	waitErr     error
+	stop        sync.Once
 }
 
 // StartPgBouncer starts pgbouncer in front of c (which must listen on
@@ -94,6 +101,29 @@ func StartPgBouncer(ctx context.Context, c *Cluster, opts PgBouncerOptions) (*Pg
 	for _, u := range opts.Users {
 		fmt.Fprintf(&users, "%q \"\"\n", u)
 	}
+	if err := as.writeFile(filepath.Join(dir, "users.txt"), users.String()); err != nil {
+		return nil, err
+	}
+	b := &PgBouncer{port: port, dir: dir, bin: bin, as: as, opts: opts, backendPort: c.port}
+	if err := b.writeIni(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	if err := b.launch(ctx); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return b, nil
+}
+
+// writeIni writes pgbouncer.ini for the current backend port.
+// server_login_retry is 1 s, as the README asks of a PgBouncer in front
+// of the outbox: after a failed connection to the server (a crashed
+// primary) PgBouncer waits that long before it tries again, also once
+// RELOAD has pointed it at the promoted standby, and holds every client's
+// statement meanwhile; its default, 15 s, outlasted the relayers' leases
+// (test.TestFaultFailoverBehindPgBouncer).
+func (b *PgBouncer) writeIni() error {
 	ini := fmt.Sprintf(`[databases]
 * = host=127.0.0.1 port=%d
 
@@ -107,45 +137,103 @@ pool_mode = %s
 default_pool_size = %d
 max_client_conn = 1000
 server_lifetime = 3600
+server_login_retry = 1
 admin_users = postgres
 logfile = %s
 pidfile = %s
-`, c.port, port, filepath.Join(dir, "users.txt"), opts.PoolMode, opts.PoolSize,
-		filepath.Join(dir, "pgbouncer.log"), filepath.Join(dir, "pgbouncer.pid"))
-	for name, content := range map[string]string{"users.txt": users.String(), "pgbouncer.ini": ini} {
-		if err := as.writeFile(filepath.Join(dir, name), content); err != nil {
-			return nil, err
-		}
-	}
-	cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
+`, b.backendPort, b.port, filepath.Join(b.dir, "users.txt"), b.opts.PoolMode, b.opts.PoolSize,
+		filepath.Join(b.dir, "pgbouncer.log"), filepath.Join(b.dir, "pgbouncer.pid"))
+	return b.as.writeFile(filepath.Join(b.dir, "pgbouncer.ini"), ini)
+}
+
+// launch starts the pgbouncer process and returns once it accepts
+// connections.
+func (b *PgBouncer) launch(ctx context.Context) error {
+	cmd := exec.Command(b.bin, filepath.Join(b.dir, "pgbouncer.ini"))
 	cmd.Dir = "/"
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if as != nil {
-		cmd.SysProcAttr.Credential = as.cred
+	if b.as != nil {
+		cmd.SysProcAttr.Credential = b.as.cred
 	}
-	b := &PgBouncer{port: port, dir: dir, cmd: cmd, done: make(chan struct{})}
+	done := make(chan struct{})
 	if err := cmd.Start(); err != nil {
-		os.RemoveAll(dir)
-		return nil, fmt.Errorf("pglocal: start pgbouncer: %w", err)
+		return fmt.Errorf("pglocal: start pgbouncer: %w", err)
 	}
-	go func() { b.waitErr = cmd.Wait(); close(b.done) }()
+	b.cmd, b.done = cmd, done
+	go func() { b.waitErr = cmd.Wait(); close(done) }()
 	for {
 		conn, err := net.DialTimeout("tcp", b.addr(), time.Second)
 		if err == nil {
 			conn.Close()
-			return b, nil
+			return nil
 		}
 		select {
-		case <-b.done:
-			log := b.logTail()
-			os.RemoveAll(dir)
-			return nil, fmt.Errorf("pglocal: pgbouncer exited: %v\n%s", b.waitErr, log)
+		case <-done:
+			return fmt.Errorf("pglocal: pgbouncer exited: %v\n%s", b.waitErr, b.logTail())
 		case <-ctx.Done():
-			b.Stop()
-			return nil, fmt.Errorf("pglocal: pgbouncer not accepting connections: %w", ctx.Err())
+			_ = cmd.Process.Kill()
+			<-done
+			return fmt.Errorf("pglocal: pgbouncer not accepting connections: %w", ctx.Err())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// Retarget points PgBouncer at c, as an HA manager's promotion hook does
+// after a failover: it rewrites the backend's address and reloads
+// PgBouncer (RELOAD on its admin console, which returns once the new
+// configuration is in force). Server connections to the old backend are
+// closed as they are released; new ones go to c.
+func (b *PgBouncer) Retarget(ctx context.Context, c *Cluster) error {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.backendPort = c.port
+	if err := b.writeIni(); err != nil {
+		return err
+	}
+	conn, err := b.admin(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "RELOAD"); err != nil {
+		return fmt.Errorf("pglocal: pgbouncer RELOAD: %w", err)
+	}
+	return nil
+}
+
+// Restart kills PgBouncer (SIGKILL: every client and server connection
+// breaks at once, whatever it was doing), waits for down, then starts it
+// again on the same port with the same configuration.
+func (b *PgBouncer) Restart(ctx context.Context, down time.Duration) error {
+	ctx, cancel := withDefaultTimeout(ctx)
+	defer cancel()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	_ = b.cmd.Process.Kill()
+	<-b.done
+	select {
+	case <-time.After(down):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return b.launch(ctx)
+}
+
+// admin connects to PgBouncer's admin console.
+func (b *PgBouncer) admin(ctx context.Context) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(b.ConnString("postgres", "pgbouncer"))
+	if err != nil {
+		return nil, err
+	}
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol // the admin console speaks only that
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pglocal: pgbouncer admin console: %w", err)
+	}
+	return conn, nil
 }
 
 func (b *PgBouncer) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(b.port)) }
@@ -174,14 +262,9 @@ func (b *PgBouncer) Rewrite(dbURL string) (string, error) {
 // database so far (SHOW STATS on its admin console): proof that traffic
 // went through it.
 func (b *PgBouncer) Transactions(ctx context.Context, database string) (int64, error) {
-	cfg, err := pgx.ParseConfig(b.ConnString("postgres", "pgbouncer"))
+	conn, err := b.admin(ctx)
 	if err != nil {
 		return 0, err
-	}
-	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol // the admin console speaks only that
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return 0, fmt.Errorf("pglocal: pgbouncer admin console: %w", err)
 	}
 	defer conn.Close(ctx)
 	rows, err := conn.Query(ctx, "SHOW STATS")
@@ -211,6 +294,8 @@ func (b *PgBouncer) Transactions(ctx context.Context, database string) (int64, e
 // Stop stops PgBouncer and removes its directory.
 func (b *PgBouncer) Stop() {
 	b.stop.Do(func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
 		_ = b.cmd.Process.Signal(syscall.SIGINT) // immediate shutdown
 		select {
 		case <-b.done:
