@@ -201,3 +201,78 @@ func TestFaultFailoverBehindPgBouncer(t *testing.T) {
 		"failover="+failover.Round(time.Millisecond).String()+" live_enqueues="+strconv.Itoa(acked)+
 			fmt.Sprintf(" late=%d dispatched_twice=%d replays=%d", end.late, end.report.DispatchedTwice, end.sandbox.Replays))
 }
+
+// TestFaultPgBouncerRestart kills PgBouncer (SIGKILL) twice in the middle
+// of a drain, with relayers and a producer going through it in transaction
+// mode, and starts it again on the same port a second later: every client
+// and server connection breaks mid-statement, commits among them, whose
+// answers never arrive. Every enqueue the producer was told had committed
+// is there, the drain finishes, the invariants hold, every instruction was
+// paid exactly once, every attempt the rail received is in the archive,
+// and every relayer's /readyz answers 200 again.
+func TestFaultPgBouncerRestart(t *testing.T) {
+	heavy(t)
+	seed := seedFor(t, 12)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cluster := startCluster(ctx, t, "PostgreSQL")
+	direct := cluster.ConnString("postgres")
+	pool := openPool(t, direct)
+	if err := migrations.Migrate(ctx, pool); err != nil {
+		t.Fatalf("migrate: %v", err)
+	}
+	bouncer := startOwnPgBouncer(ctx, t, cluster)
+	viaBouncer := bouncer.ConnString("postgres", "postgres")
+	producers := openPooledPool(t, viaBouncer)
+
+	const n = 4000
+	d := setupDrain(t, pool, workload{prefix: "pgb-restart", n: n, seed: seed},
+		sandboxFlags{seed: int64(seed), latencyMin: 2 * time.Millisecond, latencyMax: 20 * time.Millisecond},
+		func(int) string { return viaBouncer })
+	d.fleet.extraArgs = []string{"--pooler", "transaction"}
+	admin := freeAddrs(t, 3)
+	d.fleet.adminAddr = func(slot int) string { return admin[slot] }
+	enqueued := d.startFleet(t, 2)
+	waitReady(t, d.fleet, d.fleet.adminAddr, 30*time.Second)
+
+	liveWork := workload{prefix: "pgb-restart-live", n: 1 << 30, seed: seed}
+	live := startLiveProducer(producers, liveWork)
+	for i, at := range []int64{n / 4, n / 2} {
+		waitProgress(t, pool, d.fleet, at, 2*time.Minute)
+		if err := bouncer.Restart(ctx, time.Second); err != nil {
+			t.Fatalf("restart %d of PgBouncer: %v", i+1, err)
+		}
+	}
+	waitReady(t, d.fleet, d.fleet.adminAddr, 30*time.Second)
+	time.Sleep(500 * time.Millisecond)
+	acked, err := live.stop()
+	if err != nil {
+		t.Fatalf("live producer: %v", err)
+	}
+	if acked == 0 {
+		t.Fatal("the live producer had no enqueue acknowledged: it proves nothing")
+	}
+	ackedIDs := make([]string, acked)
+	for i, ins := range liveWork.instructions(0, acked) {
+		ackedIDs[i] = ins.InstructionID
+	}
+	v := mustInts(t, pool, `SELECT
+		(SELECT count(*) FROM unnest($1::text[]) AS a(id)
+		 WHERE NOT EXISTS (SELECT 1 FROM outbox.idempotency_keys k WHERE k.instruction_id = a.id)),
+		(SELECT count(*) FROM outbox.idempotency_keys WHERE instruction_id LIKE $2)`, ackedIDs, liveWork.prefix+"-%")
+	if v[0] > 0 {
+		t.Fatalf("the producer was told %d enqueues committed; %d of them are missing", acked, v[0])
+	}
+
+	enqueued()
+	want := int64(n) + v[1]
+	waitDrained(t, pool, d.fleet, want, 3*time.Minute)
+	d.fleet.stopAll()
+	end := checkEnd(t, pool, d.sb, want)
+	z := archiveZombieHeal(t, pool)
+	if z.unhealed > 0 {
+		t.Errorf("%d requeued zombies never reached DISPATCHED or FAILED", z.unhealed)
+	}
+	summary(t, "pgbouncer-restart", end.report.Dispatched+end.report.DeadLetters, z.healed, z.worst, end.sandbox.EffectiveDuplicates,
+		fmt.Sprintf("live_enqueues=%d late=%d dispatched_twice=%d replays=%d", acked, end.late, end.report.DispatchedTwice, end.sandbox.Replays))
+}
