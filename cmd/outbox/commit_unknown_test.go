@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ledgerline/outbox/internal/testdb"
 )
@@ -76,4 +77,60 @@ func TestEnqueueCommitOutcomeUnknown(t *testing.T) {
 	proxy.CutReplyAfter([]byte("commit"))
 	r = invokeCLI(t, nil, lines.String(), append([]string{"enqueue", "--batch", "2"}, db...)...)
 	check("batch", r, "key-2", "key-3")
+}
+
+// TestEnqueueCommitUnknownThroughAFailover: the reply to an enqueue's
+// commit is lost and then, for 3 s, the database refuses connections, as
+// a crashed primary's address does until its standby is promoted. The
+// resends under the same keys (3, within about a second) all fail, and the
+// lines, whose instructions did commit and will be paid, were reported as
+// DATABASE_ERROR with the last resend's "connection refused": what a
+// script reads as "not enqueued", and then enqueues again under a new
+// key. A line whose transaction may have committed is reported as
+// COMMIT_UNKNOWN, telling the caller to send it again under the same key.
+func TestEnqueueCommitUnknownThroughAFailover(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	u, err := url.Parse(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testdb.StartHoldingProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	db := []string{"--database-url", u.String(), "--pooler", "transaction"}
+
+	var lines strings.Builder
+	for i := 1; i <= 2; i++ {
+		fmt.Fprintf(&lines, `{"instruction_id":"ins-%d","participant_id":"m-1","idempotency_key":"key-%d","rail":"sandbox","amount_minor":100,"currency":"USD","destination":"acct-1"}`+"\n", i, i)
+	}
+	proxy.RefuseAfterCut(3 * time.Second)
+	proxy.CutReplyAfter([]byte("commit"))
+	r := invokeCLI(t, nil, lines.String(), append([]string{"enqueue", "--batch", "2"}, db...)...)
+	if !strings.Contains(r.stderr, "may have committed") {
+		t.Fatalf("the connection was not cut (the test proves nothing): %s", r)
+	}
+	var committed int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.idempotency_keys WHERE idempotency_key IN ('key-1', 'key-2')`).Scan(&committed); err != nil {
+		t.Fatal(err)
+	}
+	if committed != 2 {
+		t.Fatalf("%d of the 2 instructions committed: the cut was not after the commit", committed)
+	}
+	out := stdoutLines(t, r.stdout)
+	if len(out) != 2 {
+		t.Fatalf("want 2 output lines: %s", r)
+	}
+	for i, line := range out {
+		got := decodeEnqueueLine(t, line)
+		if got.receipt {
+			continue // a resend got through: fine too
+		}
+		if got.code != "COMMIT_UNKNOWN" || !strings.Contains(got.message, "same idempotency key") {
+			t.Errorf("line %d, committed, is reported as %s (%s): want a receipt or COMMIT_UNKNOWN saying to send it again under the same idempotency key",
+				i+1, got.code, got.message)
+		}
+	}
+	if r.code != 1 {
+		t.Errorf("exit %d, want 1 (a line has no receipt)", r.code)
+	}
 }

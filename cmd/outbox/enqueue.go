@@ -62,6 +62,11 @@ const (
 	// refused for good, until the owner looks at the row.
 	codeKeyWithoutInstruction = "KEY_WITHOUT_INSTRUCTION"
 	codeDatabaseError         = "DATABASE_ERROR"
+	// codeCommitUnknown is a line whose transaction may have committed
+	// (its connection broke after the statements were sent) and whose
+	// resends under the same keys all failed: send it again under the
+	// same key, never a new one.
+	codeCommitUnknown = "COMMIT_UNKNOWN"
 )
 
 type lineError struct {
@@ -415,6 +420,13 @@ func (e *enqueuer) flush(ctx context.Context) {
 // sendBatch enqueues batch in one transaction and records each line's
 // result in e.results at its slot.
 func (e *enqueuer) sendBatch(ctx context.Context, batch []pending.Instruction, slots []int) {
+	e.sendBatchAfter(ctx, batch, slots, nil)
+}
+
+// sendBatchAfter is sendBatch for a batch that an earlier send may have
+// committed when unknown is not nil (its failure): a failure that follows
+// is then reported as COMMIT_UNKNOWN, never as a plain database error.
+func (e *enqueuer) sendBatchAfter(ctx context.Context, batch []pending.Instruction, slots []int, unknown error) {
 	resent := 0
 	for len(batch) > 0 {
 		send := e.send
@@ -423,6 +435,9 @@ func (e *enqueuer) sendBatch(ctx context.Context, batch []pending.Instruction, s
 		}
 		receipts, err := send(ctx, batch)
 		why := resendable(ctx, err)
+		if unknown == nil && mayHaveCommitted(err, why) {
+			unknown = err
+		}
 		if why != "" && resent < transientResends {
 			resent++
 			e.log.Warn(why+": sending it again under the same keys",
@@ -450,19 +465,58 @@ func (e *enqueuer) sendBatch(ctx context.Context, batch []pending.Instruction, s
 			e.log.Warn("the database refused the batch: sending each of its lines on its own",
 				"instructions", len(batch), "err", err)
 			for i := range batch {
-				e.sendBatch(ctx, batch[i:i+1], slots[i:i+1])
+				e.sendBatchAfter(ctx, batch[i:i+1], slots[i:i+1], unknown)
 			}
 			return
 		}
 		for i, slot := range slots {
 			if err != nil {
-				e.results[slot].err = classify(err)
+				e.results[slot].err = commitUnknown(classify(err), unknown)
 			} else {
 				e.results[slot].receipt = &receipts[i]
 			}
 		}
 		return
 	}
+}
+
+// mayHaveCommitted reports whether err, a send's failure that resendable
+// gave why for, leaves it unknown whether the transaction committed: the
+// connection broke or the server went away while the send used it. A
+// connection that could not be opened committed nothing, and a refusal
+// the database answered (class 40, 53300) was rolled back. Not
+// pgconn.SafeToRetry: a COMMIT whose reply was cut (it had committed)
+// came back as pgx's "conn closed", which it calls safe to retry.
+func mayHaveCommitted(err error, why string) bool {
+	if why == "" {
+		return false
+	}
+	var connErr *pgconn.ConnectError
+	if errors.As(err, &connErr) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P")
+	}
+	return true
+}
+
+// commitUnknown turns le, the failure reported for a line, into
+// COMMIT_UNKNOWN when an earlier send of the line may have committed
+// (unknown, its failure) and le is not a refusal of the line itself: the
+// resends that followed failed (the database still away, say, during a
+// failover) and settled nothing. Reported as DATABASE_ERROR, the line
+// would read as not enqueued, and a caller that enqueued it again under a
+// new key would pay it twice; under the same key a committed line answers
+// with its receipt.
+func commitUnknown(le *lineError, unknown error) *lineError {
+	if unknown == nil || le.Code != codeDatabaseError {
+		return le
+	}
+	return &lineError{Code: codeCommitUnknown, Message: fmt.Sprintf(
+		"the transaction may have committed (%v), and sending it again failed (%s): send the line again under the same idempotency key, which answers with the receipt if it did",
+		unknown, le.Message)}
 }
 
 // transientResends is how many times flush sends a batch again after a

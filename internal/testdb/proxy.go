@@ -30,6 +30,10 @@ type HoldingProxy struct {
 	// cutAfter, if set, arms CutReplyAfter: the next client message
 	// holding it makes its connection's reply the one that is cut.
 	cutAfter []byte
+	// refuseFor (RefuseAfterCut) is how long, from the armed cut on, the
+	// proxy refuses new connections; refuseUntil is when that ends.
+	refuseFor   time.Duration
+	refuseUntil time.Time
 }
 
 // heldConn is one proxied connection.
@@ -107,6 +111,23 @@ func (p *HoldingProxy) CutReplyAfter(marker []byte) {
 	p.cutAfter = marker
 }
 
+// RefuseAfterCut makes the next armed cut (CutReplyAfter) also refuse
+// every connection opened within d of it: each is closed as soon as it is
+// accepted, as a crashed primary's address refuses connections until its
+// standby is promoted. Connections open before the cut are not touched.
+func (p *HoldingProxy) RefuseAfterCut(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.refuseFor = d
+}
+
+// refusing reports whether a connection accepted now is to be refused.
+func (p *HoldingProxy) refusing() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return time.Now().Before(p.refuseUntil)
+}
+
 // Addr is the proxy's host:port.
 func (p *HoldingProxy) Addr() string { return p.ln.Addr().String() }
 
@@ -141,6 +162,10 @@ func (p *HoldingProxy) accept() {
 		client, err := p.ln.Accept()
 		if err != nil {
 			return
+		}
+		if p.refusing() {
+			client.Close()
+			continue
 		}
 		server, err := net.DialTimeout("tcp", p.target, 5*time.Second)
 		if err != nil {
@@ -196,6 +221,9 @@ func (p *HoldingProxy) armCut(c *heldConn, data []byte) {
 		return
 	}
 	p.cutAfter = nil
+	if p.refuseFor > 0 {
+		p.refuseUntil, p.refuseFor = time.Now().Add(p.refuseFor), 0
+	}
 	c.mu.Lock()
 	c.cut = true
 	c.mu.Unlock()
