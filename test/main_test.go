@@ -1,7 +1,7 @@
 // Package test holds the tests that cross packages and processes: the fault
 // suite kills real relayer processes, restarts PostgreSQL, fails it over to
-// its standby, cuts and black-holes database connections and hangs the
-// rail, then proves that nothing was lost, nothing was paid twice and every
+// its standby (directly and behind PgBouncer), kills PgBouncer, cuts and
+// black-holes database connections and hangs the rail, then proves that nothing was lost, nothing was paid twice and every
 // attempt the rail received is in the archive.
 //
 // Knobs (environment): OUTBOX_FAULT_ROUNDS (kill -9 drains, default 5),

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -244,6 +245,15 @@ func TestFaultPgBouncerRestart(t *testing.T) {
 		}
 	}
 	waitReady(t, d.fleet, d.fleet.adminAddr, 30*time.Second)
+	noticed := 0
+	for _, p := range d.fleet.current {
+		if strings.Contains(p.log(), "failing; retrying") {
+			noticed++
+		}
+	}
+	if noticed == 0 {
+		t.Fatal("no relayer saw a statement fail: the restarts cut nothing, the test proves nothing")
+	}
 	time.Sleep(500 * time.Millisecond)
 	acked, err := live.stop()
 	if err != nil {
