@@ -87,7 +87,9 @@ func TestEnqueueCommitOutcomeUnknown(t *testing.T) {
 // DATABASE_ERROR with the last resend's "connection refused": what a
 // script reads as "not enqueued", and then enqueues again under a new
 // key. A line whose transaction may have committed is reported as
-// COMMIT_UNKNOWN, telling the caller to send it again under the same key.
+// COMMIT_UNKNOWN, telling the caller to send it again under the same key:
+// a single instruction (whose failure comes wrapped as the batch's line 0)
+// and a --batch alike.
 func TestEnqueueCommitUnknownThroughAFailover(t *testing.T) {
 	t.Parallel()
 	b := setupCLI(t)
@@ -95,42 +97,62 @@ func TestEnqueueCommitUnknownThroughAFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := testdb.StartHoldingProxy(t, u.Host)
-	u.Host = proxy.Addr()
-	db := []string{"--database-url", u.String(), "--pooler", "transaction"}
+	// A proxy each, as each refuses connections for a while after its cut.
+	through := func() (*testdb.HoldingProxy, []string) {
+		proxy := testdb.StartHoldingProxy(t, u.Host)
+		v := *u
+		v.Host = proxy.Addr()
+		return proxy, []string{"--database-url", v.String(), "--pooler", "transaction"}
+	}
 
+	check := func(what string, r cliResult, keys ...string) {
+		t.Helper()
+		if !strings.Contains(r.stderr, "may have committed") {
+			t.Fatalf("%s: the connection was not cut (the test proves nothing): %s", what, r)
+		}
+		var committed int
+		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.idempotency_keys WHERE idempotency_key = ANY($1)`, keys).Scan(&committed); err != nil {
+			t.Fatal(err)
+		}
+		if committed != len(keys) {
+			t.Fatalf("%s: %d of the %d instructions committed: the cut was not after the commit", what, committed, len(keys))
+		}
+		out := stdoutLines(t, r.stdout)
+		if len(out) != len(keys) {
+			t.Fatalf("%s: want %d output lines: %s", what, len(keys), r)
+		}
+		for i, line := range out {
+			got := decodeEnqueueLine(t, line)
+			if got.receipt {
+				continue // a resend got through: fine too
+			}
+			if got.code != "COMMIT_UNKNOWN" || !strings.Contains(got.message, "same idempotency key") {
+				t.Errorf("%s: line %d, committed, is reported as %s (%s): want a receipt or COMMIT_UNKNOWN saying to send it again under the same idempotency key",
+					what, i+1, got.code, got.message)
+			}
+		}
+		if r.code != 1 {
+			t.Errorf("%s: exit %d, want 1 (a line has no receipt)", what, r.code)
+		}
+	}
+
+	// One instruction: its statements and the commit are one round trip.
+	proxy, db := through()
+	proxy.RefuseAfterCut(3 * time.Second)
+	proxy.CutReplyAfter([]byte("idempotency_keys"))
+	r := invokeCLI(t, nil, "", append([]string{"enqueue", "--instruction-id", "ins-1", "--participant-id", "m-1",
+		"--idempotency-key", "key-1", "--rail", "sandbox", "--amount-minor", "100", "--currency", "USD",
+		"--destination", "acct-1"}, db...)...)
+	check("single", r, "key-1")
+
+	// A batch: the explicit transaction's COMMIT is cut.
 	var lines strings.Builder
-	for i := 1; i <= 2; i++ {
+	for i := 2; i <= 3; i++ {
 		fmt.Fprintf(&lines, `{"instruction_id":"ins-%d","participant_id":"m-1","idempotency_key":"key-%d","rail":"sandbox","amount_minor":100,"currency":"USD","destination":"acct-1"}`+"\n", i, i)
 	}
+	proxy, db = through()
 	proxy.RefuseAfterCut(3 * time.Second)
 	proxy.CutReplyAfter([]byte("commit"))
-	r := invokeCLI(t, nil, lines.String(), append([]string{"enqueue", "--batch", "2"}, db...)...)
-	if !strings.Contains(r.stderr, "may have committed") {
-		t.Fatalf("the connection was not cut (the test proves nothing): %s", r)
-	}
-	var committed int
-	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.idempotency_keys WHERE idempotency_key IN ('key-1', 'key-2')`).Scan(&committed); err != nil {
-		t.Fatal(err)
-	}
-	if committed != 2 {
-		t.Fatalf("%d of the 2 instructions committed: the cut was not after the commit", committed)
-	}
-	out := stdoutLines(t, r.stdout)
-	if len(out) != 2 {
-		t.Fatalf("want 2 output lines: %s", r)
-	}
-	for i, line := range out {
-		got := decodeEnqueueLine(t, line)
-		if got.receipt {
-			continue // a resend got through: fine too
-		}
-		if got.code != "COMMIT_UNKNOWN" || !strings.Contains(got.message, "same idempotency key") {
-			t.Errorf("line %d, committed, is reported as %s (%s): want a receipt or COMMIT_UNKNOWN saying to send it again under the same idempotency key",
-				i+1, got.code, got.message)
-		}
-	}
-	if r.code != 1 {
-		t.Errorf("exit %d, want 1 (a line has no receipt)", r.code)
-	}
+	r = invokeCLI(t, nil, lines.String(), append([]string{"enqueue", "--batch", "2"}, db...)...)
+	check("batch", r, "key-2", "key-3")
 }

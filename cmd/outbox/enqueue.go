@@ -450,7 +450,7 @@ func (e *enqueuer) sendBatchAfter(ctx context.Context, batch []pending.Instructi
 		}
 		var be *pending.BatchError
 		if errors.As(err, &be) {
-			e.results[slots[be.Index]].err = classify(be.Err)
+			e.results[slots[be.Index]].err = commitUnknown(classify(be.Err), unknown)
 			batch = append(batch[:be.Index:be.Index], batch[be.Index+1:]...)
 			slots = append(slots[:be.Index:be.Index], slots[be.Index+1:]...)
 			continue
