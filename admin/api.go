@@ -335,8 +335,9 @@ type ActionResult struct {
 	OutcomeUnknown bool      `json:"outcome_unknown"`
 	Note           string    `json:"note,omitempty"`
 	// Error is RailMayStillAct when a cancel was refused because the rail
-	// may still be acting on the instruction's cut-off call; RetryAfter
-	// is then when the cancel may be tried again.
+	// may still be acting on the instruction's cut-off call (RetryAfter
+	// is then when the cancel may be tried again), InFlight when it was
+	// refused because the instruction is in flight.
 	Error      string     `json:"error,omitempty"`
 	RetryAfter *time.Time `json:"retry_after,omitempty"`
 }
@@ -347,6 +348,11 @@ type ActionResult struct {
 // ends the rail may still act on it. Nothing was done; the API answers 409
 // with a Retry-After header.
 const RailMayStillAct = "RAIL_MAY_STILL_ACT"
+
+// InFlight is [ActionResult.Error] for a cancel refused with
+// store.ErrCancelInFlight: a relayer claimed the instruction and its rail
+// call may be under way. Nothing was done; the API answers 409.
+const InFlight = "IN_FLIGHT"
 
 func (s *Server) replay(w http.ResponseWriter, r *http.Request, who Token) {
 	s.act(w, r, who, ActionReplay)
@@ -380,6 +386,8 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, who Token, action s
 			w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Ceil(max(time.Until(*res.RetryAfter).Seconds(), 1))), 10))
 		}
 		writeJSON(w, http.StatusConflict, res)
+	case errors.Is(err, store.ErrCancelInFlight):
+		writeJSON(w, http.StatusConflict, res)
 	case errors.Is(err, store.ErrOperatorAction), errors.Is(err, ErrUnknownAction):
 		writeError(w, http.StatusBadRequest, err.Error())
 	case errors.Is(err, ErrReadOnlyStandby):
@@ -409,7 +417,9 @@ func readReason(w http.ResponseWriter, r *http.Request) (string, bool) {
 // Act replays or acknowledges a dead letter, or cancels a pending
 // instruction (action ActionReplay, ActionAcknowledge or ActionCancel), as
 // operator, for reason, and logs it. Done is false when there was no such
-// (unacknowledged) dead letter, or the instruction was not pending. Any
+// (unacknowledged) dead letter, or the instruction was not pending; a
+// cancel of an instruction in flight is refused with
+// store.ErrCancelInFlight (Error InFlight), nothing done. Any
 // other action is refused with ErrUnknownAction before anything is read:
 // a misspelled action must not fall through to another one. On a standby
 // (read-only) every action is refused with ErrReadOnlyStandby before it
@@ -442,8 +452,13 @@ func (s *Server) takeAction(ctx context.Context, id uuid.UUID, shown *time.Time,
 			s.log.Warn("admin: cancel refused: the rail may still be acting on the cut-off call", "outbox_id", id, "by", operator, "retry_after", wait.Until)
 			return res, err
 		}
+		if errors.Is(err, store.ErrCancelInFlight) {
+			res.Error, res.Note = InFlight, "refused, nothing done: in flight (a relayer claimed it and its rail call may be under way); its outcome settles it, and a cancel takes it if it comes back to pending"
+			s.log.Warn("admin: cancel refused: the instruction is in flight", "outbox_id", id, "by", operator)
+			return res, err
+		}
 		if err == nil && !res.Done {
-			res.Note = "not pending: in flight (its rail call may be under way), already settled, or unknown"
+			res.Note = "not pending: already settled, or unknown"
 		}
 	case ActionReplay, ActionAcknowledge:
 		var dl *store.DeadLetter

@@ -17,7 +17,7 @@ import (
 
 // TestCancelThroughAPIAndConsole: operators cancel a pending instruction
 // through the API and the instructions page's form, auditors may not; an
-// instruction in flight cannot be cancelled; the participant's next
+// instruction in flight cannot be cancelled (409, IN_FLIGHT); the participant's next
 // instruction becomes due.
 func TestCancelThroughAPIAndConsole(t *testing.T) {
 	t.Parallel()
@@ -42,8 +42,9 @@ func TestCancelThroughAPIAndConsole(t *testing.T) {
 	if held.OutboxID != second {
 		t.Fatalf("claimed %s after the cancel, want the next instruction %s", held.OutboxID, second)
 	}
-	if code := b.call(t, "POST", "/api/v1/instructions/"+second.String()+"/cancel", operatorSecret, reason, &res); code != http.StatusNotFound || res.Done {
-		t.Fatalf("cancel of an instruction in flight: %d %+v", code, res)
+	if code := b.call(t, "POST", "/api/v1/instructions/"+second.String()+"/cancel", operatorSecret, reason, &res); code != http.StatusConflict ||
+		res.Done || res.Error != admin.InFlight || !strings.Contains(res.Note, "in flight") {
+		t.Fatalf("cancel of an instruction in flight: %d %+v (want 409, %s)", code, res, admin.InFlight)
 	}
 
 	auditor, operator := consoleAt(t, b.url), consoleAs(t, b.url, operatorSecret)
@@ -67,6 +68,12 @@ func TestCancelThroughAPIAndConsole(t *testing.T) {
 	}
 	if page := auditor.get(t, "/console/trail?id="+third.String()); !strings.Contains(page, "CANCELLED") || !strings.Contains(page, "cancelled by oscar (database role "+b.sessionRole(t)+"): duplicate of k2") {
 		t.Fatalf("the trail of the cancelled instruction:\n%s", page)
+	}
+	// A form shown while the instruction was pending, sent after a relayer
+	// claimed it.
+	page = operator.post(t, "/console/instructions/"+second.String()+"/cancel", url.Values{"reason": {"too late"}})
+	if !strings.Contains(page, "Not cancelled, nothing was done: this instruction is in flight") {
+		t.Fatalf("the console's cancel of an instruction in flight:\n%s", page)
 	}
 	form := url.Values{"reason": {"x"}, "csrf": {"forged"}}
 	resp, err := auditor.client.PostForm(b.url+"/console/instructions/"+second.String()+"/cancel", form)

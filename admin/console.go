@@ -390,13 +390,15 @@ func (s *Server) pageCancel(w http.ResponseWriter, r *http.Request, p *page) {
 			if res.RetryAfter != nil {
 				p.Error += " Try the cancel again after " + res.RetryAfter.UTC().Format("2006-01-02 15:04:05.000 MST") + "."
 			}
+		case errors.Is(err, store.ErrCancelInFlight):
+			p.Error = "Not cancelled, nothing was done: this instruction is in flight (a relayer claimed it and its rail call may be under way). Its outcome settles it; if it comes back to pending, it can be cancelled then."
 		case err != nil:
 			s.internalError(w, r, err)
 			return
 		case res.Done:
 			p.Notice = "Cancelled " + id.String() + s.instructionOf(r.Context(), id) + " as " + p.Who.Name + ": it will not be sent."
 		default:
-			p.Error = "That instruction is no longer pending: in flight (its rail call may be under way) or already settled."
+			p.Error = "That instruction is no longer pending: already settled."
 		}
 	}
 	s.pageInstructions(w, r, p)

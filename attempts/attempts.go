@@ -60,6 +60,14 @@ var ErrRailMayStillAct = store.ErrRailMayStillAct
 // is when the cancel may be tried again.
 type RailMayStillActError = store.RailMayStillActError
 
+// ErrCancelInFlight is returned by Cancel for an instruction in flight: a
+// relayer claimed it and its rail call may be under way, so nothing was
+// done. The error is a *CancelInFlightError naming the outbox id.
+var ErrCancelInFlight = store.ErrCancelInFlight
+
+// CancelInFlightError is Cancel's refusal of an instruction in flight.
+type CancelInFlightError = store.CancelInFlightError
+
 // Attempt is one archive row.
 type Attempt = store.Attempt
 
@@ -258,8 +266,10 @@ func (a *Archive) RailQuiet(ctx context.Context, db TxBeginner, railType string)
 // Cancel removes a pending instruction so that it is never sent (a payment
 // recalled before it leaves, or one the rail already made that would be
 // sent again), and archives a CANCELLED row naming the operator and the
-// reason. It reports false for an instruction that is not pending: in
-// flight (its rail call may be under way), settled, or unknown. An
+// reason. It reports false for an instruction that is settled or
+// unknown, and refuses one in flight (its rail call may be under way)
+// with a *CancelInFlightError (errors.Is ErrCancelInFlight), nothing
+// written. An
 // instruction whose rail call a relayer's stop cut off is refused with a
 // *RailMayStillActError (errors.Is ErrRailMayStillAct) until that claim's
 // lease has ended, and nothing is written. With ordering on, the

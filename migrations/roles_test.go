@@ -662,6 +662,44 @@ func TestOperatorsActWithinTheirTenant(t *testing.T) {
 	}
 }
 
+// TestOperatorsCancelInFlightWithinTheirTenant: where the roles are in
+// place, an operator's cancel of its own tenant's instruction in flight is
+// refused as in flight (store.ErrCancelInFlight, migration 044), and one
+// of another tenant's is answered as not there (false, no error): the
+// refusal does not tell an operator what another tenant has in flight.
+// Nothing is written either way.
+func TestOperatorsCancelInFlightWithinTheirTenant(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	relayer := b.as(t, migrations.RoleRelayer, "")
+	operatorA := b.as(t, migrations.RoleOperator, "tenant-a")
+	ids := map[string]uuid.UUID{}
+	for _, tenant := range []string{"tenant-a", "tenant-b"} {
+		r, err := b.enqueue(t, b.as(t, migrations.RoleProducer, tenant), tenant, tenant+"-held")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[tenant] = r.OutboxID
+	}
+	claimed, err := b.st.Claim(b.ctx, relayer, store.ClaimParams{RelayerID: "r1", Limit: 100,
+		Leases: map[string]time.Duration{"sandbox": time.Hour}})
+	if err != nil || len(claimed) != 2 {
+		t.Fatalf("claim: %d, %v (want both)", len(claimed), err)
+	}
+	if ok, err := b.st.Cancel(b.ctx, operatorA, ids["tenant-a"], "olga", "test"); ok || !errors.Is(err, store.ErrCancelInFlight) {
+		t.Errorf("operator of tenant A cancels A's instruction in flight: %v, %v (want ErrCancelInFlight)", ok, err)
+	}
+	if ok, err := b.st.Cancel(b.ctx, operatorA, ids["tenant-b"], "olga", "test"); ok || err != nil {
+		t.Errorf("operator of tenant A cancels B's instruction in flight: %v, %v (want false, no error)", ok, err)
+	}
+	var inflight, cancelled int
+	if err := b.admin.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM outbox.inflight),
+		(SELECT count(*) FROM outbox.attempts WHERE state = 'CANCELLED')`).Scan(&inflight, &cancelled); err != nil ||
+		inflight != 2 || cancelled != 0 {
+		t.Fatalf("after the refusals: %d in flight, %d cancelled (%v), want 2 and 0", inflight, cancelled, err)
+	}
+}
+
 // TestRelayServiceAsRelayerRole: the whole relay service (relayer,
 // reaper with partition upkeep, checkpoints and the removal of dead
 // relayers' idle registrations, metrics) runs connected as
@@ -1255,7 +1293,10 @@ func TestCheckpointsOnlyThroughTakeCheckpoint(t *testing.T) {
 // and the act was acted on. The test holds the act back deterministically:
 // a transaction that locks the archive (which every act writes) and
 // inserts the other tenant's row commits only once the operator's call
-// waits on that lock.
+// waits on that lock. A cancel, since migration 044, reads the row it
+// acts on under a row lock before it writes anything, and answers a row it
+// does not see (not pending) at once: it does not wait, and writes nothing
+// once the row commits either.
 func TestOperatorsActWithinTheirTenantUnderRace(t *testing.T) {
 	t.Parallel()
 	b := setupRoles(t)
@@ -1273,10 +1314,11 @@ func TestOperatorsActWithinTheirTenantUnderRace(t *testing.T) {
 	for _, c := range []struct {
 		name, table, call string
 		source            uuid.UUID
+		waits             bool
 	}{
-		{"replay", "dead_letters", `SELECT outbox.replay_dead_letter($1, 'mallory', 'race')`, dead},
-		{"acknowledge", "dead_letters", `SELECT outbox.acknowledge_dead_letter($1, 'mallory', 'race')`, dead},
-		{"cancel", "pending", `SELECT outbox.cancel_pending($1, 'mallory', 'race')`, live.OutboxID},
+		{"replay", "dead_letters", `SELECT outbox.replay_dead_letter($1, 'mallory', 'race')`, dead, true},
+		{"acknowledge", "dead_letters", `SELECT outbox.acknowledge_dead_letter($1, 'mallory', 'race')`, dead, true},
+		{"cancel", "pending", `SELECT outbox.cancel_pending($1, 'mallory', 'race')`, live.OutboxID, false},
 	} {
 		other, _ := uuid.NewV7()
 		conn, err := operator.Acquire(b.ctx)
@@ -1305,6 +1347,21 @@ func TestOperatorsActWithinTheirTenantUnderRace(t *testing.T) {
 		done := make(chan error, 1)
 		var n int64
 		go func() { done <- conn.QueryRow(b.ctx, c.call, other).Scan(&n) }()
+		if !c.waits {
+			err := <-done
+			if rerr := hold.Commit(b.ctx); rerr != nil {
+				t.Fatal(rerr)
+			}
+			conn.Release()
+			if err != nil || n != 0 {
+				t.Errorf("%s: an operator of the rows without a tenant, on tenant B's instruction not yet committed: %d, %v (want 0)", c.name, n, err)
+			}
+			var archived int
+			if err := b.admin.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE outbox_id = $1`, other).Scan(&archived); err != nil || archived != 0 {
+				t.Errorf("%s: %d rows archived for tenant B's instruction by the operator (%v), want 0", c.name, archived, err)
+			}
+			continue
+		}
 		// The call waits on the archive's lock once it has checked the tenant.
 		for waiting := false; !waiting; {
 			select {

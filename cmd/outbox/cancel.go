@@ -22,11 +22,12 @@ import (
 const cancelRefusedCode = 3
 
 // runCancel cancels pending instructions: they are never sent. Each id
-// gets a line; an instruction whose rail call a relayer's stop cut off is
+// gets a line; one in flight is refused (error IN_FLIGHT, exit status 1,
+// as for one not pending); an instruction whose rail call a relayer's stop cut off is
 // refused until its claim's lease ends (its line says until when, and the
 // exit status is 3) without stopping the others.
 func runCancel(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet(env, "cancel", "cancel [flags] OUTBOX_ID...   (needs --reason; only pending instructions: not one in flight; exit 3: one whose rail call a relayer's stop cut off, refused until the retry_after on its line)")
+	fs := newFlagSet(env, "cancel", "cancel [flags] OUTBOX_ID...   (needs --reason; only pending instructions: one in flight is refused, IN_FLIGHT; exit 3: one whose rail call a relayer's stop cut off, refused until the retry_after on its line)")
 	var db dbFlags
 	db.register(fs, poolconfig.Operator("cancel"))
 	operator := fs.String("operator", defaultOperator(), "who is acting (archived)")
@@ -68,13 +69,19 @@ func runCancel(ctx context.Context, env *environment, args []string) error {
 			_ = out.Encode(line)
 			continue
 		}
+		if errors.Is(err, attempts.ErrCancelInFlight) {
+			missed++
+			_ = out.Encode(map[string]any{"outbox_id": id, "action": "cancel", "done": false, "error": admin.InFlight,
+				"note": "refused, nothing done: in flight (a relayer claimed it and its rail call may be under way); its outcome settles it, and a cancel takes it if it comes back to pending"})
+			continue
+		}
 		if err != nil {
 			return err
 		}
 		line := map[string]any{"outbox_id": id, "action": "cancel", "done": ok}
 		if !ok {
 			missed++
-			line["note"] = "not pending: in flight (its rail call may be under way), already settled, or unknown; outbox audit trail " + id.String() + " shows which"
+			line["note"] = "not pending: already settled, or unknown; outbox audit trail " + id.String() + " shows which"
 		}
 		_ = out.Encode(line)
 	}

@@ -113,3 +113,47 @@ func TestCancelRefusedWhileTheRailMayStillAct(t *testing.T) {
 		t.Fatalf("after the refusal: %d pending, %d cancelled (%v), want 1 and 0", pending, cancelled, err)
 	}
 }
+
+// TestCancelOfAnInstructionInFlight: outbox cancel of an instruction a
+// relayer has claimed refuses it (its rail call may be under way): its
+// line says "done": false and error IN_FLIGHT, the exit status is 1 as for
+// one not pending, the other ids are still cancelled, and the claimed
+// instruction stays in flight with nothing archived. It once stopped at
+// that id with the database's answer, the later ids left undone.
+func TestCancelOfAnInstructionInFlight(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	r := b.cli(t, inputJSON("p1", "k1", "100")+"\n"+inputJSON("p2", "k2", "200"), "enqueue")
+	requireExit(t, r, 0)
+	lines := stdoutLines(t, r.stdout)
+	held, other := decodeEnqueueLine(t, lines[0]).outboxID, decodeEnqueueLine(t, lines[1]).outboxID
+	st, err := store.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := st.Claim(b.ctx, b.pool, store.ClaimParams{RelayerID: "r1", Limit: 1, Leases: map[string]time.Duration{"sandbox": time.Hour}})
+	if err != nil || len(claimed) != 1 || claimed[0].OutboxID.String() != held {
+		t.Fatalf("claim: %v, %v (want %s)", claimed, err, held)
+	}
+
+	r = b.cli(t, "", "cancel", "--operator", "alice", "--reason", "customer recalled it", held, other)
+	requireExit(t, r, 1)
+	lines = stdoutLines(t, r.stdout)
+	var refused struct {
+		OutboxID string `json:"outbox_id"`
+		Done     bool   `json:"done"`
+		Error    string `json:"error"`
+		Note     string `json:"note"`
+	}
+	if len(lines) != 2 || json.Unmarshal([]byte(lines[0]), &refused) != nil || refused.OutboxID != held || refused.Done ||
+		refused.Error != "IN_FLIGHT" || !strings.Contains(refused.Note, "in flight") || !strings.Contains(lines[1], `"done":true`) {
+		t.Fatalf("cancel of an instruction in flight and a pending one:\n%s", r)
+	}
+	var inflight, cancelled int
+	if err := b.pool.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM outbox.inflight WHERE outbox_id = $1),
+		(SELECT count(*) FROM outbox.attempts WHERE outbox_id = $1 AND state = 'CANCELLED')`, held).Scan(&inflight, &cancelled); err != nil ||
+		inflight != 1 || cancelled != 0 {
+		t.Fatalf("after the refusal: %d in flight, %d cancelled (%v), want 1 and 0", inflight, cancelled, err)
+	}
+	requireExit(t, b.cli(t, "", "audit", "verify"), 0)
+}

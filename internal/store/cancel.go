@@ -13,9 +13,13 @@ import (
 // Cancel removes a pending instruction so that it is never sent, and
 // archives a CANCELLED row saying who (the operator's name and the
 // database role that ran it) and why, through the schema's cancel_pending
-// function (migrations 020 and 035). An instruction in flight is not
-// pending (its rail call may be under way): Cancel reports false for it,
-// as for one already settled. An instruction whose rail call a relayer's
+// function (migrations 020, 035 and 044). An instruction in flight is
+// not pending (its rail call may be under way): Cancel refuses it with an
+// *CancelInFlightError (errors.Is ErrCancelInFlight) and writes nothing; it reports
+// false for one already settled or unknown. The decision is taken under
+// the participant's lock, found through the instruction's key (migration
+// 044), after waiting for a claim or an outcome write of the instruction
+// under way. An instruction whose rail call a relayer's
 // stop cut off (CUT_OFF_AT_STOP) is refused with a *RailMayStillActError
 // (errors.Is ErrRailMayStillAct) until its claim's lease has ended, and
 // nothing is written. With ordering on, cancelling a participant's head
@@ -32,8 +36,37 @@ func (s *Store) Cancel(ctx context.Context, db Querier, outboxID uuid.UUID, oper
 		}
 		return false, fmt.Errorf("cancel %s: %w", outboxID, err)
 	}
+	if n == cancelInFlight {
+		return false, &CancelInFlightError{OutboxID: outboxID}
+	}
 	return n == 1, nil
 }
+
+// cancelInFlight is what cancel_pending answers, since migration 044, for
+// an instruction in flight (1: cancelled, 0: not pending and not in
+// flight). A build before it reads anything but 1 as "not pending".
+const cancelInFlight = -1
+
+// ErrCancelInFlight is what a *CancelInFlightError is (errors.Is): a cancel refused
+// because the instruction is in flight.
+var ErrCancelInFlight = errors.New("the instruction is in flight: its rail call may be under way")
+
+// CancelInFlightError is Cancel's refusal of an instruction a relayer has
+// claimed (or was handed): its rail call may be under way, so it cannot be
+// withdrawn, and nothing was written. Its outcome settles it: dispatched,
+// a dead letter, or back in pending (a retry, a reaped lease), where a
+// cancel takes it.
+type CancelInFlightError struct {
+	OutboxID uuid.UUID
+}
+
+// Error says what was refused and why.
+func (e *CancelInFlightError) Error() string {
+	return fmt.Sprintf("cancel %s: refused, nothing done: it is in flight (a relayer claimed it and its rail call may be under way); cancel it again if it comes back to pending", e.OutboxID)
+}
+
+// Is makes errors.Is(err, ErrCancelInFlight) true.
+func (e *CancelInFlightError) Is(target error) bool { return target == ErrCancelInFlight }
 
 const cancelSQL = `SELECT {schema}.cancel_pending($1, $2, $3)`
 

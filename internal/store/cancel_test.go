@@ -37,7 +37,8 @@ func (b *recordBundle) due(t *testing.T, id uuid.UUID) bool {
 // CANCELLED archive row naming who and why, and is never claimed; with
 // ordering on, cancelling a participant's head (due, or waiting for a
 // retry) makes its next instruction due, cancelling one queued behind
-// leaves the head alone, and one in flight cannot be cancelled. The
+// leaves the head alone, and one in flight cannot be cancelled
+// (ErrCancelInFlight). The
 // invariants hold throughout, and the key still answers with its receipt.
 func TestCancelPending(t *testing.T) {
 	t.Parallel()
@@ -59,7 +60,9 @@ func TestCancelPending(t *testing.T) {
 	if c.OutboxID != a3 {
 		t.Fatalf("claimed %s, want %s", c.OutboxID, a3)
 	}
-	b.cancel(t, a3, false) // in flight
+	if ok, err := b.st.Cancel(b.ctx, b.pool, a3, "olga", "in flight"); ok || !errors.Is(err, store.ErrCancelInFlight) {
+		t.Fatalf("cancel of an instruction in flight: %v, %v (want ErrCancelInFlight)", ok, err)
+	}
 	b.record(t, recordOutcome(t, c, "r-1", store.Dispatched))
 	b.cancel(t, a3, false) // dispatched
 	b.cancel(t, uuid.Must(uuid.NewV7()), false)
@@ -118,8 +121,10 @@ func TestCancelPending(t *testing.T) {
 }
 
 // TestCancelWaitsForAClaim: a cancel of an instruction a claim holds waits
-// for the claim, and then finds it in flight (false): it never removes
-// what a relayer is about to send.
+// for the claim, and then finds it in flight: it refuses with
+// ErrCancelInFlight (the rail call may be under way) and writes nothing. It
+// never removes what a relayer is about to send. Before migration 044 it
+// answered false, as for an instruction settled or unknown.
 func TestCancelWaitsForAClaim(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
@@ -133,29 +138,90 @@ func TestCancelWaitsForAClaim(t *testing.T) {
 	if err != nil || len(claimed) != 1 {
 		t.Fatalf("claim: %v, %v", claimed, err)
 	}
-	done := make(chan error, 1)
 	var cancelled bool
-	go func() {
-		var err error
-		cancelled, err = b.st.Cancel(b.ctx, b.pool, id, "olga", "too late")
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		t.Fatalf("the cancel did not wait for the claim: %v, %v", cancelled, err)
-	case <-time.After(300 * time.Millisecond):
-	}
-	if err := tx.Commit(b.ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil || cancelled {
-		t.Fatalf("cancel after the claim committed: %v, %v (want false: in flight)", cancelled, err)
+	err = b.waitingOn(t, tx, func(conn *pgxpool.Conn) (err error) {
+		cancelled, err = b.st.Cancel(b.ctx, conn, id, "olga", "too late")
+		return err
+	})
+	var inFlight *store.CancelInFlightError
+	if cancelled || !errors.Is(err, store.ErrCancelInFlight) || !errors.As(err, &inFlight) || inFlight.OutboxID != id {
+		t.Fatalf("cancel after the claim committed: %v, %v (want ErrCancelInFlight naming %s)", cancelled, err, id)
 	}
 	if w := b.where(t, id); w.inflight == nil {
 		t.Fatalf("the claimed instruction is not in flight: %+v", w)
 	}
+	got, _ := b.trail(t, id)
+	wantTrail(t, got, "DISPATCHING#1")
 	b.record(t, recordOutcome(t, claimed[0], "r-1", store.Dispatched))
 	b.verifyOK(t)
+	// Settled, it is no longer in flight: not pending, no error.
+	b.cancel(t, id, false)
+}
+
+// TestCancelWaitsForTheRetryOfItsInstruction guards a cancel of an
+// instruction in flight whose retry is being recorded: the outcome write
+// holds the participant's lock, and the cancel, which finds the
+// participant through the instruction's key, waits for it and then
+// cancels the retry under that lock, making the next instruction due.
+// Before migration 044 the cancel read the participant from pending only:
+// the instruction, in flight, gave none, no lock was taken and it
+// answered "not pending" at once; and had the write committed between its
+// first statement and the next, it would have cancelled and re-marked
+// heads without the lock.
+func TestCancelWaitsForTheRetryOfItsInstruction(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	first, second := b.enqueue(t, "p1", "k1"), b.enqueue(t, "p1", "k2")
+	c := b.claimOne(t, "r1", longLease)
+	if c.OutboxID != first {
+		t.Fatalf("claimed %s, want %s", c.OutboxID, first)
+	}
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	retry := recordOutcome(t, c, "r1", store.Retryable)
+	retry.RetryDelay = time.Hour
+	if _, _, err := b.st.Record(b.ctx, tx, []store.Outcome{retry}, store.HandoffParams{}); err != nil {
+		t.Fatal(err)
+	}
+	conn := b.conn(t)
+	done := make(chan error, 1)
+	var cancelled bool
+	go func() {
+		var err error
+		cancelled, err = b.st.Cancel(b.ctx, conn, first, "olga", "recalled by the customer")
+		done <- err
+	}()
+	b.waitBlockedBy(t, conn.Conn().PgConn().PID(), b.backendOf(t, tx), done)
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil || !cancelled {
+		t.Fatalf("cancel after the retry committed: %v, %v (want cancelled)", cancelled, err)
+	}
+	got, rows := b.trail(t, first)
+	wantTrail(t, got, "DISPATCHING#1", "RETRYABLE#1", "CANCELLED#2")
+	if last := rows[len(rows)-1]; last.RelayerID == nil || *last.RelayerID != "olga" || last.ErrorMessage == nil ||
+		*last.ErrorMessage != "cancelled by olga (database role "+b.sessionRole(t)+"): recalled by the customer" {
+		t.Fatalf("the CANCELLED row: by %v, %v", last.RelayerID, last.ErrorMessage)
+	}
+	if !b.due(t, second) {
+		t.Fatal("cancelling the retried head did not make the next instruction due")
+	}
+	b.verifyOK(t)
+	b.wantHeadThenRest(t, second)
+}
+
+// backendOf is the backend pid of the connection tx runs on.
+func (b *recordBundle) backendOf(t *testing.T, tx pgx.Tx) uint32 {
+	t.Helper()
+	var pid int32
+	if err := tx.QueryRow(b.ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	return uint32(pid)
 }
 
 // TestCancelNeedsOperatorAndReason: refused, typed, and by the database.

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerline/outbox/internal/store"
 )
@@ -207,4 +209,57 @@ func TestRailQuietWaitsForEarlierClaims(t *testing.T) {
 		t.Fatalf("quiet once recorded: %+v, %v", q, err)
 	}
 	b.verifyOK(t)
+}
+
+// TestTwoOperatorsPauseAndResumeAtOnce: two operators pause the same rail
+// at once: the second waits for the first's pause to commit (the rail's
+// row in rail_pauses) and answers false, so the rail is paused once, with
+// the first operator's reason, and one PAUSED event; the same for two
+// resumes. Each event names the operator, the reason and the database role.
+func TestTwoOperatorsPauseAndResumeAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	role := b.sessionRole(t)
+	for _, c := range []struct {
+		action string
+		do     func(db store.Querier, operator, reason string) (bool, error)
+	}{
+		{"PAUSED", func(db store.Querier, operator, reason string) (bool, error) {
+			return b.st.PauseRail(b.ctx, db, "sandbox", operator, reason)
+		}},
+		{"RESUMED", func(db store.Querier, operator, reason string) (bool, error) {
+			return b.st.ResumeRail(b.ctx, db, "sandbox", operator, reason)
+		}},
+	} {
+		tx, err := b.pool.Begin(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := c.do(tx, "alice", "first "+c.action); err != nil || !ok {
+			t.Fatalf("alice: %v, %v", ok, err)
+		}
+		var second bool
+		if err := b.waitingOn(t, tx, func(conn *pgxpool.Conn) (err error) {
+			second, err = c.do(conn, "bob", "second "+c.action)
+			return err
+		}); err != nil || second {
+			t.Fatalf("bob after alice (%s): %v, %v (want false)", c.action, second, err)
+		}
+	}
+	events, err := b.st.RailPauseEvents(b.ctx, b.pool, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(events) != 2 {
+		t.Fatalf("%d events, want one pause and one resume: %+v", len(events), events)
+	}
+	for i, want := range []string{"RESUMED", "PAUSED"} { // newest first
+		e := events[i]
+		if e.Action != want || e.Operator != "alice" || e.Reason != "first "+want || e.DatabaseRole == nil || *e.DatabaseRole != strings.Trim(role, `"`) {
+			t.Errorf("event %d: %+v (role %v), want %s by alice as %s", i, e, e.DatabaseRole, want, role)
+		}
+	}
+	if pauses, err := b.st.RailPauses(b.ctx, b.pool); err != nil || len(pauses) != 0 {
+		t.Fatalf("pauses in force: %+v, %v (want none)", pauses, err)
+	}
 }

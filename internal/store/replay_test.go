@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -176,5 +177,107 @@ func (b *recordBundle) waitForLock(t *testing.T, pid uint32, done chan error) {
 		if time.Now().After(deadline) {
 			t.Fatal("timed out waiting for the statement to wait for a lock")
 		}
+	}
+}
+
+// TestReplayWaitsForTheFailureOfItsInstruction guards a replay of an
+// instruction whose failure is being recorded: the outcome write holds the
+// participant's lock, and the replay, which finds the participant through
+// the instruction's key, waits for it and then replays the dead letter
+// under that lock (the head decided beside the successor the failure made
+// due). Before migration 044 the replay read the participant from the dead
+// letters only: the instruction, still in flight, gave none, no lock was
+// taken and it answered "no dead letter" at once; and had the write
+// committed between its first statement and the others, it would have
+// replayed and re-marked heads without the lock.
+func TestReplayWaitsForTheFailureOfItsInstruction(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	first, second := b.enqueue(t, "p1", "k1"), b.enqueue(t, "p1", "k2")
+	c := b.claimOne(t, "r1", longLease)
+	if c.OutboxID != first {
+		t.Fatalf("claimed %s, want %s", c.OutboxID, first)
+	}
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	if _, _, err := b.st.Record(b.ctx, tx, []store.Outcome{recordOutcome(t, c, "r1", store.Failed)}, store.HandoffParams{}); err != nil {
+		t.Fatal(err)
+	}
+	conn := b.conn(t)
+	done := make(chan error, 1)
+	var replayed bool
+	go func() {
+		var err error
+		replayed, err = b.st.Replay(b.ctx, conn, first, "alice", "rail fixed")
+		done <- err
+	}()
+	b.waitBlockedBy(t, conn.Conn().PgConn().PID(), b.backendOf(t, tx), done)
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil || !replayed {
+		t.Fatalf("replay after the failure committed: %v, %v (want replayed)", replayed, err)
+	}
+	got, rows := b.trail(t, first)
+	wantTrail(t, got, "DISPATCHING#1", "FAILED#1", "REPLAYED#0")
+	if last := rows[len(rows)-1]; last.RelayerID == nil || *last.RelayerID != "alice" || last.ErrorMessage == nil ||
+		!strings.HasPrefix(*last.ErrorMessage, "replayed by alice (database role "+b.sessionRole(t)+"; it had failed with ") ||
+		!strings.HasSuffix(*last.ErrorMessage, "): rail fixed") {
+		t.Fatalf("the REPLAYED row: by %v, %v", last.RelayerID, last.ErrorMessage)
+	}
+	if !b.due(t, first) || b.due(t, second) {
+		t.Fatal("after the replay: want the replayed instruction due, the second waiting behind it")
+	}
+	b.verifyOK(t)
+	b.wantHeadThenRest(t, first, second)
+}
+
+// TestReplayByTwoOperatorsAtOnceSendsOnce: two operators replay the same
+// dead letter at once. The second waits for the first's participant lock
+// and then finds no dead letter (false): the instruction is pending once,
+// claimed once, archived with one REPLAYED row, the first operator's.
+func TestReplayByTwoOperatorsAtOnceSendsOnce(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	id := b.enqueue(t, "p1", "k1")
+	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Failed))
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	if ok, err := b.st.Replay(b.ctx, tx, id, "alice", "rail fixed"); err != nil || !ok {
+		t.Fatalf("alice's replay: %v, %v", ok, err)
+	}
+	conn := b.conn(t)
+	done := make(chan error, 1)
+	var again bool
+	go func() {
+		var err error
+		again, err = b.st.Replay(b.ctx, conn, id, "bob", "rail fixed too")
+		done <- err
+	}()
+	b.waitBlockedBy(t, conn.Conn().PgConn().PID(), b.backendOf(t, tx), done)
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil || again {
+		t.Fatalf("bob's replay after alice's: %v, %v (want false: no dead letter)", again, err)
+	}
+	claimed := b.claimAll(t)
+	if !sameIDs(claimed, id) {
+		t.Fatalf("claimed %v, want %s once", outboxIDs(claimed), id)
+	}
+	b.record(t, recordOutcome(t, claimed[0], "r2", store.Dispatched))
+	got, rows := b.trail(t, id)
+	wantTrail(t, got, "DISPATCHING#1", "FAILED#1", "REPLAYED#0", "DISPATCHING#1", "DISPATCHED#1")
+	if r := rows[2]; r.RelayerID == nil || *r.RelayerID != "alice" {
+		t.Fatalf("the REPLAYED row is by %v, want alice", r.RelayerID)
+	}
+	if r := b.verifyOK(t); r.Dispatched != 1 {
+		t.Fatalf("verify: %d dispatched, want 1", r.Dispatched)
 	}
 }
