@@ -349,6 +349,12 @@ type ActionResult struct {
 // with a Retry-After header.
 const RailMayStillAct = "RAIL_MAY_STILL_ACT"
 
+// DeadLetterChanged is [ActionResult.Error] for a replay or an
+// acknowledgement refused with store.ErrDeadLetterChanged: someone
+// replayed or acknowledged the dead letter since it was read (or shown),
+// and it may have failed again. Nothing was done; the API answers 409.
+const DeadLetterChanged = "DEAD_LETTER_CHANGED"
+
 // InFlight is [ActionResult.Error] for a cancel refused with
 // store.ErrCancelInFlight: a relayer claimed the instruction and its rail
 // call may be under way. Nothing was done; the API answers 409.
@@ -386,7 +392,7 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, who Token, action s
 			w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Ceil(max(time.Until(*res.RetryAfter).Seconds(), 1))), 10))
 		}
 		writeJSON(w, http.StatusConflict, res)
-	case errors.Is(err, store.ErrCancelInFlight):
+	case errors.Is(err, store.ErrCancelInFlight), errors.Is(err, store.ErrDeadLetterChanged):
 		writeJSON(w, http.StatusConflict, res)
 	case errors.Is(err, store.ErrOperatorAction), errors.Is(err, ErrUnknownAction):
 		writeError(w, http.StatusBadRequest, err.Error())
@@ -419,7 +425,10 @@ func readReason(w http.ResponseWriter, r *http.Request) (string, bool) {
 // operator, for reason, and logs it. Done is false when there was no such
 // (unacknowledged) dead letter, or the instruction was not pending; a
 // cancel of an instruction in flight is refused with
-// store.ErrCancelInFlight (Error InFlight), nothing done. Any
+// store.ErrCancelInFlight (Error InFlight), and a replay or an
+// acknowledgement of a dead letter someone replayed or acknowledged between
+// Act's read of it and its action with store.ErrDeadLetterChanged (Error
+// DeadLetterChanged), nothing done. Any
 // other action is refused with ErrUnknownAction before anything is read:
 // a misspelled action must not fall through to another one. On a standby
 // (read-only) every action is refused with ErrReadOnlyStandby before it
@@ -431,7 +440,8 @@ func (s *Server) Act(ctx context.Context, id uuid.UUID, operator, action, reason
 // takeAction is Act. With shown (the failure time of the dead letter the
 // console's form was shown with), a replay or an acknowledgement acts only
 // on that dead letter, and returns store.ErrDeadLetterChanged when someone
-// replayed or acknowledged it since (store.ReplayShown).
+// replayed or acknowledged it since (store.ReplayShown); without, only on
+// the dead letter it read first (store.ReplayAsRead), alike.
 func (s *Server) takeAction(ctx context.Context, id uuid.UUID, shown *time.Time, operator, action, reason string) (ActionResult, error) {
 	res := ActionResult{OutboxID: id, Action: action, By: operator, Reason: reason}
 	if action == ActionCancel || action == ActionReplay || action == ActionAcknowledge {
@@ -470,11 +480,18 @@ func (s *Server) takeAction(ctx context.Context, id uuid.UUID, shown *time.Time,
 		case action == ActionReplay && shown != nil:
 			res.Done, err = s.store.ReplayShown(ctx, s.cfg.Pool, id, *shown, operator, reason)
 		case action == ActionReplay:
-			res.Done, err = s.store.Replay(ctx, s.cfg.Pool, id, operator, reason)
+			// The dead letter read, whose outcome_unknown the answer
+			// reports: not a failure that came after another operator's
+			// replay of it meanwhile.
+			res.Done, err = s.store.ReplayAsRead(ctx, s.cfg.Pool, *dl, operator, reason)
 		case shown != nil:
 			res.Done, err = s.store.AcknowledgeShown(ctx, s.cfg.Pool, id, *shown, operator, reason)
 		default:
-			res.Done, err = s.store.Acknowledge(ctx, s.cfg.Pool, id, operator, reason)
+			res.Done, err = s.store.AcknowledgeAsRead(ctx, s.cfg.Pool, *dl, operator, reason)
+		}
+		if errors.Is(err, store.ErrDeadLetterChanged) {
+			res.Error, res.Note = DeadLetterChanged, "nothing done: someone replayed or acknowledged this dead letter since it was read (it may have failed again); read it again before acting"
+			return res, err
 		}
 		if action == ActionReplay && res.OutcomeUnknown {
 			res.Note = attempts.OutcomeUnknownReplay

@@ -194,6 +194,26 @@ func (a *Archive) Replay(ctx context.Context, db DB, outboxID uuid.UUID, operato
 	return a.store.Replay(ctx, db, outboxID, operator, reason)
 }
 
+// ErrDeadLetterChanged is returned by ReplayAsRead and AcknowledgeAsRead
+// when someone replayed or acknowledged the dead letter since it was read
+// (it may have failed again under the same outbox id): nothing was done.
+var ErrDeadLetterChanged = store.ErrDeadLetterChanged
+
+// ReplayAsRead is Replay of the dead letter dl as [Archive.DeadLetter]
+// read it: only if nobody replayed or acknowledged it since, else
+// [ErrDeadLetterChanged] and nothing done. What was reported from the
+// read (whether the rail may have acted) is then about the failure
+// replayed, not one that came after another operator's replay.
+func (a *Archive) ReplayAsRead(ctx context.Context, db TxBeginner, dl DeadLetter, operator, reason string) (bool, error) {
+	return a.store.ReplayAsRead(ctx, db, dl, operator, reason)
+}
+
+// AcknowledgeAsRead is Acknowledge of the dead letter dl as
+// [Archive.DeadLetter] read it, as [Archive.ReplayAsRead].
+func (a *Archive) AcknowledgeAsRead(ctx context.Context, db TxBeginner, dl DeadLetter, operator, reason string) (bool, error) {
+	return a.store.AcknowledgeAsRead(ctx, db, dl, operator, reason)
+}
+
 // Acknowledge marks a dead letter as handled by an operator (it stays in
 // the table until [Archive.Detach] detaches the month that acknowledged
 // it, and leaves with its key) and archives an ACKNOWLEDGED

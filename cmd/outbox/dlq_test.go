@@ -5,6 +5,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
 
 	"github.com/ledgerline/outbox/internal/store"
 )
@@ -106,4 +109,94 @@ FROM outbox.attempts`).Scan(&replayed, &acknowledged); err != nil || replayed !=
 	if ids := stdoutLines(t, b.cli(t, "", "dlq", "list").stdout); len(ids) != 0 {
 		t.Fatalf("open dead letters left: %v", ids)
 	}
+}
+
+// TestDLQReplayActsOnTheDeadLetterItRead: `dlq replay` reads each dead
+// letter (its line says whether the rail may have acted) and then replays
+// it; between the two another operator replayed it and it failed again,
+// this time with its outcome unknown. The replay acts only on the failure
+// it read: its line says "done": false, error DEAD_LETTER_CHANGED, the exit
+// status is 1, and the new failure stays a dead letter, replayed once (by
+// the other operator). It once replayed the new failure, under a line
+// that said the rail had not acted: a dead letter sent twice. The replay
+// is held between its read and its act by the participant's lock, which
+// a transaction takes first and in which the other operator's replay,
+// its claim and the new failure are then written.
+func TestDLQReplayActsOnTheDeadLetterItRead(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	r := b.cli(t, inputJSON("p1", "k1", "100"), "enqueue")
+	requireExit(t, r, 0)
+	id := decodeEnqueueLine(t, stdoutLines(t, r.stdout)[0]).outboxID
+	st, err := store.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fail := func(db store.Batcher, errorCode string, unknown bool) {
+		t.Helper()
+		claimed, err := st.Claim(b.ctx, db, store.ClaimParams{RelayerID: "r1", Limit: 1, Leases: map[string]time.Duration{"sandbox": time.Hour}})
+		if err != nil || len(claimed) != 1 || claimed[0].OutboxID.String() != id {
+			t.Fatalf("claim: %v, %v (want %s)", claimed, err, id)
+		}
+		c := claimed[0]
+		attempt, _ := uuid.NewV7()
+		if _, _, err := st.Record(b.ctx, db, []store.Outcome{{Identity: c.Identity, AttemptID: attempt, ClaimAttemptID: c.AttemptID,
+			AttemptNo: c.AttemptNo, RelayerID: "r1", ClaimedAt: c.ClaimedAt, State: store.Failed, ErrorCode: errorCode,
+			OutcomeUnknown: unknown, CountAttempt: true}}, store.HandoffParams{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fail(b.pool, "RAIL_REJECTED", false)
+
+	hold, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = hold.Rollback(b.ctx) }()
+	var holder int32
+	if err := hold.QueryRow(b.ctx, `SELECT pg_backend_pid() FROM outbox.sequences WHERE participant_id = 'p1' FOR UPDATE`).Scan(&holder); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan cliResult, 1)
+	go func() { done <- b.cli(t, "", "dlq", "replay", "--operator", "bob", "--reason", "rail back", id) }()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		var waiting bool
+		if err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1::int = ANY (pg_blocking_pids(pid)))`, holder).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("dlq replay finished before it waited for the participant's lock:\n%s", r)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("timed out waiting for dlq replay to wait for the participant's lock")
+		}
+	}
+	if ok, err := st.Replay(b.ctx, hold, uuid.FromStringOrNil(id), "alice", "rail back"); err != nil || !ok {
+		t.Fatalf("alice's replay: %v, %v", ok, err)
+	}
+	fail(hold, "RAIL_TIMEOUT", true)
+	if err := hold.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	r = <-done
+	requireExit(t, r, 1)
+	var line struct {
+		Done           bool   `json:"done"`
+		Error          string `json:"error"`
+		OutcomeUnknown bool   `json:"outcome_unknown"`
+	}
+	if lines := stdoutLines(t, r.stdout); len(lines) != 1 || json.Unmarshal([]byte(lines[0]), &line) != nil || line.Done || line.Error != "DEAD_LETTER_CHANGED" {
+		t.Fatalf("dlq replay of a dead letter that changed since it was read:\n%s", r)
+	}
+	var dead, replays int
+	if err := b.pool.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM outbox.dead_letters WHERE outbox_id = $1 AND outcome_unknown),
+		(SELECT count(*) FROM outbox.attempts WHERE outbox_id = $1 AND state = 'REPLAYED')`, id).Scan(&dead, &replays); err != nil || dead != 1 || replays != 1 {
+		t.Fatalf("after the replays: %d dead letters marked outcome unknown, %d REPLAYED rows (%v), want 1 and 1", dead, replays, err)
+	}
+	requireExit(t, b.cli(t, "", "audit", "verify"), 0)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/user"
@@ -35,6 +36,10 @@ func runStats(ctx context.Context, env *environment, args []string) error {
 	}
 	return json.NewEncoder(env.stdout).Encode(snap)
 }
+
+// deadLetterChanged is a dlq replay or ack line's error when the dead
+// letter changed between its read and the action (ErrDeadLetterChanged).
+const deadLetterChanged = "DEAD_LETTER_CHANGED"
 
 // runDLQ lists, replays or acknowledges dead letters.
 func runDLQ(ctx context.Context, env *environment, args []string) error {
@@ -87,11 +92,22 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 		if err != nil {
 			return err
 		}
+		// Act on the dead letter read, whose outcome_unknown the line
+		// reports: not on a failure that came after another operator's
+		// replay of it meanwhile.
 		var ok bool
-		if action == "replay" {
-			ok, err = archive.Replay(ctx, pool, id, *operator, *reason)
-		} else {
-			ok, err = archive.Acknowledge(ctx, pool, id, *operator, *reason)
+		switch {
+		case dl == nil: // not a dead letter: nothing to act on
+		case action == "replay":
+			ok, err = archive.ReplayAsRead(ctx, pool, *dl, *operator, *reason)
+		default:
+			ok, err = archive.AcknowledgeAsRead(ctx, pool, *dl, *operator, *reason)
+		}
+		if errors.Is(err, attempts.ErrDeadLetterChanged) {
+			missing++
+			_ = out.Encode(map[string]any{"outbox_id": id, "action": action, "done": false, "error": deadLetterChanged,
+				"note": "nothing done: someone replayed or acknowledged this dead letter since it was read (it may have failed again); read it again (dlq list, audit trail) before acting"})
+			continue
 		}
 		if err != nil {
 			return err

@@ -73,24 +73,51 @@ var ErrDeadLetterChanged = errors.New("the dead letter changed since it was show
 // dead letter (a payment refunded by hand) must not send it, nor may a
 // form submitted twice replay a failure that came after the first replay.
 func (s *Store) ReplayShown(ctx context.Context, db TxBeginner, outboxID uuid.UUID, failedAt time.Time, operator, reason string) (bool, error) {
-	return s.actOnShown(ctx, db, s.sql.replay, outboxID, failedAt, operator, reason)
+	return s.actOnShown(ctx, db, s.sql.replay, outboxID, failedAt, 0, operator, reason)
+}
+
+// ReplayAsRead is Replay of the dead letter dl, as DeadLetter read it: it
+// replays only if nobody replayed or acknowledged it since that read, else
+// it returns ErrDeadLetterChanged and does nothing (as ReplayShown; a dead
+// letter read acknowledged is replayed if its acknowledgement is still the
+// last action on it). A command that reads a dead letter to report on it
+// (whether the rail may have acted) must not replay another failure in its
+// place: one that came after another operator's replay of the one read.
+func (s *Store) ReplayAsRead(ctx context.Context, db TxBeginner, dl DeadLetter, operator, reason string) (bool, error) {
+	return s.actOnShown(ctx, db, s.sql.replay, dl.OutboxID, dl.FailedAt, actsSeen(dl), operator, reason)
+}
+
+// AcknowledgeAsRead is Acknowledge of the dead letter dl as DeadLetter read
+// it, as ReplayAsRead.
+func (s *Store) AcknowledgeAsRead(ctx context.Context, db TxBeginner, dl DeadLetter, operator, reason string) (bool, error) {
+	return s.actOnShown(ctx, db, s.sql.acknowledge, dl.OutboxID, dl.FailedAt, actsSeen(dl), operator, reason)
+}
+
+// actsSeen is how many operator actions since its failure a dead letter
+// read had: its acknowledgement, if it was acknowledged.
+func actsSeen(dl DeadLetter) int64 {
+	if dl.AcknowledgedAt != nil {
+		return 1
+	}
+	return 0
 }
 
 // AcknowledgeShown is Acknowledge of the dead letter an operator was shown,
 // as ReplayShown: a failure that came after a replay nobody has seen is
 // not accepted in its place.
 func (s *Store) AcknowledgeShown(ctx context.Context, db TxBeginner, outboxID uuid.UUID, failedAt time.Time, operator, reason string) (bool, error) {
-	return s.actOnShown(ctx, db, s.sql.acknowledge, outboxID, failedAt, operator, reason)
+	return s.actOnShown(ctx, db, s.sql.acknowledge, outboxID, failedAt, 0, operator, reason)
 }
 
 // actOnShown runs the operator function query and, in the same
 // transaction, counts the replays and acknowledgements archived since
-// failedAt: exactly this one when the dead letter was the one shown. The
+// failedAt: exactly this one, after the seen ones it had when shown, when
+// the dead letter was the one shown. The
 // count is a statement after the function's, so it sees an action that
 // committed while the function waited for its row lock; a failure after a
 // replay has a later failed_at, so the actions of earlier failures are
 // before failedAt. Otherwise the transaction is rolled back.
-func (s *Store) actOnShown(ctx context.Context, db TxBeginner, query string, outboxID uuid.UUID, failedAt time.Time, operator, reason string) (bool, error) {
+func (s *Store) actOnShown(ctx context.Context, db TxBeginner, query string, outboxID uuid.UUID, failedAt time.Time, seen int64, operator, reason string) (bool, error) {
 	if err := checkOperator(operator, reason); err != nil {
 		return false, err
 	}
@@ -104,7 +131,7 @@ func (s *Store) actOnShown(ctx context.Context, db TxBeginner, query string, out
 		if err := tx.QueryRow(ctx, s.Qualify(operatorActsSinceSQL), outboxID, failedAt).Scan(&acts); err != nil {
 			return err
 		}
-		if acts != 1 {
+		if acts != seen+1 {
 			return ErrDeadLetterChanged
 		}
 		done = true

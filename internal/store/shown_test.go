@@ -60,3 +60,35 @@ func TestReplayShownWaitsForAnAcknowledgement(t *testing.T) {
 		t.Fatalf("replay of the dead letter shown: %v %v", ok, err)
 	}
 }
+
+// TestReplayAsReadOfAnAcknowledgedDeadLetter: a dead letter read
+// acknowledged is replayed as read (its acknowledgement is the action it
+// had); once replayed it failed again, and the same read no longer
+// replays it (ErrDeadLetterChanged, nothing done): the new failure stays a
+// dead letter.
+func TestReplayAsReadOfAnAcknowledgedDeadLetter(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	id := b.enqueue(t, "p1", "k1")
+	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Failed))
+	if ok, err := b.st.Acknowledge(b.ctx, b.pool, id, "bob", "refunded by hand"); err != nil || !ok {
+		t.Fatalf("acknowledge: %v %v", ok, err)
+	}
+	dl, err := b.st.DeadLetter(b.ctx, b.pool, id)
+	if err != nil || dl == nil || dl.AcknowledgedAt == nil {
+		t.Fatalf("dead letter: %+v %v, want it acknowledged", dl, err)
+	}
+	if ok, err := b.st.ReplayAsRead(b.ctx, b.pool, *dl, "alice", "refund bounced"); err != nil || !ok {
+		t.Fatalf("replay of the acknowledged dead letter as read: %v %v", ok, err)
+	}
+	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Failed))
+	if ok, err := b.st.ReplayAsRead(b.ctx, b.pool, *dl, "carol", "same read"); ok || !errors.Is(err, store.ErrDeadLetterChanged) {
+		t.Fatalf("replay of the same read after it failed again: %v %v, want ErrDeadLetterChanged", ok, err)
+	}
+	if w := b.where(t, id); !w.dead {
+		t.Fatalf("the new failure: %+v, want a dead letter", w)
+	}
+	got, _ := b.trail(t, id)
+	wantTrail(t, got, "DISPATCHING#1", "FAILED#1", "ACKNOWLEDGED#1", "REPLAYED#0", "DISPATCHING#1", "FAILED#1")
+	b.verifyOK(t)
+}
