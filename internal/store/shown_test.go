@@ -3,7 +3,6 @@ package store_test
 import (
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/ledgerline/outbox/internal/store"
 )
@@ -30,16 +29,13 @@ func TestReplayShownWaitsForAnAcknowledgement(t *testing.T) {
 	if ok, err := b.st.Acknowledge(b.ctx, tx, id, "bob", "refunded by hand"); err != nil || !ok {
 		t.Fatalf("acknowledge: %v %v", ok, err)
 	}
+	conn := b.conn(t)
 	replayed := make(chan error, 1)
 	go func() {
-		_, err := b.st.ReplayShown(b.ctx, b.pool, id, dl.FailedAt, "alice", "customer asked again")
+		_, err := b.st.ReplayShown(b.ctx, conn, id, dl.FailedAt, "alice", "customer asked again")
 		replayed <- err
 	}()
-	select {
-	case err := <-replayed:
-		t.Fatalf("the replay did not wait for the acknowledgement's row lock: %v", err)
-	case <-time.After(300 * time.Millisecond):
-	}
+	b.waitBlockedBy(t, conn.Conn().PgConn().PID(), b.backendOf(t, tx), replayed) // the acknowledgement's row lock
 	if err := tx.Commit(b.ctx); err != nil {
 		t.Fatal(err)
 	}
