@@ -158,6 +158,36 @@ func TestCancelWaitsForAClaim(t *testing.T) {
 	b.cancel(t, id, false)
 }
 
+// TestClaimSkipsAnInstructionBeingCancelled: the other order of
+// TestCancelWaitsForAClaim. A cancel that holds the pending row (its
+// transaction not yet committed) is not waited for by a claim, which skips
+// the row (SKIP LOCKED) and takes nothing of that participant; once the
+// cancel commits the instruction is gone, never sent, and the
+// participant's next instruction is the one a claim takes.
+func TestClaimSkipsAnInstructionBeingCancelled(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	first, second := b.enqueue(t, "p1", "k1"), b.enqueue(t, "p1", "k2")
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	if ok, err := b.st.Cancel(b.ctx, tx, first, "olga", "recalled by the customer"); err != nil || !ok {
+		t.Fatalf("cancel: %v, %v", ok, err)
+	}
+	if got := b.claimAll(t); len(got) != 0 {
+		t.Fatalf("a claim beside the uncommitted cancel took %v, want nothing", outboxIDs(got))
+	}
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := b.trail(t, first)
+	wantTrail(t, got, "CANCELLED#1")
+	b.verifyOK(t)
+	b.wantHeadThenRest(t, second)
+}
+
 // TestCancelWaitsForTheRetryOfItsInstruction guards a cancel of an
 // instruction in flight whose retry is being recorded: the outcome write
 // holds the participant's lock, and the cancel, which finds the
