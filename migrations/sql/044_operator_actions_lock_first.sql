@@ -29,7 +29,7 @@
 -- in flight), which the cancel's row lock waits for as before.
 --
 -- A cancel of an instruction in flight now answers -1, not 0: a build
--- that knows it (store.ErrInFlight) says the rail call may be under way
+-- that knows it (store.ErrCancelInFlight) says the rail call may be under way
 -- and nothing was done; an older build reads anything but 1 as "not
 -- pending", as before. The front cancel_pending (migration 022) reads the
 -- instruction's tenant from its key too, so that an operator scoped to
