@@ -87,30 +87,10 @@ func TestFaultFailover(t *testing.T) {
 	verifyNow(t, pool, "right after the promotion")
 	waitListening(t, pool, d.fleet, partitionAt)
 	time.Sleep(500 * time.Millisecond)
-	acked, err := live.stop()
-	if err != nil {
-		t.Fatalf("live producer: %v", err)
-	}
-	if acked == 0 {
-		t.Fatal("the live producer had no enqueue acknowledged: it proves nothing")
-	}
-	// Each live enqueue was acknowledged before the next began, and stop
-	// waits for the one under way, so the acknowledged ones are the first
-	// acked of the stream and the only ones.
-	ackedIDs := make([]string, acked)
-	for i, ins := range liveWork.instructions(0, acked) {
-		ackedIDs[i] = ins.InstructionID
-	}
-	v := mustInts(t, pool, `SELECT
-		(SELECT count(*) FROM unnest($1::text[]) AS a(id)
-		 WHERE NOT EXISTS (SELECT 1 FROM outbox.idempotency_keys k WHERE k.instruction_id = a.id)),
-		(SELECT count(*) FROM outbox.idempotency_keys WHERE instruction_id LIKE $2)`, ackedIDs, liveWork.prefix+"-%")
-	if v[0] > 0 {
-		t.Fatalf("the producer was told %d enqueues committed; the promoted standby lacks %d of them", acked, v[0])
-	}
+	acked, held := live.stopAndCheck(t, pool, liveWork, "the promoted standby")
 
 	enqueued()
-	want := int64(n) + v[1]
+	want := int64(n) + held
 	waitDrained(t, pool, d.fleet, want, 3*time.Minute)
 	d.fleet.stopAll()
 	end := checkEnd(t, pool, d.sb, want)
@@ -134,6 +114,37 @@ type liveProducer struct {
 	done   chan struct{}
 	acked  int
 	err    error
+}
+
+// stopAndCheck stops the live producer and fails the test unless it had
+// enqueues acknowledged and the database (what, for the message: "the
+// promoted standby") holds every one of them. Each live enqueue was
+// acknowledged before the next began, and stop waits for the one under
+// way, so the acknowledged ones are the first acked of the stream and the
+// only ones. It returns acked and how many of the stream's instructions
+// the database holds (the one under way at the stop may have committed
+// too): what the drain must count.
+func (lp *liveProducer) stopAndCheck(t *testing.T, pool *pgxpool.Pool, w workload, what string) (acked int, held int64) {
+	t.Helper()
+	acked, err := lp.stop()
+	if err != nil {
+		t.Fatalf("live producer: %v", err)
+	}
+	if acked == 0 {
+		t.Fatal("the live producer had no enqueue acknowledged: it proves nothing")
+	}
+	ackedIDs := make([]string, acked)
+	for i, ins := range w.instructions(0, acked) {
+		ackedIDs[i] = ins.InstructionID
+	}
+	v := mustInts(t, pool, `SELECT
+		(SELECT count(*) FROM unnest($1::text[]) AS a(id)
+		 WHERE NOT EXISTS (SELECT 1 FROM outbox.idempotency_keys k WHERE k.instruction_id = a.id)),
+		(SELECT count(*) FROM outbox.idempotency_keys WHERE instruction_id LIKE $2)`, ackedIDs, w.prefix+"-%")
+	if v[0] > 0 {
+		t.Fatalf("the producer was told %d enqueues committed; %s lacks %d of them", acked, what, v[0])
+	}
+	return acked, v[1]
 }
 
 func startLiveProducer(pool *pgxpool.Pool, w workload) *liveProducer {

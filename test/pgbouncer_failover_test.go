@@ -159,27 +159,10 @@ func TestFaultFailoverBehindPgBouncer(t *testing.T) {
 	verifyNow(t, pool, "right after the promotion")
 	waitReady(t, d.fleet, d.fleet.adminAddr, 30*time.Second)
 	time.Sleep(500 * time.Millisecond)
-	acked, err := live.stop()
-	if err != nil {
-		t.Fatalf("live producer: %v", err)
-	}
-	if acked == 0 {
-		t.Fatal("the live producer had no enqueue acknowledged: it proves nothing")
-	}
-	ackedIDs := make([]string, acked)
-	for i, ins := range liveWork.instructions(0, acked) {
-		ackedIDs[i] = ins.InstructionID
-	}
-	v := mustInts(t, pool, `SELECT
-		(SELECT count(*) FROM unnest($1::text[]) AS a(id)
-		 WHERE NOT EXISTS (SELECT 1 FROM outbox.idempotency_keys k WHERE k.instruction_id = a.id)),
-		(SELECT count(*) FROM outbox.idempotency_keys WHERE instruction_id LIKE $2)`, ackedIDs, liveWork.prefix+"-%")
-	if v[0] > 0 {
-		t.Fatalf("the producer was told %d enqueues committed; the promoted standby lacks %d of them", acked, v[0])
-	}
+	acked, held := live.stopAndCheck(t, pool, liveWork, "the promoted standby")
 
 	enqueued()
-	want := int64(n) + v[1]
+	want := int64(n) + held
 	waitDrained(t, pool, d.fleet, want, 3*time.Minute)
 	d.fleet.stopAll()
 	end := checkEnd(t, pool, d.sb, want)
@@ -255,27 +238,10 @@ func TestFaultPgBouncerRestart(t *testing.T) {
 		t.Fatal("no relayer saw a statement fail: the restarts cut nothing, the test proves nothing")
 	}
 	time.Sleep(500 * time.Millisecond)
-	acked, err := live.stop()
-	if err != nil {
-		t.Fatalf("live producer: %v", err)
-	}
-	if acked == 0 {
-		t.Fatal("the live producer had no enqueue acknowledged: it proves nothing")
-	}
-	ackedIDs := make([]string, acked)
-	for i, ins := range liveWork.instructions(0, acked) {
-		ackedIDs[i] = ins.InstructionID
-	}
-	v := mustInts(t, pool, `SELECT
-		(SELECT count(*) FROM unnest($1::text[]) AS a(id)
-		 WHERE NOT EXISTS (SELECT 1 FROM outbox.idempotency_keys k WHERE k.instruction_id = a.id)),
-		(SELECT count(*) FROM outbox.idempotency_keys WHERE instruction_id LIKE $2)`, ackedIDs, liveWork.prefix+"-%")
-	if v[0] > 0 {
-		t.Fatalf("the producer was told %d enqueues committed; %d of them are missing", acked, v[0])
-	}
+	acked, held := live.stopAndCheck(t, pool, liveWork, "the database")
 
 	enqueued()
-	want := int64(n) + v[1]
+	want := int64(n) + held
 	waitDrained(t, pool, d.fleet, want, 3*time.Minute)
 	d.fleet.stopAll()
 	end := checkEnd(t, pool, d.sb, want)
