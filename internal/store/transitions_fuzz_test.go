@@ -11,7 +11,7 @@ import (
 
 // transitionOps are the moves FuzzTransitions makes, each chosen by one
 // byte of its input and given the next byte as its argument.
-var transitionOps = []string{"enqueue", "claim", "claim-short", "outcome", "reap", "late-outcome", "replay", "cancel", "acknowledge", "resend"}
+var transitionOps = []string{"enqueue", "claim", "claim-short", "outcome", "reap", "late-outcome", "replay", "cancel", "acknowledge", "resend", "pause", "resume"}
 
 // transitions is FuzzTransitions' picture of one run: the claims it holds
 // and those the reaper took back from it.
@@ -45,7 +45,7 @@ var fuzzParticipants = []string{"pa", "pb", "pc"}
 // an instruction can take (enqueue, claim, claim with a lease that runs
 // out, an outcome with or without a hand-off, the reaper, a late outcome
 // (sent twice, sometimes, as after a lost reply), an outcome sent again
-// after it was recorded, an operator's replay, cancel and acknowledgement)
+// after it was recorded, a rail's or every rail's pause and resume, an operator's replay, cancel and acknowledgement)
 // over three participants, with ordering on, and runs audit verify after
 // each move: whatever the order, every invariant must hold, no move may
 // fail but with the typed refusals it documents, and at the end every
@@ -70,6 +70,8 @@ func FuzzTransitions(f *testing.F) {
 		"\x00\x00\x00\x01\x00\x00\x07\x01\x01\x02\x03\x01\x07\x00\x03\x11",
 		// everything, interleaved.
 		"\x00\x00\x00\x01\x00\x02\x02\x00\x01\x01\x03\x21\x04\x00\x05\x20\x06\x00\x07\x02\x01\x00\x03\x10\x08\x00\x03\x01",
+		// a paused rail: claims and hand-offs leave it alone, then resumed.
+		"\x00\x00\x00\x00\x01\x00\x0a\x00\x03\x01\x01\x00\x0b\x00\x01\x00\x0a\x01\x03\x01\x0b\x01\x01\x00",
 		// outcomes sent again after they were recorded, one with a hand-off since.
 		"\x00\x00\x00\x00\x01\x00\x03\x01\x09\x00\x03\x00\x09\x01\x00\x01\x01\x00\x03\x20\x09\x02",
 	} {
@@ -144,6 +146,15 @@ func (m *transitions) step(t *testing.T, op, arg byte) {
 			m.held = append(m.held, heldClaim{c: c, relayer: "r1"})
 		}
 		m.recorded = append(m.recorded, o)
+	case "pause", "resume":
+		act := b.st.PauseRail
+		if name == "resume" {
+			act = b.st.ResumeRail
+		}
+		rail := []string{"sandbox", "*"}[int(arg)%2]
+		if _, err := act(b.ctx, b.pool, rail, "fuzz-operator", "fuzzing"); err != nil {
+			m.fail(t, "%s %s: %v", name, rail, err)
+		}
 	case "resend":
 		if len(m.recorded) == 0 {
 			return
@@ -241,6 +252,11 @@ func (m *transitions) drain(t *testing.T) {
 	t.Helper()
 	b := m.b
 	m.log = append(m.log, "drain")
+	for _, rail := range []string{"sandbox", "*"} {
+		if _, err := b.st.ResumeRail(b.ctx, b.pool, rail, "fuzz-operator", "draining"); err != nil {
+			m.fail(t, "resume %s: %v", rail, err)
+		}
+	}
 	for round := 0; ; round++ {
 		if round > 200 {
 			m.fail(t, "not drained after 200 rounds")
