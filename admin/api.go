@@ -17,6 +17,7 @@ import (
 
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/rails"
 )
 
 // Page limits for the listing endpoints.
@@ -70,6 +71,11 @@ func archiveWarnings(a store.ArchiveHealth) []string {
 type RailOverview struct {
 	Rail    string `json:"rail"`
 	Breaker string `json:"breaker"` // closed, half-open, open; "" when this process has no rail set
+	// ProbeInFlight says, of a half-open breaker, that its probe (the
+	// rail's one instruction let through) is under way; false, it waits
+	// for an instruction of the rail to probe with, which on a quiet rail
+	// may take hours.
+	ProbeInFlight bool `json:"probe_in_flight,omitempty"`
 	store.RailActivity
 	// ErrorRate is the share of outcomes that were retryable or failed.
 	ErrorRate float64 `json:"error_rate"`
@@ -161,7 +167,9 @@ func (s *Server) Overview(ctx context.Context) (Overview, error) {
 			ro.ErrorRate = float64(a.Retryable+a.Failed) / float64(total)
 		}
 		if s.cfg.Rails != nil && contains(s.cfg.Rails.Types(), n) {
-			ro.Breaker = s.cfg.Rails.State(n).String()
+			st := s.cfg.Rails.State(n)
+			ro.Breaker = st.String()
+			ro.ProbeInFlight = st == rails.BreakerHalfOpen && s.cfg.Rails.ProbesInFlight(n) > 0
 		}
 		ro.Paused = pauseOf(ov.Queue.PausedRails, n)
 		ov.Rails = append(ov.Rails, ro)

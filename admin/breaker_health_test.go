@@ -42,7 +42,8 @@ func (p *probeTransport) Send(ctx context.Context, _ payment.Instruction) (rails
 // ("breaker half-open") for as long as no instruction of the rail came,
 // hours on a quiet rail, long after the outage. While the probe is in
 // flight it is degraded, as while open; a probe that succeeds closes the
-// breaker and the note goes.
+// breaker and the note goes. The console's overview says which of the two
+// half-open states the breaker is in.
 func TestReadinessOfAHalfOpenBreakerWaitingForWork(t *testing.T) {
 	t.Parallel()
 	tr := &probeTransport{calls: make(chan struct{}, 1), release: make(chan struct{})}
@@ -77,6 +78,19 @@ func TestReadinessOfAHalfOpenBreakerWaitingForWork(t *testing.T) {
 	if rd.Status != "ready" || len(rd.Reasons) != 0 || len(rd.Notes) != 1 || !strings.Contains(rd.Notes[0], "rail psp: breaker half-open, waiting for") {
 		t.Fatalf("half-open, no probe: %+v; want ready with a note", rd)
 	}
+	// The overview says which half-open it is, in the API and on the
+	// console's page.
+	admin.SetOverviewMaxAge(b.srv, time.Nanosecond)
+	probe := func() (admin.RailOverview, string) {
+		var ov admin.Overview
+		if code := b.call(t, "GET", "/api/v1/overview", auditorSecret, nil, &ov); code != 200 || len(ov.Rails) != 1 {
+			t.Fatalf("overview: %d %+v", code, ov)
+		}
+		return ov.Rails[0], consoleAt(t, b.url).get(t, "/console/")
+	}
+	if r, page := probe(); r.Breaker != "half-open" || r.ProbeInFlight || !strings.Contains(page, "waiting for an instruction to probe with") {
+		t.Fatalf("half-open, no probe: overview %+v, page:\n%s", r, page)
+	}
 	var public admin.Readiness
 	b.call(t, "GET", "/readyz", "", nil, &public)
 	if public.Status != "ready" || len(public.Notes) != 1 || strings.Contains(public.Notes[0], "psp") {
@@ -88,6 +102,9 @@ func TestReadinessOfAHalfOpenBreakerWaitingForWork(t *testing.T) {
 	<-tr.calls
 	if rd := readyz(); rd.Status != "degraded" || !slices.Contains(rd.Reasons, "rail psp: breaker half-open, its probe in flight") {
 		t.Fatalf("half-open, probe in flight: %+v", rd)
+	}
+	if r, page := probe(); r.Breaker != "half-open" || !r.ProbeInFlight || !strings.Contains(page, "its probe in flight") {
+		t.Fatalf("half-open, probe in flight: overview %+v, page:\n%s", r, page)
 	}
 	close(tr.release)
 	if d := <-decision; d.Outcome != rails.Dispatched {
