@@ -12,11 +12,13 @@ package outboxtest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math"
 	"math/big"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -65,12 +67,14 @@ type Enqueued struct {
 }
 
 // RequireEnqueued fails the test unless exactly one pending instruction in
-// db matches want, and returns it.
+// db matches want, and returns it. Finding none, the failure shows the
+// pending instructions want's instruction id, participant and rail
+// select (the closest first) and how each differs from want.
 func RequireEnqueued(ctx context.Context, tb testing.TB, db DB, want Want) Enqueued {
 	tb.Helper()
-	got := find(ctx, tb, db, want)
+	got, missed := find(ctx, tb, db, want)
 	if len(got) != 1 {
-		tb.Fatalf("outboxtest: want one pending instruction matching %s, found %d", describe(want), len(got))
+		tb.Fatalf("outboxtest: want one pending instruction matching %s, found %d%s", describe(want), len(got), nearest(got, missed))
 	}
 	return got[0]
 }
@@ -79,13 +83,22 @@ func RequireEnqueued(ctx context.Context, tb testing.TB, db DB, want Want) Enque
 // want.
 func RequireNotEnqueued(ctx context.Context, tb testing.TB, db DB, want Want) {
 	tb.Helper()
-	if got := find(ctx, tb, db, want); len(got) > 0 {
-		tb.Fatalf("outboxtest: want no pending instruction matching %s, found %d (first: %+v)", describe(want), len(got), got[0])
+	if got, _ := find(ctx, tb, db, want); len(got) > 0 {
+		tb.Fatalf("outboxtest: want no pending instruction matching %s, found %d (first: %s)", describe(want), len(got), describeEnqueued(got[0]))
 	}
 }
 
-// find lists the pending instructions matching want.
-func find(ctx context.Context, tb testing.TB, db DB, want Want) []Enqueued {
+// miss is a pending instruction that did not match a Want, and how it
+// differs from it.
+type miss struct {
+	e     Enqueued
+	diffs []string
+}
+
+// find lists the pending instructions matching want, and those it compared
+// with want (want's instruction id, participant and rail select them) that
+// do not match, the fewest differences first.
+func find(ctx context.Context, tb testing.TB, db DB, want Want) ([]Enqueued, []miss) {
 	tb.Helper()
 	st, err := store.New(want.Schema)
 	if err != nil {
@@ -104,7 +117,10 @@ func find(ctx context.Context, tb testing.TB, db DB, want Want) []Enqueued {
 			tb.Fatalf("outboxtest: Want.Metadata is not JSON: %v", err)
 		}
 	}
-	var out []Enqueued
+	var (
+		out    []Enqueued
+		missed []miss
+	)
 	for _, r := range rows {
 		var p payment.Payload
 		if err := json.Unmarshal(r.Payload, &p); err != nil {
@@ -114,30 +130,82 @@ func find(ctx context.Context, tb testing.TB, db DB, want Want) []Enqueued {
 			InstructionID: r.InstructionID, ParticipantID: r.ParticipantID, IdempotencyKey: r.IdempotencyKey,
 			RailType: r.RailType, TenantID: r.TenantID, CorrelationID: r.CorrelationID,
 			AmountMinor: p.AmountMinor, Currency: p.Currency, Destination: p.Destination, Metadata: p.Metadata}}
-		if !matches(e, want) {
+		diffs := differences(tb, e, want, wantMeta)
+		if len(diffs) == 0 {
+			out = append(out, e)
 			continue
 		}
-		if wantMeta != nil {
-			got, err := decodeJSON(e.Metadata)
-			if err != nil {
-				tb.Fatalf("outboxtest: outbox %s: stored metadata: %v", r.OutboxID, err)
-			}
-			if !sameJSON(got, wantMeta) {
-				continue
-			}
-		}
-		out = append(out, e)
+		missed = append(missed, miss{e, diffs})
 	}
-	return out
+	slices.SortStableFunc(missed, func(a, b miss) int { return len(a.diffs) - len(b.diffs) })
+	return out, missed
 }
 
-func matches(e Enqueued, w Want) bool {
-	text := func(got, want string) bool { return want == "" || got == want }
-	if !text(e.IdempotencyKey, w.IdempotencyKey) || !text(e.TenantID, w.TenantID) || !text(e.CorrelationID, w.CorrelationID) {
-		return false
+// differences lists how e differs from w, one field each ("amount_minor
+// 1250, want 1251"): empty when e matches w. wantMeta is w.Metadata
+// decoded (nil: not checked).
+func differences(tb testing.TB, e Enqueued, w Want, wantMeta any) []string {
+	tb.Helper()
+	var diffs []string
+	text := func(name, got, want string) {
+		if want != "" && got != want {
+			diffs = append(diffs, fmt.Sprintf("%s %q, want %q", name, got, want))
+		}
 	}
-	return (w.AmountMinor == 0 || e.AmountMinor == w.AmountMinor) &&
-		text(e.Currency, w.Currency) && text(e.Destination, w.Destination)
+	text("instruction_id", e.InstructionID, w.InstructionID)
+	text("participant_id", e.ParticipantID, w.ParticipantID)
+	text("idempotency_key", e.IdempotencyKey, w.IdempotencyKey)
+	text("rail", e.RailType, w.RailType)
+	text("tenant_id", e.TenantID, w.TenantID)
+	text("correlation_id", e.CorrelationID, w.CorrelationID)
+	if w.AmountMinor != 0 && e.AmountMinor != w.AmountMinor {
+		diffs = append(diffs, fmt.Sprintf("amount_minor %d, want %d", e.AmountMinor, w.AmountMinor))
+	}
+	text("currency", e.Currency, w.Currency)
+	text("destination", e.Destination, w.Destination)
+	if wantMeta != nil {
+		got, err := decodeJSON(e.Metadata)
+		if err != nil {
+			tb.Fatalf("outboxtest: outbox %s: stored metadata: %v", e.OutboxID, err)
+		}
+		if !sameJSON(got, wantMeta) {
+			diffs = append(diffs, fmt.Sprintf("metadata %s, want %s", cmp.Or(string(e.Metadata), "none"), w.Metadata))
+		}
+	}
+	return diffs
+}
+
+// shownMisses is how many of the pending instructions that do not match a
+// failure shows: enough for the one the test meant, few enough to read.
+const shownMisses = 5
+
+// nearest says, for a failure that found no match, which pending
+// instructions were compared and how the closest differ.
+func nearest(got []Enqueued, missed []miss) string {
+	switch {
+	case len(got) > 0:
+		return ""
+	case len(missed) == 0:
+		return ": none is pending"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "; of the %d pending it was compared with, the closest:", len(missed))
+	for _, m := range missed[:min(len(missed), shownMisses)] {
+		fmt.Fprintf(&b, "\n\t%s: %s", describeEnqueued(m.e), strings.Join(m.diffs, "; "))
+	}
+	if len(missed) > shownMisses {
+		fmt.Fprintf(&b, "\n\t(and %d more)", len(missed)-shownMisses)
+	}
+	return b.String()
+}
+
+// describeEnqueued names a pending instruction and its fields, as
+// describe names a Want's.
+func describeEnqueued(e Enqueued) string {
+	return fmt.Sprintf("outbox %s sequence %d %s", e.OutboxID, e.SequenceID, describe(Want{
+		InstructionID: e.InstructionID, ParticipantID: e.ParticipantID, IdempotencyKey: e.IdempotencyKey,
+		RailType: e.RailType, TenantID: e.TenantID, CorrelationID: e.CorrelationID, AmountMinor: e.AmountMinor,
+		Currency: e.Currency, Destination: e.Destination, Metadata: e.Metadata}))
 }
 
 func describe(w Want) string {
@@ -158,7 +226,9 @@ func describe(w Want) string {
 	}
 	add("currency", w.Currency)
 	add("destination", w.Destination)
-	add("metadata", string(w.Metadata))
+	if len(w.Metadata) > 0 {
+		parts = append(parts, "metadata="+string(w.Metadata))
+	}
 	if len(parts) == 0 {
 		return "anything"
 	}
