@@ -102,3 +102,40 @@ func ExampleDrain() {
 	// payout-2 dead RAIL_REJECTED
 	// payout-3 dispatched -
 }
+
+// A test requires exactly the instructions its code enqueued for a
+// merchant, in the order the relayer will send them: a payout the code
+// forgot, one too many, or two swapped fail it, line by line.
+func ExampleRequireManyEnqueued() {
+	ctx := context.Background()
+	var t testing.TB = exampleT{} // in a real test: the *testing.T
+	pool := testdb.ForExample()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		panic(err)
+	}
+	defer tx.Rollback(ctx)
+
+	// The code under test: a refund, then the corrected payout.
+	for _, in := range []pending.Instruction{
+		{InstructionID: "refund-3", ParticipantID: "merchant-42", IdempotencyKey: "refund-3",
+			RailType: "sandbox", AmountMinor: 1250, Currency: "USD", Destination: "acct-42"},
+		{InstructionID: "payout-4", ParticipantID: "merchant-42", IdempotencyKey: "payout-4",
+			RailType: "sandbox", AmountMinor: 990, Currency: "USD", Destination: "acct-42"},
+	} {
+		if _, err := pending.Enqueue(ctx, tx, in); err != nil {
+			panic(err)
+		}
+	}
+
+	got := outboxtest.RequireManyEnqueued(ctx, t, tx, outboxtest.Participant{ParticipantID: "merchant-42"},
+		outboxtest.Want{InstructionID: "refund-3", AmountMinor: 1250},
+		outboxtest.Want{InstructionID: "payout-4", AmountMinor: 990},
+	)
+	for _, e := range got {
+		fmt.Println(e.SequenceID, e.InstructionID, e.AmountMinor)
+	}
+	// Output:
+	// 1 refund-3 1250
+	// 2 payout-4 990
+}

@@ -1,9 +1,11 @@
 // Package outboxtest helps a service's own tests, the way River's
 // rivertest does: assert, inside the test's transaction, that the code
 // under test enqueued an instruction with the expected fields
-// ([RequireEnqueued], [RequireNotEnqueued]), and relay it against a fake
-// transport to see what the rail would be sent and what was recorded: one
-// pass ([RelayOnce]) or until nothing is due ([Drain]).
+// ([RequireEnqueued], [RequireNotEnqueued]), or exactly these instructions
+// for one participant, in sequence order ([RequireManyEnqueued]), and
+// relay them against a fake transport to see what the rail would be sent
+// and what was recorded: one pass ([RelayOnce]) or until nothing is due
+// ([Drain]).
 //
 // Every helper takes the database handle the test already has (a pgx.Tx
 // that is rolled back at the end, a *pgx.Conn or a *pgxpool.Pool), so
@@ -86,6 +88,67 @@ func RequireNotEnqueued(ctx context.Context, tb testing.TB, db DB, want Want) {
 	if got, _ := find(ctx, tb, db, want); len(got) > 0 {
 		tb.Fatalf("outboxtest: want no pending instruction matching %s, found %d (first: %s)", describe(want), len(got), describeEnqueued(got[0]))
 	}
+}
+
+// Participant names one participant's queue for [RequireManyEnqueued].
+type Participant struct {
+	// Schema holding the outbox tables; "" means the default.
+	Schema string
+	// ParticipantID is the participant whose pending instructions are
+	// compared (required).
+	ParticipantID string
+}
+
+// RequireManyEnqueued fails the test unless the pending instructions of
+// participant p in db are exactly wants, one each, in sequence order (the
+// order the relayer sends them in), and returns them. No wants requires
+// that none is pending. Each Want is compared as by [RequireEnqueued];
+// its ParticipantID and Schema, if set, must be p's. The failure says,
+// line by line, what was wanted and what was found.
+func RequireManyEnqueued(ctx context.Context, tb testing.TB, db DB, p Participant, wants ...Want) []Enqueued {
+	tb.Helper()
+	if p.ParticipantID == "" {
+		tb.Fatalf("outboxtest: RequireManyEnqueued: Participant.ParticipantID is required")
+	}
+	wantMetas := make([]any, len(wants))
+	for i, w := range wants {
+		switch {
+		case w.ParticipantID != "" && w.ParticipantID != p.ParticipantID:
+			tb.Fatalf("outboxtest: RequireManyEnqueued: Want #%d names participant %q, not %q", i+1, w.ParticipantID, p.ParticipantID)
+		case w.Schema != "" && w.Schema != p.Schema:
+			tb.Fatalf("outboxtest: RequireManyEnqueued: Want #%d names schema %q, not %q", i+1, w.Schema, p.Schema)
+		}
+		if len(w.Metadata) > 0 {
+			var err error
+			if wantMetas[i], err = decodeJSON(w.Metadata); err != nil {
+				tb.Fatalf("outboxtest: Want #%d: Want.Metadata is not JSON: %v", i+1, err)
+			}
+		}
+	}
+	// Every pending instruction of the participant, by sequence id.
+	got, _ := find(ctx, tb, db, Want{Schema: p.Schema, ParticipantID: p.ParticipantID})
+	var lines []string
+	failed := len(got) != len(wants)
+	for i := range max(len(got), len(wants)) {
+		switch {
+		case i >= len(got):
+			lines = append(lines, fmt.Sprintf("#%d: want %s, found nothing", i+1, describe(wants[i])))
+		case i >= len(wants):
+			lines = append(lines, fmt.Sprintf("#%d: want nothing, found %s", i+1, describeEnqueued(got[i])))
+		default:
+			if diffs := differences(tb, got[i], wants[i], wantMetas[i]); len(diffs) > 0 {
+				failed = true
+				lines = append(lines, fmt.Sprintf("#%d: %s (found %s)", i+1, strings.Join(diffs, "; "), describeEnqueued(got[i])))
+			} else {
+				lines = append(lines, fmt.Sprintf("#%d: as wanted, %s", i+1, describeEnqueued(got[i])))
+			}
+		}
+	}
+	if failed {
+		tb.Fatalf("outboxtest: participant %q: want %d pending instructions in sequence order, found %d:\n\t%s",
+			p.ParticipantID, len(wants), len(got), strings.Join(lines, "\n\t"))
+	}
+	return got
 }
 
 // miss is a pending instruction that did not match a Want, and how it
