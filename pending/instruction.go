@@ -111,7 +111,10 @@ func (e *InstructionReusedError) Unwrap() []error {
 type MismatchError struct {
 	InstructionID  string
 	IdempotencyKey string
-	OutboxID       uuid.UUID // the instruction the key already belongs to
+	// OutboxID is the instruction the key already belongs to; uuid.Nil
+	// when that is an earlier line of the same batch (which, the batch
+	// failing, is not enqueued either).
+	OutboxID uuid.UUID
 	// Owner is the instruction id the key belongs to when it is not
 	// InstructionID; "" when the key is this instruction's own, enqueued
 	// with another payload.
@@ -119,12 +122,20 @@ type MismatchError struct {
 }
 
 func (e *MismatchError) Error() string {
-	if e.Owner != "" {
+	switch {
+	case e.OutboxID.IsNil() && e.Owner != "":
+		return fmt.Sprintf("%v: instruction %q: key %q, but an earlier line of the batch gives it to instruction %q; a key may name one instruction only",
+			ErrIdempotencyMismatch, e.InstructionID, e.IdempotencyKey, e.Owner)
+	case e.OutboxID.IsNil():
+		return fmt.Sprintf("%v: instruction %q: key %q, but an earlier line of the batch enqueues it with a different payload; lines of one key must agree",
+			ErrIdempotencyMismatch, e.InstructionID, e.IdempotencyKey)
+	case e.Owner != "":
 		return fmt.Sprintf("%v: instruction %q: key %q already belongs to instruction %q (outbox id %s); a key may name one instruction only",
 			ErrIdempotencyMismatch, e.InstructionID, e.IdempotencyKey, e.Owner, e.OutboxID)
+	default:
+		return fmt.Sprintf("%v: instruction %q: key %q was enqueued with a different payload (outbox id %s); a retry must send the same one",
+			ErrIdempotencyMismatch, e.InstructionID, e.IdempotencyKey, e.OutboxID)
 	}
-	return fmt.Sprintf("%v: instruction %q: key %q was enqueued with a different payload (outbox id %s); a retry must send the same one",
-		ErrIdempotencyMismatch, e.InstructionID, e.IdempotencyKey, e.OutboxID)
 }
 
 // Unwrap makes errors.Is(err, ErrIdempotencyMismatch) work.

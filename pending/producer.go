@@ -149,9 +149,12 @@ func (p *Producer) Enqueue(ctx context.Context, tx DBTX, in Instruction) (Receip
 // any instruction is invalid or mismatches its key, the error is a
 // [*BatchError] naming it and nothing of the batch is written (a savepoint
 // undoes the rest, so tx remains usable). Lines of one key are resolved in
-// input order (the first claims it); so are lines of one instruction id
-// (and tenant) under different keys: the first gives it its key, and the
-// first later line with another key is refused, before anything is sent.
+// input order (the first claims it, a later one with the same instruction
+// id and payload is its duplicate, one that differs is a [*MismatchError]
+// with no OutboxID); so are lines of one instruction id (and tenant) under
+// different keys: the first gives it its key, and the first later line
+// with another key is refused. Lines that disagree so are refused before
+// anything is sent.
 func (p *Producer) EnqueueBatch(ctx context.Context, tx DBTX, ins []Instruction) ([]Receipt, error) {
 	if len(ins) == 0 {
 		return nil, nil
@@ -164,7 +167,7 @@ func (p *Producer) EnqueueBatch(ctx context.Context, tx DBTX, ins []Instruction)
 		}
 		preps[i] = pr
 	}
-	if i, err := keyPerInstruction(ins); err != nil {
+	if i, err := batchConflicts(preps); err != nil {
 		return nil, &BatchError{Index: i, Err: err}
 	}
 	if !p.schemaOK.Load() {
@@ -209,26 +212,42 @@ func (p *Producer) checkSchema(ctx context.Context, db DBTX) error {
 	return nil
 }
 
-// keyPerInstruction refuses the first line of a batch that names an
-// instruction id (per tenant) an earlier line names under another key.
-// The database would refuse one of them too (migration 030), but the
-// keys are inserted in key order, so the one that won would be the
-// smaller key's, not the earlier line's.
-func keyPerInstruction(ins []Instruction) (int, error) {
-	if len(ins) < 2 {
+// batchConflicts refuses the first line of a batch that disagrees with
+// an earlier line, before anything is sent: an instruction id (per
+// tenant) an earlier line names under another key, or a key (per tenant)
+// an earlier line gives to another instruction id or enqueues with
+// another payload. The database would refuse them too (migration 030; a
+// key's later line a mismatch), but the keys are inserted in key order,
+// so the instruction id's winning line would be the smaller key's, not
+// the earlier line's; and a key's refusal named the earlier line's outbox
+// id, never enqueued, the batch failing whole. Lines that agree (one key,
+// one instruction id, one payload) are one instruction, the later a
+// duplicate.
+func batchConflicts(preps []prepared) (int, error) {
+	if len(preps) < 2 {
 		return 0, nil
 	}
-	type id struct{ tenant, instruction string }
-	first := make(map[id]string, len(ins))
-	for i, in := range ins {
-		k := id{in.TenantID, in.InstructionID}
-		key, seen := first[k]
-		switch {
-		case !seen:
-			first[k] = in.IdempotencyKey
-		case key != in.IdempotencyKey:
+	type id struct{ tenant, name string }
+	firstKey := make(map[id]string, len(preps)) // instruction id → its first line's key
+	firstLine := make(map[id]int, len(preps))   // key → its first line
+	for i, pr := range preps {
+		in := pr.in
+		ins := id{in.TenantID, in.InstructionID}
+		if key, seen := firstKey[ins]; !seen {
+			firstKey[ins] = in.IdempotencyKey
+		} else if key != in.IdempotencyKey {
 			return i, &InstructionReusedError{InstructionID: in.InstructionID, IdempotencyKey: in.IdempotencyKey,
 				TenantID: in.TenantID, OwnerKey: key}
+		}
+		key := id{in.TenantID, in.IdempotencyKey}
+		j, seen := firstLine[key]
+		switch {
+		case !seen:
+			firstLine[key] = i
+		case preps[j].in.InstructionID != in.InstructionID:
+			return i, &MismatchError{InstructionID: in.InstructionID, IdempotencyKey: in.IdempotencyKey, Owner: preps[j].in.InstructionID}
+		case !bytes.Equal(preps[j].hash, pr.hash):
+			return i, &MismatchError{InstructionID: in.InstructionID, IdempotencyKey: in.IdempotencyKey}
 		}
 	}
 	return 0, nil
