@@ -170,3 +170,31 @@ func ExampleDeterministicKey() {
 	// different input, different key: true
 	// parts are not just concatenated: true
 }
+
+// An enqueue in a transaction the database refuses to write in (a READ
+// ONLY transaction here; a standby's connection after a failover alike) is
+// pending.ErrReadOnly and writes nothing: the caller retries it in a
+// writable transaction, on the primary, where it goes through.
+func ExampleErrReadOnly() {
+	ctx := context.Background()
+	pool := testdb.ForExample()
+	in := pending.Instruction{InstructionID: "payout-9", ParticipantID: "merchant-7", IdempotencyKey: "payout-9",
+		RailType: "sandbox", AmountMinor: 500, Currency: "USD", Destination: "acct-1"}
+
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		_, err := pending.Enqueue(ctx, tx, in)
+		return err
+	})
+	fmt.Println("read-only:", errors.Is(err, pending.ErrReadOnly))
+
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		r, err := pending.Enqueue(ctx, tx, in)
+		fmt.Println("writable: sequence", r.SequenceID)
+		return err
+	})
+	fmt.Println(err)
+	// Output:
+	// read-only: true
+	// writable: sequence 1
+	// <nil>
+}

@@ -141,6 +141,19 @@ func (e *MismatchError) Error() string {
 // Unwrap makes errors.Is(err, ErrIdempotencyMismatch) work.
 func (e *MismatchError) Unwrap() error { return ErrIdempotencyMismatch }
 
+// ErrReadOnly is returned when the database refuses an enqueue's write as
+// read-only (SQLSTATE 25006, which the error also holds): the caller's
+// transaction is READ ONLY, its session defaults to read-only
+// (default_transaction_read_only), or the connection reached a standby
+// (a pool that did not follow a failover: connect with
+// target_session_attrs=read-write). Nothing is written. The same
+// instruction enqueued again in a writable transaction goes through; on
+// the same connection it fails alike. A batch's savepoint keeps the
+// caller's transaction usable; after a single [Producer.Enqueue] it is
+// aborted, as after any statement PostgreSQL refuses, and must be rolled
+// back.
+var ErrReadOnly = errors.New("the database refused the enqueue as read-only")
+
 // ErrSchemaBehind is returned when the database's outbox schema is older
 // than this producer's statements need: run `outbox migrate` (it is
 // checked once per Producer, and nothing is written).

@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 
 	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/internal/strictjson"
@@ -126,6 +127,8 @@ func EnqueueBatch(ctx context.Context, tx DBTX, ins []Instruction) ([]Receipt, e
 // returns an [*InstructionReusedError] (errors.Is ErrInstructionIDReused,
 // and ErrIdempotencyMismatch) naming that key: the rail would pay it once
 // per key. In all these cases nothing is written and tx remains usable.
+// A write the database refuses as read-only (a READ ONLY transaction, a
+// standby) is [ErrReadOnly]: nothing is written, but tx is aborted.
 //
 // The participant's sequence row stays locked until tx ends (that is what
 // keeps sequences gap-free), so a transaction that enqueues for several
@@ -178,7 +181,8 @@ func (p *Producer) EnqueueBatch(ctx context.Context, tx DBTX, ins []Instruction)
 	if len(preps) == 1 {
 		// A lone instruction that mismatches writes nothing in the first
 		// place: no savepoint needed.
-		return p.write(ctx, tx, preps)
+		receipts, err := p.write(ctx, tx, preps)
+		return receipts, readOnly(err)
 	}
 	sp, err := tx.Begin(ctx)
 	if err != nil {
@@ -187,12 +191,28 @@ func (p *Producer) EnqueueBatch(ctx context.Context, tx DBTX, ins []Instruction)
 	receipts, err := p.write(ctx, sp, preps)
 	if err != nil {
 		_ = sp.Rollback(ctx)
-		return nil, err
+		return nil, readOnly(err)
 	}
 	if err := sp.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("enqueue: commit: %w", err)
 	}
 	return receipts, nil
+}
+
+// readOnlySQLTransaction is PostgreSQL's SQLSTATE for a write in a
+// read-only transaction (read_only_sql_transaction).
+const readOnlySQLTransaction = "25006"
+
+// readOnly marks the database's refusal of a write as read-only
+// (read_only_sql_transaction) as [ErrReadOnly]: unlike the database's
+// other refusals, the same enqueue goes through in a writable transaction
+// (on the primary), and the caller needs to tell it from a refusal for
+// good without reading SQLSTATEs. Any other error is returned as it is.
+func readOnly(err error) error {
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == readOnlySQLTransaction {
+		return fmt.Errorf("%w: %w", ErrReadOnly, err)
+	}
+	return err
 }
 
 // checkSchema refuses a schema older than the enqueue statements need
