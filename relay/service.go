@@ -172,6 +172,14 @@ func (c Config) HealBound() time.Duration {
 // Start starts the relayer (which first checks the database and refuses
 // errors no retry can fix) and then the reaper. ctx is for start-up only.
 func (s *Service) Start(ctx context.Context) error {
+	_, err := s.start(ctx)
+	return err
+}
+
+// start is Start; it also returns a channel closed once this start's
+// service has been stopped, by whichever Stop, for Run to return on.
+func (s *Service) start(ctx context.Context) (<-chan struct{}, error) {
+	var stopped chan struct{}
 	err := s.lc.Start(ctx, func(ctx context.Context) (lifecycle.StopFunc, error) {
 		if err := s.relayer.Start(ctx); err != nil {
 			return nil, err
@@ -181,12 +189,16 @@ func (s *Service) Start(ctx context.Context) error {
 				return nil, errors.Join(err, s.relayer.Stop(context.WithoutCancel(ctx)))
 			}
 		}
-		return s.stop, nil
+		stopped = make(chan struct{})
+		return func(ctx context.Context) error {
+			defer close(stopped)
+			return s.stop(ctx)
+		}, nil
 	})
 	if err != nil {
-		return fmt.Errorf("relay: %w", err)
+		return nil, fmt.Errorf("relay: %w", err)
 	}
-	return nil
+	return stopped, nil
 }
 
 // stop stops the relayer gracefully (ctx is its hard deadline, see
@@ -233,12 +245,23 @@ func (s *Service) Stop(ctx context.Context) error { return s.lc.Stop(ctx) }
 // the relayer's StopTimeout (default [engine.DefaultStopTimeout]) as the
 // hard deadline. A dispatch cut off at that deadline is not an error (the
 // relayer records it as a CUT_OFF_AT_STOP retry, or leaves it leased for
-// the reaper); a reaper that did not stop in time is.
+// the reaper); a reaper that did not stop in time is. A service stopped
+// meanwhile by [Service.Stop] (a program's shutdown hook) ends Run too,
+// once that Stop has ended: Run returns nil, and that Stop reports its own
+// errors.
 func (s *Service) Run(ctx context.Context) error {
-	if err := s.Start(ctx); err != nil {
+	stopped, err := s.start(ctx)
+	if err != nil {
 		return err
 	}
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case <-stopped:
+		// Without this, the goroutine running Run outlived the service,
+		// and a later cancellation stopped it again if it had been
+		// restarted meanwhile.
+		return nil
+	}
 	timeout := s.cfg.Relayer.StopTimeout
 	if timeout <= 0 {
 		timeout = engine.DefaultStopTimeout
