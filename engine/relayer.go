@@ -177,11 +177,18 @@ func (r *Relayer) Stats() Stats {
 // [ErrAlreadyStarted]; on a relayer made without a pool, one wrapping
 // [ErrNoPool].
 func (r *Relayer) Start(ctx context.Context) error {
+	_, err := r.start(ctx)
+	return err
+}
+
+// start is Start; it also returns a channel closed once this start's run
+// has been stopped, by whichever Stop, for Run to return on.
+func (r *Relayer) start(ctx context.Context) (<-chan struct{}, error) {
 	if r.pool == nil {
 		// Nothing to claim, listen or record on: pgx would panic.
-		return fmt.Errorf("engine: relayer %s: %w", r.cfg.RelayerID, ErrNoPool)
+		return nil, fmt.Errorf("engine: relayer %s: %w", r.cfg.RelayerID, ErrNoPool)
 	}
-	err := r.lc.Start(ctx, func(ctx context.Context) (lifecycle.StopFunc, error) {
+	stopped, err := r.lc.StartDone(ctx, func(ctx context.Context) (lifecycle.StopFunc, error) {
 		if err := retry.Preflight(ctx, r.pool, r.cfg.Schema, r.log, "relayer"); err != nil {
 			return nil, err
 		}
@@ -196,9 +203,9 @@ func (r *Relayer) Start(ctx context.Context) error {
 		return ru.stop, nil
 	})
 	if err != nil {
-		return fmt.Errorf("engine: relayer %s: %w", r.cfg.RelayerID, err)
+		return nil, fmt.Errorf("engine: relayer %s: %w", r.cfg.RelayerID, err)
 	}
-	return nil
+	return stopped, nil
 }
 
 // Stop stops gracefully: no more claims; instructions claimed but not yet
@@ -221,12 +228,19 @@ func (r *Relayer) Start(ctx context.Context) error {
 func (r *Relayer) Stop(ctx context.Context) error { return r.lc.Stop(ctx) }
 
 // Run starts the relayer, runs until ctx is cancelled, then stops it
-// gracefully with Config.StopTimeout as the hard deadline.
+// gracefully with Config.StopTimeout as the hard deadline. A relayer
+// stopped meanwhile by [Relayer.Stop] ends Run too, once that Stop has
+// ended: Run returns nil, and that Stop reports its own errors.
 func (r *Relayer) Run(ctx context.Context) error {
-	if err := r.Start(ctx); err != nil {
+	stopped, err := r.start(ctx)
+	if err != nil {
 		return err
 	}
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case <-stopped:
+		return nil
+	}
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StopTimeout)
 	defer cancel()
 	if err := r.Stop(stopCtx); err != nil && !errors.Is(err, context.DeadlineExceeded) {

@@ -346,7 +346,14 @@ func (r *Reaper) reapBatch(ctx context.Context) ([]Requeued, error) {
 // [*github.com/ledgerline/outbox/migrations.SchemaError]) at once, with
 // nothing started; an unreachable database is not one of them.
 func (r *Reaper) Start(ctx context.Context) error {
-	err := r.lc.Start(ctx, func(ctx context.Context) (lifecycle.StopFunc, error) {
+	_, err := r.start(ctx)
+	return err
+}
+
+// start is Start; it also returns a channel closed once this start's loop
+// has been stopped, by whichever Stop, for Run to return on.
+func (r *Reaper) start(ctx context.Context) (<-chan struct{}, error) {
+	stopped, err := r.lc.StartDone(ctx, func(ctx context.Context) (lifecycle.StopFunc, error) {
 		// Its statements need this build's schema: on an older one every
 		// pass would fail, and zombies stay in flight.
 		if err := retry.Preflight(ctx, r.pool, r.cfg.Schema, r.log, "reaper"); err != nil {
@@ -371,9 +378,9 @@ func (r *Reaper) Start(ctx context.Context) error {
 		}, nil
 	})
 	if err != nil {
-		return fmt.Errorf("reaper: %w", err)
+		return nil, fmt.Errorf("reaper: %w", err)
 	}
-	return nil
+	return stopped, nil
 }
 
 // Stop stops the background loop, cancelling a pass in progress, and waits
@@ -384,12 +391,19 @@ func (r *Reaper) Stop(ctx context.Context) error { return r.lc.Stop(ctx) }
 
 // Run starts the reaper, waits until ctx is cancelled, then stops it,
 // waiting up to 10 s for the pass in progress to roll back (Stop's
-// error if it did not).
+// error if it did not). A reaper stopped meanwhile by [Reaper.Stop] ends
+// Run too, once that Stop has ended: Run returns nil, and that Stop
+// reports its own errors.
 func (r *Reaper) Run(ctx context.Context) error {
-	if err := r.Start(ctx); err != nil {
+	stopped, err := r.start(ctx)
+	if err != nil {
 		return err
 	}
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case <-stopped:
+		return nil
+	}
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	return r.Stop(stopCtx)

@@ -179,8 +179,7 @@ func (s *Service) Start(ctx context.Context) error {
 // start is Start; it also returns a channel closed once this start's
 // service has been stopped, by whichever Stop, for Run to return on.
 func (s *Service) start(ctx context.Context) (<-chan struct{}, error) {
-	var stopped chan struct{}
-	err := s.lc.Start(ctx, func(ctx context.Context) (lifecycle.StopFunc, error) {
+	stopped, err := s.lc.StartDone(ctx, func(ctx context.Context) (lifecycle.StopFunc, error) {
 		if err := s.relayer.Start(ctx); err != nil {
 			return nil, err
 		}
@@ -189,11 +188,7 @@ func (s *Service) start(ctx context.Context) (<-chan struct{}, error) {
 				return nil, errors.Join(err, s.relayer.Stop(context.WithoutCancel(ctx)))
 			}
 		}
-		stopped = make(chan struct{})
-		return func(ctx context.Context) error {
-			defer close(stopped)
-			return s.stop(ctx)
-		}, nil
+		return s.stop, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("relay: %w", err)

@@ -20,6 +20,9 @@
 //     first).
 //   - Start after Stop starts the service again, with fresh internal state;
 //     counters carry over.
+//   - Run(ctx) starts the service and runs until ctx is done, then stops
+//     it; a Stop of another goroutine ends Run too, once that Stop has
+//     ended, and Run returns nil ([Lifecycle.StartDone]).
 //   - Start and Stop never run at the same time: a Start issued during a
 //     Stop waits for the Stop to finish (or for its own ctx), and the
 //     other way round.
@@ -94,6 +97,30 @@ func (l *Lifecycle) Start(ctx context.Context, start func(ctx context.Context) (
 	l.stop = stop
 	l.serving.Store(true)
 	return nil
+}
+
+// StartDone is Start, and also returns a channel closed once what this
+// start started has been stopped, by whichever Stop: what a Run waits on
+// besides its context, so that it returns when a Stop of another
+// goroutine (a program's shutdown hook) stopped the service. nil when the
+// start failed.
+func (l *Lifecycle) StartDone(ctx context.Context, start func(ctx context.Context) (StopFunc, error)) (<-chan struct{}, error) {
+	var done chan struct{}
+	err := l.Start(ctx, func(ctx context.Context) (StopFunc, error) {
+		stop, err := start(ctx)
+		if err != nil {
+			return nil, err
+		}
+		done = make(chan struct{})
+		return func(ctx context.Context) error {
+			defer close(done)
+			return stop(ctx)
+		}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return done, nil
 }
 
 // Stop stops the service if it runs (see the package contract).

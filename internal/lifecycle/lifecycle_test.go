@@ -170,3 +170,49 @@ func TestProcessIDsDiffer(t *testing.T) {
 		t.Fatalf("ProcessID() = %q, %q", a, b)
 	}
 }
+
+// TestStartDone: the channel StartDone returns is closed once that start's
+// service has been stopped, by any Stop, and not before; a failed start
+// gives none; a restart gives a fresh one.
+func TestStartDone(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	var l Lifecycle
+	stopped := make(chan struct{})
+	start := func(context.Context) (StopFunc, error) {
+		return func(context.Context) error { close(stopped); return nil }, nil
+	}
+	if done, err := l.StartDone(ctx, func(context.Context) (StopFunc, error) { return nil, errBoom }); done != nil || !errors.Is(err, errBoom) {
+		t.Fatalf("failed start: %v, %v", done, err)
+	}
+	done, err := l.StartDone(ctx, start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+		t.Fatal("done before any stop")
+	default:
+	}
+	if err := l.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	default:
+		t.Fatal("not done after Stop returned")
+	}
+	select {
+	case <-stopped:
+	default:
+		t.Fatal("done before the stop ran")
+	}
+	stopped = make(chan struct{})
+	again, err := l.StartDone(ctx, start)
+	if err != nil || again == done {
+		t.Fatalf("restart: %v (same channel: %v)", err, again == done)
+	}
+	if err := l.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
