@@ -220,10 +220,14 @@ func (r *Relayer) start(ctx context.Context) (<-chan struct{}, error) {
 // leased and the reaper requeues it after the lease. Stop returns
 // context.DeadlineExceeded if the deadline cut anything off.
 //
-// Recording gets up to [StopRecordTimeout] after the dispatches ended; if
-// the database cannot be reached by then, the unrecorded outcomes are
-// abandoned the same way (left in flight for the reaper), so Stop returns
-// even while the database is down. Stop on a relayer that is not running
+// Recording, and removing the relayer's idle registration, get up to
+// [StopRecordTimeout] after the dispatches ended; if the database cannot
+// be reached by then, the unrecorded outcomes are abandoned the same way
+// (left in flight for the reaper), so Stop returns even while the
+// database is down. A claim in progress when Stop begins is waited for,
+// not cancelled (one that committed unheard would strand what it took):
+// on a database that stopped answering, up to its 30 s round-trip
+// deadline, before the rest. Stop on a relayer that is not running
 // returns nil.
 func (r *Relayer) Stop(ctx context.Context) error { return r.lc.Stop(ctx) }
 
@@ -354,6 +358,10 @@ func (r *run) stop(ctx context.Context) error {
 			stragglers = true
 		}
 	}
+	// Recording and the clean-up after it share StopRecordTimeout: Stop
+	// returns that long after the dispatches at most, also while the
+	// database does not answer.
+	recordBy := time.Now().Add(StopRecordTimeout)
 	r.rec.finish()
 	r.hardStop()
 	if stragglers {
@@ -366,7 +374,11 @@ func (r *run) stop(ctx context.Context) error {
 		}()
 	}
 
-	cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	// What recording left of its time, 5 s at most: after recording was
+	// abandoned for a database that does not answer, the removal waited
+	// its own 5 s for it. A registration left behind goes with the
+	// reaper's pass, an hour later.
+	cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), min(5*time.Second, time.Until(recordBy)))
 	if err := r.unregisterIdle(cleanup); err != nil {
 		r.log.Warn("could not unregister idle relayer", "err", err)
 	}

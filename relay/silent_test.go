@@ -1,0 +1,100 @@
+package relay_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/ledgerline/outbox/engine"
+	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/payment"
+	"github.com/ledgerline/outbox/pending"
+	"github.com/ledgerline/outbox/rails"
+	"github.com/ledgerline/outbox/reaper"
+	"github.com/ledgerline/outbox/relay"
+)
+
+// funcTransport adapts a function to rails.Transport.
+type funcTransport func(ctx context.Context, ins payment.Instruction) (rails.Result, error)
+
+func (f funcTransport) Send(ctx context.Context, ins payment.Instruction) (rails.Result, error) {
+	return f(ctx, ins)
+}
+
+// testLogger logs to stderr only when OUTBOX_TEST_LOG is set.
+func testLogger() *slog.Logger {
+	if os.Getenv("OUTBOX_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// TestStopWhileTheDatabaseIsSilentKeepsItsBound: a service whose database
+// stops answering (every connection black-holed, as behind a dead network
+// path) while an outcome waits to be recorded stops within what README
+// promises a program sizing its shutdown grace: the stop timeout, then at
+// most engine.StopRecordTimeout (10 s) for recording, the outcome left in
+// flight for the reaper. It took 5 s more: after recording was abandoned,
+// the relayer's removal of its idle registration waited its own 5 s for
+// the same silent database.
+func TestStopWhileTheDatabaseIsSilentKeepsItsBound(t *testing.T) {
+	t.Parallel()
+	direct, proxied, proxy := testdb.NewProxied(t, 4, 4)
+	release := make(chan struct{})
+	transport := funcTransport(func(ctx context.Context, ins payment.Instruction) (rails.Result, error) {
+		select {
+		case <-release:
+			return rails.Result{Code: rails.SandboxAccepted, Reference: "ref-" + ins.IdempotencyKey}, nil
+		case <-ctx.Done():
+			return rails.Result{}, ctx.Err()
+		}
+	})
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: transport,
+		Codes: rails.SandboxCodes, Timeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := relay.New(proxied, relay.Config{Relayer: engine.Config{Rails: set, PollInterval: time.Minute, Logger: testLogger()},
+		Reaper: reaper.Config{Interval: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pending.Enqueue(t.Context(), direct, pending.Instruction{InstructionID: "a", ParticipantID: "p",
+		IdempotencyKey: "a", RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1"}); err != nil {
+		t.Fatal(err)
+	}
+	// Claimed, and the claim loop idle (its hot polls found nothing, and
+	// its next poll is a minute away): no claim is in progress when the
+	// database goes silent (Stop waits for one, see README).
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if st := svc.Relayer().Stats(); st.Claimed == 1 && st.HotPolls >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not claimed, or the claim loop not idle: %+v", svc.Relayer().Stats())
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	t.Logf("black-holed %d connections", proxy.HoldExisting())
+	close(release) // the rail answers; its outcome cannot be recorded
+
+	const stopTimeout = time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+	defer cancel()
+	started := time.Now()
+	err = svc.Stop(ctx)
+	took := time.Since(started)
+	t.Logf("Stop returned after %v: %v", took.Round(time.Millisecond), err)
+	if bound := stopTimeout + engine.StopRecordTimeout + 2*time.Second; took > bound {
+		t.Errorf("Stop took %v, past the documented bound of the stop timeout and %v more (%v with slack)",
+			took.Round(time.Millisecond), engine.StopRecordTimeout, bound)
+	}
+	if st := svc.Relayer().Stats(); st.LeftInFlight != 1 {
+		t.Errorf("stats %+v, want the outcome left in flight for the reaper", st)
+	}
+}
