@@ -22,6 +22,7 @@ import (
 	"sync/atomic"
 
 	"github.com/gofrs/uuid/v5"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/ledgerline/outbox/internal/store"
@@ -32,7 +33,10 @@ import (
 // DBTX is the part of a connection the producer uses. The caller's pgx.Tx
 // is the intended argument (the instruction commits or rolls back with the
 // caller's business rows); *pgxpool.Pool and *pgx.Conn also satisfy it, in
-// which case each call is its own transaction.
+// which case each call is its own transaction, or, on a connection (a
+// *pgx.Conn or *pgxpool.Conn) inside a transaction the caller began with
+// a BEGIN statement, part of that transaction, a batch under a savepoint
+// of it.
 type DBTX = store.Batcher
 
 // ErrInvalidConfig is wrapped by the errors [NewProducer] returns for a
@@ -187,6 +191,9 @@ func (p *Producer) EnqueueBatch(ctx context.Context, tx DBTX, ins []Instruction)
 		receipts, err := p.write(ctx, tx, preps)
 		return receipts, readOnly(err)
 	}
+	if inCallersTransaction(tx) {
+		return p.writeInSavepoint(ctx, tx, preps)
+	}
 	sp, err := tx.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("enqueue: begin: %w", err)
@@ -198,6 +205,54 @@ func (p *Producer) EnqueueBatch(ctx context.Context, tx DBTX, ins []Instruction)
 	}
 	if err := sp.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("enqueue: commit: %w", err)
+	}
+	return receipts, nil
+}
+
+// inCallersTransaction reports whether db is a connection (a *pgx.Conn,
+// or a pool's connection) inside a transaction pgx did not begin: the
+// caller sent BEGIN as a statement. pgx's Begin on it would send BEGIN
+// (PostgreSQL only warns) and then COMMIT or ROLLBACK: the caller's own
+// transaction, ended halfway through, its later statements each
+// committed on their own.
+func inCallersTransaction(db DBTX) bool {
+	var conn *pgx.Conn
+	switch c := db.(type) {
+	case pgx.Tx:
+		// Its Begin is a savepoint of it (it has Conn too).
+		return false
+	case *pgx.Conn:
+		conn = c
+	case interface{ Conn() *pgx.Conn }: // *pgxpool.Conn, without linking the pool
+		conn = c.Conn()
+	default:
+		return false
+	}
+	return conn != nil && conn.PgConn().TxStatus() != 'I'
+}
+
+// batchSavepoint names the savepoint of a batch written in its caller's
+// transaction (see writeInSavepoint).
+const batchSavepoint = "outbox_enqueue_batch"
+
+// writeInSavepoint is write under a savepoint of the caller's own
+// transaction, for a connection pgx's Begin would not nest on (see
+// inCallersTransaction): a refused batch leaves the transaction as it
+// was, open and usable, as it does a pgx.Tx.
+func (p *Producer) writeInSavepoint(ctx context.Context, db DBTX, preps []prepared) ([]Receipt, error) {
+	if _, err := db.Exec(ctx, "SAVEPOINT "+batchSavepoint); err != nil {
+		return nil, fmt.Errorf("enqueue: savepoint: %w", err)
+	}
+	receipts, err := p.write(ctx, db, preps)
+	if err != nil {
+		if _, rerr := db.Exec(ctx, "ROLLBACK TO SAVEPOINT "+batchSavepoint); rerr != nil {
+			return nil, errors.Join(readOnly(err), fmt.Errorf("enqueue: rollback to savepoint: %w", rerr))
+		}
+		_, _ = db.Exec(ctx, "RELEASE SAVEPOINT "+batchSavepoint)
+		return nil, readOnly(err)
+	}
+	if _, err := db.Exec(ctx, "RELEASE SAVEPOINT "+batchSavepoint); err != nil {
+		return nil, fmt.Errorf("enqueue: release savepoint: %w", err)
 	}
 	return receipts, nil
 }
