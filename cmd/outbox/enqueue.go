@@ -62,6 +62,10 @@ const (
 	// refused for good, until the owner looks at the row.
 	codeKeyWithoutInstruction = "KEY_WITHOUT_INSTRUCTION"
 	codeDatabaseError         = "DATABASE_ERROR"
+	// codeReadOnly is a line the database refused as read-only (a
+	// standby's connection, a read-only session): nothing was enqueued,
+	// and the line goes through on the primary, under the same key.
+	codeReadOnly = "READ_ONLY"
 	// codeCommitUnknown is a line whose transaction may have committed
 	// (its connection broke after the statements were sent) and whose
 	// resends under the same keys all failed: send it again under the
@@ -149,6 +153,8 @@ func classify(err error) *lineError {
 		return &lineError{Code: codeKeyWithoutInstruction, Field: payment.FieldIdempotencyKey, Message: err.Error()}
 	case errors.As(err, &jerr):
 		return &lineError{Code: codeInvalidInput, Field: jerr.Name, Message: "not a valid instruction: " + jerr.Error()}
+	case errors.Is(err, pending.ErrReadOnly):
+		return &lineError{Code: codeReadOnly, Message: err.Error() + " (a standby, or a read-only session: send it again to the primary, under the same key)"}
 	default:
 		return &lineError{Code: codeDatabaseError, Message: err.Error()}
 	}
@@ -506,12 +512,12 @@ func mayHaveCommitted(err error, why string) bool {
 // COMMIT_UNKNOWN when an earlier send of the line may have committed
 // (unknown, its failure) and le is not a refusal of the line itself: the
 // resends that followed failed (the database still away, say, during a
-// failover) and settled nothing. Reported as DATABASE_ERROR, the line
+// failover, or a standby reached that refuses writes) and settled nothing. Reported as DATABASE_ERROR, the line
 // would read as not enqueued, and a caller that enqueued it again under a
 // new key would pay it twice; under the same key a committed line answers
 // with its receipt.
 func commitUnknown(le *lineError, unknown error) *lineError {
-	if unknown == nil || le.Code != codeDatabaseError {
+	if unknown == nil || le.Code != codeDatabaseError && le.Code != codeReadOnly {
 		return le
 	}
 	return &lineError{Code: codeCommitUnknown, Message: fmt.Sprintf(

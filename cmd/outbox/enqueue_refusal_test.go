@@ -95,3 +95,34 @@ func TestEnqueueLineTheDatabaseRefusesDoesNotSinkItsBatch(t *testing.T) {
 		t.Errorf("pending %q, want the good lines A/k1 and A/k3", keys)
 	}
 }
+
+// TestEnqueueRefusedAsReadOnlyIsReadOnly: lines a read-only session
+// refuses (a standby's connection after a failover, a role or database
+// whose default is read-only) are READ_ONLY, not DATABASE_ERROR: nothing
+// was enqueued, and the same lines sent again to the primary, under the
+// same keys, go through, which a script needs to tell from a refusal for
+// good. One line alone and a --batch alike; nothing is written.
+func TestEnqueueRefusedAsReadOnlyIsReadOnly(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	if r := invokeCLI(t, nil, "", "migrate", "--database-url", b.url); r.code != 0 {
+		t.Fatalf("migrate: %d %s", r.code, r.stderr)
+	}
+	readOnly := b.url + "&default_transaction_read_only=on"
+	if !strings.Contains(b.url, "?") {
+		readOnly = b.url + "?default_transaction_read_only=on"
+	}
+	input := strings.Join([]string{inputJSON("p1", "k1", "100"), inputJSON("p2", "k2", "100")}, "\n")
+	for _, args := range [][]string{{"enqueue", "--database-url", readOnly}, {"enqueue", "--database-url", readOnly, "--batch", "2"}} {
+		r := invokeCLI(t, nil, input, args...)
+		requireExit(t, r, 1)
+		checkEnqueueOutput(t, r.stdout, []wantLine{wantError(codeReadOnly, ""), wantError(codeReadOnly, "")})
+	}
+	var n int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.idempotency_keys`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d keys (%v), want none", n, err)
+	}
+	r := invokeCLI(t, nil, input, "enqueue", "--database-url", b.url)
+	requireExit(t, r, 0)
+	checkEnqueueOutput(t, r.stdout, []wantLine{wantReceipt(1), wantReceipt(1)})
+}
