@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/url"
@@ -125,4 +126,29 @@ func TestEnqueueRefusedAsReadOnlyIsReadOnly(t *testing.T) {
 	r := invokeCLI(t, nil, input, "enqueue", "--database-url", b.url)
 	requireExit(t, r, 0)
 	checkEnqueueOutput(t, r.stdout, []wantLine{wantReceipt(1), wantReceipt(1)})
+}
+
+// TestCommitUnknownOutranksARefusalOfTheResend: after a send whose commit
+// reply was lost, a resend that a read-only server refuses (the standby
+// reached first after a failover) or that fails on the database settles
+// nothing: the line stays COMMIT_UNKNOWN. A refusal of the line itself (a
+// mismatch) is the line's answer, and without a lost reply nothing changes.
+func TestCommitUnknownOutranksARefusalOfTheResend(t *testing.T) {
+	t.Parallel()
+	lost := errors.New("conn closed")
+	for _, tc := range []struct {
+		code    string
+		unknown error
+		want    string
+	}{
+		{codeReadOnly, lost, codeCommitUnknown},
+		{codeDatabaseError, lost, codeCommitUnknown},
+		{codeMismatch, lost, codeMismatch},
+		{codeReadOnly, nil, codeReadOnly},
+		{codeDatabaseError, nil, codeDatabaseError},
+	} {
+		if got := commitUnknown(&lineError{Code: tc.code}, tc.unknown).Code; got != tc.want {
+			t.Errorf("%s after %v: %s, want %s", tc.code, tc.unknown, got, tc.want)
+		}
+	}
 }
