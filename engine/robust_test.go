@@ -372,8 +372,8 @@ func TestConfigRejectsStaleIdleRefresh(t *testing.T) {
 
 // TestStopBeginsWhileAWriteWaitsForALock: an outcome write waits for its
 // participant's lock (a producer's transaction holds it) when Stop is
-// called. Stop begins at once: the claim loop stops claiming, so an
-// instruction enqueued after Stop began is not claimed. Before, Stop
+// called. Stop begins at once: the claim loop ends while the write still
+// waits, and an instruction enqueued then is not claimed. Before, Stop
 // waited for the write (up to its 30 s timeout) before it even stopped
 // claiming, ignoring its context, and the relayer went on claiming and
 // calling rails that whole time, only to cut those calls off at the hard
@@ -388,6 +388,7 @@ func TestStopBeginsWhileAWriteWaitsForALock(t *testing.T) {
 	if err := r.Start(b.ctx); err != nil {
 		t.Fatal(err)
 	}
+	run := r.current.Load()
 	waitFor(t, 10*time.Second, "the held participant's outcome write to wait for its lock", func() bool {
 		var waiting bool
 		err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
@@ -402,6 +403,16 @@ func TestStopBeginsWhileAWriteWaitsForALock(t *testing.T) {
 		stopped <- r.Stop(ctx)
 	}()
 	waitFor(t, 10*time.Second, "Stop to begin", func() bool { return !r.Health().Running })
+	// The claim loop ends while the write still waits. A claim statement
+	// it sent just before Stop began may still be under way: enqueued
+	// before that statement's snapshot, the next instruction would be
+	// claimed (and handed back unsent), so it is enqueued once the loop
+	// has ended.
+	select {
+	case <-run.loopDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the claim loop did not end while the write waited for its lock")
+	}
 	b.enqueueOne(t, "late")
 	claimed := func() bool {
 		var n int
