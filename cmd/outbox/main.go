@@ -33,7 +33,7 @@ type command struct {
 }
 
 var commands = []command{
-	{"migrate", "apply schema migrations (up; --create-roles sets up least-privilege roles), show status, or switch the NOTIFY trigger [role: outbox_owner; a superuser for --create-roles]", runMigrate},
+	{"migrate", "apply schema migrations (up; --create-roles sets up least-privilege roles), show status, or switch the NOTIFY trigger or per-participant ordering [role: outbox_owner; a superuser for --create-roles]", runMigrate},
 	{"enqueue", "enqueue one instruction from flags, or JSON lines from stdin [role: outbox_producer]", runEnqueue},
 	{"demo", "run the whole system locally: Postgres, relayer, sandbox rail, a producer stream, a live summary", runDemo},
 	{"relay", "run a relayer (and the zombie reaper): claim, dispatch to rails, record outcomes [role: outbox_relayer]", runRelay},
@@ -44,7 +44,7 @@ var commands = []command{
 	{"cancel", "cancel pending instructions: never sent, a CANCELLED row archives who and why [role: outbox_operator]", runCancel},
 	{"rails", "pause and resume dispatch to a rail (or every rail) across the relayer fleet; list the pauses and their history [role: outbox_operator; outbox_auditor for list]", runRails},
 	{"audit", "an instruction's attempt trail, verify the invariants and the archive's tamper evidence, export checkpoints [role: outbox_auditor; outbox_relayer for checkpoint]", runAudit},
-	{"archive", "the archive's months: list them, detach old ones (and retire their keys), export one to CSV with its checksum [role: outbox_auditor; outbox_owner for detach]", runArchive},
+	{"archive", "the archive's months: list them, detach old ones (and retire their keys), export one to CSV with its checksum, give months written into the default partition their own [role: outbox_auditor; outbox_owner for detach and move-default]", runArchive},
 	{"reap", "one zombie-reaper pass: requeue in-flight instructions whose lease expired [role: outbox_relayer]", runReap},
 }
 
