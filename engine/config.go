@@ -3,7 +3,12 @@
 // concurrency and hard timeouts, and records outcomes in batches: retries
 // with backoff, dead letters, strict per-participant ordering. Stop is
 // graceful: claiming stops, dispatches finish up to a deadline, outcomes are
-// flushed, and anything cut off at the deadline stays leased for the reaper.
+// flushed. A call the deadline cuts off before the rail answered is recorded
+// by the stopping relayer itself, as a RETRYABLE attempt with error code
+// CUT_OFF_AT_STOP (outcome unknown, not claimed again before its lease
+// ends); one whose transport had sent nothing yet is RELEASED. Only what
+// the stop cannot record (the database unreachable) stays leased for the
+// reaper.
 package engine
 
 import (

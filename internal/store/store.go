@@ -5,6 +5,7 @@
 //	enqueue.go      producer: idempotency key, sequence id, pending row
 //	claim.go        relayer: pending -> in flight (+ DISPATCHING attempt)
 //	record.go       relayer: in flight -> dispatched | pending (retry) | dead letter
+//	handoff.go      relayer: in the outcome's transaction, the freed participants' next instructions (and refills) -> in flight
 //	withdraw.go     relayer: a late terminal outcome withdraws the reaper's requeued copy
 //	reap.go         reaper: expired in flight -> pending (+ ZOMBIE_REQUEUE)
 //	replay.go       operator: dead letter -> pending (+ REPLAYED)
@@ -13,9 +14,11 @@
 //	pause.go        operator: a rail paused or resumed (claims leave it alone)
 //
 // and the reads beside them (pending.go, trail.go, deadletters.go,
-// snapshot.go, verify.go), the adaptive NOTIFY registrations (idle.go) and partition
-// upkeep (partitions.go). The column lists of the tables are written once,
-// in columns.go, and the retry-budget arithmetic once, in budget.go.
+// snapshot.go, verify.go), the adaptive NOTIFY registrations (idle.go),
+// partition upkeep (partitions.go), the archive's checkpoints (chain.go)
+// and its lifecycle: detach, key retirement, export (archive.go). The
+// column lists of the tables are written once, in columns.go, and the
+// retry-budget arithmetic once, in budget.go.
 //
 // Every transition is one statement (one implicit transaction) or, where
 // it must see another transaction's commit, a fixed pair; none holds a
