@@ -9,7 +9,10 @@
 // a second key would be paid twice ([InstructionReusedError],
 // [ErrInstructionIDReused]). Both are refused with nothing written. Derive
 // the key from the instruction ([DeterministicKey]) and keep it for every
-// retry.
+// retry. A key is kept so until `outbox archive detach` retires it with the
+// archive month that ended its instruction: its instruction is then still
+// refused under it ([ErrKeyRetired]), and another instruction id may take
+// it.
 package pending
 
 import (
