@@ -19,7 +19,7 @@ import (
 
 // runStats prints the queue's operational state as one JSON object.
 func runStats(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet(env, "stats", "stats [flags]   (queue depth, due, oldest due age, in flight, stuck, DLQ depth, idle relayers, what holds back vacuum)")
+	fs := newFlagSet(env, "stats", "stats [flags]   (queue depth, due, oldest due age, in flight, stuck, DLQ depth, idle relayers, paused rails, the archive's upkeep, what holds back vacuum)")
 	var db dbFlags
 	db.register(fs, poolconfig.Operator("stats"))
 	if _, err := parseFlags(fs, env, args); err != nil {
