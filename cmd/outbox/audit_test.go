@@ -190,3 +190,23 @@ func TestReapTakesTheFleetsZombieLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestReapRefusesArgumentsAndSaysWhenItFailed: `outbox reap once` ran a
+// pass, the argument silently ignored (an alert's runbook even said so);
+// it is a usage error (exit 2) now. A pass that fails (here, on a schema
+// never migrated) no longer prints "requeued 0 zombie instruction(s)"
+// before its error, as if it had run.
+func TestReapRefusesArgumentsAndSaysWhenItFailed(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	r := b.cli(t, "", "reap", "once")
+	requireExit(t, r, 2)
+	if !strings.Contains(r.stderr, "reap takes no arguments") {
+		t.Errorf("reap once: stderr %q", r.stderr)
+	}
+	r = b.cli(t, "", "reap", "--schema", "never_migrated")
+	requireExit(t, r, 1)
+	if strings.Contains(r.stderr, "requeued 0") {
+		t.Errorf("a failed pass says it requeued: %q", r.stderr)
+	}
+}

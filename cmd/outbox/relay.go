@@ -409,6 +409,9 @@ func runReap(ctx context.Context, env *environment, args []string) error {
 	if _, err := parseFlags(fs, env, args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: reap takes no arguments (one pass is all it does), not %q", errUsage, fs.Args())
+	}
 	log, err := newLogger(env.stderr, *logFormat, "warn")
 	if err != nil {
 		return err
@@ -436,6 +439,10 @@ func runReap(ctx context.Context, env *environment, args []string) error {
 			RequeuedAt    time.Time `json:"requeued_at"`
 		}{q.OutboxID.String(), q.InstructionID, q.ParticipantID, q.SequenceID, q.AttemptNo, q.RelayerID, q.LeaseUntil, q.RequeuedAt})
 	}
+	if err != nil {
+		// Printed above: what was requeued before the failure, if anything.
+		return err
+	}
 	fmt.Fprintf(env.stderr, "requeued %d zombie instruction(s)\n", len(requeued))
-	return err
+	return nil
 }
