@@ -306,12 +306,8 @@ func (s *Store) verifyChains(ctx context.Context, tx pgx.Tx, r *Report, examples
 		return err
 	}
 	defer rows.Close()
-	counts := map[string]int{}
-	add := func(check, detail string) {
-		if counts[check]++; counts[check] <= examples {
-			r.Violations = append(r.Violations, Violation{Invariant: tamperInvariant, Check: check, Detail: detail})
-		}
-	}
+	v := newBoundedViolations(examples, "row hashes", "chain links")
+	add := v.add
 	var (
 		current        uuid.UUID
 		seen           = map[[32]byte]bool{}
@@ -349,12 +345,7 @@ func (s *Store) verifyChains(ctx context.Context, tx pgx.Tx, r *Report, examples
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	for check, n := range counts {
-		if n > examples {
-			r.Violations = append(r.Violations, Violation{Invariant: tamperInvariant, Check: check,
-				Detail: fmt.Sprintf("and %d more", n-examples)})
-		}
-	}
+	v.flush(r)
 	return nil
 }
 
@@ -368,10 +359,10 @@ const defaultCheckpointBatch = 10_000
 // recomputes every period's digest from the archive, and compares them
 // with an exported copy when one is given. It reads the checkpoints a
 // batch at a time, in order: only the last one read carries over.
-func (s *Store) verifyCheckpoints(ctx context.Context, tx pgx.Tx, r *Report, exported []Checkpoint) error {
-	add := func(check, detail string) {
-		r.Violations = append(r.Violations, Violation{Invariant: tamperInvariant, Check: check, Detail: detail})
-	}
+func (s *Store) verifyCheckpoints(ctx context.Context, tx pgx.Tx, r *Report, exported []Checkpoint, examples int) error {
+	v := newBoundedViolations(examples, "checkpoint chain", "checkpoint digests", "exported checkpoints")
+	defer v.flush(r)
+	add := v.add
 	batch := s.checkpointBatch
 	if batch <= 0 {
 		batch = defaultCheckpointBatch
@@ -434,6 +425,43 @@ func (s *Store) verifyCheckpoints(ctx context.Context, tx pgx.Tx, r *Report, exp
 		r.ExportedCheckpoints = len(exported)
 	}
 	return nil
+}
+
+// boundedViolations keeps the first examples violations of each of its
+// checks and counts the rest: a month of checkpoints tampered with is
+// 43,200 of them, which held and sent whole through the API would be
+// megabytes in the relayer verifying for the console. flush reports them
+// in its checks' order whatever the order they came in, so the report does
+// not depend on how verify batched its reads.
+type boundedViolations struct {
+	examples int
+	checks   []string
+	held     map[string][]string
+	counts   map[string]int
+}
+
+func newBoundedViolations(examples int, checks ...string) *boundedViolations {
+	return &boundedViolations{examples: examples, checks: checks, held: map[string][]string{}, counts: map[string]int{}}
+}
+
+func (b *boundedViolations) add(check, detail string) {
+	if b.counts[check]++; b.counts[check] <= b.examples {
+		b.held[check] = append(b.held[check], detail)
+	}
+}
+
+// flush appends the examples of every check to r, each check's followed
+// by "and N more" when it had more.
+func (b *boundedViolations) flush(r *Report) {
+	for _, check := range b.checks {
+		for _, d := range b.held[check] {
+			r.Violations = append(r.Violations, Violation{Invariant: tamperInvariant, Check: check, Detail: d})
+		}
+		if n := b.counts[check]; n > b.examples {
+			r.Violations = append(r.Violations, Violation{Invariant: tamperInvariant, Check: check,
+				Detail: fmt.Sprintf("and %d more", n-b.examples)})
+		}
+	}
 }
 
 // checkpointBatchAfter reads up to n checkpoints starting after after, in

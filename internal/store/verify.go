@@ -60,7 +60,10 @@ type VerifyOptions struct {
 	// present state under ordering (queued counts, one head per
 	// participant) run whenever the database has ordering on.
 	Ordered bool
-	// Examples caps the violations reported per check (default 10).
+	// Examples caps the violations reported per check (default 10). The
+	// chain and checkpoint checks then add one "and N more": a dropped
+	// month is tens of thousands of them, which the report would
+	// otherwise hold (and the admin API send) whole.
 	Examples int
 	// Checkpoints, when not nil, is an export of the checkpoints kept
 	// outside the database (ReadCheckpoints): each must still be in the
@@ -401,7 +404,7 @@ func (s *Store) verifyTasks(opts VerifyOptions) []verifyTask {
 			return s.verifyChains(ctx, tx, r, opts.Examples)
 		}},
 		verifyTask{"checkpoints", func(ctx context.Context, tx pgx.Tx, r *Report) error {
-			return s.verifyCheckpoints(ctx, tx, r, opts.Checkpoints)
+			return s.verifyCheckpoints(ctx, tx, r, opts.Checkpoints, opts.Examples)
 		}})
 }
 
