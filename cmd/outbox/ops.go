@@ -294,11 +294,8 @@ func runCheckpoints(ctx context.Context, env *environment, db *dbFlags, take boo
 		}
 		return err
 	}
-	cps, err := archive.Checkpoints(ctx, pool)
-	if err != nil {
-		return err
-	}
-	return attempts.WriteCheckpoints(env.stdout, cps)
+	// A batch at a time: after years, millions of checkpoints.
+	return archive.ExportCheckpoints(ctx, pool, env.stdout)
 }
 
 func openArchive(ctx context.Context, env *environment, db *dbFlags) (*attempts.Archive, *pgxpool.Pool, func(), error) {

@@ -108,8 +108,8 @@ WITH asked AS (SELECT clock_timestamp() - $1::bigint * interval '1 microsecond' 
 SELECT c.period_start, c.period_end, c.row_count, c.digest, c.prev_hash, c.hash, c.period_end < asked.period_end
 FROM asked, {schema}.take_checkpoint(asked.period_end, interval '30 seconds', $2::bigint * interval '1 microsecond') c`
 
-// Checkpoints returns every checkpoint, oldest first: what an auditor
-// exports (WriteCheckpoints) and keeps outside the database.
+// Checkpoints returns every checkpoint, oldest first, all held at once
+// (ExportCheckpoints writes the export without holding them).
 func (s *Store) Checkpoints(ctx context.Context, db Querier) ([]Checkpoint, error) {
 	rows, err := db.Query(ctx, s.sql.checkpoints)
 	if err != nil {
@@ -121,6 +121,57 @@ func (s *Store) Checkpoints(ctx context.Context, db Querier) ([]Checkpoint, erro
 	}
 	return cps, nil
 }
+
+// ExportCheckpoints writes every checkpoint to w as the export
+// (WriteCheckpoints' format), oldest first, reading them 10,000 at a time:
+// one is taken a minute, so Checkpoints, which holds them all, holds half
+// a million a year. Checkpoints are only ever appended after the last, so
+// the batches, each its own statement, read every checkpoint once.
+func (s *Store) ExportCheckpoints(ctx context.Context, db Querier, w io.Writer) error {
+	batch := s.checkpointBatch
+	if batch <= 0 {
+		batch = defaultCheckpointBatch
+	}
+	enc := json.NewEncoder(w)
+	if err := enc.Encode(exportHeader{Format: checkpointsExportFormat}); err != nil {
+		return fmt.Errorf("checkpoints export: %w", err)
+	}
+	var end exportEnd
+	after := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
+	for {
+		rows, err := db.Query(ctx, s.sql.checkpointsAfter, after, batch)
+		if err != nil {
+			return fmt.Errorf("checkpoints: %w", err)
+		}
+		cps, err := pgx.CollectRows(rows, scanCheckpoint)
+		if err != nil {
+			return fmt.Errorf("checkpoints: %w", err)
+		}
+		for _, c := range cps {
+			if err := enc.Encode(c); err != nil {
+				return fmt.Errorf("checkpoints export: %w", err)
+			}
+		}
+		end.End.Checkpoints += len(cps)
+		if len(cps) > 0 {
+			last := cps[len(cps)-1]
+			end.End.LastHash, after = last.Hash, pgtype.Timestamptz{Time: last.PeriodStart, Valid: true}
+		}
+		if len(cps) < batch {
+			break
+		}
+	}
+	if err := enc.Encode(end); err != nil {
+		return fmt.Errorf("checkpoints export: %w", err)
+	}
+	return nil
+}
+
+// checkpointsAfterSQL is checkpointsSQL a batch at a time: up to $2
+// checkpoints starting after $1, through the primary key.
+const checkpointsAfterSQL = `
+SELECT period_start, period_end, row_count, digest, prev_hash, hash
+FROM {schema}.checkpoints WHERE period_start > $1 ORDER BY period_start LIMIT $2`
 
 const checkpointsSQL = `
 SELECT period_start, period_end, row_count, digest, prev_hash, hash

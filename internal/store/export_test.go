@@ -11,7 +11,7 @@ const (
 // workers share.
 var BeginVerify = beginVerify
 
-// WithCheckpointBatch returns a copy of s whose verify reads n
+// WithCheckpointBatch returns a copy of s whose verify and export read n
 // checkpoints at a time.
 func WithCheckpointBatch(s *Store, n int) *Store {
 	c := *s

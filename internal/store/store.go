@@ -65,8 +65,8 @@ type TxBeginner interface {
 type Store struct {
 	schema string
 	sql    statements
-	// checkpointBatch is how many checkpoints verify reads at a time (0:
-	// defaultCheckpointBatch); tests make it small.
+	// checkpointBatch is how many checkpoints verify and the export read
+	// at a time (0: defaultCheckpointBatch); tests make it small.
 	checkpointBatch int
 }
 
@@ -114,7 +114,7 @@ type statements struct {
 	verifyChecks                                          []string
 	registerIdle, unregisterIdle, forgetStaleIdle         string
 	ensurePartitions                                      string
-	takeCheckpoint, checkpoints                           string
+	takeCheckpoint, checkpoints, checkpointsAfter         string
 	retireKeys                                            string
 	keysRetired                                           string
 	dropRetiredKeys                                       string
@@ -191,6 +191,7 @@ func renderStatements(schema string) statements {
 		liveRelayers:               q(liveRelayersSQL),
 		deadLetter:                 q(deadLetterSQL),
 		checkpoints:                q(checkpointsSQL),
+		checkpointsAfter:           q(checkpointsAfterSQL),
 		verifyChains:               q(verifyChainsSQL),
 		verifyCheckpoints:          q(verifyCheckpointsSQL),
 		verifyDigests:              q(verifyDigestsSQL),
