@@ -108,6 +108,9 @@ type Server struct {
 	overviewReads *sharedread.Value[overviewReads]
 	// standby says whether Pool's database is a standby (onStandby).
 	standby *sharedread.Value[bool]
+	// trailPage is how many archive rows a trail's page holds (0:
+	// maxPageSize); tests make it small.
+	trailPage int
 }
 
 // New validates cfg and returns a Server.

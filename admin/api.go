@@ -211,6 +211,9 @@ func queuedCursor(q store.Queued) store.Cursor { return store.Cursor{At: q.Enque
 func deadLetterCursor(d store.DeadLetter) store.Cursor {
 	return store.Cursor{At: d.FailedAt, ID: d.OutboxID}
 }
+func attemptCursor(a store.Attempt) store.Cursor {
+	return store.Cursor{At: a.CreatedAt, ID: a.AttemptID}
+}
 
 // encodeCursor and decodeCursor turn a keyset position into an opaque
 // token and back.
@@ -523,19 +526,24 @@ func (s *Server) takeAction(ctx context.Context, id uuid.UUID, shown *time.Time,
 // trail returns an instruction's attempts, oldest first: /trail/{outbox
 // id} or /trail?instruction_id=.
 func (s *Server) trail(w http.ResponseWriter, r *http.Request, _ Token) {
-	var (
-		trail []store.Attempt
-		err   error
-	)
+	after, limit, err := pageParams(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	if r.URL.Query().Get("limit") == "" {
+		limit = s.trailPageSize()
+	}
+	var trail []store.Attempt
 	if idText := r.PathValue("id"); idText != "" {
 		id, perr := uuid.FromString(idText)
 		if perr != nil {
 			writeError(w, http.StatusBadRequest, "not an outbox id")
 			return
 		}
-		trail, err = s.store.Trail(r.Context(), s.cfg.Pool, id)
+		trail, err = s.store.TrailAfter(r.Context(), s.cfg.Pool, id, after, limit+1)
 	} else if ins := r.URL.Query().Get("instruction_id"); ins != "" {
-		trail, err = s.store.TrailByInstruction(r.Context(), s.cfg.Pool, ins)
+		trail, err = s.store.TrailByInstructionAfter(r.Context(), s.cfg.Pool, ins, after, limit+1)
 	} else {
 		writeError(w, http.StatusBadRequest, "an outbox id or ?instruction_id= is required")
 		return
@@ -544,10 +552,32 @@ func (s *Server) trail(w http.ResponseWriter, r *http.Request, _ Token) {
 		s.internalError(w, r, err)
 		return
 	}
-	if trail == nil {
-		trail = []store.Attempt{}
+	trail, next := trailPageOf(trail, limit)
+	writeJSON(w, http.StatusOK, map[string]any{"attempts": trail, "next": next})
+}
+
+// trailPageOf cuts rows, read with one more than limit, to a page, and
+// gives the cursor of the next page ("" when the extra row was not there:
+// the trail's last page links to nothing, not to an empty page).
+func trailPageOf(rows []store.Attempt, limit int) ([]store.Attempt, string) {
+	if rows == nil {
+		rows = []store.Attempt{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"attempts": trail})
+	if len(rows) <= limit {
+		return rows, ""
+	}
+	rows = rows[:limit]
+	return rows, encodeCursor(attemptCursor(rows[limit-1]))
+}
+
+// trailPageSize is how many archive rows a trail's page holds, in the API
+// (without ?limit=) and the console: a trail of up to that many comes
+// whole, as before trails were paged.
+func (s *Server) trailPageSize() int {
+	if s.trailPage > 0 {
+		return s.trailPage
+	}
+	return maxPageSize
 }
 
 // verify runs audit verify (the ordering invariants unless

@@ -408,11 +408,13 @@ func (s *Server) pageCancel(w http.ResponseWriter, r *http.Request, p *page) {
 // " (instruction ... of participant ...)", for a notice; "" when the trail
 // cannot be read (the action is done: its notice still says so).
 func (s *Server) instructionOf(ctx context.Context, id uuid.UUID) string {
-	atts, err := s.store.Trail(ctx, s.cfg.Pool, id)
+	// Its first row: every row of an outbox id names the same instruction,
+	// and its whole trail may be thousands.
+	atts, err := s.store.TrailAfter(ctx, s.cfg.Pool, id, store.Cursor{}, 1)
 	if err != nil || len(atts) == 0 {
 		return ""
 	}
-	a := atts[len(atts)-1]
+	a := atts[0]
 	return " (instruction " + a.InstructionID + " of participant " + a.ParticipantID + ")"
 }
 
@@ -574,6 +576,10 @@ type trailPage struct {
 	ID, InstructionID string
 	Attempts          []store.Attempt
 	Searched          bool
+	// After is this page's cursor ("" on the first), Next the cursor of
+	// the later attempts ("" when there are none): a trail is shown a page
+	// of archive rows at a time.
+	After, Next string
 	// Instructions is how many outbox ids the attempts are of: more than
 	// one for an instruction id of several tenants (or, enqueued before
 	// migration 030 refused it, under several keys), whose trails the
@@ -588,8 +594,13 @@ type trailPage struct {
 
 func (s *Server) pageTrail(w http.ResponseWriter, r *http.Request, p *page) {
 	q := r.URL.Query()
-	d := trailPage{ID: q.Get("id"), InstructionID: q.Get("instruction_id")}
-	var err error
+	d := trailPage{ID: q.Get("id"), InstructionID: q.Get("instruction_id"), After: q.Get("after")}
+	after, err := decodeCursor(d.After)
+	if err != nil {
+		p.Error = "That link's position in the trail is not valid: start from its first page."
+		d.ID, d.InstructionID, d.After = "", "", ""
+	}
+	limit := s.trailPageSize()
 	switch {
 	case d.ID != "":
 		id, perr := uuid.FromString(d.ID)
@@ -598,14 +609,17 @@ func (s *Server) pageTrail(w http.ResponseWriter, r *http.Request, p *page) {
 			break
 		}
 		d.Searched = true
-		d.Attempts, err = s.store.Trail(r.Context(), s.cfg.Pool, id)
+		d.Attempts, err = s.store.TrailAfter(r.Context(), s.cfg.Pool, id, after, limit+1)
 	case d.InstructionID != "":
 		d.Searched = true
-		d.Attempts, err = s.store.TrailByInstruction(r.Context(), s.cfg.Pool, d.InstructionID)
+		d.Attempts, err = s.store.TrailByInstructionAfter(r.Context(), s.cfg.Pool, d.InstructionID, after, limit+1)
 	}
 	if err != nil {
 		s.internalError(w, r, err)
 		return
+	}
+	if d.Searched {
+		d.Attempts, d.Next = trailPageOf(d.Attempts, limit)
 	}
 	ids := map[uuid.UUID]bool{}
 	for _, a := range d.Attempts {

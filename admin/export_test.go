@@ -11,3 +11,7 @@ import (
 func SetOverviewMaxAge(s *Server, d time.Duration) {
 	s.overviewReads = sharedread.New(d, s.readOverview)
 }
+
+// SetTrailPageSize makes s's trails (API and console) n archive rows a
+// page, for tests that would otherwise need hundreds of attempts.
+func SetTrailPageSize(s *Server, n int) { s.trailPage = n }

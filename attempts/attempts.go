@@ -147,7 +147,8 @@ func New(schema string) (*Archive, error) {
 	return &Archive{store: s}, nil
 }
 
-// Trail returns every attempt row of an instruction, oldest first.
+// Trail returns every attempt row of an instruction, oldest first, all
+// held at once (TrailAfter reads it a page at a time).
 func (a *Archive) Trail(ctx context.Context, db DB, outboxID uuid.UUID) ([]Attempt, error) {
 	return a.store.Trail(ctx, db, outboxID)
 }
@@ -156,6 +157,30 @@ func (a *Archive) Trail(ctx context.Context, db DB, outboxID uuid.UUID) ([]Attem
 // id (all outbox ids it was enqueued under), oldest first.
 func (a *Archive) TrailByInstruction(ctx context.Context, db DB, instructionID string) ([]Attempt, error) {
 	return a.store.TrailByInstruction(ctx, db, instructionID)
+}
+
+// TrailAfter is the page of [Archive.Trail] that follows after, the last
+// row of the previous page (nil for the first page), at most limit rows.
+// An instruction retried through a long outage has thousands of rows
+// (CIRCUIT_OPEN, RELEASED and CUT_OFF_AT_STOP use up no retry); a page
+// holds only its own.
+func (a *Archive) TrailAfter(ctx context.Context, db DB, outboxID uuid.UUID, after *Attempt, limit int) ([]Attempt, error) {
+	return a.store.TrailAfter(ctx, db, outboxID, attemptCursor(after), limit)
+}
+
+// TrailByInstructionAfter is the page of [Archive.TrailByInstruction]
+// that follows after, as [Archive.TrailAfter].
+func (a *Archive) TrailByInstructionAfter(ctx context.Context, db DB, instructionID string, after *Attempt, limit int) ([]Attempt, error) {
+	return a.store.TrailByInstructionAfter(ctx, db, instructionID, attemptCursor(after), limit)
+}
+
+// attemptCursor is the keyset position of a trail's row (nil: before the
+// first).
+func attemptCursor(a *Attempt) store.Cursor {
+	if a == nil {
+		return store.Cursor{}
+	}
+	return store.Cursor{At: a.CreatedAt, ID: a.AttemptID}
 }
 
 // DeadLetters lists dead letters, oldest failure first; acknowledged ones

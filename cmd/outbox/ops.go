@@ -250,23 +250,34 @@ func runAudit(ctx context.Context, env *environment, args []string) error {
 		}
 		return nil
 	}
-	var trail []attempts.Attempt
-	if *instructionID != "" {
-		trail, err = archive.TrailByInstruction(ctx, pool, *instructionID)
-	} else {
-		trail, err = archive.Trail(ctx, pool, outboxID)
+	// A page at a time: a trail through a long outage is thousands of rows.
+	var last *attempts.Attempt
+	for printed := 0; ; {
+		var page []attempts.Attempt
+		if *instructionID != "" {
+			page, err = archive.TrailByInstructionAfter(ctx, pool, *instructionID, last, trailPage)
+		} else {
+			page, err = archive.TrailAfter(ctx, pool, outboxID, last, trailPage)
+		}
+		if err != nil {
+			return err
+		}
+		for _, a := range page {
+			_ = out.Encode(a)
+		}
+		printed += len(page)
+		if len(page) < trailPage {
+			if printed == 0 {
+				fmt.Fprintln(env.stderr, "no attempts (not claimed yet, or unknown)")
+			}
+			return nil
+		}
+		last = &page[len(page)-1]
 	}
-	if err != nil {
-		return err
-	}
-	for _, a := range trail {
-		_ = out.Encode(a)
-	}
-	if len(trail) == 0 {
-		fmt.Fprintln(env.stderr, "no attempts (not claimed yet, or unknown)")
-	}
-	return nil
 }
+
+// trailPage is how many archive rows `audit trail` reads per query.
+const trailPage = 1000
 
 // runCheckpoints takes the archive's next checkpoints up to now (take) and
 // prints them (a checkpoint digests a bounded number of rows, migration
