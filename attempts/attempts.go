@@ -105,6 +105,18 @@ var ErrCheckpointsExport = store.ErrCheckpointsExport
 // of an earlier build, which has no first and end lines).
 func ReadCheckpoints(r io.Reader) ([]Checkpoint, error) { return store.ReadCheckpoints(r) }
 
+// CheckpointsReader reads an export a checkpoint at a time, checking it as
+// [ReadCheckpoints] does; it is the VerifyOptions.CheckpointsFrom of an
+// export too large to hold (half a million checkpoints a year).
+type CheckpointsReader = store.CheckpointsReader
+
+// NewCheckpointsReader reads the export in r.
+func NewCheckpointsReader(r io.Reader) *CheckpointsReader { return store.NewCheckpointsReader(r) }
+
+// CheckpointSource hands out an export's checkpoints in order
+// (VerifyOptions.CheckpointsFrom).
+type CheckpointSource = store.CheckpointSource
+
 // VerifyOptions tune [Archive.Verify].
 type VerifyOptions = store.VerifyOptions
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/user"
 	"strings"
@@ -187,18 +188,20 @@ func runAudit(ctx context.Context, env *environment, args []string) error {
 	case fs.Arg(0) != "trail" && fs.Arg(0) != "verify":
 		return fmt.Errorf("%w: audit needs trail, verify, checkpoint or checkpoints", errUsage)
 	}
-	var exported []attempts.Checkpoint
 	if *against != "" {
+		// Checked whole before anything is read from the database, a
+		// checkpoint at a time: an export of years is millions of them,
+		// which verify reads again from the file as it compares them.
 		f, err := os.Open(*against)
 		if err != nil {
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}
-		exported, err = attempts.ReadCheckpoints(f)
+		n, err := countCheckpoints(f)
 		f.Close()
 		if err != nil {
 			return fmt.Errorf("%w: %s: %v", errUsage, *against, err)
 		}
-		if len(exported) == 0 {
+		if n == 0 {
 			return fmt.Errorf("%w: %s holds no checkpoints", errUsage, *against)
 		}
 	}
@@ -226,7 +229,20 @@ func runAudit(ctx context.Context, env *environment, args []string) error {
 	defer cleanup()
 	out := json.NewEncoder(env.stdout)
 	if fs.Arg(0) == "verify" {
-		rep, err := archive.Verify(ctx, pool, attempts.VerifyOptions{Ordered: !*unordered, Checkpoints: exported, Workers: *workers})
+		opts := attempts.VerifyOptions{Ordered: !*unordered, Workers: *workers}
+		if *against != "" {
+			f, err := os.Open(*against)
+			if err != nil {
+				return fmt.Errorf("%w: %v", errUsage, err)
+			}
+			defer f.Close()
+			opts.CheckpointsFrom = attempts.NewCheckpointsReader(f)
+		}
+		rep, err := archive.Verify(ctx, pool, opts)
+		if errors.Is(err, attempts.ErrCheckpointsExport) {
+			// The file changed since it was checked.
+			return fmt.Errorf("%w: %s: %v", errUsage, *against, err)
+		}
 		if err != nil {
 			return err
 		}
@@ -278,6 +294,18 @@ func runAudit(ctx context.Context, env *environment, args []string) error {
 
 // trailPage is how many archive rows `audit trail` reads per query.
 const trailPage = 1000
+
+// countCheckpoints reads an export through, holding one checkpoint at a
+// time, and returns how many it holds, or why it is not whole.
+func countCheckpoints(r io.Reader) (int, error) {
+	cr := attempts.NewCheckpointsReader(r)
+	for n := 0; ; n++ {
+		_, ok, err := cr.Next()
+		if err != nil || !ok {
+			return n, err
+		}
+	}
+}
 
 // runCheckpoints takes the archive's next checkpoints up to now (take) and
 // prints them (a checkpoint digests a bounded number of rows, migration

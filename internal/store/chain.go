@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/gofrs/uuid/v5"
@@ -242,60 +243,100 @@ func WriteCheckpoints(w io.Writer, cps []Checkpoint) error {
 // that starts with the format line must end with its end line, matching
 // the checkpoints between: otherwise it was cut short, or lines were
 // added or removed, and ReadCheckpoints returns ErrCheckpointsExport.
+// It holds every checkpoint; CheckpointsReader reads one at a time.
 func ReadCheckpoints(r io.Reader) ([]Checkpoint, error) {
 	var cps []Checkpoint
-	var formatted, ended bool
+	cr := NewCheckpointsReader(r)
+	for {
+		c, ok, err := cr.Next()
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return cps, nil
+		}
+		cps = append(cps, c)
+	}
+}
+
+// CheckpointsReader reads an export a checkpoint at a time, checking it as
+// ReadCheckpoints does: an export of years is millions of checkpoints,
+// which verify compares with the database's as it reads both, in order
+// (VerifyOptions.CheckpointsFrom), holding neither whole.
+type CheckpointsReader struct {
+	sc          *bufio.Scanner
+	line, count int
+	// seenLine: a line other than a blank one was read (the format line
+	// must be the first such).
+	seenLine, formatted, ended, eof bool
+	last                            HexBytes
+}
+
+// NewCheckpointsReader reads the export in r.
+func NewCheckpointsReader(r io.Reader) *CheckpointsReader {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 1<<20)
-	for n, first := 1, true; sc.Scan(); n++ {
-		line := bytes.TrimSpace(sc.Bytes())
+	return &CheckpointsReader{sc: sc}
+}
+
+// Next returns the export's next checkpoint, or false at its end, once
+// the export was read whole and found whole; an export that is not is
+// ErrCheckpointsExport.
+func (cr *CheckpointsReader) Next() (Checkpoint, bool, error) {
+	for !cr.eof && cr.sc.Scan() {
+		cr.line++
+		n := cr.line
+		line := bytes.TrimSpace(cr.sc.Bytes())
 		if len(line) == 0 {
 			continue
 		}
-		if ended {
-			return nil, fmt.Errorf("%w: line %d follows the end line", ErrCheckpointsExport, n)
+		if cr.ended {
+			return Checkpoint{}, false, fmt.Errorf("%w: line %d follows the end line", ErrCheckpointsExport, n)
 		}
+		first := !cr.seenLine
 		var probe map[string]json.RawMessage
 		if err := json.Unmarshal(line, &probe); err != nil {
-			return nil, fmt.Errorf("%w: line %d: %v", ErrCheckpointsExport, n, err)
+			return Checkpoint{}, false, fmt.Errorf("%w: line %d: %v", ErrCheckpointsExport, n, err)
 		}
 		switch {
 		case probe["outbox_checkpoints_export"] != nil:
 			var h exportHeader
 			if err := strictJSON(line, &h); err != nil || !first || h.Format != checkpointsExportFormat {
-				return nil, fmt.Errorf("%w: line %d: not the first line of an export of format %d (%s)", ErrCheckpointsExport, n, checkpointsExportFormat, line)
+				return Checkpoint{}, false, fmt.Errorf("%w: line %d: not the first line of an export of format %d (%s)", ErrCheckpointsExport, n, checkpointsExportFormat, line)
 			}
-			formatted = true
+			cr.formatted = true
 		case probe["end_of_export"] != nil:
 			var e exportEnd
-			if err := strictJSON(line, &e); err != nil || !formatted {
-				return nil, fmt.Errorf("%w: line %d: an end line %s", ErrCheckpointsExport, n, line)
+			if err := strictJSON(line, &e); err != nil || !cr.formatted {
+				return Checkpoint{}, false, fmt.Errorf("%w: line %d: an end line %s", ErrCheckpointsExport, n, line)
 			}
-			var last HexBytes
-			if len(cps) > 0 {
-				last = cps[len(cps)-1].Hash
+			if e.End.Checkpoints != cr.count || !bytes.Equal(e.End.LastHash, cr.last) {
+				return Checkpoint{}, false, fmt.Errorf("%w: the end line says %d checkpoints, the last with hash %x; the export holds %d, the last with hash %x",
+					ErrCheckpointsExport, e.End.Checkpoints, []byte(e.End.LastHash), cr.count, []byte(cr.last))
 			}
-			if e.End.Checkpoints != len(cps) || !bytes.Equal(e.End.LastHash, last) {
-				return nil, fmt.Errorf("%w: the end line says %d checkpoints, the last with hash %x; the export holds %d, the last with hash %x",
-					ErrCheckpointsExport, e.End.Checkpoints, []byte(e.End.LastHash), len(cps), []byte(last))
-			}
-			ended = true
+			cr.ended = true
 		default:
 			var c Checkpoint
 			if err := strictJSON(line, &c); err != nil {
-				return nil, fmt.Errorf("%w: checkpoints line %d: %v", ErrCheckpointsExport, n, err)
+				return Checkpoint{}, false, fmt.Errorf("%w: checkpoints line %d: %v", ErrCheckpointsExport, n, err)
 			}
-			cps = append(cps, c)
+			cr.count++
+			cr.last = c.Hash
+			cr.seenLine = true
+			return c, true, nil
 		}
-		first = false
+		cr.seenLine = true
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("checkpoints: %w", err)
+	if !cr.eof {
+		cr.eof = true
+		if err := cr.sc.Err(); err != nil {
+			return Checkpoint{}, false, fmt.Errorf("checkpoints: %w", err)
+		}
+		if cr.formatted && !cr.ended {
+			return Checkpoint{}, false, fmt.Errorf("%w: no end line after %d checkpoints: the export was cut short", ErrCheckpointsExport, cr.count)
+		}
 	}
-	if formatted && !ended {
-		return nil, fmt.Errorf("%w: no end line after %d checkpoints: the export was cut short", ErrCheckpointsExport, len(cps))
-	}
-	return cps, nil
+	return Checkpoint{}, false, nil
 }
 
 // strictJSON decodes one JSON value into v, refusing unknown fields.
@@ -410,7 +451,7 @@ const defaultCheckpointBatch = 10_000
 // recomputes every period's digest from the archive, and compares them
 // with an exported copy when one is given. It reads the checkpoints a
 // batch at a time, in order: only the last one read carries over.
-func (s *Store) verifyCheckpoints(ctx context.Context, tx pgx.Tx, r *Report, exported []Checkpoint, examples int) error {
+func (s *Store) verifyCheckpoints(ctx context.Context, tx pgx.Tx, r *Report, exported []Checkpoint, from CheckpointSource, examples int) error {
 	v := newBoundedViolations(examples, "checkpoint chain", "checkpoint digests", "exported checkpoints")
 	defer v.flush(r)
 	add := v.add
@@ -418,11 +459,19 @@ func (s *Store) verifyCheckpoints(ctx context.Context, tx pgx.Tx, r *Report, exp
 	if batch <= 0 {
 		batch = defaultCheckpointBatch
 	}
-	// seen marks the starts of the exported checkpoints the database has.
-	seen := make(map[time.Time]bool, len(exported))
-	byStart := make(map[time.Time][]Checkpoint, len(exported))
-	for _, e := range exported {
-		byStart[e.PeriodStart.UTC()] = append(byStart[e.PeriodStart.UTC()], e)
+	// The export is merged with the database's checkpoints, both in order
+	// of their starts: export holds the next exported checkpoint not yet
+	// compared, the only one held.
+	if exported != nil {
+		from = sortedCheckpoints(exported)
+	}
+	export := exportCursor{from: from, r: r}
+	if err := export.advance(); err != nil {
+		return err
+	}
+	notInDatabase := func() error {
+		add("exported checkpoints", fmt.Sprintf("checkpoint %s of the export is not in the database", stamp(export.next.PeriodStart)))
+		return export.advance()
 	}
 	var last *Checkpoint
 	after := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
@@ -447,12 +496,20 @@ func (s *Store) verifyCheckpoints(ctx context.Context, tx pgx.Tx, r *Report, exp
 			if !bytes.Equal(chainHash(c.PrevHash, encodings[i]), c.Hash) {
 				add("checkpoint chain", fmt.Sprintf("checkpoint %s does not match its hash (changed after it was written)", stamp(c.PeriodStart)))
 			}
-			for _, e := range byStart[c.PeriodStart] {
-				seen[c.PeriodStart] = true
+			for export.next != nil && export.next.PeriodStart.Before(c.PeriodStart) {
+				if err := notInDatabase(); err != nil {
+					return err
+				}
+			}
+			for export.next != nil && export.next.PeriodStart.Equal(c.PeriodStart) {
+				e := export.next
 				if !c.PeriodEnd.Equal(e.PeriodEnd) || c.Rows != e.Rows || !bytes.Equal(c.Digest, e.Digest) ||
 					!bytes.Equal(c.PrevHash, e.PrevHash) || !bytes.Equal(c.Hash, e.Hash) {
 					add("exported checkpoints", fmt.Sprintf("checkpoint %s differs from the export (export: %d rows, digest %x; database: %d rows, digest %x)",
 						stamp(e.PeriodStart), e.Rows, []byte(e.Digest)[:min(len(e.Digest), 8)], c.Rows, []byte(c.Digest)[:min(len(c.Digest), 8)]))
+				}
+				if err := export.advance(); err != nil {
+					return err
 				}
 			}
 			last = &cps[i]
@@ -467,15 +524,61 @@ func (s *Store) verifyCheckpoints(ctx context.Context, tx pgx.Tx, r *Report, exp
 		}
 		after = pgtype.Timestamptz{Time: last.PeriodStart, Valid: true}
 	}
-	if exported != nil {
-		for _, e := range exported {
-			if !seen[e.PeriodStart.UTC()] {
-				add("exported checkpoints", fmt.Sprintf("checkpoint %s of the export is not in the database", stamp(e.PeriodStart)))
-			}
+	for export.next != nil {
+		if err := notInDatabase(); err != nil {
+			return err
 		}
-		r.ExportedCheckpoints = len(exported)
 	}
 	return nil
+}
+
+// exportCursor walks an export in order of its checkpoints' starts,
+// counting them in r.ExportedCheckpoints.
+type exportCursor struct {
+	from CheckpointSource // nil: no export
+	r    *Report
+	next *Checkpoint // nil at the end
+	prev time.Time   // the last start handed out
+}
+
+// advance moves next to the export's next checkpoint. One that starts
+// before the last is refused: the merge with the database's checkpoints
+// needs the export's order, which WriteCheckpoints writes.
+func (e *exportCursor) advance() error {
+	e.next = nil
+	if e.from == nil {
+		return nil
+	}
+	c, ok, err := e.from.Next()
+	if err != nil || !ok {
+		return err
+	}
+	if e.r.ExportedCheckpoints > 0 && c.PeriodStart.Before(e.prev) {
+		return fmt.Errorf("%w: checkpoint %s follows checkpoint %s: the export is not in order", ErrCheckpointsExport, stamp(c.PeriodStart), stamp(e.prev))
+	}
+	e.r.ExportedCheckpoints++
+	e.prev, e.next = c.PeriodStart, &c
+	return nil
+}
+
+// sortedCheckpoints hands out a copy of cps in order of their starts (a
+// caller's slice need not be in order).
+func sortedCheckpoints(cps []Checkpoint) CheckpointSource {
+	sorted := slices.Clone(cps)
+	slices.SortStableFunc(sorted, func(a, b Checkpoint) int { return a.PeriodStart.Compare(b.PeriodStart) })
+	return &sliceSource{cps: sorted}
+}
+
+// sliceSource is a CheckpointSource over a slice.
+type sliceSource struct{ cps []Checkpoint }
+
+func (s *sliceSource) Next() (Checkpoint, bool, error) {
+	if len(s.cps) == 0 {
+		return Checkpoint{}, false, nil
+	}
+	c := s.cps[0]
+	s.cps = s.cps[1:]
+	return c, true, nil
 }
 
 // boundedViolations keeps the first examples violations of each of its

@@ -18,6 +18,8 @@ import (
 type rowsTracer struct {
 	mu   sync.Mutex
 	rows []int64
+	// handed counts what a countingSource handed out.
+	handed int
 }
 
 func (r *rowsTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {

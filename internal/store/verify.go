@@ -69,6 +69,11 @@ type VerifyOptions struct {
 	// outside the database (ReadCheckpoints): each must still be in the
 	// database unchanged.
 	Checkpoints []Checkpoint
+	// CheckpointsFrom, when not nil and Checkpoints is, hands out such an
+	// export a checkpoint at a time, in order (a *CheckpointsReader):
+	// verify compares each with the database's as it reads them, without
+	// holding the export.
+	CheckpointsFrom CheckpointSource
 	// Workers is how many connections read at once (default 1). With
 	// more, the checks run side by side in transactions that share the
 	// first one's snapshot (pg_export_snapshot), so the report is still of
@@ -78,6 +83,12 @@ type VerifyOptions struct {
 	// the number; the time is about that of the longest check (the
 	// chains), instead of the sum of all of them.
 	Workers int
+}
+
+// CheckpointSource hands out an export's checkpoints one at a time, in
+// order of their periods' starts; false at the end.
+type CheckpointSource interface {
+	Next() (Checkpoint, bool, error)
 }
 
 // DefaultVerifyWorkers is the Workers of the CLI's and the admin API's
@@ -404,7 +415,7 @@ func (s *Store) verifyTasks(opts VerifyOptions) []verifyTask {
 			return s.verifyChains(ctx, tx, r, opts.Examples)
 		}},
 		verifyTask{"checkpoints", func(ctx context.Context, tx pgx.Tx, r *Report) error {
-			return s.verifyCheckpoints(ctx, tx, r, opts.Checkpoints, opts.Examples)
+			return s.verifyCheckpoints(ctx, tx, r, opts.Checkpoints, opts.CheckpointsFrom, opts.Examples)
 		}})
 }
 
