@@ -61,9 +61,10 @@ type VerifyOptions struct {
 	// participant) run whenever the database has ordering on.
 	Ordered bool
 	// Examples caps the violations reported per check (default 10). The
-	// chain and checkpoint checks then add one "and N more": a dropped
+	// chain and checkpoint checks then add one "and N more" (a dropped
 	// month is tens of thousands of them, which the report would
-	// otherwise hold (and the admin API send) whole.
+	// otherwise hold, and the admin API send, whole); the checks of
+	// invariants 1 to 5, which stop reading there, one "and more".
 	Examples int
 	// Checkpoints, when not nil, is an export of the checkpoints kept
 	// outside the database (ReadCheckpoints): each must still be in the
@@ -397,13 +398,18 @@ func (s *Store) verifyTasks(opts VerifyOptions) []verifyTask {
 		if c.ordered && !opts.Ordered {
 			continue
 		}
-		q := s.sql.verifyChecks[i] + fmt.Sprintf(" LIMIT %d", opts.Examples)
+		// One row more than the examples tells that there are more,
+		// without reading them all to count them.
+		q := s.sql.verifyChecks[i] + fmt.Sprintf(" LIMIT %d", opts.Examples+1)
 		tasks = append(tasks, verifyTask{fmt.Sprintf("%q", c.name), func(ctx context.Context, tx pgx.Tx, r *Report) error {
 			rows, err := tx.Query(ctx, q)
 			if err != nil {
 				return err
 			}
 			details, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if len(details) > opts.Examples {
+				details = append(details[:opts.Examples], fmt.Sprintf("and more: only the first %d are listed", opts.Examples))
+			}
 			for _, d := range details {
 				r.Violations = append(r.Violations, Violation{Invariant: c.invariant, Check: c.name, Detail: d})
 			}
