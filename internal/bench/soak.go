@@ -160,6 +160,7 @@ func (r *runner) soak(ctx context.Context) ([]Result, error) {
 	var results []Result
 	var samples []SoakSample
 	t0 := time.Now()
+	lastAt := t0
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	sample := func() error {
@@ -172,9 +173,11 @@ func (r *runner) soak(ctx context.Context) ([]Result, error) {
 			return err
 		}
 		n := recorded.since()
+		since := time.Since(lastAt)
+		lastAt = time.Now()
 		samples = append(samples, s)
 		res := Result{Workload: "soak", Ordered: true, Participants: r.cfg.Participants, Instructions: int(n),
-			MsgsPerSec: float64(n) / every.Seconds(), RSSMiB: s.RSSMiB, Seconds: s.ElapsedSeconds, Soak: &s}
+			MsgsPerSec: float64(n) / since.Seconds(), RSSMiB: s.RSSMiB, Seconds: s.ElapsedSeconds, Soak: &s}
 		results = append(results, res)
 		r.emit(res)
 		return nil
@@ -193,6 +196,16 @@ func (r *runner) soak(ctx context.Context) ([]Result, error) {
 	}
 	if err := run.err(); err != nil {
 		return results, err
+	}
+	// The end's own sample, unless a report was just made: the stream
+	// ends with the duration, often before the tick of the same moment,
+	// and "start vs end" compared the report before the end (with the
+	// duration a multiple of the interval and two reports, the first
+	// with itself).
+	if time.Since(lastAt) > every/10 {
+		if err := sample(); err != nil {
+			return results, err
+		}
 	}
 	stopRelayers()
 	if err := r.verify(ctx, schema, true); err != nil {

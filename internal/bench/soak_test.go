@@ -79,3 +79,25 @@ func TestSoakStaysBounded(t *testing.T) {
 }
 
 func total(t bench.TableStats) int64 { return t.HeapBytes + t.IndexBytes }
+
+// TestSoakEndsWithASampleOfItsEnd: the soak's last report is of its end,
+// so that its "start vs end" line compares the end. The stream ends with
+// the duration, usually before the report tick of the same moment, and
+// the last report was one interval before the end (with the duration two
+// intervals, the line compared the first report with itself).
+func TestSoakEndsWithASampleOfItsEnd(t *testing.T) {
+	t.Parallel()
+	duration := 3 * time.Second
+	results, err := bench.Run(t.Context(), bench.Config{Pool: testdb.New(t), Rate: 200, Participants: 10,
+		Duration: duration, Report: 2 * time.Second}, []string{"soak"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(results) < 3 {
+		t.Fatalf("%d results, want a report, the end's report and the summary", len(results))
+	}
+	last := results[len(results)-2].Soak
+	if last == nil || last.ElapsedSeconds < 0.9*duration.Seconds() {
+		t.Fatalf("the last report is of %v s into a %v soak, not its end", last.ElapsedSeconds, duration)
+	}
+}
