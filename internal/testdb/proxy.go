@@ -27,9 +27,10 @@ type HoldingProxy struct {
 	conns  map[*heldConn]struct{}
 	closed chan struct{}
 	wg     sync.WaitGroup
-	// cutAfter, if set, arms CutReplyAfter: the next client message
-	// holding it makes its connection's reply the one that is cut.
-	cutAfter []byte
+	// cutAfter, if not empty, arms CutReplyAfter (CutRepliesAfter): the
+	// next client message holding cutAfter[0] makes its connection's reply
+	// the one that is cut, and arms the next marker.
+	cutAfter [][]byte
 	// refuseFor (RefuseAfterCut) is how long, from the armed cut on, the
 	// proxy refuses new connections; refuseUntil is when that ends.
 	refuseFor   time.Duration
@@ -105,10 +106,17 @@ func NewProxied(t TB, maxConns int32, open int) (direct, proxied *pgxpool.Pool, 
 // sends bytes holding marker, the server's next reply is dropped and both
 // sockets are closed, as when a connection breaks after the server acted
 // on a request (committed a transaction) and before its answer arrived.
-func (p *HoldingProxy) CutReplyAfter(marker []byte) {
+func (p *HoldingProxy) CutReplyAfter(marker []byte) { p.CutRepliesAfter(marker) }
+
+// CutRepliesAfter arms cuts one after the other: a cut as CutReplyAfter's
+// for markers[0], and once it has cut, one for markers[1], and so on.
+// Armed together, a later cut cannot miss the message it is for (the
+// resend that follows a cut reply at once), as a cut armed by the test
+// after the first one could.
+func (p *HoldingProxy) CutRepliesAfter(markers ...[]byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.cutAfter = marker
+	p.cutAfter = markers
 }
 
 // RefuseAfterCut makes the next armed cut (CutReplyAfter) also refuse
@@ -217,10 +225,10 @@ func (p *HoldingProxy) pipe(c *heldConn, dst, src net.Conn) {
 func (p *HoldingProxy) armCut(c *heldConn, data []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.cutAfter == nil || !bytes.Contains(data, p.cutAfter) {
+	if len(p.cutAfter) == 0 || !bytes.Contains(data, p.cutAfter[0]) {
 		return
 	}
-	p.cutAfter = nil
+	p.cutAfter = p.cutAfter[1:]
 	if p.refuseFor > 0 {
 		p.refuseUntil, p.refuseFor = time.Now().Add(p.refuseFor), 0
 	}
