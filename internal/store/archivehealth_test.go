@@ -63,3 +63,26 @@ func TestSnapshotTellsTheArchivesUpkeep(t *testing.T) {
 		}
 	}
 }
+
+// TestSnapshotCountsMonthsMadeFarAhead: with every month of the two years
+// upkeep may make ahead, and one more made by hand, the count says all of
+// them (26) rather than failing the snapshot (and with it every gauge of
+// the scrape) on the look-up's empty answer.
+func TestSnapshotCountsMonthsMadeFarAhead(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	if err := b.st.EnsurePartitions(b.ctx, b.pool, 24); err != nil {
+		t.Fatal(err)
+	}
+	b.execAll(t, `DO $$ DECLARE m date := (date_trunc('month', now() AT TIME ZONE 'UTC') + interval '25 months')::date; BEGIN
+		EXECUTE format('CREATE TABLE outbox.%I PARTITION OF outbox.attempts FOR VALUES FROM (%L) TO (%L)',
+			'attempts_' || to_char(m, 'YYYY_MM'), m::text || ' 00:00:00+00', (m + interval '1 month')::date::text || ' 00:00:00+00');
+	END $$`)
+	snap, err := b.st.Snapshot(b.ctx, b.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Archive.MonthsReady != 26 {
+		t.Fatalf("%d months ready, want 26", snap.Archive.MonthsReady)
+	}
+}

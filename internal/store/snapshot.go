@@ -123,8 +123,8 @@ WITH months AS (
 )
 SELECT (SELECT extract(epoch FROM now() - c.period_end)::float8
         FROM {schema}.checkpoints c ORDER BY c.period_start DESC LIMIT 1),
-       (SELECT min(g)::int FROM generate_series(0, 25) g
-        WHERE (date_trunc('month', now() AT TIME ZONE 'UTC') + make_interval(months => g))::date NOT IN (SELECT m FROM months)),
+       coalesce((SELECT min(g)::int FROM generate_series(0, 25) g
+                 WHERE (date_trunc('month', now() AT TIME ZONE 'UTC') + make_interval(months => g))::date NOT IN (SELECT m FROM months)), 26),
        coalesce((SELECT n_live_tup FROM pg_stat_user_tables
                  WHERE relid = to_regclass(format('%I.attempts_default', $1::text))), 0)`
 
