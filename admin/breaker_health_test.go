@@ -48,8 +48,10 @@ func TestReadinessOfAHalfOpenBreakerWaitingForWork(t *testing.T) {
 	t.Parallel()
 	tr := &probeTransport{calls: make(chan struct{}, 1), release: make(chan struct{})}
 	set, err := rails.NewSet(rails.Options{Type: "psp", Profile: payment.Generic{}, Transport: tr, Timeout: time.Minute,
-		Codes:   rails.CodeTable{"OK": {Outcome: rails.Dispatched}},
-		Breaker: rails.BreakerOptions{ConsecutiveFailures: 1, OpenFor: 100 * time.Millisecond}})
+		Codes: rails.CodeTable{"OK": {Outcome: rails.Dispatched}},
+		// Open long enough for the first readyz to see it open on a loaded
+		// machine (at 100 ms it was half-open already, once).
+		Breaker: rails.BreakerOptions{ConsecutiveFailures: 1, OpenFor: time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}

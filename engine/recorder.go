@@ -126,14 +126,14 @@ func (rc *recorder) submit(po pendingOutcome) bool {
 	}
 }
 
-// finish flushes what is queued, giving up after StopRecordTimeout.
-func (rc *recorder) finish() {
+// finish flushes what is queued, giving up at deadline.
+func (rc *recorder) finish(deadline time.Time) {
 	close(rc.quit)
 	select {
 	case <-rc.done:
-	case <-time.After(StopRecordTimeout):
+	case <-time.After(time.Until(deadline)):
 		rc.r.log.Error("could not record outcomes while stopping; they stay in flight and the reaper requeues them after their leases",
-			"waited", StopRecordTimeout)
+			"gave_up_at", deadline)
 		rc.abandon()
 		<-rc.done
 	}

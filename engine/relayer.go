@@ -221,7 +221,8 @@ func (r *Relayer) start(ctx context.Context) (<-chan struct{}, error) {
 // context.DeadlineExceeded if the deadline cut anything off.
 //
 // Recording, and removing the relayer's idle registration, get up to
-// [StopRecordTimeout] after the dispatches ended; if the database cannot
+// [StopRecordTimeout] after the dispatches ended or ctx's deadline passed,
+// whichever came first; if the database cannot
 // be reached by then, the unrecorded outcomes are abandoned the same way
 // (left in flight for the reaper), so Stop returns even while the
 // database is down. A claim in progress when Stop begins is waited for,
@@ -340,9 +341,20 @@ func (r *run) stop(ctx context.Context) error {
 
 	done := make(chan struct{})
 	go func() { r.dispatches.Wait(); close(done) }()
+	// Recording and the clean-up after it share StopRecordTimeout from
+	// here, the dispatches' end or the hard deadline, whichever is first:
+	// the moment given to cancelled dispatches below runs beside the
+	// recording, so Stop returns StopRecordTimeout after the deadline at
+	// most, also while the database does not answer. (An outcome write
+	// that may hand off counts as a dispatch; blocked on a silent database
+	// it held Stop for the deadline, then that moment, then the whole
+	// StopRecordTimeout: 5 s past the bound.)
+	var recordBy time.Time
 	select {
 	case <-done:
+		recordBy = time.Now().Add(StopRecordTimeout)
 	case <-ctx.Done():
+		recordBy = time.Now().Add(StopRecordTimeout)
 		result = ctx.Err()
 		r.hardStop()
 		// Transports honour the cancelled context; give them a moment to
@@ -358,11 +370,7 @@ func (r *run) stop(ctx context.Context) error {
 			stragglers = true
 		}
 	}
-	// Recording and the clean-up after it share StopRecordTimeout: Stop
-	// returns that long after the dispatches at most, also while the
-	// database does not answer.
-	recordBy := time.Now().Add(StopRecordTimeout)
-	r.rec.finish()
+	r.rec.finish(recordBy)
 	r.hardStop()
 	if stragglers {
 		// A dispatch still running that passed submit's check before

@@ -38,12 +38,17 @@ func testLogger() *slog.Logger {
 // most engine.StopRecordTimeout (10 s) for recording, the outcome left in
 // flight for the reaper. It took 5 s more: after recording was abandoned,
 // the relayer's removal of its idle registration waited its own 5 s for
-// the same silent database.
+// the same silent database. And when the outcome's write had begun before
+// Stop (it may hand off, so it counts as a dispatch), Stop waited for it
+// to the deadline, gave it the 5 s a cancelled dispatch gets, and only
+// then the whole 10 s for recording: 16 s (the wait below makes that
+// order certain).
 func TestStopWhileTheDatabaseIsSilentKeepsItsBound(t *testing.T) {
 	t.Parallel()
 	direct, proxied, proxy := testdb.NewProxied(t, 4, 4)
-	release := make(chan struct{})
+	release, answered := make(chan struct{}), make(chan struct{})
 	transport := funcTransport(func(ctx context.Context, ins payment.Instruction) (rails.Result, error) {
+		defer close(answered) // one instruction, one call
 		select {
 		case <-release:
 			return rails.Result{Code: rails.SandboxAccepted, Reference: "ref-" + ins.IdempotencyKey}, nil
@@ -82,6 +87,10 @@ func TestStopWhileTheDatabaseIsSilentKeepsItsBound(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	t.Logf("black-holed %d connections", proxy.HoldExisting())
 	close(release) // the rail answers; its outcome cannot be recorded
+	// The outcome reaches the recorder, whose write (with a hand-off: the
+	// instruction is dispatched) begins before Stop and hangs.
+	<-answered
+	time.Sleep(300 * time.Millisecond)
 
 	const stopTimeout = time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
