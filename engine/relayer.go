@@ -349,13 +349,13 @@ func (r *run) stop(ctx context.Context) error {
 	// that may hand off counts as a dispatch; blocked on a silent database
 	// it held Stop for the deadline, then that moment, then the whole
 	// StopRecordTimeout: 5 s past the bound.)
-	var recordBy time.Time
 	select {
 	case <-done:
-		recordBy = time.Now().Add(StopRecordTimeout)
 	case <-ctx.Done():
-		recordBy = time.Now().Add(StopRecordTimeout)
 		result = ctx.Err()
+	}
+	recordBy := time.Now().Add(StopRecordTimeout)
+	if result != nil {
 		r.hardStop()
 		// Transports honour the cancelled context; give them a moment to
 		// return so their goroutines do not outlive Stop.

@@ -129,10 +129,7 @@ func (s *Store) Checkpoints(ctx context.Context, db Querier) ([]Checkpoint, erro
 // a million a year. Checkpoints are only ever appended after the last, so
 // the batches, each its own statement, read every checkpoint once.
 func (s *Store) ExportCheckpoints(ctx context.Context, db Querier, w io.Writer) error {
-	batch := s.checkpointBatch
-	if batch <= 0 {
-		batch = defaultCheckpointBatch
-	}
+	batch := s.checkpointsPerBatch()
 	enc := json.NewEncoder(w)
 	if err := enc.Encode(exportHeader{Format: checkpointsExportFormat}); err != nil {
 		return fmt.Errorf("checkpoints export: %w", err)
@@ -140,11 +137,7 @@ func (s *Store) ExportCheckpoints(ctx context.Context, db Querier, w io.Writer) 
 	var end exportEnd
 	after := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	for {
-		rows, err := db.Query(ctx, s.sql.checkpointsAfter, after, batch)
-		if err != nil {
-			return fmt.Errorf("checkpoints: %w", err)
-		}
-		cps, err := pgx.CollectRows(rows, scanCheckpoint)
+		cps, _, err := s.checkpointBatchAfter(ctx, db, after, batch)
 		if err != nil {
 			return fmt.Errorf("checkpoints: %w", err)
 		}
@@ -167,12 +160,6 @@ func (s *Store) ExportCheckpoints(ctx context.Context, db Querier, w io.Writer) 
 	}
 	return nil
 }
-
-// checkpointsAfterSQL is checkpointsSQL a batch at a time: up to $2
-// checkpoints starting after $1, through the primary key.
-const checkpointsAfterSQL = `
-SELECT period_start, period_end, row_count, digest, prev_hash, hash
-FROM {schema}.checkpoints WHERE period_start > $1 ORDER BY period_start LIMIT $2`
 
 const checkpointsSQL = `
 SELECT period_start, period_end, row_count, digest, prev_hash, hash
@@ -455,10 +442,7 @@ func (s *Store) verifyCheckpoints(ctx context.Context, tx pgx.Tx, r *Report, exp
 	v := newBoundedViolations(examples, "checkpoint chain", "checkpoint digests", "exported checkpoints")
 	defer v.flush(r)
 	add := v.add
-	batch := s.checkpointBatch
-	if batch <= 0 {
-		batch = defaultCheckpointBatch
-	}
+	batch := s.checkpointsPerBatch()
 	// The export is merged with the database's checkpoints, both in order
 	// of their starts: export holds the next exported checkpoint not yet
 	// compared, the only one held.
@@ -618,10 +602,20 @@ func (b *boundedViolations) flush(r *Report) {
 	}
 }
 
+// checkpointsPerBatch is how many checkpoints a verify or an export reads
+// at a time.
+func (s *Store) checkpointsPerBatch() int {
+	if s.checkpointBatch > 0 {
+		return s.checkpointBatch
+	}
+	return defaultCheckpointBatch
+}
+
 // checkpointBatchAfter reads up to n checkpoints starting after after, in
-// order, with their canonical encodings.
-func (s *Store) checkpointBatchAfter(ctx context.Context, tx pgx.Tx, after pgtype.Timestamptz, n int) ([]Checkpoint, [][]byte, error) {
-	rows, err := tx.Query(ctx, s.sql.verifyCheckpoints, after, n)
+// order, with their canonical encodings (what verify hashes; an export
+// leaves them).
+func (s *Store) checkpointBatchAfter(ctx context.Context, db Querier, after pgtype.Timestamptz, n int) ([]Checkpoint, [][]byte, error) {
+	rows, err := db.Query(ctx, s.sql.verifyCheckpoints, after, n)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -116,7 +116,7 @@ type statements struct {
 	verifyChecks                                          []string
 	registerIdle, unregisterIdle, forgetStaleIdle         string
 	ensurePartitions                                      string
-	takeCheckpoint, checkpoints, checkpointsAfter         string
+	takeCheckpoint, checkpoints                           string
 	retireKeys                                            string
 	keysRetired                                           string
 	dropRetiredKeys                                       string
@@ -195,7 +195,6 @@ func renderStatements(schema string) statements {
 		liveRelayers:                    q(liveRelayersSQL),
 		deadLetter:                      q(deadLetterSQL),
 		checkpoints:                     q(checkpointsSQL),
-		checkpointsAfter:                q(checkpointsAfterSQL),
 		verifyChains:                    q(verifyChainsSQL),
 		verifyCheckpoints:               q(verifyCheckpointsSQL),
 		verifyDigests:                   q(verifyDigestsSQL),
