@@ -21,6 +21,34 @@ func TestDueOlderThanReadsOnlyDue(t *testing.T) {
 	if _, err := b.pool.Exec(b.ctx, `ALTER TABLE outbox.pending SET (autovacuum_enabled = false)`); err != nil {
 		t.Fatal(err)
 	}
+	// ask runs the statement once in a transaction of its own and returns
+	// its answer and what it read of pending.
+	ask := func(age time.Duration) (late bool, before, after pendingReads) {
+		t.Helper()
+		tx, err := b.pool.Begin(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(b.ctx)
+		before = readsOfPending(t, tx)
+		late, err = b.st.DueOlderThan(b.ctx, tx, age)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return late, before, readsOfPending(t, tx)
+	}
+	// The due index may hold dead entries before any row is written: when
+	// the template's schema is migrated while an older snapshot is open in
+	// its database (an autoanalyze on a loaded machine; reproduced with a
+	// transaction held open), the 4,000 rows migration 005 writes and
+	// deletes are not yet removable when 021 builds the index, so they are
+	// in it, and with autovacuum off they stay (this test once read 4,001
+	// entries so). The statement's search for the rail types steps over
+	// them, as over any dead entries before a vacuum, so the bound below
+	// counts them, read on the queue without a live row.
+	_, before, after := ask(time.Minute)
+	dead := after.dueEntries - before.dueEntries
+
 	const due = 1000
 	if _, err := b.pool.Exec(b.ctx, `
 INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
@@ -34,30 +62,20 @@ FROM generate_series(1, 20000) AS g`, due); err != nil {
 		t.Fatal(err)
 	}
 
-	// check asks once in a transaction of its own and fails the test if the
-	// statement read pending other than through the due index, or more of
-	// that index than the due instructions.
+	// check asks once and fails the test if the statement read pending
+	// other than through the due index, or more of that index than the
+	// due instructions.
 	check := func(when string, age time.Duration) bool {
 		t.Helper()
-		tx, err := b.pool.Begin(b.ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(b.ctx)
-		before := readsOfPending(t, tx)
-		late, err := b.st.DueOlderThan(b.ctx, tx, age)
-		if err != nil {
-			t.Fatal(err)
-		}
-		after := readsOfPending(t, tx)
+		late, before, after := ask(age)
 		if after.seqScans > before.seqScans || after.otherIndexScans > before.otherIndexScans {
 			t.Errorf("%s: %d sequential scans and %d scans of other indexes of pending", when,
 				after.seqScans-before.seqScans, after.otherIndexScans-before.otherIndexScans)
 		}
 		// The due instructions, and an entry per rail type to find them
-		// (one here), and the index's end.
-		if n := after.dueEntries - before.dueEntries; n > due+2 {
-			t.Errorf("%s: read %d entries of the due index, %d instructions are due", when, n, due)
+		// (one here), and the index's end, beside the dead entries.
+		if n := after.dueEntries - before.dueEntries; n > due+2+dead {
+			t.Errorf("%s: read %d entries of the due index, %d instructions are due and %d entries dead", when, n, due, dead)
 		}
 		return late
 	}
