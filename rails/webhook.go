@@ -121,6 +121,13 @@ type WebhookOptions struct {
 	Client *http.Client
 	// Codes overrides [WebhookCodes].
 	Codes CodeTable
+	// ConnectionMaxAge is how long the built-in client sends new requests
+	// over the connections it opened before it opens new ones, resolving
+	// the host again: a rail endpoint moved by DNS is reached at its new
+	// address within about this long, also under a steady load that never
+	// leaves a connection idle (zero: [DefaultConnectionMaxAge]). A request
+	// in flight is never cut. It does not apply to Client.
+	ConnectionMaxAge time.Duration
 }
 
 // String describes the options with the secret redacted.
@@ -132,8 +139,8 @@ func (o WebhookOptions) String() string {
 	case o.RotatingSecret != nil:
 		secret = webhookRedacted + " (rotating)"
 	}
-	return fmt.Sprintf("rails.WebhookOptions{URL:%s Secret:%s CAFile:%q RootCAs:%t Client:%t Codes:%d}",
-		redactURLString(o.URL), secret, o.CAFile, o.RootCAs != nil, o.Client != nil, len(o.Codes))
+	return fmt.Sprintf("rails.WebhookOptions{URL:%s Secret:%s CAFile:%q RootCAs:%t Client:%t Codes:%d ConnectionMaxAge:%s}",
+		redactURLString(o.URL), secret, o.CAFile, o.RootCAs != nil, o.Client != nil, len(o.Codes), o.ConnectionMaxAge)
 }
 
 // Format makes every fmt verb (%v, %+v, %#v, %x, %d, ...) print [String]:
@@ -236,6 +243,10 @@ func NewWebhook(o WebhookOptions) (*Webhook, error) {
 		return nil, errors.New("rails: webhook takes a Secret or a RotatingSecret, not both")
 	case len(o.Secret) == 0 && o.RotatingSecret == nil:
 		return nil, errors.New("rails: webhook secret is empty")
+	case o.ConnectionMaxAge < 0:
+		return nil, fmt.Errorf("rails: webhook ConnectionMaxAge %s is negative", o.ConnectionMaxAge)
+	case o.ConnectionMaxAge > 0 && o.Client != nil:
+		return nil, errors.New("rails: webhook ConnectionMaxAge applies to the built-in client, not to Client")
 	}
 
 	client, err := webhookClient(o)
@@ -309,18 +320,24 @@ func webhookClient(o WebhookOptions) (*http.Client, error) {
 	// for a rail's full concurrency (DefaultMaxConcurrency), so a busy relayer
 	// does not handshake on most requests. There is no Client.Timeout: the
 	// relayer's per-dispatch context carries the hard timeout.
-	tr := &http.Transport{
-		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          256,
-		MaxIdleConnsPerHost:   2 * DefaultMaxConcurrency,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ExpectContinueTimeout: time.Second,
-		TLSClientConfig:       &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots},
+	newTransport := func() *http.Transport {
+		return &http.Transport{
+			Proxy:                 http.ProxyFromEnvironment,
+			DialContext:           (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			ForceAttemptHTTP2:     true,
+			MaxIdleConns:          256,
+			MaxIdleConnsPerHost:   2 * DefaultMaxConcurrency,
+			IdleConnTimeout:       90 * time.Second,
+			TLSHandshakeTimeout:   10 * time.Second,
+			ExpectContinueTimeout: time.Second,
+			TLSClientConfig:       &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots},
+		}
 	}
-	return &http.Client{Transport: tr, CheckRedirect: refuseRedirect}, nil
+	age := o.ConnectionMaxAge
+	if age == 0 {
+		age = DefaultConnectionMaxAge
+	}
+	return &http.Client{Transport: newRenewingTransport(newTransport, age), CheckRedirect: refuseRedirect}, nil
 }
 
 // refuseRedirect hands a 3xx back as the answer: re-POSTing a signed

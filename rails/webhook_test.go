@@ -435,6 +435,8 @@ func TestNewWebhookRejectsUnsafeOptions(t *testing.T) {
 		"CA file without certs":       {URL: "https://rail.example.com/pay", CAFile: badCA},
 		"client skipping TLS checks":  {URL: "https://rail.example.com/pay", Client: insecure},
 		"client plus CA options":      {URL: "https://rail.example.com/pay", Client: http.DefaultClient, RootCAs: x509.NewCertPool()},
+		"negative connection age":     {URL: "https://rail.example.com/pay", ConnectionMaxAge: -time.Second},
+		"client plus connection age":  {URL: "https://rail.example.com/pay", Client: http.DefaultClient, ConnectionMaxAge: time.Minute},
 	} {
 		if o.Secret == nil {
 			o.Secret = testWebhookSecret
