@@ -216,7 +216,7 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 	}
 	// Secret files are read again while the relayer runs: a rotated
 	// secret must not need a restart of every relayer.
-	secrets := newSecretReporter(log)
+	secrets := newSecretReporter(log, signingSecret)
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	secretWatch(watchCtx, rf.secretCheck, func() {

@@ -108,7 +108,7 @@ func runSandbox(ctx context.Context, env *environment, args []string) error {
 	}
 	if *secretFile != "" {
 		log := slog.New(slog.NewTextHandler(env.stderr, nil))
-		secrets := newSecretReporter(log)
+		secrets := newSecretReporter(log, checkingSecret)
 		watchCtx, stopWatch := context.WithCancel(ctx)
 		defer stopWatch()
 		secretWatch(watchCtx, *secretCheck, func() {

@@ -48,11 +48,25 @@ func secretWatch(ctx context.Context, interval time.Duration, reload func()) {
 // logged for that file (a check every few seconds must not repeat it).
 type secretReporter struct {
 	log  *slog.Logger
+	role secretRole
 	last map[string]string // source → last error logged ("" none)
 }
 
-func newSecretReporter(log *slog.Logger) *secretReporter {
-	return &secretReporter{log: log, last: make(map[string]string)}
+// secretRole is what a process does with the secret it reloads, which
+// its log lines say: a relayer signs its requests to webhook rails, the
+// sandbox server checks the requests it gets.
+type secretRole struct {
+	name string // what the secret is
+	use  string // what the secret in force does, after "requests are"
+}
+
+var (
+	signingSecret  = secretRole{name: "webhook secret", use: "signed with"}
+	checkingSecret = secretRole{name: "sandbox rail's secret", use: "checked against"}
+)
+
+func newSecretReporter(log *slog.Logger, role secretRole) *secretReporter {
+	return &secretReporter{log: log, role: role, last: make(map[string]string)}
 }
 
 // report logs one reload's result.
@@ -61,17 +75,21 @@ func (r *secretReporter) report(res rails.SecretReload) {
 	if res.Err != nil {
 		msg = res.Err.Error()
 	}
+	attrs := []any{"secret_file", res.Source}
+	if len(res.Rails) > 0 {
+		attrs = append(attrs, "rails", res.Rails)
+	}
+	name, use := r.role.name, r.role.use
 	switch {
 	case res.Changed:
-		r.log.Info("webhook secret rotated: requests are signed with the secret its file holds now", "secret_file", res.Source, "rails", res.Rails)
+		r.log.Info(name+" rotated: requests are "+use+" the secret its file holds now", attrs...)
 	case msg == r.last[res.Source]:
 	case res.Err == nil:
-		r.log.Info("webhook secret file is usable again (it holds the secret in force)", "secret_file", res.Source, "rails", res.Rails)
+		r.log.Info(name+" file is usable again (it holds the secret in force)", attrs...)
 	case errors.Is(res.Err, rails.ErrSecretChanging):
-		r.log.Info("webhook secret file is still being written; read again at the next check", "secret_file", res.Source, "rails", res.Rails)
+		r.log.Info(name+" file is still being written; read again at the next check", attrs...)
 	default:
-		r.log.Error("webhook secret file refused: requests are still signed with the secret in force", "secret_file", res.Source,
-			"rails", res.Rails, "err", res.Err)
+		r.log.Error(name+" file refused: requests are still "+use+" the secret in force", append(attrs, "err", res.Err)...)
 	}
 	r.last[res.Source] = msg
 }
