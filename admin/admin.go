@@ -108,6 +108,9 @@ type Server struct {
 	overviewReads *sharedread.Value[overviewReads]
 	// standby says whether Pool's database is a standby (onStandby).
 	standby *sharedread.Value[bool]
+	// verifyMu guards verifying, the audit verify under way (startVerify).
+	verifyMu  sync.Mutex
+	verifying *verifyRun
 	// trailPage is how many archive rows a trail's page holds (0:
 	// maxPageSize); tests make it small.
 	trailPage int

@@ -580,9 +580,57 @@ func (s *Server) trailPageSize() int {
 	return maxPageSize
 }
 
+// VerifyRunning is the code (409, in the body's "code") of the API's
+// answer to an audit verify asked for while one runs on the same admin
+// address: nothing was started.
+const VerifyRunning = "VERIFY_RUNNING"
+
+// verifyRun is an audit verify under way: who asked for it, and when.
+type verifyRun struct {
+	by    string
+	since time.Time
+}
+
+// startVerify claims the admin address's one audit verify for who, or
+// returns the one already under way (done is then nil). A verify holds a
+// connection of its pool for as long as it reads the archive; without
+// Config.AuditPool that is Pool, which a relayer in the same process
+// shares for its claims and outcome writes: verifies without a bound,
+// each asked for by a read-only auditor, would take every connection and
+// stop the payments.
+func (s *Server) startVerify(who string) (done func(), running verifyRun) {
+	s.verifyMu.Lock()
+	defer s.verifyMu.Unlock()
+	if s.verifying != nil {
+		return nil, *s.verifying
+	}
+	s.verifying = &verifyRun{by: who, since: time.Now()}
+	return func() {
+		s.verifyMu.Lock()
+		defer s.verifyMu.Unlock()
+		s.verifying = nil
+	}, verifyRun{}
+}
+
+// verifyRefusal says why a verify was not started, for the console and
+// the API.
+func (v verifyRun) refusal() string {
+	return fmt.Sprintf("An audit verify is already running on this admin address (asked for by %s at %s UTC): nothing was started; run it again when that one has ended (one at a time, as each holds a database connection while it reads the whole archive)",
+		v.by, v.since.UTC().Format("2006-01-02 15:04:05"))
+}
+
 // verify runs audit verify (the ordering invariants unless
-// ?unordered=true), on Config.AuditPool when set.
-func (s *Server) verify(w http.ResponseWriter, r *http.Request, _ Token) {
+// ?unordered=true), on Config.AuditPool when set; one at a time
+// (startVerify), a second one answered 409 with the code VerifyRunning.
+func (s *Server) verify(w http.ResponseWriter, r *http.Request, who Token) {
+	done, running := s.startVerify(who.Name)
+	if done == nil {
+		s.log.Warn("admin: verify refused: one is running", "token", who.Name, "running_for", running.by, "since", running.since)
+		writeJSON(w, http.StatusConflict, map[string]string{"code": VerifyRunning, "error": running.refusal(),
+			"started_by": running.by, "started_at": running.since.UTC().Format(time.RFC3339Nano)})
+		return
+	}
+	defer done()
 	rep, err := s.store.Verify(r.Context(), s.auditPool(), store.VerifyOptions{Ordered: r.URL.Query().Get("unordered") != "true", Workers: s.verifyWorkers()})
 	if err != nil {
 		s.internalError(w, r, err)

@@ -642,6 +642,14 @@ func (s *Server) pageTrail(w http.ResponseWriter, r *http.Request, p *page) {
 }
 
 func (s *Server) pageVerify(w http.ResponseWriter, r *http.Request, p *page) {
+	done, running := s.startVerify(p.Who.Name)
+	if done == nil {
+		s.log.Warn("admin: verify refused: one is running", "token", p.Who.Name, "running_for", running.by, "since", running.since)
+		p.Error, p.RefreshURL = running.refusal()+".", "/console/"
+		s.pageOverview(w, r, p)
+		return
+	}
+	defer done()
 	rep, err := s.store.Verify(r.Context(), s.auditPool(), store.VerifyOptions{Ordered: r.PostFormValue("unordered") == "", Workers: s.verifyWorkers()})
 	if err != nil {
 		s.internalError(w, r, err)
