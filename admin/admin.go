@@ -249,9 +249,11 @@ func (s *Server) authorize(need Role, h func(w http.ResponseWriter, r *http.Requ
 	})
 }
 
-// writeJSON writes v with status.
+// writeJSON writes v with status, as JSON only: a browser must not guess
+// another type for a body that carries ids, reasons and rail messages.
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)

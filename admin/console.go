@@ -243,9 +243,10 @@ func (s *Server) console(need Role, form bool, h func(w http.ResponseWriter, r *
 
 // pageHeaders sets what every console page answers with: not cached, not
 // framed by another site (clickjacking), nothing loaded or posted
-// elsewhere.
+// elsewhere, its type not guessed.
 func pageHeaders(w http.ResponseWriter) {
 	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("X-Frame-Options", "DENY")
 	w.Header().Set("Content-Security-Policy", "default-src 'self'; form-action 'self'; frame-ancestors 'none'")
 }
@@ -281,6 +282,8 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 	who, ok := match(s.cfg.Tokens, r.PostFormValue("token"))
 	if !ok {
 		s.log.Warn("admin: refused request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "reason", "unknown credential")
+		// Before the status: headers set after it are not sent.
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.WriteHeader(http.StatusUnauthorized)
 		s.render(w, r, "signin.html", &page{Title: "Sign in", Error: "That token is not valid."})
 		return

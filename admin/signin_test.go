@@ -162,3 +162,50 @@ func TestOversizedBodiesAreRefused(t *testing.T) {
 		t.Errorf("a sign-in of ordinary size: %s", resp.Status)
 	}
 }
+
+// TestAnswersAreNotSniffed: every answer of the admin address says its
+// type and forbids a browser to guess another (X-Content-Type-Options:
+// nosniff): the API's JSON, which carries rail error messages, reasons
+// and ids, and the console's pages, including the sign-in's answer to a
+// wrong token, whose type was set after its status and so not sent.
+func TestAnswersAreNotSniffed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	get := func(path, secret string) *http.Response {
+		req, err := http.NewRequestWithContext(t.Context(), "GET", b.url+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if secret != "" {
+			req.Header.Set("Authorization", "Bearer "+secret)
+		}
+		resp, err := noRedirect.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	c := consoleAt(t, b.url)
+	page, err := c.client.Get(b.url + "/console/dead-letters")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page.Body.Close()
+	for _, tt := range []struct {
+		name, wantType string
+		resp           *http.Response
+	}{
+		{"the API", "application/json", get("/api/v1/overview", auditorSecret)},
+		{"the API refusing a request", "application/json", get("/api/v1/overview", "")},
+		{"/healthz", "application/json", get("/healthz", "")},
+		{"/readyz", "application/json", get("/readyz", "")},
+		{"the sign-in page", "text/html; charset=utf-8", get("/console/signin", "")},
+		{"a wrong token's sign-in", "text/html; charset=utf-8", signin(t, b.url, "wrong-secret-0123456789", nil)},
+		{"a console page", "text/html; charset=utf-8", page},
+	} {
+		if tt.resp.Header.Get("X-Content-Type-Options") != "nosniff" || tt.resp.Header.Get("Content-Type") != tt.wantType {
+			t.Errorf("%s: %s %v", tt.name, tt.resp.Status, tt.resp.Header)
+		}
+	}
+}
