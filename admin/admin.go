@@ -106,6 +106,9 @@ type Server struct {
 	readyLogged string
 	// overviewReads shares the overview's database reads among callers.
 	overviewReads *sharedread.Value[overviewReads]
+	// readiness shares the readiness checks' database reads among the
+	// callers that come while they are under way (Readiness).
+	readiness *sharedread.Value[readinessReads]
 	// standby says whether Pool's database is a standby (onStandby).
 	standby *sharedread.Value[bool]
 	// verifyMu guards verifying, the audit verify under way (startVerify).
@@ -147,6 +150,9 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, store: st, log: log}
 	s.overviewReads = sharedread.New(overviewMaxAge, s.readOverview)
 	s.standby = sharedread.New(standbyMaxAge, s.readStandby)
+	// Kept for no time: a probe gets reads that began before it asked
+	// only while they are under way.
+	s.readiness = sharedread.New(0, s.readReadiness)
 	return s, nil
 }
 

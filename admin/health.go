@@ -74,7 +74,7 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 // otherwise they are generic (Readiness.Public), and the detail is logged
 // when it changes (probes come every few seconds).
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(r.Context(), probeTimeout)
 	defer cancel()
 	rd := s.Readiness(ctx)
 	status := http.StatusOK
@@ -103,10 +103,58 @@ func (s *Server) logReadiness(rd Readiness) {
 	}
 }
 
+// readinessReads are what the readiness checks read of the database.
+type readinessReads struct {
+	ping, schema error
+	// late says the oldest due instruction is older than DegradedAfter;
+	// horizon is horizonReason ("": none).
+	late    bool
+	horizon string
+}
+
+// probeTimeout is how long /readyz waits for its answer.
+const probeTimeout = 3 * time.Second
+
+// readinessTimeout bounds the readiness reads. They run on behalf of every
+// caller waiting for them, so the first caller leaving does not stop them;
+// they end before any probe that waits for them gives up (a probe that
+// stopped waiting would answer not_ready where its own reads would have
+// answered).
+const readinessTimeout = probeTimeout - 500*time.Millisecond
+
+// readReadiness reads what the readiness checks need of the database;
+// its error is always nil (a failed read is a check's cause).
+func (s *Server) readReadiness(ctx context.Context) (readinessReads, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readinessTimeout)
+	defer cancel()
+	var r readinessReads
+	if r.ping = s.cfg.Pool.Ping(ctx); r.ping != nil {
+		return r, nil
+	}
+	if _, r.schema = migrations.Ready(ctx, s.cfg.Pool, s.store.Schema()); r.schema != nil {
+		return r, nil
+	}
+	// Not the Snapshot, which reads the whole queue: probes come every few
+	// seconds, backlog or not.
+	late, err := s.store.DueOlderThan(ctx, s.cfg.Pool, s.cfg.DegradedAfter)
+	r.late = err == nil && late
+	r.horizon = s.horizonReason(ctx)
+	return r, nil
+}
+
 // Readiness runs the readiness checks, with detailed causes and reasons
-// (Public withholds them).
+// (Public withholds them). Callers that come while another's database
+// reads are under way share them (Server.readiness): /readyz needs no
+// credential, and each probe's reads took a connection of Config.Pool,
+// which a relayer in the same process shares for its claims and outcome
+// writes, so that probes side by side could hold them all.
 func (s *Server) Readiness(ctx context.Context) Readiness {
 	var rd Readiness
+	reads, err := s.readiness.Get(ctx)
+	if err != nil {
+		// This caller's ctx ended while another's reads were under way.
+		reads.ping = fmt.Errorf("readiness reads: %w", err)
+	}
 	// public is the cause shown without a credential; "": err's text,
 	// for the causes this file words itself.
 	add := func(name string, err error, public string) bool {
@@ -120,10 +168,9 @@ func (s *Server) Readiness(ctx context.Context) Readiness {
 		rd.Checks = append(rd.Checks, c)
 		return err == nil
 	}
-	dbOK := add("database", s.cfg.Pool.Ping(ctx), "database unreachable")
+	dbOK := add("database", reads.ping, "database unreachable")
 	if dbOK {
-		_, err := migrations.Ready(ctx, s.cfg.Pool, s.store.Schema())
-		add("schema", err, "schema not ready")
+		add("schema", reads.schema, "schema not ready")
 	} else {
 		add("schema", fmt.Errorf("not checked: the database is unreachable"), "")
 	}
@@ -140,11 +187,11 @@ func (s *Server) Readiness(ctx context.Context) Readiness {
 		}
 		add("relayer", err, "")
 	}
-	var err error
+	var stopping error
 	if s.stopping.Load() {
-		err = fmt.Errorf("shutting down")
+		stopping = fmt.Errorf("shutting down")
 	}
-	add("not_stopping", err, "")
+	add("not_stopping", stopping, "")
 	for _, c := range rd.Checks {
 		if !c.OK {
 			rd.Status = "not_ready"
@@ -152,20 +199,18 @@ func (s *Server) Readiness(ctx context.Context) Readiness {
 		}
 	}
 	rd.Status = "ready"
-	// Not the Snapshot, which reads the whole queue: probes come every few
-	// seconds, backlog or not.
 	degraded := func(reason, public string) {
 		rd.Reasons = append(rd.Reasons, reason)
 		if !slices.Contains(rd.publicReasons, public) {
 			rd.publicReasons = append(rd.publicReasons, public)
 		}
 	}
-	if late, err := s.store.DueOlderThan(ctx, s.cfg.Pool, s.cfg.DegradedAfter); err == nil && late {
+	if reads.late {
 		degraded(fmt.Sprintf("the oldest due instruction was enqueued more than %s ago (the threshold)", s.cfg.DegradedAfter),
 			"the queue is late")
 	}
-	if reason := s.horizonReason(ctx); reason != "" {
-		degraded(reason, "a transaction or replication slot holds back vacuum")
+	if reads.horizon != "" {
+		degraded(reads.horizon, "a transaction or replication slot holds back vacuum")
 	}
 	if set := s.cfg.Rails; set != nil {
 		for _, t := range set.Types() {

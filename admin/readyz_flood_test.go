@@ -1,0 +1,85 @@
+package admin_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/ledgerline/outbox/admin"
+)
+
+// TestProbesShareTheirDatabaseReads: /readyz needs no credential and
+// reads the database on the admin address's pool, which without
+// --admin-database-url is the relayer's, whose claims and outcome writes
+// need its connections. Each probe took a connection of its own for its
+// reads, so that anyone who reaches the address could, with probes side
+// by side, hold every connection of the pool (each up to the probe's
+// 3 s) and stop the payments. Probes that come while one reads share its
+// reads: however many there are, they hold one connection.
+func TestProbesShareTheirDatabaseReads(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	ctx := b.ctx
+	// A lock on the table the queue's check reads holds a probe's reads,
+	// with their connection, until its 3 s are up.
+	locker, err := pgx.Connect(ctx, b.pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close(context.WithoutCancel(ctx))
+	lock, err := locker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lock.Exec(ctx, "LOCK TABLE outbox.pending IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	waiting := func() int {
+		var n int
+		// Within a transaction, pg_stat_activity is read once unless
+		// its snapshot is cleared.
+		if _, err := lock.Exec(ctx, "SELECT pg_stat_clear_snapshot()"); err != nil {
+			t.Error(err)
+		}
+		if err := lock.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
+			t.Error(err)
+		}
+		return n
+	}
+	const probes = 3 // fewer than the pool's connections (4)
+	answers := make(chan int, probes)
+	for range probes {
+		go func() {
+			resp, err := http.Get(b.url + "/readyz")
+			if err != nil {
+				answers <- 0
+				return
+			}
+			resp.Body.Close()
+			answers <- resp.StatusCode
+		}()
+	}
+	answered, most := 0, 0
+	waitFor(t, "every probe's answer, or more than one probe holding a connection", func() bool {
+		for {
+			select {
+			case code := <-answers:
+				answered++
+				if code != http.StatusOK {
+					t.Errorf("a probe answered %d", code)
+				}
+				continue
+			default:
+			}
+			break
+		}
+		most = max(most, waiting())
+		return answered == probes || most > 1
+	})
+	if most > 1 {
+		t.Fatalf("%d probes side by side held %d connections of the pool", probes, most)
+	}
+}
