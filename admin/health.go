@@ -86,6 +86,9 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, status, rd)
 			return
 		}
+		// The detail tells a valid secret from another, and probes send
+		// none: a guess is logged, as the API's are.
+		s.log.Warn("admin: refused request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "reason", "unknown credential")
 	}
 	s.logReadiness(rd)
 	writeJSON(w, status, rd.Public())

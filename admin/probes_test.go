@@ -3,6 +3,7 @@ package admin_test
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -81,5 +82,30 @@ func TestProbesShareTheirDatabaseReads(t *testing.T) {
 	})
 	if most > 1 {
 		t.Fatalf("%d probes side by side held %d connections of the pool", probes, most)
+	}
+}
+
+// TestReadinessLogsAnUnknownCredential: /readyz answers a valid
+// credential with detail, so it tells a valid secret from another, and a
+// probe sends none: an unknown one is logged as a refused request (without
+// it), as the API's and the sign-in's are. It was answered in silence,
+// which let anyone who reaches the address try secrets unseen.
+func TestReadinessLogsAnUnknownCredential(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	const guess = "guessed-secret-0123456789"
+	var rd admin.Readiness
+	if code := b.call(t, "GET", "/readyz", guess, nil, &rd); code != http.StatusOK || rd.Status != "ready" {
+		t.Fatalf("readyz with an unknown credential: %d %+v", code, rd)
+	}
+	if code := b.call(t, "GET", "/readyz", "", nil, &rd); code != http.StatusOK {
+		t.Fatalf("readyz without a credential: %d", code)
+	}
+	b.logMu.Lock()
+	logs := b.logs.String()
+	b.logMu.Unlock()
+	if strings.Count(logs, "refused request") != 1 || !strings.Contains(logs, "path=/readyz") ||
+		!strings.Contains(logs, `reason="unknown credential"`) || strings.Contains(logs, guess) {
+		t.Errorf("want one refusal of the unknown credential logged, without it:\n%s", logs)
 	}
 }
