@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -207,5 +208,71 @@ func TestAnswersAreNotSniffed(t *testing.T) {
 		if tt.resp.Header.Get("X-Content-Type-Options") != "nosniff" || tt.resp.Header.Get("Content-Type") != tt.wantType {
 			t.Errorf("%s: %s %v", tt.name, tt.resp.Status, tt.resp.Header)
 		}
+	}
+}
+
+// TestSignOutEndsTheSession: signing out ends the session in the process,
+// not only in the browser: its cookie, replayed (a stolen copy), no
+// longer opens a page nor carries a form; and a sign-out without the
+// session's CSRF token (another site's form) ends nothing.
+func TestSignOutEndsTheSession(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	c := consoleAs(t, b.url, operatorSecret)
+	m := regexp.MustCompile(`name="csrf" value="([0-9a-f]+)"`).FindStringSubmatch(c.get(t, "/console/"))
+	if m == nil {
+		t.Fatal("no CSRF token on the overview")
+	}
+	base, err := url.Parse(b.url + "/console/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stolen *http.Cookie
+	for _, ck := range c.client.Jar.Cookies(base) {
+		if ck.Name == "outbox_session" {
+			stolen = ck
+		}
+	}
+	if stolen == nil {
+		t.Fatal("no session cookie")
+	}
+	post := func(path string, form url.Values) int {
+		req, err := http.NewRequestWithContext(t.Context(), "POST", b.url+path, strings.NewReader(form.Encode()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.AddCookie(stolen)
+		resp, err := noRedirect.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := post("/console/signout", url.Values{}); code != http.StatusForbidden {
+		t.Errorf("a sign-out without the CSRF token: %d", code)
+	}
+	if page := c.get(t, "/console/"); !strings.Contains(page, "Sign out") {
+		t.Fatalf("the session ended without its CSRF token:\n%s", page)
+	}
+	if code := post("/console/signout", url.Values{"csrf": {m[1]}}); code != http.StatusSeeOther {
+		t.Fatalf("sign-out: %d", code)
+	}
+	req, err := http.NewRequestWithContext(t.Context(), "GET", b.url+"/console/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.AddCookie(stolen)
+	resp, err := noRedirect.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/console/signin" {
+		t.Errorf("a page with the signed-out session's cookie: %s %v", resp.Status, resp.Header)
+	}
+	if code := post("/console/rails/pause", url.Values{"csrf": {m[1]}, "rail": {"*"}, "reason": {"x"}}); code != http.StatusUnauthorized {
+		t.Errorf("a form with the signed-out session's cookie and CSRF token: %d", code)
 	}
 }
