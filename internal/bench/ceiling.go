@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/HdrHistogram/hdrhistogram-go"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/internal/pglocal"
@@ -452,12 +454,13 @@ func (r *runner) runPgBench(ctx context.Context, bin, dir, script string, client
 	for _, v := range vars {
 		args = append(args, "-D", v)
 	}
-	args = append(args, r.cfg.Pool.Config().ConnString())
+	conn, connEnv := pgbenchConn(r.cfg.Pool.Config())
+	args = append(args, conn)
 	cmd := exec.CommandContext(ctx, bin, args...)
 	// Without JIT, as the engine runs them (store's genericPlansSQL): a
 	// generic plan costed over jit_above_cost is compiled at every
 	// execution, which would make the ceiling PostgreSQL's LLVM's.
-	cmd.Env = append(os.Environ(), "PGOPTIONS=-c jit=off")
+	cmd.Env = append(append(os.Environ(), "PGOPTIONS=-c jit=off"), connEnv...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	start := time.Now()
@@ -477,6 +480,38 @@ func (r *runner) runPgBench(ctx context.Context, bin, dir, script string, client
 	}
 	return run, nil
 }
+
+// pgbenchConn is the connection string pgbench is given, without its
+// password, and the environment that carries the password instead
+// (PGPASSWORD, which libpq reads when the string has none): a process's
+// arguments are readable by every user of the machine (ps), its
+// environment by its own user only. A string whose password is not
+// found where a URL or a keyword=value string keeps it is given as it is.
+func pgbenchConn(cfg *pgxpool.Config) (conn string, env []string) {
+	conn = cfg.ConnString()
+	password := cfg.ConnConfig.Password
+	if password == "" {
+		return conn, nil
+	}
+	if strings.HasPrefix(conn, "postgres://") || strings.HasPrefix(conn, "postgresql://") {
+		if u, err := url.Parse(conn); err == nil {
+			if u.User != nil {
+				u.User = url.User(u.User.Username())
+			}
+			q := u.Query()
+			q.Del("password")
+			u.RawQuery = q.Encode()
+			conn = u.String()
+		}
+	} else {
+		conn = keywordPassword.ReplaceAllString(conn, "")
+	}
+	return conn, []string{"PGPASSWORD=" + password}
+}
+
+// keywordPassword is a password=... pair of a keyword=value connection
+// string, its value plain or single-quoted (with \' and \\ escapes).
+var keywordPassword = regexp.MustCompile(`(^|\s)password\s*=\s*('(?:\\.|[^'\\])*'|\S+)`)
 
 func lastLines(s string, n int) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
