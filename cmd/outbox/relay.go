@@ -60,8 +60,10 @@ type relayFlags struct {
 	adminAuditURL      string
 	horizonAfter       time.Duration
 	adminCookieSecure  bool
-	adminPrimary       string
-	secretCheck        time.Duration
+	// adminTokensReadable accepts an --admin-tokens-file others can read.
+	adminTokensReadable bool
+	adminPrimary        string
+	secretCheck         time.Duration
 }
 
 // register registers every flag of `outbox relay`.
@@ -106,6 +108,7 @@ func (f *relayFlags) registerShared(fs *flag.FlagSet) {
 	fs.StringVar(&f.adminAddr, "admin-addr", "", "serve the admin address here (e.g. :9464): /metrics, /healthz, /readyz, and the API with --admin-tokens-*; empty: off")
 	formerName(fs, "metrics-addr", "admin-addr")
 	fs.StringVar(&f.adminTokensFile, "admin-tokens-file", "", "file of API credentials, one per line: ROLE NAME SECRET (role auditor or operator); without tokens the API is off")
+	fs.BoolVar(&f.adminTokensReadable, "admin-tokens-allow-world-readable", false, "accept an --admin-tokens-file that other users of the machine can read (or its group write)")
 	fs.StringVar(&f.adminTokensEnv, "admin-tokens-env", "", "name of an environment variable holding API credentials in the same format (lines or ';'-separated)")
 	fs.DurationVar(&f.degradedAfter, "degraded-after", admin.DefaultDegradedAfter, "/readyz says degraded once the oldest due instruction has waited this long")
 	fs.DurationVar(&f.horizonAfter, "horizon-degraded-after", admin.DefaultHorizonDegradedAfter, "/readyz says degraded once a transaction has held back vacuum this long (docs/operations.md)")
@@ -315,6 +318,16 @@ func (f *relayFlags) adminTokens(env *environment) ([]admin.Token, error) {
 			return nil, err
 		}
 		defer file.Close()
+		// Whoever reads an operator's secret replays, cancels and pauses
+		// payments: the file is held to the rule of a webhook secret file.
+		fi, err := file.Stat()
+		if err != nil {
+			return nil, err
+		}
+		if perm := fi.Mode().Perm(); perm&0o026 != 0 && !f.adminTokensReadable {
+			return nil, fmt.Errorf("%w: %s has mode %04o, so other users of the machine can read its secrets (or its group write them); make it readable by its owner only (chmod 600; 640 for a group) or allow it with --admin-tokens-allow-world-readable",
+				admin.ErrTokens, f.adminTokensFile, perm)
+		}
 		if all, err = admin.ParseTokens(file); err != nil {
 			return nil, fmt.Errorf("%s: %w", f.adminTokensFile, err)
 		}

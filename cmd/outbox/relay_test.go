@@ -154,6 +154,58 @@ func TestAdminTokensRefuseDuplicatesAcrossSources(t *testing.T) {
 	}
 }
 
+// TestAdminTokensFileReadableByOthersIsRefused: whoever reads the admin
+// tokens file can sign in as an operator and replay, cancel or pause
+// payments, as whoever reads a webhook secret file can sign them; that
+// one is refused when others can read it, and the tokens file was read
+// whatever its mode. A file others can read (or that its group can write)
+// is refused, naming the fix and never a secret; one readable by its
+// owner or its group is read, and --admin-tokens-allow-world-readable (or
+// OUTBOX_ADMIN_TOKENS_ALLOW_WORLD_READABLE) accepts any.
+func TestAdminTokensFileReadableByOthersIsRefused(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(file, []byte("operator oscar oscar-secret-0123456789\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := &environment{stdout: io.Discard, stderr: io.Discard, getenv: func(string) string { return "" }}
+	for _, tt := range []struct {
+		mode    os.FileMode
+		allow   []string
+		refused bool
+	}{
+		{0o600, nil, false},
+		{0o640, nil, false},
+		{0o644, nil, true},
+		{0o660, nil, true},
+		{0o604, nil, true},
+		{0o644, []string{"--admin-tokens-allow-world-readable"}, false},
+	} {
+		if err := os.Chmod(file, tt.mode); err != nil {
+			t.Fatal(err)
+		}
+		rf, err := parseRelayFlags(map[string]string{"OUTBOX_ADMIN_TOKENS_FILE": file}, tt.allow)
+		if err != nil {
+			t.Fatalf("%04o %v: %v", tt.mode, tt.allow, err)
+		}
+		toks, err := rf.adminTokens(env)
+		switch {
+		case !tt.refused && (err != nil || len(toks) != 1):
+			t.Errorf("%04o %v: %d tokens, %v", tt.mode, tt.allow, len(toks), err)
+		case tt.refused && (!errors.Is(err, admin.ErrTokens) || !strings.Contains(err.Error(), file) || !strings.Contains(err.Error(), "chmod 600") ||
+			strings.Contains(err.Error(), "secret-0123456789") || toks != nil):
+			t.Errorf("%04o: %d tokens, %v; want ErrTokens naming the file and the fix (not the secret)", tt.mode, len(toks), err)
+		}
+	}
+	rf, err := parseRelayFlags(map[string]string{"OUTBOX_ADMIN_TOKENS_FILE": file, "OUTBOX_ADMIN_TOKENS_ALLOW_WORLD_READABLE": "true"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if toks, err := rf.adminTokens(env); err != nil || len(toks) != 1 {
+		t.Errorf("OUTBOX_ADMIN_TOKENS_ALLOW_WORLD_READABLE: %d tokens, %v", len(toks), err)
+	}
+}
+
 // TestAdminCookieSecureFlag: --admin-cookie-secure (or
 // OUTBOX_ADMIN_COOKIE_SECURE) asks for a Secure session cookie behind a
 // TLS-terminating proxy; without it, the cookie is Secure only over TLS
