@@ -90,9 +90,29 @@ type Config struct {
 	// "https://outbox-admin.internal/console/"): a console on a standby
 	// links to it where it says that actions are taken on the primary.
 	PrimaryConsole string
+	// MaxConcurrentRequests bounds how many API and console requests are
+	// served at once (0: DefaultMaxConcurrentRequests); one that finds
+	// them all busy waits up to BusyWait, then is answered 503. Each
+	// holds a connection of Pool while it reads, and Pool may be a
+	// relayer's, whose claims and outcome writes need the others.
+	MaxConcurrentRequests int
 	// Logger receives refused requests and operator actions (nil: none).
 	Logger *slog.Logger
 }
+
+// DefaultMaxConcurrentRequests is Config.MaxConcurrentRequests' default:
+// a few of a relayer's pool (at least 8 connections with `outbox relay`'s
+// default --max-conns), enough for a verify beside the console's pages.
+const DefaultMaxConcurrentRequests = 3
+
+// BusyWait is how long an API or console request waits for one of the
+// Config.MaxConcurrentRequests before it is answered 503 (code Busy).
+const BusyWait = 5 * time.Second
+
+// Busy is the code (503, in the body's "code") of the API's answer to a
+// request that found Config.MaxConcurrentRequests busy for BusyWait:
+// nothing was read or done; try again (Retry-After).
+const Busy = "BUSY"
 
 // Server serves the admin address. Create it with New; mount Handler.
 type Server struct {
@@ -111,6 +131,8 @@ type Server struct {
 	readiness *sharedread.Value[readinessReads]
 	// standby says whether Pool's database is a standby (onStandby).
 	standby *sharedread.Value[bool]
+	// slots holds a token per request served (Config.MaxConcurrentRequests).
+	slots chan struct{}
 	// verifyMu guards verifying, the audit verify under way (startVerify).
 	verifyMu  sync.Mutex
 	verifying *verifyRun
@@ -137,6 +159,12 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("%w: the primary's console %q is not an absolute http or https URL", ErrInvalidConfig, cfg.PrimaryConsole)
 		}
 	}
+	if cfg.MaxConcurrentRequests < 0 {
+		return nil, fmt.Errorf("%w: MaxConcurrentRequests %d is negative (0: the default, %d)", ErrInvalidConfig, cfg.MaxConcurrentRequests, DefaultMaxConcurrentRequests)
+	}
+	if cfg.MaxConcurrentRequests == 0 {
+		cfg.MaxConcurrentRequests = DefaultMaxConcurrentRequests
+	}
 	if cfg.DegradedAfter <= 0 {
 		cfg.DegradedAfter = DefaultDegradedAfter
 	}
@@ -147,7 +175,7 @@ func New(cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, store: st, log: log}
+	s := &Server{cfg: cfg, store: st, log: log, slots: make(chan struct{}, cfg.MaxConcurrentRequests)}
 	s.overviewReads = sharedread.New(overviewMaxAge, s.readOverview)
 	s.standby = sharedread.New(standbyMaxAge, s.readStandby)
 	// Kept for no time: a probe gets reads that began before it asked
@@ -250,9 +278,41 @@ func (s *Server) authorize(need Role, h func(w http.ResponseWriter, r *http.Requ
 				"token", who.Name, "reason", "needs the operator role")
 			writeError(w, http.StatusForbidden, "this needs an operator credential")
 		default:
+			release, ok := s.takeSlot(w, r)
+			if !ok {
+				writeJSON(w, http.StatusServiceUnavailable, map[string]string{"code": Busy, "error": busyWhy})
+				return
+			}
+			defer release()
 			h(w, r, who)
 		}
 	})
+}
+
+// busyWhy says why a request was answered 503 with the code Busy.
+const busyWhy = "nothing was read or done: the admin address is serving as many requests as it may at once (each holds a database connection, which the relayer may share); try again"
+
+// takeSlot waits up to BusyWait for one of Config.MaxConcurrentRequests;
+// ok false, the request is to be answered 503 (its Retry-After is set),
+// unless it went away meanwhile. release gives the slot back.
+func (s *Server) takeSlot(w http.ResponseWriter, r *http.Request) (release func(), ok bool) {
+	select {
+	case s.slots <- struct{}{}:
+		return func() { <-s.slots }, true
+	default:
+	}
+	t := time.NewTimer(BusyWait)
+	defer t.Stop()
+	select {
+	case s.slots <- struct{}{}:
+		return func() { <-s.slots }, true
+	case <-t.C:
+	case <-r.Context().Done():
+	}
+	s.log.Warn("admin: refused request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr,
+		"reason", "busy: every concurrent request's slot taken")
+	w.Header().Set("Retry-After", "1")
+	return nil, false
 }
 
 // writeJSON writes v with status, as JSON only: a browser must not guess

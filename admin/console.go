@@ -235,6 +235,12 @@ func (s *Server) console(need Role, form bool, h func(w http.ResponseWriter, r *
 			http.Error(w, "the form is stale or forged: reload the page", http.StatusForbidden)
 			return
 		}
+		release, ok := s.takeSlot(w, r)
+		if !ok {
+			http.Error(w, "The admin address is busy (it serves a few requests at once, each holding a database connection the relayer may share): nothing was read or done; try again.", http.StatusServiceUnavailable)
+			return
+		}
+		defer release()
 		pageHeaders(w)
 		h(w, r, &page{Who: sess.who, Operator: sess.who.Role == RoleOperator, CSRF: sess.csrf, Standby: s.onStandby(r.Context()),
 			PrimaryConsole: s.cfg.PrimaryConsole})

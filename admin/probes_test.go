@@ -2,6 +2,7 @@ package admin_test
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -107,5 +108,99 @@ func TestReadinessLogsAnUnknownCredential(t *testing.T) {
 	if strings.Count(logs, "refused request") != 1 || !strings.Contains(logs, "path=/readyz") ||
 		!strings.Contains(logs, `reason="unknown credential"`) || strings.Contains(logs, guess) {
 		t.Errorf("want one refusal of the unknown credential logged, without it:\n%s", logs)
+	}
+}
+
+// TestRequestsTakeABoundedPartOfThePool: the API's and the console's
+// requests read on the admin address's pool, without
+// --admin-database-url the relayer's, and each held a connection of its
+// own: an auditor (a read-only credential) sending requests side by side
+// could hold every connection and stop the claims and outcome writes.
+// At most Config.MaxConcurrentRequests are served at once; one that
+// finds them all busy waits for a while, then is answered 503 (code
+// BUSY, Retry-After) without touching the database.
+func TestRequestsTakeABoundedPartOfThePool(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{MaxConcurrentRequests: 2})
+	ctx := b.ctx
+	locker, err := pgx.Connect(ctx, b.pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close(context.WithoutCancel(ctx))
+	lock, err := locker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lock.Exec(ctx, "LOCK TABLE outbox.pending IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	waiting := func() int {
+		var n int
+		if _, err := lock.Exec(ctx, "SELECT pg_stat_clear_snapshot()"); err != nil {
+			t.Error(err)
+		}
+		if err := lock.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`).Scan(&n); err != nil {
+			t.Error(err)
+		}
+		return n
+	}
+	type answer struct {
+		status     int
+		retryAfter string
+		body       string
+	}
+	const requests = 4 // the pool's connections
+	answers := make(chan answer, requests)
+	for range requests {
+		go func() {
+			req, err := http.NewRequestWithContext(ctx, "GET", b.url+"/api/v1/instructions", nil)
+			if err != nil {
+				answers <- answer{}
+				return
+			}
+			req.Header.Set("Authorization", "Bearer "+auditorSecret)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				answers <- answer{}
+				return
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			answers <- answer{resp.StatusCode, resp.Header.Get("Retry-After"), string(body)}
+		}()
+	}
+	var busy []answer
+	most := 0
+	waitFor(t, "the requests beyond the bound answered, or more than it holding connections", func() bool {
+		select {
+		case a := <-answers:
+			busy = append(busy, a)
+		default:
+		}
+		most = max(most, waiting())
+		return len(busy) == requests-2 || most > 2
+	})
+	if most > 2 {
+		t.Fatalf("%d requests side by side held %d connections of the pool, past the bound of 2", requests, most)
+	}
+	for _, a := range busy {
+		if a.status != http.StatusServiceUnavailable || a.retryAfter == "" || !strings.Contains(a.body, `"code":"BUSY"`) {
+			t.Errorf("a request past the bound: %+v", a)
+		}
+	}
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if a := <-answers; a.status != http.StatusOK {
+			t.Errorf("a request within the bound: %+v", a)
+		}
+	}
+	// The console's pages are bounded alike, and served again once the
+	// requests have ended.
+	if page := consoleAt(t, b.url).get(t, "/console/instructions"); !strings.Contains(page, "Nothing here.") {
+		t.Errorf("the console after the requests ended:\n%s", page)
 	}
 }
