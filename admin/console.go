@@ -294,6 +294,11 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 		s.render(w, r, "signin.html", &page{Title: "Sign in", Error: "That token is not valid."})
 		return
 	}
+	// The session this browser had, if any, ends: its cookie is replaced
+	// by the new one, and a copy of it must not stay signed in unseen.
+	if c, err := r.Cookie(sessionCookie); err == nil {
+		s.sessions.delete(c.Value)
+	}
 	id, _ := s.sessions.create(who)
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: id, Path: "/console", HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: s.secureCookie(r), MaxAge: int(sessionTTL.Seconds())})

@@ -276,3 +276,47 @@ func TestSignOutEndsTheSession(t *testing.T) {
 		t.Errorf("a form with the signed-out session's cookie and CSRF token: %d", code)
 	}
 }
+
+// TestSignInAgainEndsTheSessionItReplaces: a browser that signs in again
+// (another token, or the same after a while) gets a new session cookie in
+// place of its old one, and the old session ended with it: it stayed open
+// in the process, unseen, until its 12 h were up, so that signing out of
+// the new one left a copy of the old cookie (taken from the machine
+// before) signed in.
+func TestSignInAgainEndsTheSessionItReplaces(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	c := consoleAs(t, b.url, operatorSecret)
+	base, err := url.Parse(b.url + "/console/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	session := func() *http.Cookie {
+		for _, ck := range c.client.Jar.Cookies(base) {
+			if ck.Name == "outbox_session" {
+				return ck
+			}
+		}
+		t.Fatal("no session cookie")
+		return nil
+	}
+	old := session()
+	resp, err := c.client.PostForm(b.url+"/console/signin", url.Values{"token": {auditorSecret}})
+	c.read(t, "sign in again", resp, err)
+	if session().Value == old.Value {
+		t.Fatal("signing in again kept the session cookie")
+	}
+	req, err := http.NewRequestWithContext(t.Context(), "GET", b.url+"/console/rails", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.AddCookie(old)
+	resp, err = noRedirect.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/console/signin" {
+		t.Errorf("the replaced operator's session still opens its pages: %s", resp.Status)
+	}
+}
