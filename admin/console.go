@@ -399,6 +399,8 @@ func (s *Server) pageCancel(w http.ResponseWriter, r *http.Request, p *page) {
 		switch {
 		case errors.Is(err, ErrReadOnlyStandby):
 			p.Error = standbyRefusal
+		case errors.Is(err, store.ErrOperatorAction):
+			p.Error = operatorRefusal(err)
 		case errors.Is(err, store.ErrRailMayStillAct):
 			p.Error = "Not cancelled, nothing was done: a relayer's stop cut this instruction's rail call off (outcome unknown), and the rail may still be acting on it until its claim's lease ends."
 			if res.RetryAfter != nil {
@@ -416,6 +418,12 @@ func (s *Server) pageCancel(w http.ResponseWriter, r *http.Request, p *page) {
 		}
 	}
 	s.pageInstructions(w, r, p)
+}
+
+// operatorRefusal words an action refused with store.ErrOperatorAction
+// (a name or a reason it does not archive) for the console.
+func operatorRefusal(err error) string {
+	return "Nothing was done: " + strings.TrimPrefix(err.Error(), store.ErrOperatorAction.Error()+": ") + "."
 }
 
 // instructionOf names the instruction of an outbox id from its trail, as
@@ -553,6 +561,10 @@ func (s *Server) pageAct(w http.ResponseWriter, r *http.Request, p *page) {
 		res, err := s.takeAction(r.Context(), id, &shown, p.Who.Name, action, reason)
 		if errors.Is(err, ErrReadOnlyStandby) {
 			p.Error = standbyRefusal
+			break
+		}
+		if errors.Is(err, store.ErrOperatorAction) {
+			p.Error = operatorRefusal(err)
 			break
 		}
 		if errors.Is(err, store.ErrDeadLetterChanged) {

@@ -1,7 +1,10 @@
 package admin_test
 
 import (
+	"fmt"
+	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -84,5 +87,51 @@ func TestConsoleEscapesWhatOthersWrote(t *testing.T) {
 	}
 	if !strings.Contains(pages["dead letters"], `href="/console/participant?id=p%22%3e%3cimg`) {
 		t.Errorf("the participant's link does not keep its id inside the query:\n%s", pages["dead letters"])
+	}
+}
+
+// TestReasonsWithControlCharactersAreRefused: an operator's reason is
+// archived as the why of a replay, an acknowledgement, a cancel or a
+// pause, and read on the console, in `outbox audit` and in logs. A bidi
+// override (U+202E) in it reverses how the text after it reads (the rest
+// of an audit line in a terminal), a line break starts a new line; the
+// ids a producer gives are refused such characters, and the reasons were
+// archived with them. An action whose reason has one is refused, with
+// the character named, and nothing is done, in the API and on the console.
+func TestReasonsWithControlCharactersAreRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	dead := b.enqueue(t, "p1", "k1")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
+	pendingID := b.enqueue(t, "p2", "k2")
+	dl, err := b.st.DeadLetter(b.ctx, b.pool, dead)
+	if err != nil || dl == nil {
+		t.Fatalf("dead letter: %v %v", dl, err)
+	}
+	for _, reason := range []string{"refunded by hand \u202edesrever", "line one\nline two"} {
+		var answer map[string]any
+		for _, path := range []string{"/api/v1/dead-letters/" + dead.String() + "/replay", "/api/v1/instructions/" + pendingID.String() + "/cancel",
+			"/api/v1/rails/sandbox/pause"} {
+			if code := b.call(t, "POST", path, operatorSecret, map[string]string{"reason": reason}, &answer); code != http.StatusBadRequest ||
+				!strings.Contains(fmt.Sprint(answer["error"]), "control or format character") {
+				t.Errorf("POST %s with the reason %q: %d %v", path, reason, code, answer)
+			}
+		}
+	}
+	operator := consoleAs(t, b.url, operatorSecret)
+	reason := "refunded by hand \u202edesrever"
+	for path, form := range map[string]url.Values{
+		"/console/dead-letters/" + dead.String() + "/acknowledge": {"reason": {reason}, "failed": {strconv.FormatInt(dl.FailedAt.UnixMicro(), 10)}},
+		"/console/instructions/" + pendingID.String() + "/cancel": {"reason": {reason}},
+		"/console/rails/pause": {"rail": {"sandbox"}, "reason": {reason}},
+	} {
+		if page := operator.post(t, path, form); !strings.Contains(page, "Nothing was done: the reason contains the control or format character U&#43;202E") {
+			t.Errorf("POST %s with a reason holding U+202E:\n%s", path, page)
+		}
+	}
+	var ov admin.Overview
+	if code := b.call(t, "GET", "/api/v1/overview", auditorSecret, nil, &ov); code != http.StatusOK || ov.Queue.Pending != 1 ||
+		ov.Queue.DeadLetters != 1 || len(ov.Queue.PausedRails) != 0 {
+		t.Errorf("the queue after the refusals: %d %+v", code, ov.Queue)
 	}
 }

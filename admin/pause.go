@@ -136,6 +136,11 @@ func (s *Server) pagePause(w http.ResponseWriter, r *http.Request, p *page) {
 			s.pageRails(w, r, p)
 			return
 		}
+		if errors.Is(err, store.ErrOperatorAction) {
+			p.Error = operatorRefusal(err)
+			s.pageRails(w, r, p)
+			return
+		}
 		if err != nil {
 			s.internalError(w, r, err)
 			return

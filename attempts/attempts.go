@@ -47,7 +47,8 @@ const (
 
 // ErrOperatorAction is returned by Replay, Acknowledge, Cancel, PauseRail
 // and ResumeRail without an operator's name or a reason (both are archived
-// with the action).
+// with the action), or with one holding a control or format character
+// (payment.ControlRune: a line break, a bidi override).
 var ErrOperatorAction = store.ErrOperatorAction
 
 // ErrRailMayStillAct is returned by Cancel for an instruction whose rail

@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ledgerline/outbox/payment"
 )
 
 // Replay sends a dead letter back to pending with the same outbox and
@@ -41,7 +44,9 @@ const replaySQL = `SELECT {schema}.replay_dead_letter($1, $2, $3)`
 // without a reason (both are archived with the action), or with a name
 // containing "(database role": the archive records the database role that
 // ran the action after the name (migration 035), and a name must not be
-// able to pass for it.
+// able to pass for it; or with a name or a reason holding a control or
+// format character (payment.ControlRune), which would change how the
+// archive reads where it is shown.
 var ErrOperatorAction = errors.New("an operator action needs the operator's name and a reason")
 
 // roleMark opens the database role in an operator action's archived
@@ -56,6 +61,16 @@ func checkOperator(operator, reason string) error {
 		return fmt.Errorf("%w: no reason", ErrOperatorAction)
 	case strings.Contains(strings.ToLower(operator), roleMark):
 		return fmt.Errorf("%w: the operator's name %q contains %q, which the archive keeps for the database role", ErrOperatorAction, operator, roleMark)
+	}
+	// Both are archived and read on the console, in `outbox audit` and in
+	// logs: a line break starts a new line there, a bidi override reverses
+	// the text after it. A producer's ids are refused them alike.
+	for _, f := range [...]struct{ what, v string }{{"the operator's name", operator}, {"the reason", reason}} {
+		if i := strings.IndexFunc(f.v, payment.ControlRune); i >= 0 {
+			r, _ := utf8.DecodeRuneInString(f.v[i:])
+			return fmt.Errorf("%w: %s contains the control or format character %U, which would change how the archive reads where it is shown",
+				ErrOperatorAction, f.what, r)
+		}
 	}
 	return nil
 }
