@@ -1,4 +1,4 @@
-package strictjson
+package strictjson_test
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/ledgerline/outbox/internal/strictjson"
 	"github.com/ledgerline/outbox/internal/testdb"
 )
 
@@ -35,8 +36,8 @@ func TestNumbersAgreeWithPostgreSQL(t *testing.T) {
 		"1" + zeros[:999], "1" + zeros[:1000],
 	} {
 		doc := `[` + n + `]`
-		size, checkErr := StoredSize([]byte(doc))
-		full, fullErr := StoredNumber(n)
+		size, checkErr := strictjson.StoredSize([]byte(doc))
+		full, fullErr := strictjson.StoredNumber(n)
 		if (fullErr == nil) != (checkErr == nil) {
 			t.Errorf("%.40s: StoredNumber says %v, StoredSize %v", n, fullErr, checkErr)
 		}
@@ -60,13 +61,13 @@ func TestNumbersAgreeWithPostgreSQL(t *testing.T) {
 				t.Fatal(err)
 			}
 			intPart, frac, _ := strings.Cut(strings.TrimPrefix(text, "-"), ".")
-			if len(intPart) <= maxIntDigits && len(frac) <= maxScale {
+			if len(intPart) <= strictjson.MaxIntDigits && len(frac) <= strictjson.MaxScale {
 				t.Errorf("%.40s: refused (%v), PostgreSQL stores it as %d+%d digits", n, checkErr, len(intPart), len(frac))
 			}
 		}
-		var e *Error
-		if checkErr != nil && (!errors.As(checkErr, &e) || e.Reason != ReasonNumber) {
-			t.Errorf("%.40s: %v, want a %s error", n, checkErr, ReasonNumber)
+		var e *strictjson.Error
+		if checkErr != nil && (!errors.As(checkErr, &e) || e.Reason != strictjson.ReasonNumber) {
+			t.Errorf("%.40s: %v, want a %s error", n, checkErr, strictjson.ReasonNumber)
 		}
 	}
 }
@@ -88,7 +89,7 @@ func TestTextFormAgreesWithPostgreSQL(t *testing.T) {
 		`{"u":"\u00e9","v":"\/"}`:              false,
 		`{"h":"\u003c&\u003e"}`:                false,
 	} {
-		size, err := StoredSize([]byte(doc))
+		size, err := strictjson.StoredSize([]byte(doc))
 		if err != nil {
 			t.Fatalf("%q: %v", doc, err)
 		}
