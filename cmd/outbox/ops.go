@@ -42,6 +42,19 @@ func runStats(ctx context.Context, env *environment, args []string) error {
 // letter changed between its read and the action (ErrDeadLetterChanged).
 const deadLetterChanged = "DEAD_LETTER_CHANGED"
 
+// Errors of a dlq replay or ack line whose connection broke during the
+// action: it was not done, the database shows (actionNotDone), or it may have
+// been (actionCommitUnknown: nobody could tell).
+const (
+	actionNotDone       = "NOT_DONE"
+	actionCommitUnknown = "COMMIT_UNKNOWN"
+)
+
+// dlqCommitUnknownCode is dlq's exit status when a line's action may have
+// been done (COMMIT_UNKNOWN): unlike 1 (nothing done on those lines), the
+// command must not simply be run again.
+const dlqCommitUnknownCode = 4
+
 // runDLQ lists, replays or acknowledges dead letters.
 func runDLQ(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "dlq", "dlq [flags] list | replay OUTBOX_ID... | ack OUTBOX_ID...   (replay and ack need --reason)")
@@ -87,7 +100,7 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 	if action == "list" {
 		return listDeadLetters(ctx, archive, pool, *all, *limit, out)
 	}
-	missing := 0
+	missing, unknown := 0, 0
 	for _, id := range ids {
 		dl, err := archive.DeadLetter(ctx, pool, id)
 		if err != nil {
@@ -110,6 +123,19 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 				"note": "nothing done: someone replayed or acknowledged this dead letter since it was read (it may have failed again); read it again (dlq list, audit trail) before acting"})
 			continue
 		}
+		if errors.Is(err, attempts.ErrActionNotDone) {
+			missing++
+			_ = out.Encode(map[string]any{"outbox_id": id, "action": action, "done": false, "error": actionNotDone,
+				"note": "nothing done: the connection broke before the " + action + " committed, and the database shows it was not done; run it again"})
+			continue
+		}
+		if errors.Is(err, attempts.ErrCommitUnknown) {
+			unknown++
+			fmt.Fprintln(env.stderr, "outbox:", err)
+			_ = out.Encode(map[string]any{"outbox_id": id, "action": action, "done": false, "error": actionCommitUnknown,
+				"note": "the " + action + " may have been done: the connection broke after it was sent and the database could not tell; read its trail (outbox audit trail " + id.String() + ") before acting on it again (listed again, it may be a new failure)"})
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -125,7 +151,10 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 		}
 		_ = out.Encode(line)
 	}
-	if missing > 0 {
+	switch {
+	case unknown > 0:
+		return exitError{code: dlqCommitUnknownCode}
+	case missing > 0:
 		return exitError{code: 1}
 	}
 	return nil

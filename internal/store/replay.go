@@ -10,6 +10,7 @@ import (
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/ledgerline/outbox/payment"
 )
@@ -88,7 +89,7 @@ var ErrDeadLetterChanged = errors.New("the dead letter changed since it was show
 // dead letter (a payment refunded by hand) must not send it, nor may a
 // form submitted twice replay a failure that came after the first replay.
 func (s *Store) ReplayShown(ctx context.Context, db TxBeginner, outboxID uuid.UUID, failedAt time.Time, operator, reason string) (bool, error) {
-	return s.actOnShown(ctx, db, s.sql.replay, outboxID, failedAt, 0, operator, reason)
+	return s.actOnShown(ctx, db, s.sql.replay, "REPLAYED", outboxID, failedAt, 0, operator, reason)
 }
 
 // ReplayAsRead is Replay of the dead letter dl, as DeadLetter read it: it
@@ -99,13 +100,13 @@ func (s *Store) ReplayShown(ctx context.Context, db TxBeginner, outboxID uuid.UU
 // (whether the rail may have acted) must not replay another failure in its
 // place: one that came after another operator's replay of the one read.
 func (s *Store) ReplayAsRead(ctx context.Context, db TxBeginner, dl DeadLetter, operator, reason string) (bool, error) {
-	return s.actOnShown(ctx, db, s.sql.replay, dl.OutboxID, dl.FailedAt, actsSeen(dl), operator, reason)
+	return s.actOnShown(ctx, db, s.sql.replay, "REPLAYED", dl.OutboxID, dl.FailedAt, actsSeen(dl), operator, reason)
 }
 
 // AcknowledgeAsRead is Acknowledge of the dead letter dl as DeadLetter read
 // it, as ReplayAsRead.
 func (s *Store) AcknowledgeAsRead(ctx context.Context, db TxBeginner, dl DeadLetter, operator, reason string) (bool, error) {
-	return s.actOnShown(ctx, db, s.sql.acknowledge, dl.OutboxID, dl.FailedAt, actsSeen(dl), operator, reason)
+	return s.actOnShown(ctx, db, s.sql.acknowledge, "ACKNOWLEDGED", dl.OutboxID, dl.FailedAt, actsSeen(dl), operator, reason)
 }
 
 // actsSeen is how many operator actions since its failure a dead letter
@@ -121,7 +122,7 @@ func actsSeen(dl DeadLetter) int64 {
 // as ReplayShown: a failure that came after a replay nobody has seen is
 // not accepted in its place.
 func (s *Store) AcknowledgeShown(ctx context.Context, db TxBeginner, outboxID uuid.UUID, failedAt time.Time, operator, reason string) (bool, error) {
-	return s.actOnShown(ctx, db, s.sql.acknowledge, outboxID, failedAt, 0, operator, reason)
+	return s.actOnShown(ctx, db, s.sql.acknowledge, "ACKNOWLEDGED", outboxID, failedAt, 0, operator, reason)
 }
 
 // actOnShown runs the operator function query and, in the same
@@ -131,13 +132,26 @@ func (s *Store) AcknowledgeShown(ctx context.Context, db TxBeginner, outboxID uu
 // count is a statement after the function's, so it sees an action that
 // committed while the function waited for its row lock; a failure after a
 // replay has a later failed_at, so the actions of earlier failures are
-// before failedAt. Otherwise the transaction is rolled back.
-func (s *Store) actOnShown(ctx context.Context, db TxBeginner, query string, outboxID uuid.UUID, failedAt time.Time, seen int64, operator, reason string) (bool, error) {
+// before failedAt. Otherwise the transaction is rolled back. state is the
+// state the action archives (REPLAYED or ACKNOWLEDGED).
+//
+// A connection that breaks once the transaction is under way leaves it
+// unknown whether it committed: the commit's answer may be what was lost.
+// Reported as a plain failure, the action was run again, and by then a
+// replayed dead letter could have failed again: the second run replayed
+// the new failure, which nobody had looked at. So what happened is
+// settled on another connection (settleLostAction).
+func (s *Store) actOnShown(ctx context.Context, db TxBeginner, query, state string, outboxID uuid.UUID, failedAt time.Time, seen int64, operator, reason string) (bool, error) {
 	if err := checkOperator(operator, reason); err != nil {
 		return false, err
 	}
 	var done bool
+	var sess actionSession
 	err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		// Which transaction this is, to tell later whether it has ended.
+		if err := tx.QueryRow(ctx, actionSessionSQL).Scan(&sess.pid, &sess.started); err != nil {
+			return err
+		}
 		var n int64
 		if err := tx.QueryRow(ctx, query, outboxID, operator, reason).Scan(&n); err != nil || n != 1 {
 			return err
@@ -152,11 +166,128 @@ func (s *Store) actOnShown(ctx context.Context, db TxBeginner, query string, out
 		done = true
 		return nil
 	})
+	if err != nil && sess.pid != 0 && mayHaveCommitted(err) {
+		done, err = s.settleLostAction(ctx, db, sess, err, state, outboxID, failedAt, seen, operator)
+		if err != nil {
+			return false, fmt.Errorf("dead letter %s: %w", outboxID, err)
+		}
+		return done, nil
+	}
 	if err != nil {
 		return false, fmt.Errorf("dead letter %s: %w", outboxID, err)
 	}
 	return done, nil
 }
+
+// ErrCommitUnknown is returned by an operator action (ReplayShown,
+// ReplayAsRead, AcknowledgeShown, AcknowledgeAsRead) whose connection broke
+// once its transaction was under way, when it could not be settled whether
+// it committed (the database could not be reached again, or the
+// transaction was still open). It may have been done: read the
+// instruction's trail before acting on it again, since a dead letter
+// listed again may be a new failure.
+var ErrCommitUnknown = errors.New("the action may have committed: its answer was lost")
+
+// ErrActionNotDone is returned by an operator action whose connection
+// broke before it committed, when the database shows that its transaction
+// ended without it: nothing was done, and it can be run again.
+var ErrActionNotDone = errors.New("the connection broke before the action committed: nothing done")
+
+// actionSession is the server session and transaction start of an
+// operator action's transaction.
+type actionSession struct {
+	pid     int32
+	started time.Time
+}
+
+// actionSessionSQL reads them; now() is the transaction's start, which
+// pg_stat_activity shows as xact_start while it is open.
+const actionSessionSQL = `SELECT pg_backend_pid(), now()`
+
+// lostActionWait bounds how long settleLostAction waits for the broken
+// connection's transaction to end (its server notices the closed socket
+// at once; a connection cut without a word keeps it open longer).
+const lostActionWait = 30 * time.Second
+
+// mayHaveCommitted reports whether err, an operator action's failure,
+// leaves its commit unknown: an error the server did not send (a broken
+// connection, a deadline), or one saying the server went away (SQLSTATE
+// classes 08 and 57P). Any other server error rolled the transaction back.
+func mayHaveCommitted(err error) bool {
+	if errors.Is(err, ErrDeadLetterChanged) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P")
+	}
+	return true
+}
+
+// settleLostAction finds out, on another of db's connections, whether an
+// operator action whose connection broke (lost) committed: it waits until
+// the transaction sess is no longer open on the server, then reads the
+// actions archived since failedAt. Only seen of them: nothing was done
+// (ErrActionNotDone). One more, of the action's state by operator: done.
+// Anything else, or a database it cannot read: ErrCommitUnknown.
+func (s *Store) settleLostAction(ctx context.Context, db TxBeginner, sess actionSession, lost error, state string,
+	outboxID uuid.UUID, failedAt time.Time, seen int64, operator string) (bool, error) {
+	q, ok := db.(Querier)
+	if !ok || ctx.Err() != nil {
+		return false, fmt.Errorf("%w (%v)", ErrCommitUnknown, lost)
+	}
+	unknown := func(why string, err error) (bool, error) {
+		return false, fmt.Errorf("%w (%v), and %s: %v", ErrCommitUnknown, lost, why, err)
+	}
+	for deadline := time.Now().Add(lostActionWait); ; {
+		var open bool
+		if err := q.QueryRow(ctx, openTransactionSQL, sess.pid, sess.started).Scan(&open); err != nil {
+			return unknown("the database could not be asked whether it did", err)
+		}
+		if !open {
+			break
+		}
+		if time.Now().After(deadline) {
+			return unknown("its transaction is still open", fmt.Errorf("after %s", lostActionWait))
+		}
+		select {
+		case <-ctx.Done():
+			return unknown("the wait for its transaction to end was cut short", ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	rows, err := q.Query(ctx, s.Qualify(operatorActsAfterSQL), outboxID, failedAt)
+	if err != nil {
+		return unknown("the archive could not be read", err)
+	}
+	type act struct{ state, by string }
+	acts, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (act, error) {
+		var a act
+		err := r.Scan(&a.state, &a.by)
+		return a, err
+	})
+	if err != nil {
+		return unknown("the archive could not be read", err)
+	}
+	switch {
+	case int64(len(acts)) == seen:
+		return false, fmt.Errorf("%w (%v)", ErrActionNotDone, lost)
+	case int64(len(acts)) == seen+1 && acts[seen].state == state && acts[seen].by == operator:
+		return true, nil
+	}
+	return unknown("the archive shows other actions since", fmt.Errorf("%d since its failure, %d seen before", len(acts), seen))
+}
+
+// openTransactionSQL reports whether the transaction that started at $2
+// on the server session $1 is still open. A session's own role sees its
+// xact_start.
+const openTransactionSQL = `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND xact_start = $2)`
+
+// operatorActsAfterSQL lists the replays and acknowledgements archived
+// since $2, oldest first, with who acted.
+const operatorActsAfterSQL = `SELECT state, relayer_id FROM {schema}.archive
+WHERE outbox_id = $1 AND created_at > $2 AND state IN ('REPLAYED', 'ACKNOWLEDGED')
+ORDER BY created_at, attempt_id`
 
 const operatorActsSinceSQL = `SELECT count(*) FROM {schema}.archive
 WHERE outbox_id = $1 AND created_at > $2 AND state IN ('REPLAYED', 'ACKNOWLEDGED')`

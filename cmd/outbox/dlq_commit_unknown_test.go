@@ -1,0 +1,123 @@
+package main
+
+import (
+	"encoding/json"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+
+	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/internal/testdb"
+)
+
+// TestDLQReplayLostCommitReply: the connection of a `dlq replay` breaks
+// after its transaction was sent. Where the commit's answer was lost (the
+// replay done), the command settles what happened on a new connection and
+// reports the line done, exit 0: it used to exit 1 with the connection's
+// error and no line, a replay reported as failed. The operator ran it
+// again, and once the replayed instruction had failed again (in seconds,
+// for a rail that refuses it) that second run replayed the new failure: a
+// dead letter replayed twice for one decision, the second time without
+// anyone having looked at it. Where the connection broke before the
+// commit was sent, the line says done false and the command exits 1:
+// nothing was done, and running it again is safe and does it once. Where
+// the database cannot be reached again to tell, the line says
+// COMMIT_UNKNOWN and the exit status is 4: check before running it again.
+func TestDLQReplayLostCommitReply(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	st, err := store.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadLetter := func(participant, key string) string {
+		t.Helper()
+		r := b.cli(t, inputJSON(participant, key, "100"), "enqueue")
+		requireExit(t, r, 0)
+		id := decodeEnqueueLine(t, stdoutLines(t, r.stdout)[0]).outboxID
+		claimed, err := st.Claim(b.ctx, b.pool, store.ClaimParams{RelayerID: "r1", Limit: 1, Leases: map[string]time.Duration{"sandbox": time.Hour}})
+		if err != nil || len(claimed) != 1 || claimed[0].OutboxID.String() != id {
+			t.Fatalf("claim: %v, %v (want %s)", claimed, err, id)
+		}
+		c := claimed[0]
+		attempt, _ := uuid.NewV7()
+		if _, _, err := st.Record(b.ctx, b.pool, []store.Outcome{{Identity: c.Identity, AttemptID: attempt, ClaimAttemptID: c.AttemptID,
+			AttemptNo: c.AttemptNo, RelayerID: "r1", ClaimedAt: c.ClaimedAt, State: store.Failed, ErrorCode: "RAIL_REJECTED",
+			CountAttempt: true}}, store.HandoffParams{}); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	u, err := url.Parse(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testdb.StartHoldingProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	// Exec mode (as behind PgBouncer): a statement's text and its
+	// execution go in one message, so the cut lands on the reply of the
+	// round trip named.
+	db := []string{"--database-url", u.String(), "--pooler", "transaction"}
+	replays := func(id string) (n int) {
+		t.Helper()
+		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE outbox_id = $1 AND state = 'REPLAYED'`, id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	type line struct {
+		OutboxID string `json:"outbox_id"`
+		Done     bool   `json:"done"`
+		Error    string `json:"error"`
+	}
+	oneLine := func(r cliResult) line {
+		t.Helper()
+		var l line
+		if lines := stdoutLines(t, r.stdout); len(lines) != 1 || json.Unmarshal([]byte(lines[0]), &l) != nil {
+			t.Fatalf("want one line:\n%s", r)
+		}
+		return l
+	}
+
+	// The commit's answer is lost: the replay is done.
+	committed, notSent, unsettled := deadLetter("p1", "k1"), deadLetter("p2", "k2"), deadLetter("p3", "k3")
+	proxy.CutReplyAfter([]byte("commit"))
+	r := invokeCLI(t, nil, "", append([]string{"dlq", "replay", "--operator", "bob", "--reason", "rail back", committed}, db...)...)
+	if n := replays(committed); n != 1 {
+		t.Fatalf("the cut replay: %d REPLAYED rows, want 1 (the cut was not after the commit):\n%s", n, r)
+	}
+	if l := oneLine(r); r.code != 0 || !l.Done || l.OutboxID != committed {
+		t.Fatalf("a replay whose commit's answer was lost, and that was done, was reported as:\n%s", r)
+	}
+
+	// The connection breaks before the commit is sent: nothing is done.
+	proxy.CutReplyAfter([]byte("replay_dead_letter"))
+	r = invokeCLI(t, nil, "", append([]string{"dlq", "replay", "--operator", "bob", "--reason", "rail back", notSent}, db...)...)
+	if n := replays(notSent); n != 0 {
+		t.Fatalf("a replay cut before its commit: %d REPLAYED rows, want 0:\n%s", n, r)
+	}
+	if l := oneLine(r); r.code != 1 || l.Done || l.OutboxID != notSent || !strings.Contains(r.stdout, "nothing done") {
+		t.Fatalf("a replay cut before its commit, not done, was reported as:\n%s", r)
+	}
+	requireExit(t, b.cli(t, "", "dlq", "replay", "--operator", "bob", "--reason", "rail back", notSent), 0)
+	if n := replays(notSent); n != 1 {
+		t.Fatalf("the replay run again: %d REPLAYED rows, want 1", n)
+	}
+
+	// The commit's answer is lost and the database cannot be reached
+	// again to tell: the line says the replay may have been done, and the
+	// exit status is 4, not 1 (whose lines were not done).
+	proxy.RefuseAfterCut(3 * time.Second)
+	proxy.CutReplyAfter([]byte("commit"))
+	r = invokeCLI(t, nil, "", append([]string{"dlq", "replay", "--operator", "bob", "--reason", "rail back", unsettled}, db...)...)
+	if n := replays(unsettled); n != 1 {
+		t.Fatalf("the cut replay: %d REPLAYED rows, want 1:\n%s", n, r)
+	}
+	if l := oneLine(r); r.code != 4 || l.Done || l.Error != "COMMIT_UNKNOWN" || l.OutboxID != unsettled {
+		t.Fatalf("a replay whose commit's answer was lost, with the database out of reach, was reported as:\n%s", r)
+	}
+	requireExit(t, b.cli(t, "", "audit", "verify"), 0)
+}
