@@ -366,6 +366,20 @@ const RailMayStillAct = "RAIL_MAY_STILL_ACT"
 // and it may have failed again. Nothing was done; the API answers 409.
 const DeadLetterChanged = "DEAD_LETTER_CHANGED"
 
+// CommitUnknown is [ActionResult.Error] for a replay or an
+// acknowledgement whose database connection broke once it was sent and
+// whose outcome the server could not settle (store.ErrCommitUnknown): it
+// may have been done. The API answers 500; read the instruction's trail
+// before acting on it again (a dead letter listed again may be a new
+// failure).
+const CommitUnknown = "COMMIT_UNKNOWN"
+
+// NotDone is [ActionResult.Error] for a replay or an acknowledgement whose
+// database connection broke before it committed, when the database shows
+// it was not done (store.ErrActionNotDone). Nothing was done; the API
+// answers 503, and it can be tried again.
+const NotDone = "NOT_DONE"
+
 // InFlight is [ActionResult.Error] for a cancel refused with
 // store.ErrCancelInFlight: a relayer claimed the instruction and its rail
 // call may be under way. Nothing was done; the API answers 409.
@@ -409,6 +423,12 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, who Token, action s
 		writeError(w, http.StatusBadRequest, err.Error())
 	case errors.Is(err, ErrReadOnlyStandby):
 		writeStandby(w)
+	case errors.Is(err, store.ErrCommitUnknown):
+		s.log.Error("admin: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeJSON(w, http.StatusInternalServerError, res)
+	case errors.Is(err, store.ErrActionNotDone):
+		s.log.Warn("admin: request failed, nothing done", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeJSON(w, http.StatusServiceUnavailable, res)
 	case err != nil:
 		s.internalError(w, r, err)
 	case !res.Done:
@@ -502,6 +522,14 @@ func (s *Server) takeAction(ctx context.Context, id uuid.UUID, shown *time.Time,
 		}
 		if errors.Is(err, store.ErrDeadLetterChanged) {
 			res.Error, res.Note = DeadLetterChanged, "nothing done: someone replayed or acknowledged this dead letter since it was read (it may have failed again); read it again before acting"
+			return res, err
+		}
+		if errors.Is(err, store.ErrCommitUnknown) {
+			res.Error, res.Note = CommitUnknown, "it may have been done: the database connection broke after it was sent and the database could not tell; read the instruction's trail before acting on it again (listed again, it may be a new failure)"
+			return res, err
+		}
+		if errors.Is(err, store.ErrActionNotDone) {
+			res.Error, res.Note = NotDone, "nothing done: the database connection broke before it committed, and the database shows it was not done; try again"
 			return res, err
 		}
 		if action == ActionReplay && res.OutcomeUnknown {

@@ -1,0 +1,86 @@
+package admin_test
+
+import (
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerline/outbox/admin"
+	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/internal/testdb"
+)
+
+// TestAPIReplayLostCommitReply: the database connection of an API replay
+// breaks after its transaction was sent. Where the commit's answer was
+// lost and the database answers again, the server settles it there: 200,
+// done. Where it cannot be reached again to tell, the answer is 500 with
+// "error": "COMMIT_UNKNOWN" and a note to read the trail first: it used
+// to be the bare "internal error (logged)" of a failure, which a client
+// retries, and by then the replayed instruction may have failed again
+// and been replayed a second time.
+func TestAPIReplayLostCommitReply(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	settled, unsettled := b.enqueue(t, "p1", "k1"), b.enqueue(t, "p2", "k2")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
+	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
+
+	cfg := b.pool.Config().ConnConfig
+	proxy := testdb.StartHoldingProxy(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+	pcfg := b.pool.Config().Copy()
+	host, port, err := net.SplitHostPort(proxy.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg.ConnConfig.Host, pcfg.ConnConfig.Port = host, uint16(p)
+	proxied, err := pgxpool.NewWithConfig(b.ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxied.Close)
+	toks, err := admin.ParseTokens(strings.NewReader("operator oscar " + operatorSecret + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := admin.New(admin.Config{Pool: proxied, Tokens: toks, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+
+	replays := func(id string) (n int) {
+		t.Helper()
+		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE outbox_id = $1 AND state = 'REPLAYED'`, id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	var res admin.ActionResult
+	proxy.CutReplyAfter([]byte("commit"))
+	code, err := postJSON(b.ctx, hs.URL+"/api/v1/dead-letters/"+settled.String()+"/replay", operatorSecret, map[string]string{"reason": "rail back"}, &res)
+	if n := replays(settled.String()); err != nil || n != 1 || code != http.StatusOK || !res.Done {
+		t.Fatalf("a replay whose commit's answer was lost, done (%d REPLAYED rows), answered %d %+v %v", n, code, res, err)
+	}
+
+	res = admin.ActionResult{}
+	proxy.RefuseAfterCut(3 * time.Second)
+	proxy.CutReplyAfter([]byte("commit"))
+	code, err = postJSON(b.ctx, hs.URL+"/api/v1/dead-letters/"+unsettled.String()+"/replay", operatorSecret, map[string]string{"reason": "rail back"}, &res)
+	if n := replays(unsettled.String()); err != nil || n != 1 || code != http.StatusInternalServerError || res.Done ||
+		res.Error != admin.CommitUnknown || !strings.Contains(res.Note, "trail") {
+		t.Fatalf("a replay whose commit's answer was lost, with the database out of reach (%d REPLAYED rows), answered %d %+v %v", n, code, res, err)
+	}
+}
