@@ -21,17 +21,17 @@ FUZZ      := payment:FuzzParseAmount:30000x payment:FuzzParseAmountMinor:60000x 
              cmd/outbox:FuzzEnqueueLine:4000x
 BENCHTIME ?= 1x
 
-.PHONY: demo test vet lint vulndb fuzz bench postgres pgbouncer promtool chromium build
+.PHONY: demo test vet lint vulndb fuzz bench postgres pgbouncer promtool chromium strace build
 
 ## demo: local PostgreSQL, migrations, relayer, sandbox rail, a producer stream, a live summary
 demo: postgres
 	$(GO) run ./cmd/outbox demo $(ARGS)
 
 ## test: go vet, every test with the race detector, then short fuzz runs
-## (the PgBouncer, promtool and browser tests must run: a missing binary
-## fails them)
-test: postgres pgbouncer promtool chromium vet lint
-	OUTBOX_REQUIRE_PGBOUNCER=1 OUTBOX_REQUIRE_PROMTOOL=1 OUTBOX_REQUIRE_CHROMIUM=1 $(GO) test -race -count=1 -timeout 30m ./...
+## (the PgBouncer, promtool, browser and strace tests must run: a missing
+## binary fails them)
+test: postgres pgbouncer promtool chromium strace vet lint
+	OUTBOX_REQUIRE_PGBOUNCER=1 OUTBOX_REQUIRE_PROMTOOL=1 OUTBOX_REQUIRE_CHROMIUM=1 OUTBOX_REQUIRE_STRACE=1 $(GO) test -race -count=1 -timeout 30m ./...
 	$(MAKE) --no-print-directory fuzz
 
 vet:
@@ -83,6 +83,15 @@ chromium:
 	SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
+
+## strace: make sure strace exists (the export's fsync test traces the
+## command's system calls).
+strace:
+	@if command -v strace >/dev/null 2>&1; then exit 0; fi; \
+	echo "strace not found: installing the strace package"; \
+	SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends strace
 
 ## promtool: make sure promtool exists (the alert rules' tests run it).
 promtool:

@@ -106,7 +106,8 @@ func runArchive(ctx context.Context, env *environment, args []string) error {
 // whatever was at path, usually the month's only copy, as it was. Between
 // the two renames the earlier checksum file is already gone, so a crash
 // there leaves an export without a checksum, never one beside a checksum
-// that is not its own.
+// that is not its own. The directory is synced last, so that the renames
+// are on disk when it returns.
 func exportFile(path string, export func(io.Writer) (int64, error)) (int64, string, error) {
 	dir, base := filepath.Dir(path), filepath.Base(path)
 	data, err := os.CreateTemp(dir, "."+base+".*.tmp")
@@ -138,7 +139,26 @@ func exportFile(path string, export func(io.Writer) (int64, error)) (int64, stri
 	if err := os.Rename(check.Name(), path+".sha256"); err != nil {
 		return 0, "", err
 	}
+	// A rename is in the directory, which is on disk only once synced:
+	// without it a power loss after the command printed its checksum can
+	// bring back the earlier export at path, or none.
+	if err := syncDir(dir); err != nil {
+		return 0, "", fmt.Errorf("export written, but its directory could not be synced: %w", err)
+	}
 	return rows, sum, nil
+}
+
+// syncDir flushes a directory's entries (the renames in it) to disk.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // finishTemp ends a temporary file of exportFile whose writing gave err:
