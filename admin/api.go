@@ -366,16 +366,16 @@ const RailMayStillAct = "RAIL_MAY_STILL_ACT"
 // and it may have failed again. Nothing was done; the API answers 409.
 const DeadLetterChanged = "DEAD_LETTER_CHANGED"
 
-// CommitUnknown is [ActionResult.Error] for a replay or an
-// acknowledgement whose database connection broke once it was sent and
+// CommitUnknown is [ActionResult.Error] for a replay, an acknowledgement
+// or a cancel whose database connection broke once it was sent and
 // whose outcome the server could not settle (store.ErrCommitUnknown): it
 // may have been done. The API answers 500; read the instruction's trail
 // before acting on it again (a dead letter listed again may be a new
 // failure).
 const CommitUnknown = "COMMIT_UNKNOWN"
 
-// NotDone is [ActionResult.Error] for a replay or an acknowledgement whose
-// database connection broke before it committed, when the database shows
+// NotDone is [ActionResult.Error] for a replay, an acknowledgement or a
+// cancel whose database connection broke before it committed, when the database shows
 // it was not done (store.ErrActionNotDone). Nothing was done; the API
 // answers 503, and it can be tried again.
 const NotDone = "NOT_DONE"
@@ -524,19 +524,19 @@ func (s *Server) takeAction(ctx context.Context, id uuid.UUID, shown *time.Time,
 			res.Error, res.Note = DeadLetterChanged, "nothing done: someone replayed or acknowledged this dead letter since it was read (it may have failed again); read it again before acting"
 			return res, err
 		}
-		if errors.Is(err, store.ErrCommitUnknown) {
-			res.Error, res.Note = CommitUnknown, "it may have been done: the database connection broke after it was sent and the database could not tell; read the instruction's trail before acting on it again (listed again, it may be a new failure)"
-			return res, err
-		}
-		if errors.Is(err, store.ErrActionNotDone) {
-			res.Error, res.Note = NotDone, "nothing done: the database connection broke before it committed, and the database shows it was not done; try again"
-			return res, err
-		}
 		if action == ActionReplay && res.OutcomeUnknown {
 			res.Note = attempts.OutcomeUnknownReplay
 		}
 	default:
 		return res, fmt.Errorf("%w %q (want %s, %s or %s)", ErrUnknownAction, action, ActionReplay, ActionAcknowledge, ActionCancel)
+	}
+	if errors.Is(err, store.ErrCommitUnknown) {
+		res.Error, res.Note = CommitUnknown, "it may have been done: the database connection broke after it was sent and the database could not tell; read the instruction's trail before acting on it again (a dead letter listed again may be a new failure)"
+		return res, err
+	}
+	if errors.Is(err, store.ErrActionNotDone) {
+		res.Error, res.Note = NotDone, "nothing done: the database connection broke before it committed, and the database shows it was not done; try again"
+		return res, err
 	}
 	if err != nil || !res.Done {
 		return res, err

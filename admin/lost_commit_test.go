@@ -33,6 +33,36 @@ func TestAPIReplayLostCommitReply(t *testing.T) {
 	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
 	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
 
+	proxy, base := proxiedServer(t, b)
+
+	replays := func(id string) (n int) {
+		t.Helper()
+		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE outbox_id = $1 AND state = 'REPLAYED'`, id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	var res admin.ActionResult
+	proxy.CutReplyAfter([]byte("commit"))
+	code, err := postJSON(b.ctx, base+"/api/v1/dead-letters/"+settled.String()+"/replay", operatorSecret, map[string]string{"reason": "rail back"}, &res)
+	if n := replays(settled.String()); err != nil || n != 1 || code != http.StatusOK || !res.Done {
+		t.Fatalf("a replay whose commit's answer was lost, done (%d REPLAYED rows), answered %d %+v %v", n, code, res, err)
+	}
+
+	res = admin.ActionResult{}
+	proxy.RefuseAfterCut(3 * time.Second)
+	proxy.CutReplyAfter([]byte("commit"))
+	code, err = postJSON(b.ctx, base+"/api/v1/dead-letters/"+unsettled.String()+"/replay", operatorSecret, map[string]string{"reason": "rail back"}, &res)
+	if n := replays(unsettled.String()); err != nil || n != 1 || code != http.StatusInternalServerError || res.Done ||
+		res.Error != admin.CommitUnknown || !strings.Contains(res.Note, "trail") {
+		t.Fatalf("a replay whose commit's answer was lost, with the database out of reach (%d REPLAYED rows), answered %d %+v %v", n, code, res, err)
+	}
+}
+
+// proxiedServer starts a second admin server of b's database whose pool
+// goes through a HoldingProxy, and returns the proxy and the server's URL.
+func proxiedServer(t *testing.T, b *bundle) (*testdb.HoldingProxy, string) {
+	t.Helper()
 	cfg := b.pool.Config().ConnConfig
 	proxy := testdb.StartHoldingProxy(t, net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
 	pcfg := b.pool.Config().Copy()
@@ -60,27 +90,38 @@ func TestAPIReplayLostCommitReply(t *testing.T) {
 	}
 	hs := httptest.NewServer(srv.Handler())
 	t.Cleanup(hs.Close)
+	return proxy, hs.URL
 
-	replays := func(id string) (n int) {
+}
+
+// TestAPICancelLostCommitReply: as TestAPIReplayLostCommitReply, for a
+// cancel: settled done where the database answers again (200), and 500
+// with "error": "COMMIT_UNKNOWN" where it cannot tell (it was the bare
+// internal error of a failure).
+func TestAPICancelLostCommitReply(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	settled, unsettled := b.enqueue(t, "p1", "k1"), b.enqueue(t, "p2", "k2")
+	proxy, base := proxiedServer(t, b)
+	cancelled := func(id string) (n int) {
 		t.Helper()
-		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE outbox_id = $1 AND state = 'REPLAYED'`, id).Scan(&n); err != nil {
+		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE outbox_id = $1 AND state = 'CANCELLED'`, id).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
 	}
 	var res admin.ActionResult
 	proxy.CutReplyAfter([]byte("commit"))
-	code, err := postJSON(b.ctx, hs.URL+"/api/v1/dead-letters/"+settled.String()+"/replay", operatorSecret, map[string]string{"reason": "rail back"}, &res)
-	if n := replays(settled.String()); err != nil || n != 1 || code != http.StatusOK || !res.Done {
-		t.Fatalf("a replay whose commit's answer was lost, done (%d REPLAYED rows), answered %d %+v %v", n, code, res, err)
+	code, err := postJSON(b.ctx, base+"/api/v1/instructions/"+settled.String()+"/cancel", operatorSecret, map[string]string{"reason": "recalled"}, &res)
+	if n := cancelled(settled.String()); err != nil || n != 1 || code != http.StatusOK || !res.Done {
+		t.Fatalf("a cancel whose commit's answer was lost, done (%d CANCELLED rows), answered %d %+v %v", n, code, res, err)
 	}
-
 	res = admin.ActionResult{}
 	proxy.RefuseAfterCut(3 * time.Second)
 	proxy.CutReplyAfter([]byte("commit"))
-	code, err = postJSON(b.ctx, hs.URL+"/api/v1/dead-letters/"+unsettled.String()+"/replay", operatorSecret, map[string]string{"reason": "rail back"}, &res)
-	if n := replays(unsettled.String()); err != nil || n != 1 || code != http.StatusInternalServerError || res.Done ||
+	code, err = postJSON(b.ctx, base+"/api/v1/instructions/"+unsettled.String()+"/cancel", operatorSecret, map[string]string{"reason": "recalled"}, &res)
+	if n := cancelled(unsettled.String()); err != nil || n != 1 || code != http.StatusInternalServerError || res.Done ||
 		res.Error != admin.CommitUnknown || !strings.Contains(res.Note, "trail") {
-		t.Fatalf("a replay whose commit's answer was lost, with the database out of reach (%d REPLAYED rows), answered %d %+v %v", n, code, res, err)
+		t.Fatalf("a cancel whose commit's answer was lost, with the database out of reach (%d CANCELLED rows), answered %d %+v %v", n, code, res, err)
 	}
 }

@@ -27,7 +27,7 @@ const cancelRefusedCode = 3
 // refused until its claim's lease ends (its line says until when, and the
 // exit status is 3) without stopping the others.
 func runCancel(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet(env, "cancel", "cancel [flags] OUTBOX_ID...   (needs --reason; only pending instructions: one in flight is refused, IN_FLIGHT; exit 3: one whose rail call a relayer's stop cut off, refused until the retry_after on its line)")
+	fs := newFlagSet(env, "cancel", "cancel [flags] OUTBOX_ID...   (needs --reason; only pending instructions: one in flight is refused, IN_FLIGHT; exit 3: one whose rail call a relayer's stop cut off, refused until the retry_after on its line; exit 4: one whose connection broke and whose outcome the database could not tell, COMMIT_UNKNOWN)")
 	var db dbFlags
 	db.register(fs, poolconfig.Operator("cancel"))
 	operator := fs.String("operator", defaultOperator(), "who is acting (archived)")
@@ -55,7 +55,7 @@ func runCancel(ctx context.Context, env *environment, args []string) error {
 	}
 	defer cleanup()
 	out := json.NewEncoder(env.stdout)
-	missed, refused := 0, 0
+	missed, refused, unknown := 0, 0, 0
 	for _, id := range ids {
 		ok, err := archive.Cancel(ctx, pool, id, *operator, *reason)
 		var wait *attempts.RailMayStillActError
@@ -75,6 +75,19 @@ func runCancel(ctx context.Context, env *environment, args []string) error {
 				"note": "refused, nothing done: in flight (a relayer claimed it and its rail call may be under way); its outcome settles it, and a cancel takes it if it comes back to pending"})
 			continue
 		}
+		if errors.Is(err, attempts.ErrActionNotDone) {
+			missed++
+			_ = out.Encode(map[string]any{"outbox_id": id, "action": "cancel", "done": false, "error": actionNotDone,
+				"note": "nothing done: the connection broke before the cancel committed, and the database shows it was not done; run it again"})
+			continue
+		}
+		if errors.Is(err, attempts.ErrCommitUnknown) {
+			unknown++
+			fmt.Fprintln(env.stderr, "outbox:", err)
+			_ = out.Encode(map[string]any{"outbox_id": id, "action": "cancel", "done": false, "error": actionCommitUnknown,
+				"note": "the cancel may have been done: the connection broke after it was sent and the database could not tell; outbox audit trail " + id.String() + " shows whether it was"})
+			continue
+		}
 		if err != nil {
 			return err
 		}
@@ -86,6 +99,8 @@ func runCancel(ctx context.Context, env *environment, args []string) error {
 		_ = out.Encode(line)
 	}
 	switch {
+	case unknown > 0:
+		return exitError{code: commitUnknownCode}
 	case refused > 0:
 		return exitError{code: cancelRefusedCode}
 	case missed > 0:

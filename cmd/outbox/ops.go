@@ -42,18 +42,19 @@ func runStats(ctx context.Context, env *environment, args []string) error {
 // letter changed between its read and the action (ErrDeadLetterChanged).
 const deadLetterChanged = "DEAD_LETTER_CHANGED"
 
-// Errors of a dlq replay or ack line whose connection broke during the
-// action: it was not done, the database shows (actionNotDone), or it may have
-// been (actionCommitUnknown: nobody could tell).
+// Errors of a dlq replay or ack line, or a cancel line, whose connection
+// broke during the action: it was not done, the database shows
+// (actionNotDone), or it may have been (actionCommitUnknown: nobody could
+// tell).
 const (
 	actionNotDone       = "NOT_DONE"
 	actionCommitUnknown = "COMMIT_UNKNOWN"
 )
 
-// dlqCommitUnknownCode is dlq's exit status when a line's action may have
-// been done (COMMIT_UNKNOWN): unlike 1 (nothing done on those lines), the
-// command must not simply be run again.
-const dlqCommitUnknownCode = 4
+// commitUnknownCode is the exit status of dlq and cancel when a line's
+// action may have been done (COMMIT_UNKNOWN): unlike 1 (nothing done on
+// those lines), the command must not simply be run again.
+const commitUnknownCode = 4
 
 // runDLQ lists, replays or acknowledges dead letters.
 func runDLQ(ctx context.Context, env *environment, args []string) error {
@@ -153,7 +154,7 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 	}
 	switch {
 	case unknown > 0:
-		return exitError{code: dlqCommitUnknownCode}
+		return exitError{code: commitUnknownCode}
 	case missing > 0:
 		return exitError{code: 1}
 	}

@@ -180,7 +180,7 @@ func (s *Store) actOnShown(ctx context.Context, db TxBeginner, query, state stri
 }
 
 // ErrCommitUnknown is returned by an operator action (ReplayShown,
-// ReplayAsRead, AcknowledgeShown, AcknowledgeAsRead) whose connection broke
+// ReplayAsRead, AcknowledgeShown, AcknowledgeAsRead, Cancel) whose connection broke
 // once its transaction was under way, when it could not be settled whether
 // it committed (the database could not be reached again, or the
 // transaction was still open). It may have been done: read the
@@ -214,7 +214,7 @@ const lostActionWait = 30 * time.Second
 // connection, a deadline), or one saying the server went away (SQLSTATE
 // classes 08 and 57P). Any other server error rolled the transaction back.
 func mayHaveCommitted(err error) bool {
-	if errors.Is(err, ErrDeadLetterChanged) {
+	if errors.Is(err, ErrDeadLetterChanged) || errors.Is(err, ErrCancelInFlight) || errors.Is(err, ErrRailMayStillAct) {
 		return false
 	}
 	var pgErr *pgconn.PgError
@@ -233,28 +233,14 @@ func mayHaveCommitted(err error) bool {
 func (s *Store) settleLostAction(ctx context.Context, db TxBeginner, sess actionSession, lost error, state string,
 	outboxID uuid.UUID, failedAt time.Time, seen int64, operator string) (bool, error) {
 	q, ok := db.(Querier)
-	if !ok || ctx.Err() != nil {
+	if !ok {
 		return false, fmt.Errorf("%w (%v)", ErrCommitUnknown, lost)
 	}
 	unknown := func(why string, err error) (bool, error) {
 		return false, fmt.Errorf("%w (%v), and %s: %v", ErrCommitUnknown, lost, why, err)
 	}
-	for deadline := time.Now().Add(lostActionWait); ; {
-		var open bool
-		if err := q.QueryRow(ctx, openTransactionSQL, sess.pid, sess.started).Scan(&open); err != nil {
-			return unknown("the database could not be asked whether it did", err)
-		}
-		if !open {
-			break
-		}
-		if time.Now().After(deadline) {
-			return unknown("its transaction is still open", fmt.Errorf("after %s", lostActionWait))
-		}
-		select {
-		case <-ctx.Done():
-			return unknown("the wait for its transaction to end was cut short", ctx.Err())
-		case <-time.After(10 * time.Millisecond):
-		}
+	if err := waitTransactionEnded(ctx, q, sess); err != nil {
+		return false, fmt.Errorf("%w (%v), and %w", ErrCommitUnknown, lost, err)
 	}
 	rows, err := q.Query(ctx, s.Qualify(operatorActsAfterSQL), outboxID, failedAt)
 	if err != nil {
@@ -277,6 +263,53 @@ func (s *Store) settleLostAction(ctx context.Context, db TxBeginner, sess action
 	}
 	return unknown("the archive shows other actions since", fmt.Errorf("%d since its failure, %d seen before", len(acts), seen))
 }
+
+// waitTransactionEnded waits, at most lostActionWait, until the
+// transaction sess is no longer open on the server: committed, or rolled
+// back when its server noticed the broken connection.
+func waitTransactionEnded(ctx context.Context, q Querier, sess actionSession) error {
+	for deadline := time.Now().Add(lostActionWait); ; {
+		var open bool
+		if err := q.QueryRow(ctx, openTransactionSQL, sess.pid, sess.started).Scan(&open); err != nil {
+			return fmt.Errorf("the database could not be asked whether it did: %w", err)
+		}
+		if !open {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("its transaction is still open after %s", lostActionWait)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the wait for its transaction to end was cut short: %w", ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// settleLostCancel is settleLostAction for a cancel: once the broken
+// connection's transaction has ended, a CANCELLED row by operator archived
+// since it began says it was done; none, that nothing was done (a
+// cancelled instruction never comes back, so one by someone else earlier
+// made this cancel "not pending" had it committed: also nothing done).
+func (s *Store) settleLostCancel(ctx context.Context, db Querier, sess actionSession, lost error, outboxID uuid.UUID, operator string) (bool, error) {
+	if err := waitTransactionEnded(ctx, db, sess); err != nil {
+		return false, fmt.Errorf("%w (%v), and %w", ErrCommitUnknown, lost, err)
+	}
+	var mine bool
+	if err := db.QueryRow(ctx, s.Qualify(cancelledSinceSQL), outboxID, sess.started, operator).Scan(&mine); err != nil {
+		return false, fmt.Errorf("%w (%v), and the archive could not be read: %v", ErrCommitUnknown, lost, err)
+	}
+	if !mine {
+		return false, fmt.Errorf("%w (%v)", ErrActionNotDone, lost)
+	}
+	return true, nil
+}
+
+// cancelledSinceSQL reports whether operator $3 cancelled outbox id $1
+// since $2.
+const cancelledSinceSQL = `SELECT EXISTS (SELECT 1 FROM {schema}.archive
+WHERE outbox_id = $1 AND state = 'CANCELLED' AND created_at >= $2 AND relayer_id = $3)`
 
 // openTransactionSQL reports whether the transaction that started at $2
 // on the server session $1 is still open. A session's own role sees its
