@@ -125,3 +125,64 @@ func TestAPICancelLostCommitReply(t *testing.T) {
 		t.Fatalf("a cancel whose commit's answer was lost, with the database out of reach (%d CANCELLED rows), answered %d %+v %v", n, code, res, err)
 	}
 }
+
+// TestAPIResumeLostCommitReply: as TestAPIReplayLostCommitReply, for a
+// rail's resume: settled done where the database answers again (200), and
+// 500 with "error": "COMMIT_UNKNOWN" where it cannot tell. It was the bare
+// internal error of a failure, which a client retries: a second resume,
+// which ends a pause someone made meanwhile.
+func TestAPIResumeLostCommitReply(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	proxy, base := proxiedServer(t, b)
+	resumes := func() (n int) {
+		t.Helper()
+		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.rail_pause_events WHERE rail_type = 'sandbox' AND action = 'RESUMED'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// The answer to the resume's statement is lost: whether that reply
+	// was the commit's or not, the answer says what the database did.
+	if ok, err := b.st.PauseRail(b.ctx, b.pool, "sandbox", "alice", "rail down"); err != nil || !ok {
+		t.Fatalf("pause: %v %v", ok, err)
+	}
+	proxy.CutReplyAfter([]byte("resume_rail"))
+	var first struct {
+		Done  bool   `json:"done"`
+		Error string `json:"error"`
+	}
+	code, err := postJSON(b.ctx, base+"/api/v1/rails/sandbox/resume", operatorSecret, map[string]string{"reason": "rail back"}, &first)
+	if n := resumes(); err != nil || first.Done != (n == 1) || !first.Done && (code != http.StatusServiceUnavailable || first.Error != admin.NotDone) ||
+		first.Done && code != http.StatusOK {
+		t.Fatalf("a resume whose answer was lost (%d RESUMED events) answered %d %+v %v", n, code, first, err)
+	}
+	if !first.Done {
+		if ok, err := b.st.ResumeRail(b.ctx, b.pool, "sandbox", "alice", "rail back"); err != nil || !ok {
+			t.Fatalf("resume: %v %v", ok, err)
+		}
+	}
+	for i, unreachable := range []bool{false, true} {
+		if ok, err := b.st.PauseRail(b.ctx, b.pool, "sandbox", "alice", "rail down"); err != nil || !ok {
+			t.Fatalf("pause: %v %v", ok, err)
+		}
+		if unreachable {
+			proxy.RefuseAfterCut(3 * time.Second)
+		}
+		proxy.CutReplyAfter([]byte("commit"))
+		var res struct {
+			Done  bool   `json:"done"`
+			Error string `json:"error"`
+		}
+		code, err := postJSON(b.ctx, base+"/api/v1/rails/sandbox/resume", operatorSecret, map[string]string{"reason": "rail back"}, &res)
+		n := resumes()
+		switch {
+		case err != nil || n != i+2:
+			t.Fatalf("a resume whose commit's answer was lost: %d RESUMED events, want %d (%v)", n, i+2, err)
+		case !unreachable && (code != http.StatusOK || !res.Done):
+			t.Fatalf("a resume whose commit's answer was lost, done, answered %d %+v", code, res)
+		case unreachable && (code != http.StatusInternalServerError || res.Done || res.Error != admin.CommitUnknown):
+			t.Fatalf("a resume whose commit's answer was lost, with the database out of reach, answered %d %+v", code, res)
+		}
+	}
+}

@@ -29,6 +29,11 @@ type PauseResult struct {
 	OpenTransactions int   `json:"open_transactions"`
 	InFlight         int64 `json:"in_flight"`
 	Held             int64 `json:"held"`
+	// Error is CommitUnknown or NotDone when the database connection
+	// broke during the action (Note says what to do), as for
+	// [ActionResult].
+	Error string `json:"error,omitempty"`
+	Note  string `json:"note,omitempty"`
 }
 
 // QuietWait is how long a pause through the admin address waits for the
@@ -63,7 +68,14 @@ func (s *Server) PauseRail(ctx context.Context, railType, operator, action, reas
 	default:
 		return res, fmt.Errorf("%w %q (want %s or %s)", ErrUnknownAction, action, ActionPause, ActionResume)
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, store.ErrCommitUnknown):
+		res.Error, res.Note = CommitUnknown, "it may have been done: the database connection broke after it was sent and the database could not tell; read the pauses in force and their history before acting again (someone may have paused or resumed the rail since)"
+		return res, err
+	case errors.Is(err, store.ErrActionNotDone):
+		res.Error, res.Note = NotDone, "nothing done: the database connection broke before it committed, and the database shows it was not done; try again"
+		return res, err
+	case err != nil:
 		return res, err
 	}
 	s.overviewReads.Forget()
@@ -101,6 +113,12 @@ func (s *Server) pauseRail(w http.ResponseWriter, r *http.Request, who Token) {
 		writeError(w, http.StatusBadRequest, err.Error())
 	case errors.Is(err, ErrReadOnlyStandby):
 		writeStandby(w)
+	case errors.Is(err, store.ErrCommitUnknown):
+		s.log.Error("admin: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeJSON(w, http.StatusInternalServerError, res)
+	case errors.Is(err, store.ErrActionNotDone):
+		s.log.Warn("admin: request failed, nothing done", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeJSON(w, http.StatusServiceUnavailable, res)
 	case err != nil:
 		s.internalError(w, r, err)
 	case !res.Done && action == ActionResume:

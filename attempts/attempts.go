@@ -237,15 +237,15 @@ func (a *Archive) Replay(ctx context.Context, db DB, outboxID uuid.UUID, operato
 // (it may have failed again under the same outbox id): nothing was done.
 var ErrDeadLetterChanged = store.ErrDeadLetterChanged
 
-// ErrCommitUnknown is returned by ReplayAsRead, AcknowledgeAsRead and
-// Cancel when the connection broke once the action's transaction was under way
+// ErrCommitUnknown is returned by ReplayAsRead, AcknowledgeAsRead,
+// Cancel, PauseRail and ResumeRail when the connection broke once the action's transaction was under way
 // and it could not be settled whether it committed: it may have been
 // done. Read the instruction's trail before acting on it again (a dead
 // letter listed again may be a new failure).
 var ErrCommitUnknown = store.ErrCommitUnknown
 
-// ErrActionNotDone is returned by ReplayAsRead, AcknowledgeAsRead and
-// Cancel when the connection broke before the action committed and the database
+// ErrActionNotDone is returned by ReplayAsRead, AcknowledgeAsRead,
+// Cancel, PauseRail and ResumeRail when the connection broke before the action committed and the database
 // shows it was not done: nothing was done, and it can be run again.
 var ErrActionNotDone = store.ErrActionNotDone
 

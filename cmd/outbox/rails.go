@@ -14,7 +14,7 @@ import (
 
 // runRails lists, pauses and resumes rails for the whole relayer fleet.
 func runRails(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet(env, "rails", "rails [flags] list | pause RAIL_TYPE | resume RAIL_TYPE   (RAIL_TYPE * is every rail; pause and resume need --reason)")
+	fs := newFlagSet(env, "rails", "rails [flags] list | pause RAIL_TYPE | resume RAIL_TYPE   (RAIL_TYPE * is every rail; pause and resume need --reason; exit 4: the connection broke and whether it was done could not be told, COMMIT_UNKNOWN)")
 	var db dbFlags
 	db.register(fs, poolconfig.Operator("rails"))
 	operator := fs.String("operator", defaultOperator(), "pause/resume: who is acting (recorded)")
@@ -60,6 +60,9 @@ func runRails(ctx context.Context, env *environment, args []string) error {
 		return out.Encode(map[string]any{"paused": pauses, "history": events})
 	case "resume":
 		ok, err := archive.ResumeRail(ctx, pool, railType, *operator, *reason)
+		if lost := lostAction(env, out, "resume", railType, err); lost != nil {
+			return lost
+		}
 		if err != nil {
 			return err
 		}
@@ -71,6 +74,9 @@ func runRails(ctx context.Context, env *environment, args []string) error {
 		return nil
 	}
 	ok, err := archive.PauseRail(ctx, pool, railType, *operator, *reason)
+	if lost := lostAction(env, out, "pause", railType, err); lost != nil {
+		return lost
+	}
 	if err != nil {
 		return err
 	}
@@ -117,4 +123,22 @@ func warnNothingHeld(env *environment, railType string, held bool) {
 	if !held && railType != attempts.AllRails {
 		fmt.Fprintf(env.stderr, "outbox: warning: no instruction of rail type %q is pending: is the name right? (rail types are case-sensitive)\n", railType)
 	}
+}
+
+// lostAction reports a pause or resume whose connection broke (err
+// attempts.ErrActionNotDone or attempts.ErrCommitUnknown) with its line,
+// and returns the command's exit status for it; nil for any other err.
+func lostAction(env *environment, out *json.Encoder, action, railType string, err error) error {
+	switch {
+	case errors.Is(err, attempts.ErrActionNotDone):
+		_ = out.Encode(map[string]any{"rail_type": railType, "action": action, "done": false, "error": actionNotDone,
+			"note": "nothing done: the connection broke before the " + action + " committed, and the database shows it was not done; run it again"})
+		return exitError{code: 1}
+	case errors.Is(err, attempts.ErrCommitUnknown):
+		fmt.Fprintln(env.stderr, "outbox:", err)
+		_ = out.Encode(map[string]any{"rail_type": railType, "action": action, "done": false, "error": actionCommitUnknown,
+			"note": "the " + action + " may have been done: the connection broke after it was sent and the database could not tell; rails list shows the pauses in force and their history: read it before running it again (someone may have paused or resumed the rail since)"})
+		return exitError{code: commitUnknownCode}
+	}
+	return nil
 }

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/gofrs/uuid/v5"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -29,34 +28,21 @@ import (
 //
 // On a db that opens transactions of its own (a pool, a connection; not a
 // caller's transaction), a connection that breaks once the cancel was
-// sent is settled on another connection, as an operator action on a dead
-// letter is (settleLostAction): done, ErrActionNotDone, or
-// ErrCommitUnknown.
+// sent is settled on another connection (settledAction): done,
+// ErrActionNotDone, or ErrCommitUnknown.
 func (s *Store) Cancel(ctx context.Context, db Querier, outboxID uuid.UUID, operator, reason string) (bool, error) {
 	if err := checkOperator(operator, reason); err != nil {
 		return false, err
 	}
-	b, ok := db.(interface {
-		Begin(ctx context.Context) (pgx.Tx, error)
+	done, err := s.settledAction(ctx, db, func(q Querier) (bool, error) {
+		return s.cancel(ctx, q, outboxID, operator, reason)
+	}, func(q Querier, sess actionSession) (bool, error) {
+		var mine bool
+		err := q.QueryRow(ctx, s.Qualify(cancelledSinceSQL), outboxID, sess.started, operator).Scan(&mine)
+		return mine, err
 	})
-	if _, inTx := db.(pgx.Tx); !ok || inTx {
-		return s.cancel(ctx, db, outboxID, operator, reason)
-	}
-	var done bool
-	var sess actionSession
-	err := pgx.BeginFunc(ctx, b, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, actionSessionSQL).Scan(&sess.pid, &sess.started); err != nil {
-			return fmt.Errorf("cancel %s: %w", outboxID, err)
-		}
-		var err error
-		done, err = s.cancel(ctx, tx, outboxID, operator, reason)
-		return err
-	})
-	if err != nil && sess.pid != 0 && mayHaveCommitted(err) {
-		if done, err = s.settleLostCancel(ctx, db, sess, err, outboxID, operator); err != nil {
-			return false, fmt.Errorf("cancel %s: %w", outboxID, err)
-		}
-		return done, nil
+	if errors.Is(err, ErrCommitUnknown) || errors.Is(err, ErrActionNotDone) {
+		err = fmt.Errorf("cancel %s: %w", outboxID, err)
 	}
 	return done, err
 }

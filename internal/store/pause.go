@@ -70,7 +70,9 @@ func (s *Store) PauseRail(ctx context.Context, db Querier, railType, operator, r
 }
 
 // ResumeRail ends the pause of railType, records who and why, and wakes
-// idle relayers. It reports false if the rail was not paused. Resuming a
+// idle relayers. It reports false if the rail was not paused. Both settle
+// a connection broken once they were sent (ErrActionNotDone,
+// ErrCommitUnknown), as Cancel does. Resuming a
 // rail does not end a pause of every rail ([AllRails]), nor the reverse.
 func (s *Store) ResumeRail(ctx context.Context, db Querier, railType, operator, reason string) (bool, error) {
 	return s.pauseAction(ctx, db, "resume_rail", railType, operator, reason)
@@ -83,12 +85,28 @@ func (s *Store) pauseAction(ctx context.Context, db Querier, fn, railType, opera
 	if err := checkOperator(operator, reason); err != nil {
 		return false, err
 	}
-	var done bool
-	if err := db.QueryRow(ctx, s.Qualify(`SELECT {schema}.`+fn+`($1, $2, $3)`), railType, operator, reason).Scan(&done); err != nil {
+	// A lost answer is settled (settledAction) by the record of pauses:
+	// this operator's event of this rail since the transaction began.
+	event := map[string]string{"pause_rail": "PAUSED", "resume_rail": "RESUMED"}[fn]
+	done, err := s.settledAction(ctx, db, func(q Querier) (bool, error) {
+		var done bool
+		err := q.QueryRow(ctx, s.Qualify(`SELECT {schema}.`+fn+`($1, $2, $3)`), railType, operator, reason).Scan(&done)
+		return done, err
+	}, func(q Querier, sess actionSession) (bool, error) {
+		var mine bool
+		err := q.QueryRow(ctx, s.Qualify(pauseEventSinceSQL), railType, event, operator, sess.started).Scan(&mine)
+		return mine, err
+	})
+	if err != nil {
 		return false, fmt.Errorf("%s %s: %w", strings.ReplaceAll(fn, "_", " "), railType, err)
 	}
 	return done, nil
 }
+
+// pauseEventSinceSQL reports whether operator $3 recorded event $2 of
+// rail $1 since $4.
+const pauseEventSinceSQL = `SELECT EXISTS (SELECT 1 FROM {schema}.rail_pause_events
+WHERE rail_type = $1 AND action = $2 AND operator = $3 AND at >= $4)`
 
 // RailPauses returns the pauses in force, by rail type.
 func (s *Store) RailPauses(ctx context.Context, db Querier) ([]RailPause, error) {

@@ -180,7 +180,8 @@ func (s *Store) actOnShown(ctx context.Context, db TxBeginner, query, state stri
 }
 
 // ErrCommitUnknown is returned by an operator action (ReplayShown,
-// ReplayAsRead, AcknowledgeShown, AcknowledgeAsRead, Cancel) whose connection broke
+// ReplayAsRead, AcknowledgeShown, AcknowledgeAsRead, Cancel, PauseRail,
+// ResumeRail) whose connection broke
 // once its transaction was under way, when it could not be settled whether
 // it committed (the database could not be reached again, or the
 // transaction was still open). It may have been done: read the
@@ -287,20 +288,47 @@ func waitTransactionEnded(ctx context.Context, q Querier, sess actionSession) er
 	}
 }
 
-// settleLostCancel is settleLostAction for a cancel: once the broken
-// connection's transaction has ended, a CANCELLED row by operator archived
-// since it began says it was done; none, that nothing was done (a
-// cancelled instruction never comes back, so one by someone else earlier
-// made this cancel "not pending" had it committed: also nothing done).
-func (s *Store) settleLostCancel(ctx context.Context, db Querier, sess actionSession, lost error, outboxID uuid.UUID, operator string) (bool, error) {
+// settledAction runs act (an operator action of one statement, cancel,
+// pause or resume) in a transaction of its own on db, when db opens them
+// (a pool, a connection; in a caller's transaction it runs act as it is:
+// the commit is the caller's). A connection that breaks once the
+// transaction is under way leaves it unknown whether it committed: the
+// commit's answer may be what was lost, and the operator who reads a
+// failure runs it again (a second resume can end a pause someone made
+// meanwhile). So it is settled on another connection: once that
+// transaction has ended, mine (reading the archive or the pause record
+// on q) says whether the action was done: done, or ErrActionNotDone;
+// ErrCommitUnknown when that cannot be told.
+func (s *Store) settledAction(ctx context.Context, db Querier, act func(Querier) (bool, error),
+	mine func(q Querier, sess actionSession) (bool, error)) (bool, error) {
+	b, ok := db.(interface {
+		Begin(ctx context.Context) (pgx.Tx, error)
+	})
+	if _, inTx := db.(pgx.Tx); !ok || inTx {
+		return act(db)
+	}
+	var done bool
+	var sess actionSession
+	err := pgx.BeginFunc(ctx, b, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, actionSessionSQL).Scan(&sess.pid, &sess.started); err != nil {
+			return err
+		}
+		var err error
+		done, err = act(tx)
+		return err
+	})
+	if err == nil || sess.pid == 0 || !mayHaveCommitted(err) {
+		return done, err
+	}
+	lost := err
 	if err := waitTransactionEnded(ctx, db, sess); err != nil {
 		return false, fmt.Errorf("%w (%v), and %w", ErrCommitUnknown, lost, err)
 	}
-	var mine bool
-	if err := db.QueryRow(ctx, s.Qualify(cancelledSinceSQL), outboxID, sess.started, operator).Scan(&mine); err != nil {
-		return false, fmt.Errorf("%w (%v), and the archive could not be read: %v", ErrCommitUnknown, lost, err)
-	}
-	if !mine {
+	done, err = mine(db, sess)
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("%w (%v), and what was done could not be read: %v", ErrCommitUnknown, lost, err)
+	case !done:
 		return false, fmt.Errorf("%w (%v)", ErrActionNotDone, lost)
 	}
 	return true, nil
