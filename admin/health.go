@@ -180,15 +180,23 @@ func (s *Server) Readiness(ctx context.Context) Readiness {
 	if rl := s.cfg.Relayer; rl != nil {
 		h := rl.Health()
 		var err error
+		public := ""
 		switch {
 		case !h.Running:
 			err = fmt.Errorf("the relayer is not running")
 		case h.ReadOnly:
 			err = fmt.Errorf("the database refuses the relayer's claims as read-only: its connections reach a standby, not the primary")
+		case h.ClaimError != nil:
+			// The relayer's own pool: this address's may be another,
+			// and its LISTEN connection, opened earlier, stays up.
+			err, public = fmt.Errorf("the relayer's claims fail: %w", h.ClaimError), "the relayer's claims fail"
+		case h.RecordError != nil:
+			err, public = fmt.Errorf("the relayer's outcome writes fail (retried until they succeed): %w", h.RecordError),
+				"the relayer's outcome writes fail"
 		case !h.Listening && !h.PollOnly:
 			err = fmt.Errorf("the LISTEN connection is down (polling meanwhile)")
 		}
-		add("relayer", err, "")
+		add("relayer", err, public)
 	}
 	var stopping error
 	if s.stopping.Load() {

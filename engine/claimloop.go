@@ -47,6 +47,9 @@ func (r *run) claimLoop(ctx context.Context) {
 		n, full, err := r.claimOnce(stopCtx)
 		if stopCtx.Err() == nil {
 			r.readOnly.Store(isReadOnly(err))
+			if !errors.Is(err, store.ErrOrderingConflict) {
+				r.claimFailure.set(err)
+			}
 		}
 		switch {
 		case err != nil && stopCtx.Err() != nil:

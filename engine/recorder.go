@@ -466,6 +466,7 @@ func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed b
 		cancel()
 		if recorded != nil {
 			w.Succeeded()
+			r.recordFailure.set(nil)
 			// Archived; an error here is about withdrawing a requeued copy,
 			// which then is dispatched again under the same key.
 			if err != nil {
@@ -505,6 +506,7 @@ func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed b
 			// is its hand-offs, which lostHandoffs hands back.
 			handoff, lost = false, true
 		}
+		r.recordFailure.set(err)
 		if rc.ctx.Err() != nil {
 			r.slots.Release(int64(len(batch) - keep))
 			r.stats.leftInFlight.Add(int64(len(batch)))

@@ -141,6 +141,19 @@ type Health struct {
 	// pooler or a URL that still names the old primary after a
 	// failover), so it cannot claim anything until they reach a primary.
 	ReadOnly bool
+	// ClaimError is why the relayer's last claim failed (nil once one
+	// succeeds; an ordering conflict, a race another claim won, does not
+	// count): the database refusing its connections (too many
+	// connections, SQLSTATE 53300, for the server or for its role), a
+	// lock or statement timeout, a database that does not answer. Its
+	// LISTEN connection, opened earlier, and another pool (an admin
+	// address's own) may still answer meanwhile, so neither tells.
+	ClaimError error
+	// RecordError is why the relayer's last outcome write failed (nil
+	// once one succeeds; a write is retried until it does). While every
+	// slot is held by an outcome waiting to be written the claim loop
+	// does not claim, so ClaimError alone would not tell.
+	RecordError error
 }
 
 // Health reports whether the relayer runs and whether its listener is
@@ -150,6 +163,8 @@ func (r *Relayer) Health() Health {
 	if run := r.current.Load(); run != nil && h.Running {
 		h.Listening = run.listening.Load()
 		h.ReadOnly = run.readOnly.Load()
+		h.ClaimError = run.claimFailure.get()
+		h.RecordError = run.recordFailure.get()
 	}
 	return h
 }
@@ -286,6 +301,10 @@ type run struct {
 	// readOnly is set while claims fail because the database is read-only
 	// (Health.ReadOnly).
 	readOnly atomic.Bool
+	// claimFailure and recordFailure are the errors of the last claim and
+	// the last outcome write, if they failed (Health.ClaimError,
+	// Health.RecordError).
+	claimFailure, recordFailure lastError
 
 	stopping    chan struct{}      // closed when Stop begins
 	dispatchCtx context.Context    // cancelled at the hard deadline
@@ -399,6 +418,29 @@ func (r *run) stop(ctx context.Context) error {
 	r.log.Info("relayer stopped", "dispatched", st.Dispatched, "retried", st.Retried, "dead", st.Dead,
 		"left_in_flight", st.LeftInFlight)
 	return result
+}
+
+// lastError is the error of the last try of something retried, nil after
+// one that succeeded; safe for concurrent use.
+type lastError struct{ p atomic.Pointer[error] }
+
+// set records the outcome of a try.
+func (l *lastError) set(err error) {
+	if err == nil {
+		if l.p.Load() != nil {
+			l.p.Store(nil)
+		}
+		return
+	}
+	l.p.Store(&err)
+}
+
+// get returns the last try's error, nil if it succeeded.
+func (l *lastError) get() error {
+	if p := l.p.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 func (r *run) isStopping() bool {
