@@ -50,7 +50,10 @@ var ErrInvalidConfig = errors.New("admin: invalid config")
 
 // Config configures a Server.
 type Config struct {
-	// Pool is the database; required.
+	// Pool is the database; required. Give the server a pool of its own
+	// rather than a relayer's: its requests (a verify, a page waiting for
+	// a lock) would otherwise hold the connections the relayer claims and
+	// records outcomes with (`outbox relay` does).
 	Pool *pgxpool.Pool
 	// AuditPool, if set, is where audit verify runs (the console's and the
 	// API's): a hot standby of Pool's database. Verify reads the whole
@@ -58,7 +61,8 @@ type Config struct {
 	// as long as it runs (7.4 s at 300,000 instructions on the benchmark
 	// machine; docs/operations.md, "A held vacuum horizon"). Verify reads
 	// it with up to attempts.DefaultVerifyWorkers connections sharing one
-	// snapshot; on Pool, shared with the relayer, with one. Nil: Pool.
+	// snapshot; on Pool, whose connections serve the probes and pages
+	// too, with one. Nil: Pool.
 	AuditPool *pgxpool.Pool
 	// Schema holding the outbox tables; "" means the default.
 	Schema string

@@ -177,6 +177,10 @@ func (f *relayFlags) engineConfig(schema string, set *rails.Set, log *slog.Logge
 	}
 }
 
+// adminConns is the size of the admin address's pool: probes, pages and
+// API requests, a verify without --admin-audit-database-url.
+const adminConns = 4
+
 // relayerIDPlaceholder stands for the relayer id in the default
 // application name of `outbox relay`, until the id is known.
 const relayerIDPlaceholder = "<relayer-id>"
@@ -262,15 +266,21 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 		if err != nil {
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}
-		admPool, auditPool := pool, (*pgxpool.Pool)(nil)
-		if rf.adminDatabaseURL != "" {
-			p, closeAdmin, err := db.connectTo(ctx, log, rf.adminDatabaseURL, "outbox-admin "+rf.relayerID, 4)
-			if err != nil {
-				return err
-			}
-			defer closeAdmin()
-			admPool = p
+		// The admin address has a pool of its own, on the relayer's
+		// database without --admin-database-url: its requests (a
+		// verify reading the archive, pages waiting for a lock) must not
+		// hold the connections the relayer claims and records with,
+		// whose outcomes would wait for them past their leases.
+		adminURL := rf.adminDatabaseURL
+		if adminURL == "" {
+			adminURL = db.url
 		}
+		admPool, closeAdmin, err := db.connectTo(ctx, log, adminURL, "outbox-admin "+rf.relayerID, adminConns)
+		if err != nil {
+			return err
+		}
+		defer closeAdmin()
+		auditPool := (*pgxpool.Pool)(nil)
 		if rf.adminAuditURL != "" {
 			p, closeAudit, err := db.connectTo(ctx, log, rf.adminAuditURL, "outbox-admin-audit "+rf.relayerID, attempts.DefaultVerifyWorkers)
 			if err != nil {
