@@ -330,9 +330,10 @@ func (r *Reaper) reapBatch(ctx context.Context) ([]Requeued, error) {
 
 // Start starts the background loop and returns: a pass right away, then
 // one every Config.Interval, each also making sure the archive's monthly
-// partitions exist, taking the archive's checkpoint when it is due and
-// removing the idle registrations of relayers gone without removing them
-// (staleIdleAfter). The loop runs until Stop (ctx is for start-up only, as
+// partitions exist and removing the idle registrations of relayers gone
+// without removing them (staleIdleAfter); beside the passes, so that one
+// held up never holds up requeues, the archive's checkpoint is taken
+// when it is due, looked for as often. The loop runs until Stop (ctx is for start-up only, as
 // for every long-running outbox service: Start on a running reaper is an
 // error wrapping [ErrAlreadyStarted], Stop on a stopped one a no-op, and a
 // stopped reaper can be started again). Stop cancels the batch in
@@ -409,9 +410,13 @@ func (r *Reaper) Run(ctx context.Context) error {
 	return r.Stop(stopCtx)
 }
 
-// loop makes a pass now and then one per interval until ctx ends.
+// loop makes a pass now and then one per interval until ctx ends, and
+// takes the archive's checkpoints beside the passes (checkpointLoop).
 func (r *Reaper) loop(ctx context.Context, done chan struct{}) {
 	defer close(done)
+	checkpoints := make(chan struct{})
+	go r.checkpointLoop(ctx, checkpoints)
+	defer func() { <-checkpoints }()
 	ticker := time.NewTicker(r.cfg.Interval)
 	defer ticker.Stop()
 	// Failing passes are logged once per change of state, not once per
@@ -419,6 +424,38 @@ func (r *Reaper) loop(ctx context.Context, done chan struct{}) {
 	failures := &retry.Loop{Log: r.log, What: "reaper pass", Min: r.cfg.Interval, Max: r.cfg.Interval}
 	for {
 		r.pass(ctx, failures)
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+// checkpointLoop takes the archive's checkpoints (checkpoint) now and
+// then once per interval until ctx ends, then closes done. A checkpoint
+// may wait long (for another reaper's, for the archive's writers, up to
+// checkpointDeadline for a backlog's steps): in the passes' goroutine it
+// held up the next requeue of zombies by as much, past the interval that
+// relay.Config.HealBound counts on.
+func (r *Reaper) checkpointLoop(ctx context.Context, done chan struct{}) {
+	defer close(done)
+	if r.cfg.CheckpointInterval < 0 {
+		return
+	}
+	ticker := time.NewTicker(r.cfg.Interval)
+	defer ticker.Stop()
+	failures := &retry.Loop{Log: r.log, What: "archive checkpoint", Min: r.cfg.Interval, Max: r.cfg.Interval}
+	for {
+		err := r.checkpoint(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			failures.Failed(err)
+		default:
+			failures.Succeeded()
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -436,7 +473,7 @@ func (r *Reaper) pass(ctx context.Context, failures *retry.Loop) {
 	perr := r.store.EnsurePartitions(pctx, r.pool, partitionMonthsAhead)
 	cancel()
 	_, err := r.RunOnce(ctx)
-	err = errors.Join(err, perr, r.forgetStaleIdle(ctx), r.checkpoint(ctx))
+	err = errors.Join(err, perr, r.forgetStaleIdle(ctx))
 	switch {
 	case ctx.Err() != nil:
 	case err != nil:
