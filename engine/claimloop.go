@@ -344,7 +344,7 @@ func (r *run) claimSuspect(ctx context.Context) (int, bool, error) {
 // claim claims up to limit instructions of rails whose breaker admits
 // calls, in db; a half-open rail gets a claim of one, its probe.
 func (r *run) claim(ctx context.Context, db store.Batcher, limit int) ([]store.Claimed, error) {
-	closed, halfOpen := r.cfg.Rails.Claimable()
+	closed, halfOpen := r.claimable()
 	p := store.ClaimParams{RelayerID: r.cfg.RelayerID, Limit: limit}
 	var out []store.Claimed
 	if len(halfOpen) > 0 {
@@ -376,6 +376,42 @@ func (r *run) claim(ctx context.Context, db store.Batcher, limit int) ([]store.C
 	return out, nil
 }
 
+// claimable is Rails.Claimable without the closed rails whose dispatches
+// in progress (railLoad) fill their concurrency cap, unless every closed
+// rail's do. Claims take the oldest due instructions across rails: a rail
+// that answers slowly, its breaker closed, would otherwise fill every slot
+// of the relayer with its backlog, each waiting for a rail slot, and
+// another rail's instruction would be claimed only once the slow rail's
+// whole backlog older than it had been. A rail left out is claimed again
+// once one of its calls returns; at most a claim's worth beyond its cap
+// waits meanwhile. When every closed rail is full (one rail draining a
+// backlog) leaving them out would starve nobody, and would only take the
+// refill from the outcome writes.
+func (r *run) claimable() (closed, halfOpen []string) {
+	closed, halfOpen = r.cfg.Rails.Claimable()
+	if r.railLoad == nil || len(closed) < 2 {
+		return closed, halfOpen
+	}
+	var kept []string
+	for _, t := range closed {
+		if n := r.railLoad[t]; n == nil || n.Load() < int64(r.cfg.Rails.MaxConcurrency(t)) {
+			kept = append(kept, t)
+		}
+	}
+	if len(kept) == 0 {
+		return closed, halfOpen
+	}
+	return kept, halfOpen
+}
+
+// railReturned counts a dispatch of railType whose rail call (or its wait
+// for one) is over (see railLoad).
+func (r *run) railReturned(railType string) {
+	if n := r.railLoad[railType]; n != nil {
+		n.Add(-1)
+	}
+}
+
 // joinClaimErr keeps a successful probe claim when the second claim fails:
 // the probe is ours and must be dispatched.
 func joinClaimErr(claimed []store.Claimed, err error) error {
@@ -401,6 +437,11 @@ func (r *run) startDispatches(claimed []store.Claimed, claimStart time.Time, han
 	r.log.Debug("claimed", "count", len(claimed))
 	r.inFlight.Add(int64(len(claimed)))
 	r.dispatches.Add(len(claimed))
+	for _, c := range claimed {
+		if n := r.railLoad[c.RailType]; n != nil {
+			n.Add(1)
+		}
+	}
 	started := time.Now()
 	for _, c := range claimed {
 		go r.dispatch(c, r.callDeadline(claimStart, c), handoffOf, started)

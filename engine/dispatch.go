@@ -28,6 +28,7 @@ func (r *run) dispatch(c store.Claimed, callDeadline time.Time, handoffOf uint64
 
 	var d rails.Decision
 	latency := r.send(&c, &d, callDeadline)
+	r.railReturned(c.RailType)
 	r.queueOutcome(&c, &d, latency, handoffOf, started)
 }
 

@@ -600,7 +600,7 @@ func (rc *recorder) record(ctx context.Context, outcomes []store.Outcome, termin
 	// before it stops claiming, nor beyond its deadline.
 	r.handoffMu.RLock()
 	if handoff && !r.isStopping() && !r.isolating.Load() {
-		closed, _ := r.cfg.Rails.Claimable()
+		closed, _ := r.claimable()
 		h.Limit, h.Leases, h.Refill = terminal, r.leases(closed), r.backlog.Load()
 		r.dispatches.Add(1)
 		defer r.dispatches.Done()

@@ -276,7 +276,12 @@ type run struct {
 	*Relayer
 
 	// slots bound what is claimed and not yet recorded (MaxConcurrency).
-	slots    *semaphore.Weighted
+	slots *semaphore.Weighted
+	// railLoad counts, per rail type, the dispatches in progress (from
+	// their claim until the rail call returns, so those waiting for a
+	// rail slot too): a rail whose count reaches its concurrency cap is
+	// left out of claims and hand-offs (claimable). Nil for RelayOnce.
+	railLoad map[string]*atomic.Int64
 	inFlight atomic.Int64  // dispatches in progress
 	wake     chan struct{} // notifications (and the listener's connects)
 	freed    chan struct{} // recorded outcomes gave slots back
@@ -328,6 +333,10 @@ func (r *Relayer) newRun() *run {
 		stopping:   make(chan struct{}),
 		loopDone:   make(chan struct{}),
 		listenDone: make(chan struct{}),
+	}
+	ru.railLoad = make(map[string]*atomic.Int64)
+	for _, t := range r.cfg.Rails.Types() {
+		ru.railLoad[t] = new(atomic.Int64)
 	}
 	ru.dispatchCtx, ru.hardStop = context.WithCancel(context.Background())
 	ru.slotWait, ru.releaseUnsent = context.WithCancel(ru.dispatchCtx)

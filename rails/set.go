@@ -261,6 +261,15 @@ func (s *Set) Timeout(railType string) time.Duration {
 	return 0
 }
 
+// MaxConcurrency returns a rail type's concurrency cap ([Options].MaxConcurrency,
+// its default applied; zero if unknown).
+func (s *Set) MaxConcurrency(railType string) int {
+	if r, ok := s.rails[railType]; ok {
+		return r.opts.MaxConcurrency
+	}
+	return 0
+}
+
 // Overruns returns how many calls to a rail type's transport returned more
 // than [OverrunGrace] after their context's deadline (zero if unknown): a
 // transport that does not honour its context (see [Transport]), whose
