@@ -273,7 +273,9 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 		// whose outcomes would wait for them past their leases.
 		adminURL := rf.adminDatabaseURL
 		if adminURL == "" {
-			adminURL = db.url
+			// The relayer pool's URL: the embedded cluster's too, which
+			// an empty --database-url would attach to a second time.
+			adminURL = pool.Config().ConnString()
 		}
 		admPool, closeAdmin, err := db.connectTo(ctx, log, adminURL, "outbox-admin "+rf.relayerID, adminConns)
 		if err != nil {
