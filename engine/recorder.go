@@ -443,9 +443,16 @@ func (rc *recorder) flush(w *retry.Loop, batch []pendingOutcome) {
 // after it (those hand-offs, which took the slots of the batch's terminal
 // outcomes); a batch that keeps slots does not hand off.
 func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed bool, keep int) {
+	rc.write(w, batch, scrubbed, keep, false)
+}
+
+// write is flushChunk; with lockOnce it gives up instead at the first
+// refusal on a lock (lock_not_available) and reports it (refused), nothing
+// recorded and no slot given back, for apart to write it again.
+func (rc *recorder) write(w *retry.Loop, batch []pendingOutcome, scrubbed bool, keep int, lockOnce bool) (refused bool) {
 	r := rc.r
 	if len(batch) == 0 {
-		return
+		return false
 	}
 	outcomes := make([]store.Outcome, len(batch))
 	terminal := 0
@@ -481,7 +488,7 @@ func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed b
 			r.slots.Release(int64(freed))
 			rc.afterFlush(batch, recorded, freed)
 			rc.flush(w, orphans)
-			return
+			return false
 		}
 		if errors.Is(err, store.ErrOrderingConflict) && handoff {
 			// A hand-off's claim, not the outcomes, was refused: record
@@ -493,10 +500,21 @@ func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed b
 		if code, ok := contentError(err); ok {
 			if lost {
 				rc.unrecordableAfterLostReply(w, batch, outcomes, scrubbed, keep, code, err)
-				return
+				return false
 			}
 			rc.unrecordable(w, batch, scrubbed, keep, code, err)
-			return
+			return false
+		}
+		if lockRefused(err) {
+			// Not after a lost reply: that write may have committed, and
+			// only this loop looks for its hand-offs once the batch is in.
+			if lockOnce && !lost {
+				return true
+			}
+			if keep == 0 && !lost && manyParticipants(batch) {
+				rc.apart(w, batch, scrubbed)
+				return false
+			}
 		}
 		if handoff && terminal > 0 && replyLost(err) {
 			// The write may have committed, its reply lost. Send it again
@@ -511,13 +529,74 @@ func (rc *recorder) flushChunk(w *retry.Loop, batch []pendingOutcome, scrubbed b
 			r.slots.Release(int64(len(batch) - keep))
 			r.stats.leftInFlight.Add(int64(len(batch)))
 			r.log.Error("gave up recording outcomes at stop; the reaper will requeue them", "count", len(batch), "err", err)
-			return
+			return false
 		}
 		select {
 		case <-time.After(w.Failed(err)):
 		case <-rc.ctx.Done():
 		}
 	}
+}
+
+// apart writes a batch the database refused on a lock (a participant's
+// sequences row, held by a producer's open transaction past the relayer's
+// lock_timeout) participant by participant, each once, then again until
+// they go through those refused on a lock again. Sent again whole, the
+// batch was refused whole for as long as the lock was held: every
+// participant's outcome in it waited, past its lease (the reaper requeued
+// it, and it was sent a second time), for one producer's transaction.
+//
+//go:noinline
+func (rc *recorder) apart(w *retry.Loop, batch []pendingOutcome, scrubbed bool) {
+	rc.r.log.Warn("outcome write refused on a participant's lock; writing its participants apart", "count", len(batch))
+	var held [][]pendingOutcome
+	for _, g := range byParticipant(batch) {
+		if rc.write(w, g, scrubbed, 0, true) {
+			held = append(held, g)
+		}
+	}
+	for _, g := range held {
+		rc.flushChunk(w, g, scrubbed, 0)
+	}
+}
+
+// byParticipant splits batch by participant, in the order of their first
+// outcomes.
+func byParticipant(batch []pendingOutcome) [][]pendingOutcome {
+	at := make(map[string]int)
+	var groups [][]pendingOutcome
+	for _, p := range batch {
+		i, ok := at[p.ParticipantID]
+		if !ok {
+			i = len(groups)
+			at[p.ParticipantID] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], p)
+	}
+	return groups
+}
+
+// manyParticipants reports whether batch holds the outcomes of more than
+// one participant.
+func manyParticipants(batch []pendingOutcome) bool {
+	for _, p := range batch[1:] {
+		if p.ParticipantID != batch[0].ParticipantID {
+			return true
+		}
+	}
+	return false
+}
+
+// sqlstateLockNotAvailable is PostgreSQL's lock_not_available: a statement
+// waited for a lock longer than lock_timeout.
+const sqlstateLockNotAvailable = "55P03"
+
+// lockRefused reports whether err is the database giving up on a lock
+// (lock_not_available).
+func lockRefused(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == sqlstateLockNotAvailable
 }
 
 // replyLost reports whether err leaves a write's commit unknown: an error
