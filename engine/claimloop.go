@@ -405,7 +405,10 @@ func (r *run) claimable() (closed, halfOpen []string) {
 }
 
 // railReturned counts a dispatch of railType whose rail call (or its wait
-// for one) is over (see railLoad).
+// for one) is over (see railLoad). Not inlined: dispatch's frame is on
+// every call's stack, down to the transport (see dispatch).
+//
+//go:noinline
 func (r *run) railReturned(railType string) {
 	if n := r.railLoad[railType]; n != nil {
 		n.Add(-1)
