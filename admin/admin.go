@@ -105,8 +105,10 @@ type Config struct {
 }
 
 // DefaultMaxConcurrentRequests is Config.MaxConcurrentRequests' default:
-// a few of a relayer's pool (at least 8 connections with `outbox relay`'s
-// default --max-conns), enough for a verify beside the console's pages.
+// one fewer than the connections of the admin pool `outbox relay` opens
+// (4), which leaves one for probes and scrapes, and a few of a relayer's
+// pool where a program shares it; enough for a verify beside the
+// console's pages.
 const DefaultMaxConcurrentRequests = 3
 
 // BusyWait is how long an API or console request waits for one of the
@@ -294,7 +296,7 @@ func (s *Server) authorize(need Role, h func(w http.ResponseWriter, r *http.Requ
 }
 
 // busyWhy says why a request was answered 503 with the code Busy.
-const busyWhy = "nothing was read or done: the admin address is serving as many requests as it may at once (each holds a database connection, which the relayer may share); try again"
+const busyWhy = "nothing was read or done: the admin address is serving as many requests as it may at once (each holds one of its database connections); try again"
 
 // takeSlot waits up to BusyWait for one of Config.MaxConcurrentRequests;
 // ok false, the request is to be answered 503 (its Retry-After is set),

@@ -149,8 +149,8 @@ func (s *Server) readReadiness(ctx context.Context) (readinessReads, error) {
 // (Public withholds them). Callers that come while another's database
 // reads are under way share them (Server.readiness): /readyz needs no
 // credential, and each probe's reads took a connection of Config.Pool,
-// which a relayer in the same process shares for its claims and outcome
-// writes, so that probes side by side could hold them all.
+// which a relayer in the same process may share for its claims and
+// outcome writes, so that probes side by side could hold them all.
 func (s *Server) Readiness(ctx context.Context) Readiness {
 	var rd Readiness
 	reads, err := s.readiness.Get(ctx)
