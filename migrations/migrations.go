@@ -73,15 +73,30 @@ type Options struct {
 	// TargetVersion to reach; 0 means the latest.
 	TargetVersion int32
 	// LockTimeout bounds the wait for the migration lock (another migrator,
-	// or a session that still holds it) and for each lock a migration
-	// statement needs; 0 means DefaultLockTimeout. A migration that cannot
-	// get its lock in time fails with a [*LockTimeoutError] instead of
-	// hanging.
+	// or a session that still holds it), which fails with a
+	// [*LockTimeoutError], and each migration's wait for the locks its
+	// statements need, which fails with a [*MigrationLockError]; 0 means
+	// DefaultLockTimeout. Either way the migration that waited writes
+	// nothing.
 	LockTimeout time.Duration
+	// LockTry bounds one try of a migration at its locks; 0 means
+	// DefaultLockTry (never more than LockTimeout). A migration waiting
+	// for a table's lock holds up every statement that comes after it on
+	// that table (a producer's enqueue, a relayer's claim), so it waits in
+	// tries this short: after each it rolls back, lets what queued behind
+	// it through for as long again, and tries again, until LockTimeout
+	// has passed since its first try.
+	LockTry time.Duration
 }
 
 // DefaultLockTimeout is Options.LockTimeout's default.
 const DefaultLockTimeout = time.Minute
+
+// DefaultLockTry is Options.LockTry's default: well under the lock
+// timeout of a producer, a relayer and an operator command (5 s by
+// default, poolconfig), so that what queues behind a try waits for it
+// instead of failing.
+const DefaultLockTry = time.Second
 
 // Migrate brings the default schema up to the latest version.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
@@ -154,17 +169,61 @@ func MigrateWith(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 	// its locks for as long as their holders keep them. OnStart runs in the
 	// migration's transaction before its statements; a failure here aborts
 	// that transaction, so the migration fails too.
+	try, tryMS := lockTimeoutSetting(min(lockTry(opts.LockTry), timeout))
+	var started time.Time // of the migration being tried
 	m.OnStart = func(int32, string, string, string) {
-		_, _ = conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)", timeoutMS)
+		started = time.Now()
+		_, _ = conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)", tryMS)
 	}
 	target := opts.TargetVersion
 	if target == 0 {
 		target = int32(len(m.Migrations))
 	}
-	if err := m.MigrateTo(ctx, target); err != nil {
-		return fmt.Errorf("migrate %s to version %d: %w", schema, target, err)
+	var (
+		waiting int32     = -1 // the version whose tries are counted
+		since   time.Time      // its first try's start
+		tries   int
+	)
+	for {
+		started = time.Time{}
+		err := m.MigrateTo(ctx, target)
+		if err == nil {
+			return nil
+		}
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "55P03" || ctx.Err() != nil {
+			return fmt.Errorf("migrate %s to version %d: %w", schema, target, err)
+		}
+		current, verr := m.GetCurrentVersion(ctx)
+		if verr != nil || current < 0 || current >= int32(len(m.Migrations)) {
+			return errors.Join(fmt.Errorf("migrate %s to version %d: %w", schema, target, err), verr)
+		}
+		if started.IsZero() { // it failed before the migration began (tern's own lock)
+			started = time.Now()
+		}
+		if current+1 != waiting {
+			waiting, since, tries = current+1, started, 0
+		}
+		tries++
+		waited := time.Since(since)
+		if waited+try > timeout {
+			return migrationLockError(ctx, conn.Conn(), "migrate", schema, m.Migrations[current], tries, try, waited, err)
+		}
+		// As long as the try blocked them: what queued behind it runs.
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("migrate %s to version %d: %w (waiting for locks: %w)", schema, target, ctx.Err(), err)
+		case <-time.After(try):
+		}
 	}
-	return nil
+}
+
+// lockTry is a LockTry option with its default applied.
+func lockTry(d time.Duration) time.Duration {
+	if d <= 0 {
+		return DefaultLockTry
+	}
+	return d
 }
 
 func lockName(schema string) string { return "outbox-migrate:" + schema }
@@ -255,6 +314,107 @@ func lockTimeout(ctx context.Context, conn *pgx.Conn, op, schema string, waited 
 	}
 	if err != nil {
 		return errors.Join(e, fmt.Errorf("looking up the lock holder: %w", err))
+	}
+	return e
+}
+
+// MigrationLockError says that a migration (or the roles script of
+// [CreateRolesWith]) could not get the locks its statements need within
+// its LockTimeout, and who held locks on the schema's tables when it gave
+// up. The migrations before it are applied; nothing of it is written.
+type MigrationLockError struct {
+	// Op is what waited: "migrate" or "create roles".
+	Op     string
+	Schema string
+	// Version and Name are the migration's: 39 and
+	// "039_retry_time_behind_a_replay.sql"; 0 and "the roles script" for
+	// CreateRolesWith.
+	Version int32
+	Name    string
+	// Tries of Try each, the last ending Waited after the first began.
+	Tries  int
+	Try    time.Duration
+	Waited time.Duration
+	// Holders are the other sessions holding locks on tables of the
+	// schema (indexes left out), the oldest transaction first: the one
+	// the migration waited for among them, unless it ended meanwhile.
+	Holders []TableLockHolder
+	err     error
+}
+
+// TableLockHolder is a session holding locks on tables of a schema.
+type TableLockHolder struct {
+	PID             int
+	ApplicationName string    // its backend type where it has none: "autovacuum worker"
+	State           string    // pg_stat_activity.state: "idle in transaction" for a transaction left open
+	Since           time.Time // when its transaction began; zero where the server does not show it
+	ClientAddr      string
+	Locks           []string // table and mode: "outbox.pending RowExclusiveLock"
+}
+
+// Error implements error.
+func (e *MigrationLockError) Error() string {
+	var b strings.Builder
+	what := e.Name
+	if e.Version > 0 {
+		what = "migration " + e.Name
+	}
+	fmt.Fprintf(&b, "%s %s: %s could not take its locks in %s (%d tries of %s, each followed by as long for the statements queued behind it), and wrote nothing",
+		e.Op, e.Schema, what, e.Waited.Round(time.Millisecond), e.Tries, e.Try)
+	for _, h := range e.Holders {
+		since := "in a transaction since " + h.Since.Format(time.RFC3339)
+		if h.Since.IsZero() {
+			since = "since when not shown"
+		}
+		fmt.Fprintf(&b, "; pid %d (application %q, %s, %s, client %s) holds %s", h.PID, h.ApplicationName, h.State,
+			since, h.ClientAddr, strings.Join(h.Locks, ", "))
+	}
+	b.WriteString(": end or wait out the long transaction, then run it again")
+	if e.Version > 0 {
+		b.WriteString(" (the migrations before it are applied)")
+	}
+	return b.String()
+}
+
+// Unwrap returns the last try's error (the database's lock timeout).
+func (e *MigrationLockError) Unwrap() error { return e.err }
+
+// migrationLockError builds the MigrationLockError of a migration that gave
+// up, looking up on the same connection who holds locks on the schema's
+// tables.
+func migrationLockError(ctx context.Context, conn *pgx.Conn, op, schema string, mig *migrate.Migration, tries int, try, waited time.Duration, cause error) error {
+	e := &MigrationLockError{Op: op, Schema: schema, Name: "the roles script", Tries: tries, Try: try, Waited: waited, err: cause}
+	if mig != nil {
+		e.Version, e.Name = mig.Sequence, mig.Name
+	}
+	rows, err := conn.Query(ctx, `
+		SELECT a.pid, coalesce(nullif(a.application_name, ''), a.backend_type, ''), coalesce(a.state, ''),
+		       coalesce(a.xact_start, a.backend_start), coalesce(host(a.client_addr), 'local'),
+		       array_agg(l.relation::regclass::text || ' ' || l.mode ORDER BY l.relation::regclass::text, l.mode)
+		FROM pg_locks l
+		JOIN pg_class c ON c.oid = l.relation
+		JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'relation' AND l.granted AND c.relnamespace = $1::regnamespace AND c.relkind IN ('r', 'p')
+		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		  AND l.pid <> pg_backend_pid()
+		GROUP BY 1, 2, 3, 4, 5
+		ORDER BY 4, 1
+		LIMIT 10`, schema)
+	if err == nil {
+		// A session of another role (autovacuum's too) shows no state or
+		// times to a role without pg_read_all_stats: left zero.
+		e.Holders, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (TableLockHolder, error) {
+			var h TableLockHolder
+			var since *time.Time
+			err := row.Scan(&h.PID, &h.ApplicationName, &h.State, &since, &h.ClientAddr, &h.Locks)
+			if since != nil {
+				h.Since = *since
+			}
+			return h, err
+		})
+	}
+	if err != nil {
+		return errors.Join(e, fmt.Errorf("looking up the lock holders: %w", err))
 	}
 	return e
 }

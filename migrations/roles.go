@@ -57,6 +57,11 @@ type RolesOptions struct {
 	// 0 means DefaultLockTimeout. A lock not taken in time fails with a
 	// [*LockTimeoutError], and nothing is changed.
 	LockTimeout time.Duration
+	// LockTry bounds one try of the script at the tables' locks, as
+	// Options.LockTry a migration's; 0 means DefaultLockTry. Not taken
+	// within LockTimeout, they fail with a [*MigrationLockError], and
+	// nothing is changed.
+	LockTry time.Duration
 }
 
 // CreateRoles is [CreateRolesWith] with only a schema (and so
@@ -80,12 +85,42 @@ func CreateRolesWith(ctx context.Context, pool *pgxpool.Pool, opts RolesOptions)
 		return err
 	}
 	schema := orDefault(opts.Schema)
-	timeout, timeoutMS := lockTimeoutSetting(opts.LockTimeout)
+	timeout, _ := lockTimeoutSetting(opts.LockTimeout)
+	try, _ := lockTimeoutSetting(min(lockTry(opts.LockTry), timeout))
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("create roles: %w", err)
 	}
 	defer conn.Release()
+	// The script takes the exclusive lock of every table (owner, row-level
+	// security, policies), each held to its commit: waiting for one in a
+	// single go held up every enqueue and claim queued behind it for the
+	// whole lock timeout. It waits in tries, as a migration does.
+	since := time.Now()
+	for tries := 1; ; tries++ {
+		err := createRolesOnce(ctx, conn, sql, schema, timeout, try)
+		var pgErr *pgconn.PgError
+		var held *LockTimeoutError
+		if err == nil || errors.As(err, &held) || !errors.As(err, &pgErr) || pgErr.Code != "55P03" || ctx.Err() != nil {
+			return err
+		}
+		if waited := time.Since(since); waited+try > timeout {
+			return migrationLockError(ctx, conn.Conn(), "create roles", schema, nil, tries, try, waited, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("create roles: %w (waiting for locks: %w)", ctx.Err(), err)
+		case <-time.After(try):
+		}
+	}
+}
+
+// createRolesOnce runs the roles script once, in a transaction of its own
+// on conn, waiting at most timeout for the migration lock and try for each
+// table's lock.
+func createRolesOnce(ctx context.Context, conn *pgxpool.Conn, sql, schema string, timeout, try time.Duration) error {
+	_, timeoutMS := lockTimeoutSetting(timeout)
+	_, tryMS := lockTimeoutSetting(try)
 	// One transaction: a failure leaves the privileges as they were. The
 	// lock and the lock_timeout are the transaction's own, so the pooled
 	// session goes back with neither, whatever happens.
@@ -106,6 +141,9 @@ func CreateRolesWith(ctx context.Context, pool *pgxpool.Pool, opts RolesOptions)
 			return lockTimeout(ctx, conn.Conn(), "create roles", schema, timeout, err)
 		}
 		return fmt.Errorf("create roles: take advisory lock: %w", err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", tryMS); err != nil {
+		return fmt.Errorf("create roles: set lock_timeout: %w", err)
 	}
 	if _, err := tx.Exec(ctx, sql); err != nil {
 		return fmt.Errorf("create roles: %w", err)

@@ -339,6 +339,7 @@ func TestMigrateUsageErrors(t *testing.T) {
 		{"sideways"},
 		{"up", "status"},
 		{"--no-such-flag"},
+		{"--lock-try", "-1s", "up"},
 	} {
 		r := b.cli(t, "", "migrate", args...)
 		if r.code != 2 {

@@ -14,6 +14,7 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 	db.register(fs, poolconfig.Migrator())
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	createRoles := fs.Bool("create-roles", false, "up: then create the outbox roles, make outbox_owner the owner, grant each role its privileges and turn on row-level security by tenant (as a superuser; docs/audit.md)")
+	lockTry := fs.Duration("lock-try", migrations.DefaultLockTry, "up, --create-roles: how long one try waits for a table's lock before it rolls back and lets the enqueues and claims queued behind it through, trying again until --lock-timeout has passed")
 	printRoles := fs.Bool("print-roles", false, "print the statements --create-roles runs, for those who manage roles themselves, and exit")
 	if _, err := parseFlags(fs, env, args); err != nil {
 		return err
@@ -25,6 +26,9 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 		}
 		fmt.Fprint(env.stdout, sql)
 		return nil
+	}
+	if *lockTry < 0 {
+		return fmt.Errorf("%w: --lock-try %s is negative", errUsage, *lockTry)
 	}
 	action := "up"
 	if fs.NArg() > 1 {
@@ -48,11 +52,11 @@ func runMigrate(ctx context.Context, env *environment, args []string) error {
 
 	switch action {
 	case "up":
-		if err := migrations.MigrateWith(ctx, pool, migrations.Options{Schema: db.schema, LockTimeout: db.settings.LockTimeout}); err != nil {
+		if err := migrations.MigrateWith(ctx, pool, migrations.Options{Schema: db.schema, LockTimeout: db.settings.LockTimeout, LockTry: *lockTry}); err != nil {
 			return err
 		}
 		if *createRoles {
-			if err := migrations.CreateRolesWith(ctx, pool, migrations.RolesOptions{Schema: db.schema, LockTimeout: db.settings.LockTimeout}); err != nil {
+			if err := migrations.CreateRolesWith(ctx, pool, migrations.RolesOptions{Schema: db.schema, LockTimeout: db.settings.LockTimeout, LockTry: *lockTry}); err != nil {
 				return err
 			}
 			// The status line that follows names the schema.

@@ -1,0 +1,319 @@
+package migrations_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/migrations"
+	"github.com/ledgerline/outbox/pending"
+)
+
+// lockQueueFixture is a schema at version 38 with a producer's transaction
+// open on it: an enqueue not committed yet, holding pending's ROW
+// EXCLUSIVE lock, which migration 039 (a column added to pending) must
+// wait for.
+type lockQueueFixture struct {
+	b        *testBundle
+	schema   string
+	producer *pending.Producer
+}
+
+func newLockQueueFixture(t *testing.T, b *testBundle, schema string) *lockQueueFixture {
+	t.Helper()
+	if err := migrations.MigrateWith(b.ctx, b.pool, migrations.Options{Schema: schema, TargetVersion: 38}); err != nil {
+		t.Fatal(err)
+	}
+	producer, err := pending.NewProducer(pending.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &lockQueueFixture{b: b, schema: schema, producer: producer}
+}
+
+func (f *lockQueueFixture) enqueue(ctx context.Context, db pending.DBTX, key string) error {
+	_, err := f.producer.Enqueue(ctx, db, pending.Instruction{
+		InstructionID: "ins-" + key, ParticipantID: "p-" + key, IdempotencyKey: key,
+		RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1",
+	})
+	return err
+}
+
+// namedPool is a pool whose sessions carry application_name, to find them
+// in pg_stat_activity.
+func namedPool(t *testing.T, b *testBundle, application string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = application
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// superuserPool is a pool logged in as a superuser, as setupRoles's,
+// whose sessions carry application_name.
+func superuserPool(t *testing.T, b *testBundle, application string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, err := pgx.ParseConfig(testdb.AdminURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = admin.User, admin.Password
+	cfg.ConnConfig.RuntimeParams["application_name"] = application
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// waitForLockWait returns once a session named application waits for a
+// lock, as db sees it (a session of another role shows its wait only to
+// a superuser).
+func waitForLockWait(t *testing.T, b *testBundle, db *pgxpool.Pool, application string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var waiting bool
+		if err := db.QueryRow(b.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE application_name = $1 AND wait_event_type = 'Lock')`, application).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no session %s waits for a lock", application)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestMigrateLetsEnqueuesThroughWhileItWaits: a migration that needs an
+// exclusive lock on pending waits behind a producer's open transaction,
+// and every enqueue that comes after queues behind that wait. Before the
+// fix the migration waited in one go for the whole lock timeout (a minute
+// by default): for that minute no producer could enqueue (a producer's own
+// lock_timeout, 5 s by default, failed each enqueue), a payment outage
+// caused by an upgrade that ends with the same migration failing. The
+// migration must wait in short tries instead, letting the traffic queued
+// behind each try through before the next: an enqueue made while the
+// migration waits completes while the slow transaction is still open, and
+// the migration is applied once that transaction ends.
+func TestMigrateLetsEnqueuesThroughWhileItWaits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	f := newLockQueueFixture(t, b, "lockq")
+	slow, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Rollback(context.Background())
+	if err := f.enqueue(b.ctx, slow, "slow"); err != nil {
+		t.Fatal(err)
+	}
+
+	migrator := namedPool(t, b, "lockq-migrate")
+	done := make(chan error, 1)
+	go func() {
+		done <- migrations.MigrateWith(b.ctx, migrator, migrations.Options{Schema: f.schema, TargetVersion: 39})
+	}()
+	waitForLockWait(t, b, b.pool, "lockq-migrate")
+
+	// A bound far above a try of the migration's and far below its whole
+	// wait: what is asserted is that the enqueue does not wait for the
+	// slow transaction's end.
+	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+	defer cancel()
+	if err := f.enqueue(ctx, b.pool, "while-migrating"); err != nil {
+		t.Fatalf("an enqueue while migrate waits for pending's lock: %v (the slow transaction is still open)", err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("migrate returned while the slow transaction held pending's lock: %v", err)
+	default:
+	}
+	if err := slow.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("migrate once the slow transaction committed: %v", err)
+	}
+	var version, rows int
+	if err := b.pool.QueryRow(b.ctx, `SELECT (SELECT version FROM lockq.schema_version), (SELECT count(*) FROM lockq.pending)`).Scan(&version, &rows); err != nil {
+		t.Fatal(err)
+	}
+	if version != 39 || rows != 2 {
+		t.Fatalf("version %d with %d pending rows, want 39 with 2", version, rows)
+	}
+}
+
+// TestMigrateGivesUpOnABusyTableNamingTheHolder: a migration that cannot
+// get its locks within LockTimeout, tried again and again, fails with a
+// *MigrationLockError naming the migration and the session whose
+// transaction holds the table, wraps the database's lock timeout, and
+// writes nothing of it (the migrations before it stay applied).
+func TestMigrateGivesUpOnABusyTableNamingTheHolder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	f := newLockQueueFixture(t, b, "lockq_busy")
+	holder := namedPool(t, b, "slow-producer")
+	slow, err := holder.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Rollback(context.Background())
+	if err := f.enqueue(b.ctx, slow, "slow"); err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	if err := slow.QueryRow(b.ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+
+	err = migrations.MigrateWith(b.ctx, b.pool, migrations.Options{Schema: f.schema, LockTimeout: time.Second, LockTry: 100 * time.Millisecond})
+	var ml *migrations.MigrationLockError
+	if !errors.As(err, &ml) {
+		t.Fatalf("migrate behind an open transaction on pending: %v, want a *MigrationLockError", err)
+	}
+	if ml.Version != 39 || ml.Name != "039_retry_time_behind_a_replay.sql" || ml.Schema != f.schema || ml.Tries < 2 || ml.Try != 100*time.Millisecond {
+		t.Errorf("the error says migration %d %q of %s, %d tries of %s: want 039 of %s, tried more than once in tries of 100ms",
+			ml.Version, ml.Name, ml.Schema, ml.Tries, ml.Try, f.schema)
+	}
+	i := slices.IndexFunc(ml.Holders, func(h migrations.TableLockHolder) bool { return h.PID == pid })
+	if i < 0 || ml.Holders[i].ApplicationName != "slow-producer" || ml.Holders[i].State != "idle in transaction" ||
+		!slices.Contains(ml.Holders[i].Locks, f.schema+".pending RowExclusiveLock") {
+		t.Errorf("holders %+v, want the slow producer (pid %d) holding %s.pending", ml.Holders, pid, f.schema)
+	}
+	if !strings.Contains(err.Error(), "039_retry_time_behind_a_replay.sql") || !strings.Contains(err.Error(), "slow-producer") {
+		t.Errorf("the error does not name the migration and the holder: %v", err)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+		t.Errorf("the error does not wrap the database's lock timeout: %v", err)
+	}
+	st, err := migrations.GetStatus(b.ctx, b.pool, f.schema)
+	if err != nil || st.Current != 38 {
+		t.Fatalf("status %+v, %v: want 038 applied and 039 not", st, err)
+	}
+	var retryAt bool
+	if err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT 1 FROM pg_attribute
+		WHERE attrelid = 'lockq_busy.pending'::regclass AND attname = 'retry_at' AND NOT attisdropped)`).Scan(&retryAt); err != nil || retryAt {
+		t.Fatalf("pending has retry_at after the refused migration: %v, %v", retryAt, err)
+	}
+}
+
+// TestCreateRolesLetsEnqueuesThroughWhileItWaits: `migrate --create-roles`,
+// run after every upgrade where roles are in place, changes owners,
+// row-level security and policies of pending and the other tables, which
+// takes their exclusive locks: behind a producer's open transaction it
+// held up every enqueue for the whole lock timeout, as a migration did. It
+// must wait in short tries too, and succeed once the transaction ends.
+func TestCreateRolesLetsEnqueuesThroughWhileItWaits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	f := &lockQueueFixture{b: b, schema: "outbox"}
+	var err error
+	if f.producer, err = pending.NewProducer(pending.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	slow, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Rollback(context.Background())
+	if err := f.enqueue(b.ctx, slow, "slow"); err != nil {
+		t.Fatal(err)
+	}
+
+	roles := superuserPool(t, b, "lockq-roles")
+	done := make(chan error, 1)
+	go func() { done <- migrations.CreateRolesWith(b.ctx, roles, migrations.RolesOptions{}) }()
+	waitForLockWait(t, b, roles, "lockq-roles")
+
+	// A producer that has not enqueued yet (it reads the schema's
+	// version first): it needs a lock on every table the slow
+	// transaction holds, whichever of them the script waits for.
+	fresh := &lockQueueFixture{b: b, schema: "outbox"}
+	if fresh.producer, err = pending.NewProducer(pending.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+	defer cancel()
+	if err := fresh.enqueue(ctx, b.pool, "while-granting"); err != nil {
+		t.Fatalf("an enqueue while --create-roles waits for the tables' locks: %v (the slow transaction is still open)", err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("create roles returned while the slow transaction held pending's lock: %v", err)
+	default:
+	}
+	if err := slow.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("create roles once the slow transaction committed: %v", err)
+	}
+	var owner string
+	if err := roles.QueryRow(b.ctx, `SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = 'outbox.pending'::regclass`).Scan(&owner); err != nil || owner != migrations.RoleOwner {
+		t.Fatalf("pending belongs to %q (%v), want %s", owner, err, migrations.RoleOwner)
+	}
+}
+
+// TestCreateRolesGivesUpOnABusyTable: the roles script, its tables' locks
+// not taken within LockTimeout in tries, fails with a *MigrationLockError
+// naming the session that holds them, and changes nothing.
+func TestCreateRolesGivesUpOnABusyTable(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	f := &lockQueueFixture{b: b, schema: "outbox"}
+	var err error
+	if f.producer, err = pending.NewProducer(pending.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	slow, err := namedPool(t, b, "slow-producer").Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Rollback(context.Background())
+	if err := f.enqueue(b.ctx, slow, "slow"); err != nil {
+		t.Fatal(err)
+	}
+	roles := superuserPool(t, b, "lockq-roles")
+	err = migrations.CreateRolesWith(b.ctx, roles, migrations.RolesOptions{LockTimeout: time.Second, LockTry: 100 * time.Millisecond})
+	var ml *migrations.MigrationLockError
+	if !errors.As(err, &ml) {
+		t.Fatalf("create roles behind an open transaction: %v, want a *MigrationLockError", err)
+	}
+	if ml.Op != "create roles" || ml.Version != 0 || ml.Tries < 2 ||
+		!slices.ContainsFunc(ml.Holders, func(h migrations.TableLockHolder) bool { return h.ApplicationName == "slow-producer" }) {
+		t.Errorf("the error says %s, version %d, %d tries, holders %+v: want create roles, tried more than once, held by the slow producer",
+			ml.Op, ml.Version, ml.Tries, ml.Holders)
+	}
+	if !strings.HasPrefix(err.Error(), "create roles outbox: the roles script could not take its locks") {
+		t.Errorf("the error does not say what waited: %v", err)
+	}
+	var owner string
+	if err := roles.QueryRow(b.ctx, `SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = 'outbox'`).Scan(&owner); err != nil || owner == migrations.RoleOwner {
+		t.Fatalf("the schema belongs to %q (%v) after the refused script, want it unchanged", owner, err)
+	}
+}
