@@ -45,6 +45,13 @@ var ErrInvalidSchema = store.ErrInvalidSchema
 // when given a nil pool or connection.
 var ErrNoDB = errors.New("migrations: no database (nil pool or connection)")
 
+// ErrTransactionPooler is wrapped by MigrateWith's error when its
+// connection goes through a transaction pooler (PgBouncer pool_mode =
+// transaction): the server session changes between its statements, so
+// the session-level lock it keeps across the migrations would stay on a
+// pooled server session.
+var ErrTransactionPooler = errors.New("migrations: the connection goes through a transaction pooler")
+
 // ValidateSchema checks a schema name; the empty string means [DefaultSchema].
 func ValidateSchema(schema string) error { return store.ValidateSchema(schema) }
 
@@ -124,6 +131,9 @@ func MigrateWith(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 	// made. It is closed, after the unlock below, with whatever it holds.
 	defer func() { _ = conn.Hijack().Close(context.WithoutCancel(ctx)) }()
 
+	if err := ownSession(ctx, pool, conn.Conn(), schema); err != nil {
+		return err
+	}
 	timeout, timeoutMS := lockTimeoutSetting(opts.LockTimeout)
 	// Session-level, for the lock wait and the first migration; set again
 	// before each migration (OnStart below).
@@ -227,6 +237,55 @@ func lockTry(d time.Duration) time.Duration {
 }
 
 func lockName(schema string) string { return "outbox-migrate:" + schema }
+
+// ownSession refuses a connection whose server session is not its own
+// from one statement to the next (a transaction pooler), which would keep
+// the migration lock on a pooled server session. A direct connection is
+// told its server process's id at startup, the one pg_backend_pid()
+// answers; a pooler answers its own. Behind one, a second connection
+// opened for the purpose begins a transaction, and then conn asks again:
+// a transaction pooler hands the server session conn just used to the
+// second connection (PgBouncer reuses the most recent first), or conn a
+// session other than its first (taken by the transaction). A session
+// pooler does neither: each client keeps its server session to the end,
+// as a migration needs.
+func ownSession(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, schema string) error {
+	refuse := func(how string) error {
+		return fmt.Errorf("migrate %s: %w (%s): its session-level migration lock would stay held by a pooled server session; run it with a direct database URL",
+			schema, ErrTransactionPooler, how)
+	}
+	var first int
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&first); err != nil {
+		return fmt.Errorf("migrate: look up the server session: %w", err)
+	}
+	if uint32(first) == conn.PgConn().PID() {
+		return nil // direct: the server process we connected to
+	}
+	other, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return fmt.Errorf("migrate: a second connection, to tell a session pooler from a transaction pooler: %w", err)
+	}
+	defer other.Close(context.WithoutCancel(ctx))
+	tx, err := other.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate: a second connection, to tell a session pooler from a transaction pooler: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	var taken, again int
+	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&taken); err != nil {
+		return fmt.Errorf("migrate: look up the server session of a second connection: %w", err)
+	}
+	if taken == first {
+		return refuse(fmt.Sprintf("a second connection got server process %d, which this one had just used", first))
+	}
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&again); err != nil {
+		return fmt.Errorf("migrate: look up the server session: %w", err)
+	}
+	if again != first {
+		return refuse(fmt.Sprintf("its server process changed from %d to %d between two statements", first, again))
+	}
+	return nil
+}
 
 // becomeOwner makes the migrating session act as the schema's owner when
 // it is another role it may become (a superuser upgrading a schema that
