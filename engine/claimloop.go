@@ -3,12 +3,14 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/ledgerline/outbox/internal/retry"
 	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/migrations"
 )
 
 // persistentConflict is how long claims may keep failing on ordering
@@ -42,8 +44,18 @@ func (r *run) claimLoop(ctx context.Context) {
 	}
 	var lastRefresh time.Time
 	failures := &retry.Loop{Log: r.log, What: "claim", Min: 50 * time.Millisecond, Max: claimBackoffCap}
+	schemaFailures := &retry.Loop{Log: r.log, What: "schema check", Min: 50 * time.Millisecond, Max: claimBackoffCap}
 	idleFailures := &retry.Loop{Log: r.log, What: "idle registration", Min: r.cfg.IdleRefresh, Max: r.cfg.IdleRefresh}
 	for !r.isStopping() {
+		if !r.schemaChecked.Load() {
+			if err := r.checkSchema(stopCtx); err != nil {
+				if stopCtx.Err() != nil || !r.sleep(stopCtx, schemaFailures.Failed(err)) {
+					return
+				}
+				continue
+			}
+			schemaFailures.Succeeded()
+		}
 		n, full, err := r.claimOnce(stopCtx)
 		if stopCtx.Err() == nil {
 			r.readOnly.Store(isReadOnly(err))
@@ -117,6 +129,26 @@ func (r *run) claimLoop(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// checkSchema is the start's schema check for a relayer that could not
+// reach the database when it started: its statements need this build's
+// schema, and on an older one (a rolling deploy that replaced the binaries
+// before migrating) a claim would reach the rail and its outcome write
+// then fail for a column or a function not there yet, the instruction
+// going back to the rail at its lease's end. Behind, it claims nothing
+// and says so, and claims once the schema is migrated.
+func (r *run) checkSchema(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, r.roundTripDeadline())
+	defer cancel()
+	if _, err := migrations.Ready(ctx, r.pool, r.cfg.Schema); err != nil {
+		if retry.Permanent(err) {
+			err = retry.Explain(err)
+		}
+		return fmt.Errorf("not claiming until the schema is checked: %w", err)
+	}
+	r.schemaChecked.Store(true)
+	return nil
 }
 
 // isReadOnly reports whether err is the database refusing a write because

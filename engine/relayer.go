@@ -204,13 +204,15 @@ func (r *Relayer) start(ctx context.Context) (<-chan struct{}, error) {
 		return nil, fmt.Errorf("engine: relayer %s: %w", r.cfg.RelayerID, ErrNoPool)
 	}
 	stopped, err := r.lc.StartDone(ctx, func(ctx context.Context) (lifecycle.StopFunc, error) {
-		if err := retry.Preflight(ctx, r.pool, r.cfg.Schema, r.log, "relayer"); err != nil {
+		checked, err := retry.Preflight(ctx, r.pool, r.cfg.Schema, r.log, "relayer")
+		if err != nil {
 			return nil, err
 		}
 		if err := r.store.EnsurePartitions(ctx, r.pool, partitionMonthsAhead); err != nil {
 			r.log.Warn("could not ensure attempt partitions", "err", err)
 		}
 		ru := r.newRun()
+		ru.schemaChecked.Store(checked)
 		ru.start(context.WithoutCancel(ctx))
 		r.current.Store(ru)
 		r.log.Info("relayer started", "rails", r.cfg.Rails.Types(),
@@ -310,6 +312,10 @@ type run struct {
 	// the last outcome write, if they failed (Health.ClaimError,
 	// Health.RecordError).
 	claimFailure, recordFailure lastError
+	// schemaChecked is set once the schema was found at this build's
+	// version: at start, or, if the database could not be asked then, by
+	// the claim loop, which claims nothing until it is (checkSchema).
+	schemaChecked atomic.Bool
 
 	stopping    chan struct{}      // closed when Stop begins
 	dispatchCtx context.Context    // cancelled at the hard deadline

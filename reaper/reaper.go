@@ -357,7 +357,9 @@ func (r *Reaper) start(ctx context.Context) (<-chan struct{}, error) {
 	stopped, err := r.lc.StartDone(ctx, func(ctx context.Context) (lifecycle.StopFunc, error) {
 		// Its statements need this build's schema: on an older one every
 		// pass would fail, and zombies stay in flight.
-		if err := retry.Preflight(ctx, r.pool, r.cfg.Schema, r.log, "reaper"); err != nil {
+		// Not checked (unreachable): each pass checks until it is
+		// (checkSchema).
+		if _, err := retry.Preflight(ctx, r.pool, r.cfg.Schema, r.log, "reaper"); err != nil {
 			return nil, err
 		}
 		runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
