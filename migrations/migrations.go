@@ -112,7 +112,12 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 
 // MigrateWith migrates the schema in opts. It takes a session advisory lock
 // (keyed by schema) before anything else, schema creation included, so
-// concurrent migrators serialize and all end at the same version.
+// concurrent migrators serialize and all end at the same version; through a
+// transaction pooler, which cannot keep that lock, it refuses with
+// [ErrTransactionPooler]. Each migration waits for its tables' locks in
+// tries of opts.LockTry, so that the traffic queued behind it is held up
+// a try at a time, and gives up after opts.LockTimeout with a
+// [*MigrationLockError].
 func MigrateWith(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 	if noDB(pool) {
 		return fmt.Errorf("migrate: %w", ErrNoDB)
