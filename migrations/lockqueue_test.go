@@ -317,3 +317,37 @@ func TestCreateRolesGivesUpOnABusyTable(t *testing.T) {
 		t.Fatalf("the schema belongs to %q (%v) after the refused script, want it unchanged", owner, err)
 	}
 }
+
+// TestMigrateLockTimeoutNamesAHolderOfAnotherRole: the session holding the
+// migration lock may be another role's (a superuser's migrate left it
+// through a pooler, and the owner migrates now), whose state and times
+// pg_stat_activity hides from the migrator. Before the fix the look-up of
+// the holder failed on those NULLs ("cannot scan NULL"), and the error
+// named no holder; it must name the session by its pid, its times unknown.
+func TestMigrateLockTimeoutNamesAHolderOfAnotherRole(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	holder, err := pgx.Connect(b.ctx, testdb.AsAdmin(t, b.url))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(context.Background())
+	if _, err := holder.Exec(b.ctx, "SELECT pg_advisory_lock(hashtext('outbox-migrate:outbox'))"); err != nil {
+		t.Fatal(err)
+	}
+	var superuser bool
+	if err := b.pool.QueryRow(b.ctx, "SELECT rolsuper OR pg_has_role('pg_read_all_stats', 'MEMBER') FROM pg_roles WHERE rolname = current_user").Scan(&superuser); err != nil {
+		t.Fatal(err)
+	}
+	if superuser {
+		t.Skip("the tests' role sees every session: nothing is hidden from it")
+	}
+	err = migrations.MigrateWith(b.ctx, b.pool, migrations.Options{LockTimeout: 200 * time.Millisecond})
+	var lt *migrations.LockTimeoutError
+	if !errors.As(err, &lt) {
+		t.Fatalf("MigrateWith with the lock held: %v, want a *LockTimeoutError", err)
+	}
+	if len(lt.Holders) != 1 || lt.Holders[0].PID != int(holder.PgConn().PID()) || strings.Contains(err.Error(), "looking up") {
+		t.Fatalf("holders %+v, want the superuser's session (pid %d): %v", lt.Holders, holder.PgConn().PID(), err)
+	}
+}

@@ -343,8 +343,8 @@ type LockTimeoutError struct {
 type LockHolder struct {
 	PID             int
 	ApplicationName string
-	State           string    // pg_stat_activity.state: "idle" for a session that just sits on it
-	Since           time.Time // when the session's state last changed
+	State           string    // pg_stat_activity.state: "idle" for a session that just sits on it; "" where not shown
+	Since           time.Time // when the session's state last changed; zero where the server does not show it
 	ClientAddr      string
 }
 
@@ -353,6 +353,10 @@ func (e *LockTimeoutError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %s: the migration lock is still held after %s", e.Op, e.Schema, e.Waited)
 	for _, h := range e.Holders {
+		if h.Since.IsZero() {
+			fmt.Fprintf(&b, "; held by pid %d (application %q, a session of another role)", h.PID, h.ApplicationName)
+			continue
+		}
 		fmt.Fprintf(&b, "; held by pid %d (application %q, %s since %s, client %s)", h.PID, h.ApplicationName, h.State,
 			h.Since.Format(time.RFC3339), h.ClientAddr)
 	}
@@ -374,7 +378,17 @@ func lockTimeout(ctx context.Context, conn *pgx.Conn, op, schema string, waited 
 		WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 		  AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtext($1)::bigint`, lockName(schema))
 	if err == nil {
-		e.Holders, err = pgx.CollectRows(rows, pgx.RowToStructByPos[LockHolder])
+		// A session of another role shows no state or times to a role
+		// without pg_read_all_stats: left zero, the pid named all the same.
+		e.Holders, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (LockHolder, error) {
+			var h LockHolder
+			var since *time.Time
+			err := row.Scan(&h.PID, &h.ApplicationName, &h.State, &since, &h.ClientAddr)
+			if since != nil {
+				h.Since = *since
+			}
+			return h, err
+		})
 	}
 	if err != nil {
 		return errors.Join(e, fmt.Errorf("looking up the lock holder: %w", err))
@@ -426,12 +440,11 @@ func (e *MigrationLockError) Error() string {
 	fmt.Fprintf(&b, "%s %s: %s could not take its locks in %s (%d tries of %s, each followed by as long for the statements queued behind it), and wrote nothing",
 		e.Op, e.Schema, what, e.Waited.Round(time.Millisecond), e.Tries, e.Try)
 	for _, h := range e.Holders {
-		since := "in a transaction since " + h.Since.Format(time.RFC3339)
+		who := fmt.Sprintf("%s, in a transaction since %s, client %s", h.State, h.Since.Format(time.RFC3339), h.ClientAddr)
 		if h.Since.IsZero() {
-			since = "since when not shown"
+			who = "a session of another role"
 		}
-		fmt.Fprintf(&b, "; pid %d (application %q, %s, %s, client %s) holds %s", h.PID, h.ApplicationName, h.State,
-			since, h.ClientAddr, strings.Join(h.Locks, ", "))
+		fmt.Fprintf(&b, "; pid %d (application %q, %s) holds %s", h.PID, h.ApplicationName, who, strings.Join(h.Locks, ", "))
 	}
 	b.WriteString(": end or wait out the long transaction, then run it again")
 	if e.Version > 0 {
