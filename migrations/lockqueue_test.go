@@ -351,3 +351,68 @@ func TestMigrateLockTimeoutNamesAHolderOfAnotherRole(t *testing.T) {
 		t.Fatalf("holders %+v, want the superuser's session (pid %d): %v", lt.Holders, holder.PgConn().PID(), err)
 	}
 }
+
+// TestSwitchesLetEnqueuesThroughWhileTheyWait: `outbox migrate
+// ordering-on|off` locks sequences, pending and inflight, and `notify-on|off`
+// alters pending's trigger; behind a producer's open transaction each held
+// up every enqueue after it for as long as that transaction lasted (up to
+// migrate's lock timeout, a minute). They must wait in tries too, and
+// succeed once the transaction ends.
+func TestSwitchesLetEnqueuesThroughWhileTheyWait(t *testing.T) {
+	t.Parallel()
+	for _, sw := range []struct {
+		name string
+		run  func(ctx context.Context, pool *pgxpool.Pool) error
+	}{
+		{"ordering", func(ctx context.Context, pool *pgxpool.Pool) error {
+			return migrations.SetOrdered(ctx, pool, "outbox", false)
+		}},
+		{"notify", func(ctx context.Context, pool *pgxpool.Pool) error {
+			return migrations.SetNotify(ctx, pool, "outbox", false)
+		}},
+	} {
+		t.Run(sw.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			f := &lockQueueFixture{b: b, schema: "outbox"}
+			var err error
+			if f.producer, err = pending.NewProducer(pending.Config{}); err != nil {
+				t.Fatal(err)
+			}
+			slow, err := b.pool.Begin(b.ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer slow.Rollback(context.Background())
+			if err := f.enqueue(b.ctx, slow, "slow"); err != nil {
+				t.Fatal(err)
+			}
+			application := "lockq-" + sw.name
+			switcher := namedPool(t, b, application)
+			done := make(chan error, 1)
+			go func() { done <- sw.run(b.ctx, switcher) }()
+			waitForLockWait(t, b, b.pool, application)
+
+			fresh := &lockQueueFixture{b: b, schema: "outbox"}
+			if fresh.producer, err = pending.NewProducer(pending.Config{}); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
+			defer cancel()
+			if err := fresh.enqueue(ctx, b.pool, "while-switching"); err != nil {
+				t.Fatalf("an enqueue while the %s switch waits for its locks: %v (the slow transaction is still open)", sw.name, err)
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("the %s switch returned while the slow transaction held its tables: %v", sw.name, err)
+			default:
+			}
+			if err := slow.Commit(b.ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("the %s switch once the slow transaction committed: %v", sw.name, err)
+			}
+		})
+	}
+}

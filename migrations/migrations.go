@@ -222,7 +222,7 @@ func MigrateWith(ctx context.Context, pool *pgxpool.Pool, opts Options) error {
 		tries++
 		waited := time.Since(since)
 		if waited+try > timeout {
-			return migrationLockError(ctx, conn.Conn(), "migrate", schema, m.Migrations[current], tries, try, waited, err)
+			return migrationLockError(ctx, conn.Conn(), "migrate", schema, m.Migrations[current].Sequence, m.Migrations[current].Name, tries, try, waited, err)
 		}
 		// As long as the try blocked them: what queued behind it runs.
 		select {
@@ -456,15 +456,66 @@ func (e *MigrationLockError) Error() string {
 // Unwrap returns the last try's error (the database's lock timeout).
 func (e *MigrationLockError) Unwrap() error { return e.err }
 
-// migrationLockError builds the MigrationLockError of a migration that gave
-// up, looking up on the same connection who holds locks on the schema's
-// tables.
-func migrationLockError(ctx context.Context, conn *pgx.Conn, op, schema string, mig *migrate.Migration, tries int, try, waited time.Duration, cause error) error {
-	e := &MigrationLockError{Op: op, Schema: schema, Name: "the roles script", Tries: tries, Try: try, Waited: waited, err: cause}
-	if mig != nil {
-		e.Version, e.Name = mig.Sequence, mig.Name
+// querier is what looks up the holders of a lock: *pgx.Conn and
+// *pgxpool.Pool.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// lockTries runs once until it succeeds or fails otherwise than on a lock
+// timeout (55P03), each failed try followed by as long a pause, for at most
+// timeout: what waits for a table's lock holds up every statement queued
+// behind it on that table (enqueues, claims), so it waits a try at a time.
+// Given up, it is a *MigrationLockError naming what (op, name) waited and
+// who held the schema's tables, looked up through q (none when nil).
+func lockTries(ctx context.Context, q querier, op, schema, name string, timeout, try time.Duration, once func() error) error {
+	since := time.Now()
+	for tries := 1; ; tries++ {
+		err := once()
+		var pgErr *pgconn.PgError
+		var held *LockTimeoutError
+		if err == nil || errors.As(err, &held) || !errors.As(err, &pgErr) || pgErr.Code != "55P03" || ctx.Err() != nil {
+			return err
+		}
+		if waited := time.Since(since); waited+try > timeout {
+			return migrationLockError(ctx, q, op, schema, 0, name, tries, try, waited, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s %s: %w (waiting for locks: %w)", op, schema, ctx.Err(), err)
+		case <-time.After(try):
+		}
 	}
-	rows, err := conn.Query(ctx, `
+}
+
+// lockTryBeginner begins transactions whose lock waits are bounded by a
+// try (lock_timeout, local to the transaction).
+type lockTryBeginner struct {
+	db    TxBeginner
+	tryMS string
+}
+
+// BeginTx implements TxBeginner.
+func (b lockTryBeginner) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
+	tx, err := b.db.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", b.tryMS); err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, err
+	}
+	return tx, nil
+}
+
+// migrationLockError builds the MigrationLockError of a migration that gave
+// up, looking up through q who holds locks on the schema's tables.
+func migrationLockError(ctx context.Context, q querier, op, schema string, version int32, name string, tries int, try, waited time.Duration, cause error) error {
+	e := &MigrationLockError{Op: op, Schema: schema, Version: version, Name: name, Tries: tries, Try: try, Waited: waited, err: cause}
+	if q == nil {
+		return e
+	}
+	rows, err := q.Query(ctx, `
 		SELECT a.pid, coalesce(nullif(a.application_name, ''), a.backend_type, ''), coalesce(a.state, ''),
 		       coalesce(a.xact_start, a.backend_start), coalesce(host(a.client_addr), 'local'),
 		       array_agg(l.relation::regclass::text || ' ' || l.mode ORDER BY l.relation::regclass::text, l.mode)
@@ -578,8 +629,22 @@ func SetNotify(ctx context.Context, db DB, schema string, enabled bool) error {
 	if enabled {
 		verb = "ENABLE"
 	}
-	_, err := db.Exec(ctx, "ALTER TABLE "+orDefault(schema)+".pending "+verb+" TRIGGER pending_notify")
-	return err
+	schema = orDefault(schema)
+	_, tryMS := lockTimeoutSetting(DefaultLockTry)
+	// The trigger's switch takes pending's SHARE ROW EXCLUSIVE lock, which
+	// enqueues queue behind while it waits: it waits in tries, as a
+	// migration does, with lock_timeout its own (set and put back in one
+	// statement: db may be the caller's transaction). The schema is a
+	// validated identifier and the try a number of ours.
+	q, _ := db.(querier)
+	return lockTries(ctx, q, "notify", schema, "the notify trigger's switch", DefaultLockTimeout, DefaultLockTry, func() error {
+		_, err := db.Exec(ctx, `DO $$ DECLARE was text := current_setting('lock_timeout'); BEGIN
+			PERFORM set_config('lock_timeout', '`+tryMS+`', true);
+			ALTER TABLE `+schema+`.pending `+verb+` TRIGGER pending_notify;
+			PERFORM set_config('lock_timeout', was, true);
+			END $$`)
+		return err
+	})
 }
 
 // NotifyEnabled reports whether the adaptive NOTIFY trigger is enabled.
@@ -622,7 +687,14 @@ func SetOrdered(ctx context.Context, db TxBeginner, schema string, on bool) erro
 	if err != nil {
 		return err
 	}
-	return st.SetOrdered(ctx, db, on)
+	// The switch locks sequences, pending and inflight, which enqueues and
+	// claims queue behind while it waits: it waits in tries, as a
+	// migration does.
+	_, tryMS := lockTimeoutSetting(DefaultLockTry)
+	q, _ := db.(querier)
+	return lockTries(ctx, q, "ordering", st.Schema(), "the ordering switch", DefaultLockTimeout, DefaultLockTry, func() error {
+		return st.SetOrdered(ctx, lockTryBeginner{db: db, tryMS: tryMS}, on)
+	})
 }
 
 // Ordered reports whether per-participant ordering is on for a schema.

@@ -96,23 +96,9 @@ func CreateRolesWith(ctx context.Context, pool *pgxpool.Pool, opts RolesOptions)
 	// security, policies), each held to its commit: waiting for one in a
 	// single go held up every enqueue and claim queued behind it for the
 	// whole lock timeout. It waits in tries, as a migration does.
-	since := time.Now()
-	for tries := 1; ; tries++ {
-		err := createRolesOnce(ctx, conn, sql, schema, timeout, try)
-		var pgErr *pgconn.PgError
-		var held *LockTimeoutError
-		if err == nil || errors.As(err, &held) || !errors.As(err, &pgErr) || pgErr.Code != "55P03" || ctx.Err() != nil {
-			return err
-		}
-		if waited := time.Since(since); waited+try > timeout {
-			return migrationLockError(ctx, conn.Conn(), "create roles", schema, nil, tries, try, waited, err)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("create roles: %w (waiting for locks: %w)", ctx.Err(), err)
-		case <-time.After(try):
-		}
-	}
+	return lockTries(ctx, conn.Conn(), "create roles", schema, "the roles script", timeout, try, func() error {
+		return createRolesOnce(ctx, conn, sql, schema, timeout, try)
+	})
 }
 
 // createRolesOnce runs the roles script once, in a transaction of its own
