@@ -617,7 +617,8 @@ func Hash() string {
 
 // SetNotify switches the adaptive NOTIFY trigger on pending inserts on or
 // off. With it off, relayers find work by polling only and producers never
-// pay for NOTIFY.
+// pay for NOTIFY. It waits for pending's lock in tries of DefaultLockTry
+// for up to DefaultLockTimeout, then fails with a [*MigrationLockError].
 func SetNotify(ctx context.Context, db DB, schema string, enabled bool) error {
 	if noDB(db) {
 		return fmt.Errorf("set notify: %w", ErrNoDB)
@@ -678,7 +679,9 @@ type TxBeginner interface {
 // dispatched, concurrently with others of its participant. It refuses
 // while instructions are in flight: stop the relayers first. The schema
 // must be at this build's version, as for the relayers (it keeps the
-// retry times of migration 039).
+// retry times of migration 039). It waits for the tables' locks in tries
+// of DefaultLockTry for up to DefaultLockTimeout, then fails with a
+// [*MigrationLockError].
 func SetOrdered(ctx context.Context, db TxBeginner, schema string, on bool) error {
 	if noDB(db) {
 		return fmt.Errorf("set ordering: %w", ErrNoDB)
