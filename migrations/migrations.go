@@ -260,7 +260,7 @@ func ownSession(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, schema 
 			schema, ErrTransactionPooler, how)
 	}
 	var first int
-	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&first); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&first); err != nil {
 		return fmt.Errorf("migrate: look up the server session: %w", err)
 	}
 	if uint32(first) == conn.PgConn().PID() {
@@ -277,13 +277,13 @@ func ownSession(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, schema 
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	var taken, again int
-	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&taken); err != nil {
+	if err := tx.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&taken); err != nil {
 		return fmt.Errorf("migrate: look up the server session of a second connection: %w", err)
 	}
 	if taken == first {
 		return refuse(fmt.Sprintf("a second connection got server process %d, which this one had just used", first))
 	}
-	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&again); err != nil {
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&again); err != nil {
 		return fmt.Errorf("migrate: look up the server session: %w", err)
 	}
 	if again != first {

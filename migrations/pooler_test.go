@@ -5,7 +5,6 @@ import (
 	"os"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerline/outbox/internal/pglocal"
@@ -41,8 +40,8 @@ func TestMigrateRefusesATransactionPooler(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// No prepared statements, as behind any transaction pooler.
-		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		// pgx's default, prepared statements: what migrate uses without
+		// --pooler transaction, the case to see.
 		pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
 		if err != nil {
 			t.Fatal(err)
