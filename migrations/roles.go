@@ -53,9 +53,9 @@ type RolesOptions struct {
 	// Schema whose roles to set up; "" means DefaultSchema.
 	Schema string
 	// LockTimeout bounds the wait for the migration lock (a migrator, or
-	// a session that still holds it) and for each lock a statement needs;
-	// 0 means DefaultLockTimeout. A lock not taken in time fails with a
-	// [*LockTimeoutError], and nothing is changed.
+	// a session that still holds it), which fails with a
+	// [*LockTimeoutError], and the tries at the tables' locks (LockTry);
+	// 0 means DefaultLockTimeout. Either way nothing is changed.
 	LockTimeout time.Duration
 	// LockTry bounds one try of the script at the tables' locks, as
 	// Options.LockTry a migration's; 0 means DefaultLockTry. Not taken
