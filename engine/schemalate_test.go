@@ -31,8 +31,10 @@ func startGate(t *testing.T, target string) *gate {
 	}
 	g := &gate{ln: ln, target: target}
 	var conns sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); conns.Wait() })
+	accepting := make(chan struct{})
+	t.Cleanup(func() { ln.Close(); <-accepting; conns.Wait() })
 	go func() {
+		defer close(accepting)
 		for {
 			c, err := ln.Accept()
 			if err != nil {
