@@ -354,6 +354,34 @@ func TestMigrateUsageErrors(t *testing.T) {
 	}
 }
 
+// TestMigrateWaitsForLocksInTries: --lock-try and --lock-timeout reach the
+// migration: behind a transaction holding pending, migrate up gives up
+// after --lock-timeout, in tries of --lock-try, naming the migration that
+// waited, and exits 1 with the schema left where it was.
+func TestMigrateWaitsForLocksInTries(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	if err := migrations.MigrateWith(b.ctx, b.pool, migrations.Options{Schema: "cli_busy", TargetVersion: 38}); err != nil {
+		t.Fatal(err)
+	}
+	slow, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Rollback(context.Background())
+	if _, err := slow.Exec(b.ctx, "LOCK TABLE cli_busy.pending IN ROW EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	r := b.cli(t, "", "migrate", "--schema", "cli_busy", "--lock-timeout", "1s", "--lock-try", "100ms")
+	if r.code != 1 || !strings.Contains(r.stderr, "migration 039_retry_time_behind_a_replay.sql could not take its locks") ||
+		!strings.Contains(r.stderr, "tries of 100ms") {
+		t.Fatalf("migrate behind a held lock: %s; want exit 1 naming migration 039 and its tries of 100ms", r)
+	}
+	if st, err := migrations.GetStatus(b.ctx, b.pool, "cli_busy"); err != nil || st.Current != 38 {
+		t.Fatalf("status %+v, %v: want 038", st, err)
+	}
+}
+
 func TestEnqueueFromFlags(t *testing.T) {
 	t.Parallel()
 	b := setupCLI(t)
