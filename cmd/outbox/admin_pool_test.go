@@ -14,14 +14,15 @@ import (
 )
 
 // TestAdminRequestsLeaveTheRelayerItsConnections: requests to the admin
-// address that wait (here two audit verifies behind a lock on the
-// checkpoints table, as long ones would read a large archive) must not
-// take the connections the relayer claims and records with. Before the
-// fix, without --admin-database-url, the admin address shared the
-// relayer's pool: with --max-conns 2 the two verifies held both
-// connections and an instruction enqueued meanwhile was not dispatched
-// until they ended; now the admin address has a pool of its own on the
-// same database, and the instruction is dispatched while they wait.
+// address that wait (here an audit verify behind a lock on the
+// checkpoints table, as a long one would read a large archive; one runs
+// at a time) must not take the connections the relayer claims and
+// records with. Before the fix, without --admin-database-url, the admin
+// address shared the relayer's pool: with --max-conns 1 the verify held
+// its connection and an instruction enqueued meanwhile was not
+// dispatched until it ended; now the admin address has a pool of its own
+// on the same database, and the instruction is dispatched while it
+// waits.
 func TestAdminRequestsLeaveTheRelayerItsConnections(t *testing.T) {
 	t.Parallel()
 	b := setupCLI(t)
@@ -38,7 +39,7 @@ func TestAdminRequestsLeaveTheRelayerItsConnections(t *testing.T) {
 		vars := map[string]string{"OPS_TOKENS": "auditor audra audra-secret-0123456789"}
 		env := &environment{stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard, getenv: func(k string) string { return vars[k] }}
 		done <- run(ctx, env, []string{"relay", "--database-url", b.url, "--admin-addr", addr, "--admin-tokens-env", "OPS_TOKENS",
-			"--relayer-id", "r-pools", "--max-conns", "2", "--reaper=false", "--lock-timeout", "2m", "--poll-interval", "50ms"})
+			"--relayer-id", "r-pools", "--max-conns", "1", "--reaper=false", "--lock-timeout", "2m", "--poll-interval", "50ms"})
 	}()
 	call := func(ctx context.Context, method, path, secret string) (int, string) {
 		req, _ := http.NewRequestWithContext(ctx, method, "http://"+addr+path, nil)
@@ -71,24 +72,22 @@ func TestAdminRequestsLeaveTheRelayerItsConnections(t *testing.T) {
 	if _, err := lock.Exec(b.ctx, "LOCK TABLE outbox.checkpoints IN ACCESS EXCLUSIVE MODE"); err != nil {
 		t.Fatal(err)
 	}
-	verifies := make(chan string, 2)
-	for range 2 {
-		go func() {
-			code, body := call(ctx, "POST", "/api/v1/verify", "audra-secret-0123456789")
-			verifies <- http.StatusText(code) + " " + body
-		}()
-	}
+	verifies := make(chan string, 1)
+	go func() {
+		code, body := call(ctx, "POST", "/api/v1/verify", "audra-secret-0123456789")
+		verifies <- http.StatusText(code) + " " + body
+	}()
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		var waiting int
 		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock' AND application_name LIKE '%r-pools'`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
-		if waiting == 2 {
+		if waiting == 1 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d verifies wait for the lock, want 2", waiting)
+			t.Fatalf("%d verifies wait for the lock, want 1", waiting)
 		}
 	}
 
@@ -106,20 +105,18 @@ func TestAdminRequestsLeaveTheRelayerItsConnections(t *testing.T) {
 		}
 		select {
 		case v := <-verifies:
-			t.Fatalf("a verify ended while the lock was held: %s", v)
+			t.Fatalf("the verify ended while the lock was held: %s", v)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the instruction was not dispatched while the admin address's requests waited: they hold the relayer's connections")
+			t.Fatal("the instruction was not dispatched while the admin address's requests waited: it holds the relayer's connection")
 		}
 	}
 	if err := lock.Rollback(b.ctx); err != nil {
 		t.Fatal(err)
 	}
-	for range 2 {
-		if v := <-verifies; !strings.Contains(v, `"ok":true`) {
-			t.Errorf("verify: %s", v)
-		}
+	if v := <-verifies; !strings.Contains(v, `"ok":true`) {
+		t.Errorf("verify: %s", v)
 	}
 	cancel()
 	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
