@@ -48,7 +48,9 @@ package poolconfig
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -126,6 +128,51 @@ func Operator(command string) Settings {
 // needs (migrations.Options.LockTimeout).
 func Migrator() Settings {
 	return Settings{ApplicationName: "outbox-migrate", ConnectTimeout: DefaultConnectTimeout, LockTimeout: time.Minute, IdleInTransactionTimeout: time.Minute}
+}
+
+// ErrInvalidSettings is wrapped by the errors [Settings.Validate] and
+// [CheckTimeout] return.
+var ErrInvalidSettings = errors.New("poolconfig: invalid settings")
+
+// MaxTimeout is the longest statement, lock or idle-in-transaction timeout
+// PostgreSQL takes: an int of milliseconds (24.8 days). A longer one is
+// refused by the server at connect, on every connection.
+const MaxTimeout = math.MaxInt32 * time.Millisecond
+
+// CheckTimeout refuses a session timeout that [Settings.Apply] cannot send
+// as asked: a negative one (a flipped sign, which Apply would drop, leaving
+// the server's default, often no timeout at all) or one beyond
+// [MaxTimeout]. Zero is valid: the server's or role's default.
+func CheckTimeout(d time.Duration) error {
+	switch {
+	case d < 0:
+		return fmt.Errorf("%w: %v is negative (0 means the server's or role's)", ErrInvalidSettings, d)
+	case d > MaxTimeout:
+		return fmt.Errorf("%w: %v is beyond PostgreSQL's longest, %v", ErrInvalidSettings, d, MaxTimeout)
+	}
+	return nil
+}
+
+// Validate refuses settings Apply cannot send as asked (see
+// [CheckTimeout]), and a negative ConnectTimeout. Apply itself does not
+// check: call Validate first on settings that come from a user.
+func (s Settings) Validate() error {
+	if s.ConnectTimeout < 0 {
+		return fmt.Errorf("%w: connect timeout %v is negative", ErrInvalidSettings, s.ConnectTimeout)
+	}
+	for _, p := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"statement_timeout", s.StatementTimeout},
+		{"lock_timeout", s.LockTimeout},
+		{"idle_in_transaction_session_timeout", s.IdleInTransactionTimeout},
+	} {
+		if err := CheckTimeout(p.d); err != nil {
+			return fmt.Errorf("%s: %w", p.name, err)
+		}
+	}
+	return nil
 }
 
 // Apply sets s on cfg. It returns the settings it could not apply (the

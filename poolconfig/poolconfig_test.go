@@ -1,6 +1,7 @@
 package poolconfig_test
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/poolconfig"
 )
 
@@ -95,4 +97,46 @@ func ExampleSettings_ApplyPool() {
 	// Output:
 	// outbox-producer exec
 	// set on the role instead: [statement_timeout lock_timeout idle_in_transaction_session_timeout]
+}
+
+// TestValidateTakesWhatTheServerTakes: Validate's bound is PostgreSQL's:
+// a statement timeout of MaxTimeout connects, one a millisecond longer is
+// refused by the server at connect (so Validate refuses it first), and a
+// negative one, which Apply would drop without a word, is refused too.
+func TestValidateTakesWhatTheServerTakes(t *testing.T) {
+	t.Parallel()
+	url := testdb.URL(t)
+	for _, c := range []struct {
+		d      time.Duration
+		server bool // the server accepts it
+	}{
+		{poolconfig.MaxTimeout, true},
+		{poolconfig.MaxTimeout + time.Millisecond, false},
+	} {
+		cfg, err := pgx.ParseConfig(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := poolconfig.Settings{StatementTimeout: c.d}
+		s.Apply(cfg)
+		conn, err := pgx.ConnectConfig(t.Context(), cfg)
+		if err == nil {
+			conn.Close(t.Context())
+		}
+		if (err == nil) != c.server {
+			t.Fatalf("statement timeout %v: connect = %v, want the server to accept it: %v", c.d, err, c.server)
+		}
+		if verr := s.Validate(); (verr == nil) != c.server || (verr != nil && !errors.Is(verr, poolconfig.ErrInvalidSettings)) {
+			t.Errorf("statement timeout %v: Validate = %v, want ErrInvalidSettings exactly when the server refuses it", c.d, verr)
+		}
+	}
+	for _, s := range []poolconfig.Settings{{StatementTimeout: -time.Second}, {LockTimeout: -time.Millisecond},
+		{IdleInTransactionTimeout: -time.Minute}, {ConnectTimeout: -time.Second}} {
+		if err := s.Validate(); !errors.Is(err, poolconfig.ErrInvalidSettings) {
+			t.Errorf("%+v: Validate = %v, want ErrInvalidSettings", s, err)
+		}
+	}
+	if err := poolconfig.Relayer("r-1").Validate(); err != nil {
+		t.Errorf("the relayer's defaults: Validate = %v", err)
+	}
 }

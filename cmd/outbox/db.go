@@ -39,6 +39,26 @@ func (d *dbFlags) register(fs *flag.FlagSet, defaults poolconfig.Settings) {
 	fs.DurationVar(&d.settings.IdleInTransactionTimeout, "idle-in-transaction-timeout", defaults.IdleInTransactionTimeout, "idle_in_transaction_session_timeout of the connections (0: the server's or role's; rounded up to whole milliseconds)")
 }
 
+// checkTimeouts refuses a timeout flag the server cannot take as given:
+// negative (dropped, it left the sessions with no timeout at all) or
+// beyond PostgreSQL's int of milliseconds (refused by the server on every
+// connection, so a relayer retried its connections for as long as it ran).
+func (d *dbFlags) checkTimeouts() error {
+	for _, f := range []struct {
+		flag string
+		v    time.Duration
+	}{
+		{"--statement-timeout", d.settings.StatementTimeout},
+		{"--lock-timeout", d.settings.LockTimeout},
+		{"--idle-in-transaction-timeout", d.settings.IdleInTransactionTimeout},
+	} {
+		if err := poolconfig.CheckTimeout(f.v); err != nil {
+			return fmt.Errorf("%w: %s: %w", errUsage, f.flag, err)
+		}
+	}
+	return nil
+}
+
 // behindTransactionPooler reports whether --pooler is transaction.
 func (d *dbFlags) behindTransactionPooler() bool {
 	return d.pooler == string(poolconfig.PoolerTransaction)
@@ -57,6 +77,9 @@ func (d dbFlags) connectTo(ctx context.Context, log *slog.Logger, url, applicati
 func (d *dbFlags) connect(ctx context.Context, log *slog.Logger, maxConns int32) (*pgxpool.Pool, func(), error) {
 	if err := migrations.ValidateSchema(d.schema); err != nil {
 		return nil, nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if err := d.checkTimeouts(); err != nil {
+		return nil, nil, err
 	}
 	pooler, err := poolconfig.ParsePooler(d.pooler)
 	if err != nil {

@@ -92,3 +92,56 @@ func TestConnectionsAreNamed(t *testing.T) {
 		t.Errorf("relay: %v", err)
 	}
 }
+
+// TestDatabaseTimeoutFlagsOutOfRange: a negative --statement-timeout,
+// --lock-timeout or --idle-in-transaction-timeout (a flipped sign) or one
+// beyond PostgreSQL's largest (2147483647 ms, 24.8 days) is a usage error,
+// exit 2, before anything connects or is written. A negative one used to
+// be dropped without a word, so the sessions ran with no timeout at all
+// (the server's or role's, "0"): an enqueue went through, a migration ran
+// without its lock bound. One beyond the range was sent at connect and
+// refused by the server on every connection: `outbox relay` started and
+// retried its connections for as long as it ran, dispatching nothing.
+func TestDatabaseTimeoutFlagsOutOfRange(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	for _, flag := range []string{"--statement-timeout", "--lock-timeout", "--idle-in-transaction-timeout"} {
+		for _, v := range []string{"-30s", "720h"} {
+			r := b.cli(t, "", "migrate", "--schema", "cli_tmo", flag, v, "up")
+			if r.code != 2 || !strings.Contains(r.stderr, flag) || r.stdout != "" {
+				t.Errorf("migrate %s %s: want exit 2 naming %s, got %s", flag, v, flag, r)
+			}
+			r = b.cli(t, inputJSON("p-tmo", "k-tmo"+flag+v, "100")+"\n", "enqueue", flag, v)
+			if r.code != 2 || !strings.Contains(r.stderr, flag) || r.stdout != "" {
+				t.Errorf("enqueue %s %s: want exit 2 naming %s, got %s", flag, v, flag, r)
+			}
+		}
+	}
+	var n int
+	if err := b.pool.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM pg_namespace WHERE nspname = 'cli_tmo') + (SELECT count(*) FROM outbox.pending)`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("refused commands wrote %d things (schema cli_tmo, pending rows)", n)
+	}
+	// The relay refuses it at once rather than running without a database.
+	ctx, cancel := context.WithCancel(b.ctx)
+	defer cancel()
+	done := make(chan cliResult, 1)
+	go func() {
+		var stderr strings.Builder
+		env := &environment{stdin: strings.NewReader(""), stdout: io.Discard, stderr: &stderr, getenv: func(string) string { return "" }}
+		err := run(ctx, env, []string{"relay", "--database-url", b.url, "--statement-timeout", "720h"})
+		done <- cliResult{code: exitCode(env, err), stderr: stderr.String()}
+	}()
+	select {
+	case r := <-done:
+		if r.code != 2 || !strings.Contains(r.stderr, "--statement-timeout") {
+			t.Errorf("relay --statement-timeout 720h: want exit 2 naming the flag, got %s", r)
+		}
+	case <-time.After(30 * time.Second):
+		cancel()
+		<-done
+		t.Errorf("relay --statement-timeout 720h was still running after 30s (retrying connections the server refuses)")
+	}
+}
