@@ -469,6 +469,9 @@ func (r *run) leases(types []string) map[string]time.Duration {
 // hand-off claimed them, 0 for a claim (see recorder.hold).
 func (r *run) startDispatches(claimed []store.Claimed, claimStart time.Time, handoffOf uint64) {
 	r.stats.claimed.Add(int64(len(claimed)))
+	if len(claimed) > 0 {
+		r.noteClaim(claimed[0].ClaimedAt, claimStart)
+	}
 	r.log.Debug("claimed", "count", len(claimed))
 	r.inFlight.Add(int64(len(claimed)))
 	r.dispatches.Add(len(claimed))

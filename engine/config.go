@@ -169,8 +169,11 @@ type Recorded struct {
 	// Outcome is named here by its alias so that a program can build a
 	// Recorded (to test its observer) without the internal package.
 	Outcome
-	// EnqueuedAt is the instruction's first enqueue (database clock);
-	// RecordedAt is when the outcome committed (relayer clock).
+	// EnqueuedAt is the instruction's first enqueue and RecordedAt when
+	// the outcome committed, both on the database's clock: RecordedAt is
+	// reckoned from the relayer's latest claim (its claimed_at plus the
+	// time since by the relayer's clock), so that RecordedAt - EnqueuedAt
+	// holds when the relayer host's clock is apart from the database's.
 	EnqueuedAt, RecordedAt time.Time
 	// Late is true when the lease had been reaped before the outcome was
 	// recorded.

@@ -782,7 +782,7 @@ func (rc *recorder) afterFlush(batch []pendingOutcome, recorded []store.Recorded
 	if r.cfg.OnRecorded != nil {
 		observed = make([]Recorded, 0, len(batch))
 	}
-	now := time.Now()
+	now := r.dbNow()
 	for _, p := range batch {
 		o := p.Outcome
 		rec, isLate := late[o.ClaimAttemptID]

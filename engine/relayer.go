@@ -82,6 +82,7 @@ type Relayer struct {
 	backoff Backoff
 	lc      lifecycle.Lifecycle
 	current atomic.Pointer[run] // the latest run (tests look at it)
+	clock   atomic.Pointer[clockBase]
 
 	rndMu sync.Mutex
 	rnd   *rand.Rand
@@ -99,7 +100,44 @@ type Relayer struct {
 		persistentConflict time.Duration
 		// statementDeadline replaces defaultRoundTripDeadline.
 		statementDeadline time.Duration
+		// wall replaces time.Now where the relayer reads its host's
+		// wall clock (see wallNow): a host clock set apart from the
+		// database's.
+		wall func() time.Time
 	}
+}
+
+// wallNow is the relayer host's clock (testHooks.wall in tests).
+func (r *Relayer) wallNow() time.Time {
+	if h := r.testHooks.wall; h != nil {
+		return h()
+	}
+	return time.Now()
+}
+
+// clockBase pairs the database's time of a claim (its claimed_at) with
+// this host's at the moment the claim was sent.
+type clockBase struct{ db, host time.Time }
+
+// noteClaim keeps the database's time of the latest claim, dbAt, and the
+// host's at claimStart (this process's clock, taken before the claim was
+// sent), for dbNow.
+func (r *Relayer) noteClaim(dbAt, claimStart time.Time) {
+	r.clock.Store(&clockBase{db: dbAt, host: r.wallNow().Add(-time.Since(claimStart))})
+}
+
+// dbNow is the database's clock as this process reckons it: the latest
+// claim's claimed_at plus the time since that claim by this process's
+// clock (monotonic: a step of the host's clock does not move it). Times
+// the relayer reports beside the database's own (Recorded.RecordedAt
+// beside EnqueuedAt) must be on the database's clock: the host's may be
+// minutes apart from it. Before any claim, the host's clock.
+func (r *Relayer) dbNow() time.Time {
+	now := r.wallNow()
+	if b := r.clock.Load(); b != nil {
+		return b.db.Add(now.Sub(b.host))
+	}
+	return now
 }
 
 // New validates cfg and returns a relayer that is not yet running. A

@@ -42,6 +42,9 @@ func (r *Relayer) RelayOnce(ctx context.Context, db Batcher) ([]Recorded, error)
 	if err != nil {
 		return nil, fmt.Errorf("engine: relay once: %w", err)
 	}
+	if len(claimed) > 0 {
+		r.noteClaim(claimed[0].ClaimedAt, claimStart)
+	}
 	outcomes := make([]store.Outcome, 0, len(claimed))
 	for _, c := range claimed {
 		var d rails.Decision
@@ -68,7 +71,7 @@ func (r *Relayer) RelayOnce(ctx context.Context, db Batcher) ([]Recorded, error)
 			late[rec.ClaimAttemptID.String()] = true
 		}
 	}
-	now := time.Now()
+	now := r.dbNow()
 	out := make([]Recorded, len(outcomes))
 	for i, o := range outcomes {
 		out[i] = Recorded{Outcome: o, EnqueuedAt: claimed[i].EnqueuedAt, RecordedAt: now, Late: late[o.ClaimAttemptID.String()]}
