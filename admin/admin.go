@@ -75,11 +75,11 @@ type Config struct {
 	// running state /readyz checks.
 	Relayer *engine.Relayer
 	// DegradedAfter is the oldest due age that makes /readyz degraded
-	// (0: DefaultDegradedAfter).
+	// (0: DefaultDegradedAfter; negative: refused).
 	DegradedAfter time.Duration
 	// HorizonDegradedAfter is how long a transaction may hold back vacuum
 	// (store.HorizonHolder) before /readyz is degraded (0:
-	// DefaultHorizonDegradedAfter). An inactive replication slot holding
+	// DefaultHorizonDegradedAfter; negative: refused). An inactive replication slot holding
 	// it makes /readyz degraded at once: its standby is gone, and the slot
 	// holds the horizon until it is dropped.
 	HorizonDegradedAfter time.Duration
@@ -171,10 +171,18 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxConcurrentRequests == 0 {
 		cfg.MaxConcurrentRequests = DefaultMaxConcurrentRequests
 	}
-	if cfg.DegradedAfter <= 0 {
+	// A negative threshold is a mistake (a flipped sign): taking the
+	// default for it would hide it, as for MaxConcurrentRequests.
+	if cfg.DegradedAfter < 0 {
+		return nil, fmt.Errorf("%w: DegradedAfter %v is negative (0: the default, %v)", ErrInvalidConfig, cfg.DegradedAfter, DefaultDegradedAfter)
+	}
+	if cfg.HorizonDegradedAfter < 0 {
+		return nil, fmt.Errorf("%w: HorizonDegradedAfter %v is negative (0: the default, %v)", ErrInvalidConfig, cfg.HorizonDegradedAfter, DefaultHorizonDegradedAfter)
+	}
+	if cfg.DegradedAfter == 0 {
 		cfg.DegradedAfter = DefaultDegradedAfter
 	}
-	if cfg.HorizonDegradedAfter <= 0 {
+	if cfg.HorizonDegradedAfter == 0 {
 		cfg.HorizonDegradedAfter = DefaultHorizonDegradedAfter
 	}
 	log := cfg.Logger

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -68,5 +69,27 @@ func TestCheckTokens(t *testing.T) {
 	defer pool.Close()
 	if _, err := admin.New(admin.Config{Pool: pool, Tokens: []admin.Token{oscar, tok("eve", admin.RoleAuditor, operatorSecret)}}); !errors.Is(err, admin.ErrInvalidConfig) {
 		t.Errorf("New with two tokens sharing a secret: %v, want ErrInvalidConfig", err)
+	}
+}
+
+// TestNewRefusesNegativeThresholds: a negative DegradedAfter or
+// HorizonDegradedAfter (`outbox relay --degraded-after -5m`, a flipped
+// sign) is refused with ErrInvalidConfig; it used to become the default
+// (a minute, five) without a word, so /readyz said degraded at a
+// threshold nobody asked for.
+func TestNewRefusesNegativeThresholds(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(t.Context(), "postgres://nobody@127.0.0.1:1/nowhere") // connects lazily: never here
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for _, cfg := range []admin.Config{{Pool: pool, DegradedAfter: -5 * time.Minute}, {Pool: pool, HorizonDegradedAfter: -time.Second}} {
+		if _, err := admin.New(cfg); !errors.Is(err, admin.ErrInvalidConfig) {
+			t.Errorf("New with DegradedAfter %v, HorizonDegradedAfter %v: %v, want ErrInvalidConfig", cfg.DegradedAfter, cfg.HorizonDegradedAfter, err)
+		}
+	}
+	if _, err := admin.New(admin.Config{Pool: pool}); err != nil {
+		t.Errorf("New with the default thresholds: %v", err)
 	}
 }
