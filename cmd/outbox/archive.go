@@ -12,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/ledgerline/outbox/poolconfig"
 )
 
 // runArchive lists the archive's partitions, detaches old months,
@@ -31,6 +33,11 @@ func runArchive(ctx context.Context, env *environment, args []string) error {
 	}
 	if fs.NArg() != 1 {
 		return fmt.Errorf("%w: archive needs list, detach, export or move-default", errUsage)
+	}
+	// Negative, it became a 1 ms wait; beyond the server's lock_timeout,
+	// the server refused it once the detach had begun.
+	if err := poolconfig.CheckTimeout(*lockTimeout); err != nil {
+		return fmt.Errorf("%w: --detach-lock-timeout: %w", errUsage, err)
 	}
 	var before time.Time
 	switch fs.Arg(0) {

@@ -203,3 +203,31 @@ func TestArchiveMoveDefault(t *testing.T) {
 		t.Fatalf("the moved month's export has no CANCELLED row:\n%s", data)
 	}
 }
+
+// TestArchiveDurationFlagsOutOfRange: `archive --detach-lock-timeout`
+// negative (it became a 1 ms lock wait) or beyond PostgreSQL's lock_timeout
+// (refused by the server once the detach had begun), and `audit
+// checkpoint --settle` negative (it became the default 5 s and took the
+// checkpoint), are usage errors, exit 2, and nothing is written.
+func TestArchiveDurationFlagsOutOfRange(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	for _, args := range [][]string{
+		{"archive", "--detach-lock-timeout", "-1s", "--before", "2020-01", "detach"},
+		{"archive", "--detach-lock-timeout", "720h", "--before", "2020-01", "detach"},
+		{"archive", "--detach-lock-timeout", "-1s", "move-default"},
+		{"audit", "--settle", "-5s", "checkpoint"},
+	} {
+		r := b.cli(t, "", args[0], args[1:]...)
+		if r.code != 2 || r.stdout != "" || !strings.Contains(r.stderr, args[1]) {
+			t.Errorf("%q: want exit 2 naming %s, got %s", args, args[1], r)
+		}
+	}
+	var n int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.checkpoints`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("refused commands took %d checkpoints", n)
+	}
+}

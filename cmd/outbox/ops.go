@@ -214,6 +214,10 @@ func runAudit(ctx context.Context, env *environment, args []string) error {
 		if fs.NArg() != 1 {
 			return fmt.Errorf("%w: audit %s takes no arguments", errUsage, fs.Arg(0))
 		}
+		if *settle < 0 {
+			// Not the default in its place: a flipped sign is a mistake.
+			return fmt.Errorf("%w: --settle %v is negative", errUsage, *settle)
+		}
 		return runCheckpoints(ctx, env, &db, fs.Arg(0) == "checkpoint", *settle)
 	case fs.Arg(0) != "trail" && fs.Arg(0) != "verify":
 		return fmt.Errorf("%w: audit needs trail, verify, checkpoint or checkpoints", errUsage)
