@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/ledgerline/outbox/internal/lifecycle"
@@ -242,6 +243,13 @@ func (c *Config) setDefaults() error {
 	if c.IdleRefresh > idleFreshness/2 {
 		return fmt.Errorf("%w: IdleRefresh %v is too long: the trigger ignores registrations older than %v, so refresh at least every %v",
 			ErrInvalidConfig, c.IdleRefresh, idleFreshness, idleFreshness/2)
+	}
+	for _, t := range c.Rails.Types() {
+		// A lease past time.Duration's range would wrap to a negative one.
+		if c.Rails.Timeout(t) > math.MaxInt64-c.LeaseGrace {
+			return fmt.Errorf("%w: rail %q: its timeout %v plus LeaseGrace %v, the lease, is beyond %v",
+				ErrInvalidConfig, t, c.Rails.Timeout(t), c.LeaseGrace, time.Duration(math.MaxInt64))
+		}
 	}
 	if c.BackoffCap < c.BackoffBase {
 		return fmt.Errorf("%w: BackoffCap %v is below BackoffBase %v", ErrInvalidConfig, c.BackoffCap, c.BackoffBase)

@@ -62,11 +62,20 @@ func TestConfigRefusesNegatives(t *testing.T) {
 func TestConfigErrorsAreTyped(t *testing.T) {
 	t.Parallel()
 	set := sandboxSet(t)
+	longSet, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{}),
+		Timeout: 2_000_000 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for name, cfg := range map[string]Config{
 		"no rails":           {},
 		"invalid schema":     {Rails: set, Schema: "no such; schema"},
 		"stale IdleRefresh":  {Rails: set, IdleRefresh: 8 * time.Second},
 		"cap below the base": {Rails: set, BackoffBase: time.Minute, BackoffCap: time.Second},
+		// A lease (the rail's timeout plus the grace) past time.Duration's
+		// range wrapped to a negative one: every claim was over before it
+		// began, released unsent and reaped, again and again.
+		"lease beyond a Duration": {Rails: longSet, LeaseGrace: 1_000_000 * time.Hour},
 	} {
 		if _, err := New(nil, cfg); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("%s: New = %v, want an error wrapping ErrInvalidConfig", name, err)
