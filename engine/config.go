@@ -172,8 +172,9 @@ type Recorded struct {
 	Outcome
 	// EnqueuedAt is the instruction's first enqueue and RecordedAt when
 	// the outcome committed, both on the database's clock: RecordedAt is
-	// reckoned from the relayer's latest claim (its claimed_at plus the
-	// time since by the relayer's clock), so that RecordedAt - EnqueuedAt
+	// reckoned from a recent claim of the relayer (its claimed_at plus the
+	// time since by the relayer's clock, within half the shortest claim
+	// round trip of the last minute), so that RecordedAt - EnqueuedAt
 	// holds when the relayer host's clock is apart from the database's.
 	EnqueuedAt, RecordedAt time.Time
 	// Late is true when the lease had been reaped before the outcome was

@@ -116,19 +116,35 @@ func (r *Relayer) wallNow() time.Time {
 }
 
 // clockBase pairs the database's time of a claim (its claimed_at) with
-// this host's at the moment the claim was sent.
-type clockBase struct{ db, host time.Time }
-
-// noteClaim keeps the database's time of the latest claim, dbAt, and the
-// host's at claimStart (this process's clock, taken before the claim was
-// sent), for dbNow.
-func (r *Relayer) noteClaim(dbAt, claimStart time.Time) {
-	r.clock.Store(&clockBase{db: dbAt, host: r.wallNow().Add(-time.Since(claimStart))})
+// this host's at the same moment, within window: the claim's round trip,
+// from before it was sent to its answer, which the database's time falls
+// in (the host's time is the window's middle).
+type clockBase struct {
+	db, host time.Time
+	window   time.Duration
 }
 
-// dbNow is the database's clock as this process reckons it: the latest
+// clockBaseKeep is how long a base is kept over later claims whose round
+// trip was longer (a claim that waited for a connection, a hand-off that
+// waited for its write): the estimate of the database's clock is as good
+// as the shortest round trip of the last minute.
+const clockBaseKeep = time.Minute
+
+// noteClaim keeps the database's time of a claim, dbAt, and the host's
+// then, claimStart being this process's clock before the claim was sent,
+// for dbNow.
+func (r *Relayer) noteClaim(dbAt, claimStart time.Time) {
+	now, window := r.wallNow(), time.Since(claimStart)
+	if old := r.clock.Load(); old != nil && old.window < window && now.Sub(old.host) < clockBaseKeep {
+		return
+	}
+	r.clock.Store(&clockBase{db: dbAt, host: now.Add(-window / 2), window: window})
+}
+
+// dbNow is the database's clock as this process reckons it: a recent
 // claim's claimed_at plus the time since that claim by this process's
-// clock (monotonic: a step of the host's clock does not move it). Times
+// clock (monotonic: a step of the host's clock does not move it), within
+// half that claim's round trip. Times
 // the relayer reports beside the database's own (Recorded.RecordedAt
 // beside EnqueuedAt) must be on the database's clock: the host's may be
 // minutes apart from it. Before any claim, the host's clock.
