@@ -385,6 +385,10 @@ func (s *Set) Execute(ctx context.Context, ins payment.Instruction) Decision {
 // remains, the rail is not called and the decision is a retryable RELEASED
 // (the call could outlive the lease, and the reaper would hand the
 // instruction to someone else mid-call). A zero leaseUntil means no limit.
+// leaseUntil is read by this process's clock: pass a time.Now taken before
+// the claim was sent plus the lease's length (lease_until - claimed_at),
+// as the engine does, not the database's lease_until itself, which a host
+// clock minutes apart from the database's would move by as much.
 func (s *Set) ExecuteBefore(ctx context.Context, ins payment.Instruction, leaseUntil time.Time) Decision {
 	return s.ExecuteWithin(ctx, ctx, ins, leaseUntil)
 }
