@@ -842,3 +842,48 @@ func TestVerifyLateCompletionAfterCopyRetried(t *testing.T) {
 		t.Errorf("unexpected violation %s", v)
 	}
 }
+
+// TestVerifyReportsTimesInUTC: the times in verify's violations read the
+// same whatever the verifying session's TimeZone and DateStyle: UTC, in
+// ISO form. They were written in the session's: under Asia/Kolkata with
+// an SQL DateStyle, "29/11/2026 16:33:05.088 IST", an abbreviation
+// PostgreSQL itself reads as Israel's, and two auditors' reports of the
+// same archive disagreed.
+func TestVerifyReportsTimesInUTC(t *testing.T) {
+	t.Parallel()
+	b := setupVerify(t)
+	id1 := b.enqueue(t, "p1", "k1")
+	id2 := b.enqueue(t, "p1", "k2")
+	b.outcome(t, b.claim(t, id2, true), attempts.Dispatched)
+	b.outcome(t, b.claim(t, id1, true), attempts.Dispatched)
+	details := func(zone, style string) []string {
+		cfg := b.pool.Config().Copy()
+		cfg.ConnConfig.RuntimeParams["TimeZone"] = zone
+		cfg.ConnConfig.RuntimeParams["DateStyle"] = style
+		pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		r, err := b.archive.Verify(b.ctx, pool, attempts.VerifyOptions{Ordered: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, v := range r.Violations {
+			if v.Check == "dispatch order" {
+				out = append(out, v.Detail)
+			}
+		}
+		return out
+	}
+	utc := details("UTC", "ISO, YMD")
+	if len(utc) == 0 || !strings.Contains(utc[0], "+00") {
+		t.Fatalf("dispatch order violations in UTC: %q, want one with its times in UTC", utc)
+	}
+	for _, zone := range []string{"Asia/Kolkata", "America/St_Johns", "Pacific/Kiritimati"} {
+		if got := details(zone, "SQL, DMY"); !slices.Equal(got, utc) {
+			t.Errorf("verifying in %s, SQL DateStyle: %q, want %q", zone, got, utc)
+		}
+	}
+}

@@ -313,6 +313,15 @@ func beginVerify(ctx context.Context, db TxBeginner, snapshot string) (pgx.Tx, e
 		_ = tx.Rollback(ctx)
 		return nil, err
 	}
+	// The violations' details write times (and hashes) as text: in UTC
+	// and ISO form, as the exports do, not in the verifying session's
+	// zone and style ("IST", which PostgreSQL reads as Israel's; a date a
+	// day or a month off in Pacific/Kiritimati), so that every auditor's
+	// report of one archive reads the same.
+	if _, err := tx.Exec(ctx, exportSettingsSQL); err != nil {
+		_ = tx.Rollback(ctx)
+		return nil, err
+	}
 	return tx, nil
 }
 
