@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -92,4 +93,39 @@ func TestEnsurePartitionsUnderAnyTimeZone(t *testing.T) {
 		}
 	}
 	t.Fatalf("%s not created: %+v", month, parts)
+}
+
+// TestReaperMessageUnderAnyTimeZone: the message a reaper archives with a
+// reaped claim (a ZOMBIE_REQUEUE row, or a poison instruction's dead
+// letter) states the lease's end and the claim's time in UTC, in one form,
+// whatever the reaper session's TimeZone and DateStyle. They were written
+// in the session's: under Asia/Kolkata with an SQL DateStyle as
+// "29/11/2026 16:59:39.146 IST", an abbreviation PostgreSQL itself reads
+// as Israel's, into a row of the archive that can never be corrected.
+func TestReaperMessageUnderAnyTimeZone(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	cfg := b.pool.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["TimeZone"] = "Asia/Kolkata"
+	cfg.ConnConfig.RuntimeParams["DateStyle"] = "SQL, DMY"
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	b.enqueue(t, "p1", "k1")
+	c := b.claimOne(t, "r1", shortLease)
+	b.waitExpired(t, c)
+	if _, err := b.st.Reap(b.ctx, pool, 10, "kolkata-reaper", 0); err != nil {
+		t.Fatal(err)
+	}
+	var msg string
+	if err := b.pool.QueryRow(b.ctx, `SELECT error_message FROM outbox.attempts WHERE state = 'ZOMBIE_REQUEUE' AND claim_attempt_id = $1`,
+		c.AttemptID).Scan(&msg); err != nil {
+		t.Fatal(err)
+	}
+	stamp := func(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000000Z") }
+	if want := "expired at " + stamp(c.LeaseUntil) + " (claimed at " + stamp(c.ClaimedAt) + ","; !strings.Contains(msg, want) {
+		t.Errorf("reaper's message %q, want it to say %q", msg, want)
+	}
 }

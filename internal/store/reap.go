@@ -206,9 +206,13 @@ func behindSQL(filter string) string {
 }
 
 // zombieMessage says what happened to a reaped instruction ($2 is the
-// reaper's id).
+// reaper's id). Its times are written in UTC, in one form (as a cancel's
+// RAIL_MAY_STILL_ACT detail is): the message is archived for good, and
+// in the reaper session's TimeZone and DateStyle it read "IST", which
+// PostgreSQL itself reads as Israel's.
 const zombieMessage = `format('lease of relayer %s expired at %s (claimed at %s, %s time(s) so far); %s by reaper %s',
-         relayer_id, lease_until, claimed_at, zombie_count + 1,
+         relayer_id, to_char(lease_until AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+         to_char(claimed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), zombie_count + 1,
          CASE WHEN poisoned THEN 'dead-lettered, outcome unknown,' ELSE 'requeued' END, $2::text)`
 
 // zombieValues are the archive values of the row that closes a reaped
