@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -129,9 +130,9 @@ type configured struct {
 	// probes than the breaker would let through.
 	probes atomic.Int64
 	// held counts probes claimed ([Set.ProbeClaimed]) whose Execute has
-	// not begun yet, until heldUntil (unix nanoseconds): they count as
-	// probes in flight too, so the rail is not offered for another probe
-	// between a probe's claim and its call.
+	// not begun yet, until heldUntil (monoNow's nanoseconds): they count
+	// as probes in flight too, so the rail is not offered for another
+	// probe between a probe's claim and its call.
 	held, heldUntil atomic.Int64
 	// overruns counts Sends that returned more than OverrunGrace after
 	// their deadline.
@@ -313,17 +314,27 @@ func (s *Set) ProbesInFlight(railType string) int64 {
 // relayer stopped).
 func (s *Set) ProbeClaimed(railType string) {
 	if r, ok := s.rails[railType]; ok && r.breaker != nil {
-		r.heldUntil.Store(time.Now().Add(r.opts.Timeout).UnixNano())
+		now := monoNow()
+		r.heldUntil.Store(now + min(int64(r.opts.Timeout), math.MaxInt64-now))
 		r.held.Add(1)
 	}
 }
+
+// monoStart is monoNow's origin.
+var monoStart = time.Now()
+
+// monoNow is this process's monotonic clock, in nanoseconds since
+// monoStart: a hold's end kept as wall-clock Unix nanoseconds moved with
+// every step of the host's clock, and wrapped for a timeout reaching past
+// 2262.
+func monoNow() int64 { return int64(time.Since(monoStart)) }
 
 // inFlightProbes counts the probes in flight: called, or claimed and
 // held (see ProbeClaimed) within the hold's time.
 func (r *configured) inFlightProbes() int64 {
 	n := r.probes.Load()
 	if held := r.held.Load(); held > 0 {
-		if time.Now().UnixNano() < r.heldUntil.Load() {
+		if monoNow() < r.heldUntil.Load() {
 			return n + held
 		}
 		r.held.CompareAndSwap(held, 0) // lapsed: never dispatched

@@ -691,3 +691,27 @@ func TestSetProbeClaimedCountsFromTheClaim(t *testing.T) {
 	}
 	waitFor(t, "the hold to lapse", func() bool { _, halfOpen := lapse.Claimable(); return slices.Equal(halfOpen, []string{"r"}) })
 }
+
+// TestSetProbeHoldOfALongTimeout: a probe's hold (ProbeClaimed) lasts the
+// rail's timeout by this process's monotonic clock, whatever that timeout.
+// The hold's end was kept as wall-clock Unix nanoseconds: a timeout that
+// took it past 2262 wrapped it into the past, so the hold lapsed at once
+// and a second probe was claimed beside the first, for the breaker to
+// refuse (CIRCUIT_OPEN, an attempt archived for nothing); and a step of
+// the host's clock moved it as much (back: the half-open rail offered for
+// no probe until the clock caught up).
+func TestSetProbeHoldOfALongTimeout(t *testing.T) {
+	t.Parallel()
+	s := newSet(t, rails.Options{Type: "r", Profile: payment.Generic{}, Codes: rails.SandboxCodes, Timeout: 2_500_000 * time.Hour,
+		Transport: transportFunc(func(context.Context, payment.Instruction) (rails.Result, error) {
+			return rails.Result{}, rails.ErrUnavailable
+		}),
+		Breaker: rails.BreakerOptions{ConsecutiveFailures: 1, OpenFor: 20 * time.Millisecond}})
+	s.Execute(context.Background(), sandboxIns("r", "trip"))
+	waitFor(t, "half-open", func() bool { return s.State("r") == rails.BreakerHalfOpen })
+	s.ProbeClaimed("r")
+	if _, halfOpen := s.Claimable(); len(halfOpen) != 0 || s.ProbesInFlight("r") != 1 {
+		t.Fatalf("a claimed probe of a rail with a %v timeout: half-open claimable %v, %d probes in flight; want none offered, 1",
+			2_500_000*time.Hour, halfOpen, s.ProbesInFlight("r"))
+	}
+}
