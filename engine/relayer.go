@@ -144,10 +144,12 @@ func (r *Relayer) noteClaim(dbAt, claimStart time.Time) {
 // dbNow is the database's clock as this process reckons it: a recent
 // claim's claimed_at plus the time since that claim by this process's
 // clock (monotonic: a step of the host's clock does not move it), within
-// half that claim's round trip. Times
-// the relayer reports beside the database's own (Recorded.RecordedAt
-// beside EnqueuedAt) must be on the database's clock: the host's may be
-// minutes apart from it. Before any claim, the host's clock.
+// half that claim's round trip (a RelayOnce in a transaction begun
+// earlier stamps its claim with that transaction's start, and dbNow is
+// then behind by as much). Times the relayer reports beside the
+// database's own (Recorded.RecordedAt beside EnqueuedAt) must be on the
+// database's clock: the host's may be minutes apart from it. Before any
+// claim, the host's clock.
 func (r *Relayer) dbNow() time.Time {
 	now := r.wallNow()
 	if b := r.clock.Load(); b != nil {
