@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"math"
 	"math/rand/v2"
 	"time"
 )
@@ -32,8 +33,13 @@ func (b Backoff) Bound(n int) time.Duration {
 // Delay draws the delay of the n-th retry from rnd.
 func (b Backoff) Delay(n int, rnd *rand.Rand) time.Duration {
 	bound := b.Bound(n)
-	if bound <= 0 {
+	switch {
+	case bound <= 0:
 		return 0
+	case bound == math.MaxInt64:
+		// bound+1 would wrap (Int64N panics on it); Int64 draws from
+		// [0, MaxInt64] already.
+		return time.Duration(rnd.Int64())
 	}
 	return time.Duration(rnd.Int64N(int64(bound) + 1))
 }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -51,5 +52,27 @@ func TestBackoffDelayWithinBoundAndSeeded(t *testing.T) {
 	}
 	if ratio := means[11] / means[10]; ratio < 0.9 || ratio > 1.1 {
 		t.Errorf("capped attempts' mean delays differ by %.2fx", ratio)
+	}
+}
+
+// TestBackoffDelayOfTheLongestCap: a cap of the longest Duration (a Go
+// program's "no cap", time.Duration(math.MaxInt64)) draws delays within
+// it. The draw asked rand for Int64N(bound+1), which wraps to a negative
+// for that bound and panics: the first retry past the cap took the whole
+// relayer down, from a dispatch goroutine, with every instruction it held
+// left in flight for the reaper, which handed them to relayers that died
+// the same way.
+func TestBackoffDelayOfTheLongestCap(t *testing.T) {
+	t.Parallel()
+	b := Backoff{Base: time.Second, Cap: math.MaxInt64}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{1, 34, 64, 100} {
+		d := b.Delay(n, rnd)
+		if d < 0 || d > b.Bound(n) {
+			t.Errorf("attempt %d: delay %v outside [0, %v]", n, d, b.Bound(n))
+		}
+	}
+	if b.Bound(100) != math.MaxInt64 {
+		t.Errorf("Bound(100) = %v, want the cap", b.Bound(100))
 	}
 }
