@@ -408,6 +408,11 @@ func (s *Server) pageCancel(w http.ResponseWriter, r *http.Request, p *page) {
 			}
 		case errors.Is(err, store.ErrCancelInFlight):
 			p.Error = "Not cancelled, nothing was done: this instruction is in flight (a relayer claimed it and its rail call may be under way). Its outcome settles it; if it comes back to pending, it can be cancelled then."
+		case errors.Is(err, store.ErrActionNotDone):
+			p.Error = actionNotDone
+		case errors.Is(err, store.ErrCommitUnknown):
+			s.commitUnknown(w, r, err, "Read the instruction's trail (/console/trail?id="+id.String()+") before acting on it again.")
+			return
 		case err != nil:
 			s.internalError(w, r, err)
 			return
@@ -418,6 +423,23 @@ func (s *Server) pageCancel(w http.ResponseWriter, r *http.Request, p *page) {
 		}
 	}
 	s.pageInstructions(w, r, p)
+}
+
+// actionNotDone is the console's notice of an action whose database
+// connection broke before it committed, the database showing it not done
+// (store.ErrActionNotDone).
+const actionNotDone = "Nothing was done: the database connection broke before the action committed, and the database shows it was not done. Try again."
+
+// commitUnknown answers an action whose database connection broke once it
+// was sent and whose outcome the database could not tell
+// (store.ErrCommitUnknown): it may have been done, and look says where to
+// look before acting again. A page of its own, read from nowhere: the
+// database may be out of reach. As the internal error it was, it read as
+// a failure, and an operator who acted again could undo what was done (a
+// second resume ends a pause someone made meanwhile).
+func (s *Server) commitUnknown(w http.ResponseWriter, r *http.Request, err error, look string) {
+	s.log.Error("admin: request failed, outcome unknown", "method", r.Method, "path", r.URL.Path, "err", err)
+	http.Error(w, "It may have been done: the database connection broke after the action was sent, and the database could not tell whether it committed. "+look, http.StatusInternalServerError)
 }
 
 // operatorRefusal words an action refused with store.ErrOperatorAction
@@ -570,6 +592,14 @@ func (s *Server) pageAct(w http.ResponseWriter, r *http.Request, p *page) {
 		if errors.Is(err, store.ErrDeadLetterChanged) {
 			p.Error = "That dead letter changed since this page was shown: someone replayed or acknowledged it (it may have failed again). Nothing was done; look at it again below before you act."
 			break
+		}
+		if errors.Is(err, store.ErrActionNotDone) {
+			p.Error = actionNotDone
+			break
+		}
+		if errors.Is(err, store.ErrCommitUnknown) {
+			s.commitUnknown(w, r, err, "Read the instruction's trail (/console/trail?id="+id.String()+") before acting on it again: a dead letter listed again may be a new failure.")
+			return
 		}
 		if err != nil {
 			s.internalError(w, r, err)

@@ -159,6 +159,15 @@ func (s *Server) pagePause(w http.ResponseWriter, r *http.Request, p *page) {
 			s.pageRails(w, r, p)
 			return
 		}
+		if errors.Is(err, store.ErrActionNotDone) {
+			p.Error = actionNotDone
+			s.pageRails(w, r, p)
+			return
+		}
+		if errors.Is(err, store.ErrCommitUnknown) {
+			s.commitUnknown(w, r, err, "Read the pauses in force (/console/rails; their history in rail_pause_events) before acting again: someone may have paused or resumed the rail since.")
+			return
+		}
 		if err != nil {
 			s.internalError(w, r, err)
 			return
