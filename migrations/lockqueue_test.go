@@ -416,3 +416,66 @@ func TestSwitchesLetEnqueuesThroughWhileTheyWait(t *testing.T) {
 		})
 	}
 }
+
+// TestSetNotifyInACallersTransactionWaitsInTries: SetNotify given the
+// caller's transaction (which its doc allows) waits in tries as on a
+// pool. Its second try used to run in the transaction the first try's
+// lock timeout had aborted: it failed at once with "current transaction
+// is aborted" (25P02), an untyped error a second after it began, where
+// the switch would have been made once the producer's transaction ended.
+func TestSetNotifyInACallersTransactionWaitsInTries(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	f := &lockQueueFixture{b: b, schema: "outbox"}
+	var err error
+	if f.producer, err = pending.NewProducer(pending.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	slow, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Rollback(context.Background())
+	if err := f.enqueue(b.ctx, slow, "slow"); err != nil {
+		t.Fatal(err)
+	}
+	const application = "lockq-notify-tx"
+	switcher := namedPool(t, b, application)
+	tx, err := switcher.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- migrations.SetNotify(b.ctx, tx, "outbox", false) }()
+	// The first try waits, then gives up on its lock: the slow
+	// transaction ends only after that, for a later try to get it.
+	waitForLockWait(t, b, b.pool, application)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var waiting bool
+		if err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE application_name = $1 AND wait_event_type = 'Lock')`, application).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if !waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the switch's first try never gave up on its lock")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := slow.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("SetNotify in the caller's transaction, once the slow transaction committed: %v", err)
+	}
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if on, err := migrations.NotifyEnabled(b.ctx, b.pool, "outbox"); err != nil || on {
+		t.Fatalf("the notify trigger after the switch committed: enabled %v, %v", on, err)
+	}
+}

@@ -618,7 +618,9 @@ func Hash() string {
 // SetNotify switches the adaptive NOTIFY trigger on pending inserts on or
 // off. With it off, relayers find work by polling only and producers never
 // pay for NOTIFY. It waits for pending's lock in tries of DefaultLockTry
-// for up to DefaultLockTimeout, then fails with a [*MigrationLockError].
+// for up to DefaultLockTimeout, then fails with a [*MigrationLockError];
+// given the caller's transaction (a pgx.Tx), each try is a savepoint of
+// it.
 func SetNotify(ctx context.Context, db DB, schema string, enabled bool) error {
 	if noDB(db) {
 		return fmt.Errorf("set notify: %w", ErrNoDB)
@@ -637,15 +639,28 @@ func SetNotify(ctx context.Context, db DB, schema string, enabled bool) error {
 	// migration does, with lock_timeout its own (set and put back in one
 	// statement: db may be the caller's transaction). The schema is a
 	// validated identifier and the try a number of ours.
-	q, _ := db.(querier)
-	return lockTries(ctx, q, "notify", schema, "the notify trigger's switch", DefaultLockTimeout, DefaultLockTry, func() error {
-		_, err := db.Exec(ctx, `DO $$ DECLARE was text := current_setting('lock_timeout'); BEGIN
-			PERFORM set_config('lock_timeout', '`+tryMS+`', true);
-			ALTER TABLE `+schema+`.pending `+verb+` TRIGGER pending_notify;
+	stmt := `DO $$ DECLARE was text := current_setting('lock_timeout'); BEGIN
+			PERFORM set_config('lock_timeout', '` + tryMS + `', true);
+			ALTER TABLE ` + schema + `.pending ` + verb + ` TRIGGER pending_notify;
 			PERFORM set_config('lock_timeout', was, true);
-			END $$`)
+			END $$`
+	once := func() error {
+		_, err := db.Exec(ctx, stmt)
 		return err
-	})
+	}
+	if tx, ok := db.(pgx.Tx); ok {
+		// A try refused on its lock aborts the transaction it ran in: in
+		// the caller's, every later try failed at once (25P02). Each try
+		// is a savepoint of it, rolled back alone.
+		once = func() error {
+			return pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+				_, err := sp.Exec(ctx, stmt)
+				return err
+			})
+		}
+	}
+	q, _ := db.(querier)
+	return lockTries(ctx, q, "notify", schema, "the notify trigger's switch", DefaultLockTimeout, DefaultLockTry, once)
 }
 
 // NotifyEnabled reports whether the adaptive NOTIFY trigger is enabled.
