@@ -297,11 +297,43 @@ func (s *Server) authorize(need Role, h func(w http.ResponseWriter, r *http.Requ
 				writeJSON(w, http.StatusServiceUnavailable, map[string]string{"code": Busy, "error": busyWhy})
 				return
 			}
-			defer release()
-			h(w, r, who)
+			sw := &slotWriter{ResponseWriter: w, release: release}
+			defer sw.free()
+			h(sw, r, who)
 		}
 	})
 }
+
+// slotWriter gives a request's slot (takeSlot) back once its handler
+// begins to answer, its database reads done: an answer is written at the
+// pace its client reads it, and the admin address has no write timeout
+// (a verify answers late), so a client that reads nothing held its slot
+// for as long as its connection lasted, with no database connection
+// behind it; an auditor's requests side by side held every slot, and
+// every operator's action was answered BUSY.
+type slotWriter struct {
+	http.ResponseWriter
+	once    sync.Once
+	release func()
+}
+
+// free gives the slot back, once.
+func (w *slotWriter) free() { w.once.Do(w.release) }
+
+// WriteHeader implements http.ResponseWriter.
+func (w *slotWriter) WriteHeader(code int) {
+	w.free()
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Write implements http.ResponseWriter.
+func (w *slotWriter) Write(p []byte) (int, error) {
+	w.free()
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap returns the writer it wraps, for http.ResponseController.
+func (w *slotWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // busyWhy says why a request was answered 503 with the code Busy.
 const busyWhy = "nothing was read or done: the admin address is serving as many requests as it may at once (each holds one of its database connections); try again"

@@ -240,7 +240,9 @@ func (s *Server) console(need Role, form bool, h func(w http.ResponseWriter, r *
 			http.Error(w, "The admin address is busy (it serves a few requests at once, each holding a database connection the relayer may share): nothing was read or done; try again.", http.StatusServiceUnavailable)
 			return
 		}
-		defer release()
+		sw := &slotWriter{ResponseWriter: w, release: release}
+		defer sw.free()
+		w = sw
 		pageHeaders(w)
 		h(w, r, &page{Who: sess.who, Operator: sess.who.Role == RoleOperator, CSRF: sess.csrf, Standby: s.onStandby(r.Context()),
 			PrimaryConsole: s.cfg.PrimaryConsole})

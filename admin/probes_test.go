@@ -4,8 +4,11 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -202,5 +205,55 @@ func TestRequestsTakeABoundedPartOfThePool(t *testing.T) {
 	// requests have ended.
 	if page := consoleAt(t, b.url).get(t, "/console/instructions"); !strings.Contains(page, "Nothing here.") {
 		t.Errorf("the console after the requests ended:\n%s", page)
+	}
+}
+
+// stuckWriter is the answer to a client that reads nothing of it (the
+// admin address has no write timeout): its first write blocks until
+// unstuck is closed; writing is closed when it begins.
+type stuckWriter struct {
+	header  http.Header
+	writing chan struct{}
+	once    sync.Once
+	unstuck chan struct{}
+}
+
+func (w *stuckWriter) Header() http.Header { return w.header }
+func (w *stuckWriter) WriteHeader(int)     {}
+func (w *stuckWriter) Write(p []byte) (int, error) {
+	w.once.Do(func() { close(w.writing) })
+	<-w.unstuck
+	return len(p), nil
+}
+
+// TestASlowReaderHoldsNoRequestSlot: a request holds one of
+// Config.MaxConcurrentRequests for the connection its reads take, not
+// while its answer is written. Held until the answer was written, an
+// auditor's requests whose answers nobody read (a client that stopped
+// reading, a window kept shut) held every slot for as long as their
+// connections lasted, with no database connection behind them, and every
+// operator's request, a rail's pause in an incident among them, was
+// answered 503 BUSY.
+func TestASlowReaderHoldsNoRequestSlot(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	h := b.srv.Handler()
+	unstuck := make(chan struct{})
+	var wg sync.WaitGroup
+	t.Cleanup(func() { close(unstuck); wg.Wait() })
+	for range admin.DefaultMaxConcurrentRequests {
+		w := &stuckWriter{header: http.Header{}, writing: make(chan struct{}), unstuck: unstuck}
+		req := httptest.NewRequestWithContext(b.ctx, "GET", "/api/v1/instructions", nil)
+		req.Header.Set("Authorization", "Bearer "+auditorSecret)
+		wg.Go(func() { h.ServeHTTP(w, req) })
+		select {
+		case <-w.writing:
+		case <-time.After(30 * time.Second):
+			t.Fatal("a request's answer never began")
+		}
+	}
+	var res admin.PauseResult
+	if code := b.call(t, "POST", "/api/v1/rails/sandbox/pause", operatorSecret, map[string]string{"reason": "rail down"}, &res); code != http.StatusOK || !res.Done {
+		t.Fatalf("an operator's pause while %d answers were being written to clients that read none: %d %+v", admin.DefaultMaxConcurrentRequests, code, res)
 	}
 }
