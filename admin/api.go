@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gofrs/uuid/v5"
@@ -620,7 +621,10 @@ type verifyRun struct {
 }
 
 // startVerify claims the admin address's one audit verify for who, or
-// returns the one already under way (done is then nil). A verify holds a
+// returns the one already under way (done is then nil). done may be
+// called more than once: once the verify has read, and deferred, for a
+// panic (the report is written at the pace its client reads it, and a
+// client that reads none must not hold the verify). A verify holds a
 // connection of its pool for as long as it reads the archive; without
 // Config.AuditPool that is Pool, which a relayer in the same process
 // shares for its claims and outcome writes: verifies without a bound,
@@ -633,10 +637,13 @@ func (s *Server) startVerify(who string) (done func(), running verifyRun) {
 		return nil, *s.verifying
 	}
 	s.verifying = &verifyRun{by: who, since: time.Now()}
+	var once sync.Once
 	return func() {
-		s.verifyMu.Lock()
-		defer s.verifyMu.Unlock()
-		s.verifying = nil
+		once.Do(func() {
+			s.verifyMu.Lock()
+			defer s.verifyMu.Unlock()
+			s.verifying = nil
+		})
 	}, verifyRun{}
 }
 
@@ -660,6 +667,7 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, who Token) {
 	}
 	defer done()
 	rep, err := s.store.Verify(r.Context(), s.auditPool(), store.VerifyOptions{Ordered: r.URL.Query().Get("unordered") != "true", Workers: s.verifyWorkers()})
+	done()
 	if err != nil {
 		s.internalError(w, r, err)
 		return

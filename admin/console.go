@@ -709,6 +709,7 @@ func (s *Server) pageVerify(w http.ResponseWriter, r *http.Request, p *page) {
 	}
 	defer done()
 	rep, err := s.store.Verify(r.Context(), s.auditPool(), store.VerifyOptions{Ordered: r.PostFormValue("unordered") == "", Workers: s.verifyWorkers()})
+	done()
 	if err != nil {
 		s.internalError(w, r, err)
 		return

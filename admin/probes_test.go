@@ -257,3 +257,29 @@ func TestASlowReaderHoldsNoRequestSlot(t *testing.T) {
 		t.Fatalf("an operator's pause while %d answers were being written to clients that read none: %d %+v", admin.DefaultMaxConcurrentRequests, code, res)
 	}
 }
+
+// TestASlowReaderHoldsNoVerify: an audit verify is "running" while it
+// reads, not while its report is written. Held until the report was
+// written, a verify whose report nobody read refused every verify after
+// it (409 VERIFY_RUNNING, naming a verify that had ended) for as long as
+// its connection lasted.
+func TestASlowReaderHoldsNoVerify(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	unstuck := make(chan struct{})
+	var wg sync.WaitGroup
+	t.Cleanup(func() { close(unstuck); wg.Wait() })
+	w := &stuckWriter{header: http.Header{}, writing: make(chan struct{}), unstuck: unstuck}
+	req := httptest.NewRequestWithContext(b.ctx, "POST", "/api/v1/verify", nil)
+	req.Header.Set("Authorization", "Bearer "+auditorSecret)
+	wg.Go(func() { b.srv.Handler().ServeHTTP(w, req) })
+	select {
+	case <-w.writing:
+	case <-time.After(time.Minute):
+		t.Fatal("the verify's report never began")
+	}
+	var rep map[string]any
+	if code := b.call(t, "POST", "/api/v1/verify", auditorSecret, nil, &rep); code != http.StatusOK || rep["ok"] != true {
+		t.Fatalf("a verify while the report of one that ended was being written to a client that read none: %d %v", code, rep)
+	}
+}
