@@ -89,7 +89,7 @@ func runCancel(ctx context.Context, env *environment, args []string) error {
 			continue
 		}
 		if err != nil {
-			return err
+			return stopAfter(env, err, unknown)
 		}
 		line := map[string]any{"outbox_id": id, "action": "cancel", "done": ok}
 		if !ok {

@@ -56,6 +56,21 @@ const (
 // those lines), the command must not simply be run again.
 const commitUnknownCode = 4
 
+// stopAfter is the error that stops a dlq or cancel run at a line it
+// cannot carry out: err, unless an earlier line's action may have been
+// done (unknown of them, COMMIT_UNKNOWN), whose exit status it keeps,
+// err printed. As err's status 1 (lines not done) it read as safe to run
+// again, and the database is likely out of reach on the next line
+// exactly when a line could not be settled.
+func stopAfter(env *environment, err error, unknown int) error {
+	if unknown == 0 {
+		return err
+	}
+	fmt.Fprintln(env.stderr, "outbox:", err)
+	printServerAdvice(env.stderr, err)
+	return exitError{code: commitUnknownCode}
+}
+
 // runDLQ lists, replays or acknowledges dead letters.
 func runDLQ(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "dlq", "dlq [flags] list | replay OUTBOX_ID... | ack OUTBOX_ID...   (replay and ack need --reason)")
@@ -105,7 +120,7 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 	for _, id := range ids {
 		dl, err := archive.DeadLetter(ctx, pool, id)
 		if err != nil {
-			return err
+			return stopAfter(env, err, unknown)
 		}
 		// Act on the dead letter read, whose outcome_unknown the line
 		// reports: not on a failure that came after another operator's
@@ -138,7 +153,7 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 			continue
 		}
 		if err != nil {
-			return err
+			return stopAfter(env, err, unknown)
 		}
 		if !ok {
 			missing++
