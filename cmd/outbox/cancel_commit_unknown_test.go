@@ -2,11 +2,8 @@ package main
 
 import (
 	"encoding/json"
-	"net/url"
 	"testing"
 	"time"
-
-	"github.com/ledgerline/outbox/internal/testdb"
 )
 
 // TestCancelLostCommitReply: the connection of an `outbox cancel` breaks
@@ -20,22 +17,8 @@ import (
 func TestCancelLostCommitReply(t *testing.T) {
 	t.Parallel()
 	b := setupCLI(t)
-	enqueue := func(participant, key string) string {
-		t.Helper()
-		r := b.cli(t, inputJSON(participant, key, "100"), "enqueue")
-		requireExit(t, r, 0)
-		return decodeEnqueueLine(t, stdoutLines(t, r.stdout)[0]).outboxID
-	}
-	settled, unsettled, cut := enqueue("p1", "k1"), enqueue("p2", "k2"), enqueue("p3", "k3")
-	u, err := url.Parse(b.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := testdb.StartHoldingProxy(t, u.Host)
-	u.Host = proxy.Addr()
-	// Exec mode (as behind PgBouncer): a statement's text and its
-	// execution go in one message.
-	db := []string{"--database-url", u.String(), "--pooler", "transaction"}
+	settled, unsettled, cut := b.enqueued(t, "p1", "k1"), b.enqueued(t, "p2", "k2"), b.enqueued(t, "p3", "k3")
+	proxy, db := b.proxied(t)
 	cancelled := func(id string) (n int) {
 		t.Helper()
 		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE outbox_id = $1 AND state = 'CANCELLED'`, id).Scan(&n); err != nil {

@@ -1,15 +1,9 @@
 package main
 
 import (
-	"net/url"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/gofrs/uuid/v5"
-
-	"github.com/ledgerline/outbox/internal/store"
-	"github.com/ledgerline/outbox/internal/testdb"
 )
 
 // TestCommitUnknownKeepsItsExitWhenTheCommandStops: a `dlq replay` or a
@@ -22,41 +16,10 @@ import (
 func TestCommitUnknownKeepsItsExitWhenTheCommandStops(t *testing.T) {
 	t.Parallel()
 	b := setupCLI(t)
-	st, err := store.New("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	enqueue := func(participant, key string) string {
-		t.Helper()
-		r := b.cli(t, inputJSON(participant, key, "100"), "enqueue")
-		requireExit(t, r, 0)
-		return decodeEnqueueLine(t, stdoutLines(t, r.stdout)[0]).outboxID
-	}
-	deadLetter := func(participant, key string) string {
-		t.Helper()
-		id := enqueue(participant, key)
-		claimed, err := st.Claim(b.ctx, b.pool, store.ClaimParams{RelayerID: "r1", Limit: 1, Leases: map[string]time.Duration{"sandbox": time.Hour}})
-		if err != nil || len(claimed) != 1 || claimed[0].OutboxID.String() != id {
-			t.Fatalf("claim: %v, %v (want %s)", claimed, err, id)
-		}
-		c := claimed[0]
-		attempt, _ := uuid.NewV7()
-		if _, _, err := st.Record(b.ctx, b.pool, []store.Outcome{{Identity: c.Identity, AttemptID: attempt, ClaimAttemptID: c.AttemptID,
-			AttemptNo: c.AttemptNo, RelayerID: "r1", ClaimedAt: c.ClaimedAt, State: store.Failed, ErrorCode: "RAIL_REJECTED",
-			CountAttempt: true}}, store.HandoffParams{}); err != nil {
-			t.Fatal(err)
-		}
-		return id
-	}
-	u, err := url.Parse(b.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := testdb.StartHoldingProxy(t, u.Host)
-	u.Host = proxy.Addr()
-	db := []string{"--database-url", u.String(), "--pooler", "transaction"}
+	enqueue, deadLetter := b.enqueued, b.deadLettered
+	proxy, db := b.proxied(t)
 
-	first, second := deadLetter("p1", "k1"), deadLetter("p2", "k2")
+	first, second := deadLetter(t, "p1", "k1"), deadLetter(t, "p2", "k2")
 	proxy.RefuseAfterCut(3 * time.Second)
 	proxy.CutReplyAfter([]byte("commit"))
 	r := invokeCLI(t, nil, "", append([]string{"dlq", "replay", "--operator", "bob", "--reason", "rail back", first, second}, db...)...)
@@ -65,7 +28,7 @@ func TestCommitUnknownKeepsItsExitWhenTheCommandStops(t *testing.T) {
 	}
 	time.Sleep(3 * time.Second) // the refusals end
 
-	one, two := enqueue("p3", "k3"), enqueue("p4", "k4")
+	one, two := enqueue(t, "p3", "k3"), enqueue(t, "p4", "k4")
 	proxy.RefuseAfterCut(3 * time.Second)
 	proxy.CutReplyAfter([]byte("commit"))
 	r = invokeCLI(t, nil, "", append([]string{"cancel", "--operator", "bob", "--reason", "recalled", one, two}, db...)...)

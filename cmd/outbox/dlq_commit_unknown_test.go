@@ -2,15 +2,9 @@ package main
 
 import (
 	"encoding/json"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/gofrs/uuid/v5"
-
-	"github.com/ledgerline/outbox/internal/store"
-	"github.com/ledgerline/outbox/internal/testdb"
 )
 
 // TestDLQReplayLostCommitReply: the connection of a `dlq replay` breaks
@@ -29,38 +23,7 @@ import (
 func TestDLQReplayLostCommitReply(t *testing.T) {
 	t.Parallel()
 	b := setupCLI(t)
-	st, err := store.New("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadLetter := func(participant, key string) string {
-		t.Helper()
-		r := b.cli(t, inputJSON(participant, key, "100"), "enqueue")
-		requireExit(t, r, 0)
-		id := decodeEnqueueLine(t, stdoutLines(t, r.stdout)[0]).outboxID
-		claimed, err := st.Claim(b.ctx, b.pool, store.ClaimParams{RelayerID: "r1", Limit: 1, Leases: map[string]time.Duration{"sandbox": time.Hour}})
-		if err != nil || len(claimed) != 1 || claimed[0].OutboxID.String() != id {
-			t.Fatalf("claim: %v, %v (want %s)", claimed, err, id)
-		}
-		c := claimed[0]
-		attempt, _ := uuid.NewV7()
-		if _, _, err := st.Record(b.ctx, b.pool, []store.Outcome{{Identity: c.Identity, AttemptID: attempt, ClaimAttemptID: c.AttemptID,
-			AttemptNo: c.AttemptNo, RelayerID: "r1", ClaimedAt: c.ClaimedAt, State: store.Failed, ErrorCode: "RAIL_REJECTED",
-			CountAttempt: true}}, store.HandoffParams{}); err != nil {
-			t.Fatal(err)
-		}
-		return id
-	}
-	u, err := url.Parse(b.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := testdb.StartHoldingProxy(t, u.Host)
-	u.Host = proxy.Addr()
-	// Exec mode (as behind PgBouncer): a statement's text and its
-	// execution go in one message, so the cut lands on the reply of the
-	// round trip named.
-	db := []string{"--database-url", u.String(), "--pooler", "transaction"}
+	proxy, db := b.proxied(t)
 	replays := func(id string) (n int) {
 		t.Helper()
 		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE outbox_id = $1 AND state = 'REPLAYED'`, id).Scan(&n); err != nil {
@@ -83,7 +46,7 @@ func TestDLQReplayLostCommitReply(t *testing.T) {
 	}
 
 	// The commit's answer is lost: the replay is done.
-	committed, notSent, unsettled := deadLetter("p1", "k1"), deadLetter("p2", "k2"), deadLetter("p3", "k3")
+	committed, notSent, unsettled := b.deadLettered(t, "p1", "k1"), b.deadLettered(t, "p2", "k2"), b.deadLettered(t, "p3", "k3")
 	proxy.CutReplyAfter([]byte("commit"))
 	r := invokeCLI(t, nil, "", append([]string{"dlq", "replay", "--operator", "bob", "--reason", "rail back", committed}, db...)...)
 	if n := replays(committed); n != 1 {

@@ -2,11 +2,8 @@ package main
 
 import (
 	"encoding/json"
-	"net/url"
 	"testing"
 	"time"
-
-	"github.com/ledgerline/outbox/internal/testdb"
 )
 
 // TestRailsResumeLostCommitReply: the connection of an `outbox rails
@@ -20,15 +17,7 @@ import (
 func TestRailsResumeLostCommitReply(t *testing.T) {
 	t.Parallel()
 	b := setupCLI(t)
-	u, err := url.Parse(b.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := testdb.StartHoldingProxy(t, u.Host)
-	u.Host = proxy.Addr()
-	// Exec mode (as behind PgBouncer): a statement's text and its
-	// execution go in one message.
-	db := []string{"--database-url", u.String(), "--pooler", "transaction"}
+	proxy, db := b.proxied(t)
 	events := func(action string) (n int) {
 		t.Helper()
 		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.rail_pause_events WHERE rail_type = 'sandbox' AND action = $1`, action).Scan(&n); err != nil {

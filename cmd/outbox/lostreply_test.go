@@ -1,0 +1,62 @@
+package main
+
+import (
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+
+	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/internal/testdb"
+)
+
+// The set-up the tests of operator commands whose connection breaks
+// share.
+
+// enqueued enqueues one instruction through `outbox enqueue` and returns
+// its outbox id.
+func (b *cliBundle) enqueued(t *testing.T, participant, key string) string {
+	t.Helper()
+	r := b.cli(t, inputJSON(participant, key, "100"), "enqueue")
+	requireExit(t, r, 0)
+	return decodeEnqueueLine(t, stdoutLines(t, r.stdout)[0]).outboxID
+}
+
+// deadLettered enqueues one instruction and makes it a dead letter: a
+// claim by relayer r1 and a RAIL_REJECTED failure.
+func (b *cliBundle) deadLettered(t *testing.T, participant, key string) string {
+	t.Helper()
+	st, err := store.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := b.enqueued(t, participant, key)
+	claimed, err := st.Claim(b.ctx, b.pool, store.ClaimParams{RelayerID: "r1", Limit: 1, Leases: map[string]time.Duration{"sandbox": time.Hour}})
+	if err != nil || len(claimed) != 1 || claimed[0].OutboxID.String() != id {
+		t.Fatalf("claim: %v, %v (want %s)", claimed, err, id)
+	}
+	c := claimed[0]
+	attempt, _ := uuid.NewV7()
+	if _, _, err := st.Record(b.ctx, b.pool, []store.Outcome{{Identity: c.Identity, AttemptID: attempt, ClaimAttemptID: c.AttemptID,
+		AttemptNo: c.AttemptNo, RelayerID: "r1", ClaimedAt: c.ClaimedAt, State: store.Failed, ErrorCode: "RAIL_REJECTED",
+		CountAttempt: true}}, store.HandoffParams{}); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// proxied starts a proxy to the test's database that can cut replies and
+// returns it with the flags of a connection through it. Exec mode (as
+// behind PgBouncer): a statement's text and its execution go in one
+// message, so a cut lands on the reply of the round trip named.
+func (b *cliBundle) proxied(t *testing.T) (*testdb.HoldingProxy, []string) {
+	t.Helper()
+	u, err := url.Parse(b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testdb.StartHoldingProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	return proxy, []string{"--database-url", u.String(), "--pooler", "transaction"}
+}
