@@ -237,7 +237,7 @@ func (s *Server) console(need Role, form bool, h func(w http.ResponseWriter, r *
 		}
 		release, ok := s.takeSlot(w, r)
 		if !ok {
-			http.Error(w, "The admin address is busy (it serves a few requests at once, each holding a database connection the relayer may share): nothing was read or done; try again.", http.StatusServiceUnavailable)
+			http.Error(w, "The admin address is busy: "+busyWhy+".", http.StatusServiceUnavailable)
 			return
 		}
 		sw := &slotWriter{ResponseWriter: w, release: release}

@@ -47,6 +47,58 @@ func (f *lockQueueFixture) enqueue(ctx context.Context, db pending.DBTX, key str
 	return err
 }
 
+// newDefaultFixture is a fixture on the default schema, migrated for the
+// test, with a producer of it.
+func newDefaultFixture(t *testing.T, b *testBundle) *lockQueueFixture {
+	t.Helper()
+	producer, err := pending.NewProducer(pending.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &lockQueueFixture{b: b, schema: "outbox", producer: producer}
+}
+
+// slowEnqueue begins a transaction on db and enqueues in it without
+// committing: the producer's open transaction the tests wait behind
+// (rolled back at the test's end unless the test commits it).
+func (f *lockQueueFixture) slowEnqueue(t *testing.T, db *pgxpool.Pool) pgx.Tx {
+	t.Helper()
+	slow, err := db.Begin(f.b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = slow.Rollback(context.Background()) })
+	if err := f.enqueue(f.b.ctx, slow, "slow"); err != nil {
+		t.Fatal(err)
+	}
+	return slow
+}
+
+// enqueueWhileItWaits enqueues key with f while what (done gives its
+// result) waits for the locks slow holds, and fails the test unless the
+// enqueue completes within 20 s, a bound far above a try and far below the
+// whole wait (what is asserted is that it does not wait for slow's end),
+// with what still waiting; then it commits slow and wants what to succeed.
+func enqueueWhileItWaits(t *testing.T, f *lockQueueFixture, key, what string, done <-chan error, slow pgx.Tx) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(f.b.ctx, 20*time.Second)
+	defer cancel()
+	if err := f.enqueue(ctx, f.b.pool, key); err != nil {
+		t.Fatalf("an enqueue while %s waits for its locks: %v (the slow transaction is still open)", what, err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("%s returned while the slow transaction held its tables: %v", what, err)
+	default:
+	}
+	if err := slow.Commit(f.b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("%s once the slow transaction committed: %v", what, err)
+	}
+}
+
 // namedPool is a pool whose sessions carry application_name, to find them
 // in pg_stat_activity.
 func namedPool(t *testing.T, b *testBundle, application string) *pgxpool.Pool {
@@ -123,14 +175,7 @@ func TestMigrateLetsEnqueuesThroughWhileItWaits(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	f := newLockQueueFixture(t, b, "lockq")
-	slow, err := b.pool.Begin(b.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer slow.Rollback(context.Background())
-	if err := f.enqueue(b.ctx, slow, "slow"); err != nil {
-		t.Fatal(err)
-	}
+	slow := f.slowEnqueue(t, b.pool)
 
 	migrator := namedPool(t, b, "lockq-migrate")
 	done := make(chan error, 1)
@@ -139,25 +184,7 @@ func TestMigrateLetsEnqueuesThroughWhileItWaits(t *testing.T) {
 	}()
 	waitForLockWait(t, b, b.pool, "lockq-migrate")
 
-	// A bound far above a try of the migration's and far below its whole
-	// wait: what is asserted is that the enqueue does not wait for the
-	// slow transaction's end.
-	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
-	defer cancel()
-	if err := f.enqueue(ctx, b.pool, "while-migrating"); err != nil {
-		t.Fatalf("an enqueue while migrate waits for pending's lock: %v (the slow transaction is still open)", err)
-	}
-	select {
-	case err := <-done:
-		t.Fatalf("migrate returned while the slow transaction held pending's lock: %v", err)
-	default:
-	}
-	if err := slow.Commit(b.ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatalf("migrate once the slow transaction committed: %v", err)
-	}
+	enqueueWhileItWaits(t, f, "while-migrating", "migrate", done, slow)
 	var version, rows int
 	if err := b.pool.QueryRow(b.ctx, `SELECT (SELECT version FROM lockq.schema_version), (SELECT count(*) FROM lockq.pending)`).Scan(&version, &rows); err != nil {
 		t.Fatal(err)
@@ -177,20 +204,13 @@ func TestMigrateGivesUpOnABusyTableNamingTheHolder(t *testing.T) {
 	b := setup(t)
 	f := newLockQueueFixture(t, b, "lockq_busy")
 	holder := namedPool(t, b, "slow-producer")
-	slow, err := holder.Begin(b.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer slow.Rollback(context.Background())
-	if err := f.enqueue(b.ctx, slow, "slow"); err != nil {
-		t.Fatal(err)
-	}
+	slow := f.slowEnqueue(t, holder)
 	var pid int
 	if err := slow.QueryRow(b.ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 		t.Fatal(err)
 	}
 
-	err = migrations.MigrateWith(b.ctx, b.pool, migrations.Options{Schema: f.schema, LockTimeout: time.Second, LockTry: 100 * time.Millisecond})
+	err := migrations.MigrateWith(b.ctx, b.pool, migrations.Options{Schema: f.schema, LockTimeout: time.Second, LockTry: 100 * time.Millisecond})
 	var ml *migrations.MigrationLockError
 	if !errors.As(err, &ml) {
 		t.Fatalf("migrate behind an open transaction on pending: %v, want a *MigrationLockError", err)
@@ -231,19 +251,8 @@ func TestMigrateGivesUpOnABusyTableNamingTheHolder(t *testing.T) {
 func TestCreateRolesLetsEnqueuesThroughWhileItWaits(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	f := &lockQueueFixture{b: b, schema: "outbox"}
-	var err error
-	if f.producer, err = pending.NewProducer(pending.Config{}); err != nil {
-		t.Fatal(err)
-	}
-	slow, err := b.pool.Begin(b.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer slow.Rollback(context.Background())
-	if err := f.enqueue(b.ctx, slow, "slow"); err != nil {
-		t.Fatal(err)
-	}
+	f := newDefaultFixture(t, b)
+	slow := f.slowEnqueue(t, b.pool)
 
 	roles := superuserPool(t, b, "lockq-roles")
 	done := make(chan error, 1)
@@ -253,26 +262,7 @@ func TestCreateRolesLetsEnqueuesThroughWhileItWaits(t *testing.T) {
 	// A producer that has not enqueued yet (it reads the schema's
 	// version first): it needs a lock on every table the slow
 	// transaction holds, whichever of them the script waits for.
-	fresh := &lockQueueFixture{b: b, schema: "outbox"}
-	if fresh.producer, err = pending.NewProducer(pending.Config{}); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
-	defer cancel()
-	if err := fresh.enqueue(ctx, b.pool, "while-granting"); err != nil {
-		t.Fatalf("an enqueue while --create-roles waits for the tables' locks: %v (the slow transaction is still open)", err)
-	}
-	select {
-	case err := <-done:
-		t.Fatalf("create roles returned while the slow transaction held pending's lock: %v", err)
-	default:
-	}
-	if err := slow.Commit(b.ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		t.Fatalf("create roles once the slow transaction committed: %v", err)
-	}
+	enqueueWhileItWaits(t, newDefaultFixture(t, b), "while-granting", "--create-roles", done, slow)
 	var owner string
 	if err := roles.QueryRow(b.ctx, `SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = 'outbox.pending'::regclass`).Scan(&owner); err != nil || owner != migrations.RoleOwner {
 		t.Fatalf("pending belongs to %q (%v), want %s", owner, err, migrations.RoleOwner)
@@ -285,21 +275,10 @@ func TestCreateRolesLetsEnqueuesThroughWhileItWaits(t *testing.T) {
 func TestCreateRolesGivesUpOnABusyTable(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	f := &lockQueueFixture{b: b, schema: "outbox"}
-	var err error
-	if f.producer, err = pending.NewProducer(pending.Config{}); err != nil {
-		t.Fatal(err)
-	}
-	slow, err := namedPool(t, b, "slow-producer").Begin(b.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer slow.Rollback(context.Background())
-	if err := f.enqueue(b.ctx, slow, "slow"); err != nil {
-		t.Fatal(err)
-	}
+	f := newDefaultFixture(t, b)
+	f.slowEnqueue(t, namedPool(t, b, "slow-producer"))
 	roles := superuserPool(t, b, "lockq-roles")
-	err = migrations.CreateRolesWith(b.ctx, roles, migrations.RolesOptions{LockTimeout: time.Second, LockTry: 100 * time.Millisecond})
+	err := migrations.CreateRolesWith(b.ctx, roles, migrations.RolesOptions{LockTimeout: time.Second, LockTry: 100 * time.Millisecond})
 	var ml *migrations.MigrationLockError
 	if !errors.As(err, &ml) {
 		t.Fatalf("create roles behind an open transaction: %v, want a *MigrationLockError", err)
@@ -374,45 +353,15 @@ func TestSwitchesLetEnqueuesThroughWhileTheyWait(t *testing.T) {
 		t.Run(sw.name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			f := &lockQueueFixture{b: b, schema: "outbox"}
-			var err error
-			if f.producer, err = pending.NewProducer(pending.Config{}); err != nil {
-				t.Fatal(err)
-			}
-			slow, err := b.pool.Begin(b.ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer slow.Rollback(context.Background())
-			if err := f.enqueue(b.ctx, slow, "slow"); err != nil {
-				t.Fatal(err)
-			}
+			f := newDefaultFixture(t, b)
+			slow := f.slowEnqueue(t, b.pool)
 			application := "lockq-" + sw.name
 			switcher := namedPool(t, b, application)
 			done := make(chan error, 1)
 			go func() { done <- sw.run(b.ctx, switcher) }()
 			waitForLockWait(t, b, b.pool, application)
 
-			fresh := &lockQueueFixture{b: b, schema: "outbox"}
-			if fresh.producer, err = pending.NewProducer(pending.Config{}); err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithTimeout(b.ctx, 20*time.Second)
-			defer cancel()
-			if err := fresh.enqueue(ctx, b.pool, "while-switching"); err != nil {
-				t.Fatalf("an enqueue while the %s switch waits for its locks: %v (the slow transaction is still open)", sw.name, err)
-			}
-			select {
-			case err := <-done:
-				t.Fatalf("the %s switch returned while the slow transaction held its tables: %v", sw.name, err)
-			default:
-			}
-			if err := slow.Commit(b.ctx); err != nil {
-				t.Fatal(err)
-			}
-			if err := <-done; err != nil {
-				t.Fatalf("the %s switch once the slow transaction committed: %v", sw.name, err)
-			}
+			enqueueWhileItWaits(t, newDefaultFixture(t, b), "while-switching", "the "+sw.name+" switch", done, slow)
 		})
 	}
 }
@@ -426,19 +375,8 @@ func TestSwitchesLetEnqueuesThroughWhileTheyWait(t *testing.T) {
 func TestSetNotifyInACallersTransactionWaitsInTries(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	f := &lockQueueFixture{b: b, schema: "outbox"}
-	var err error
-	if f.producer, err = pending.NewProducer(pending.Config{}); err != nil {
-		t.Fatal(err)
-	}
-	slow, err := b.pool.Begin(b.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer slow.Rollback(context.Background())
-	if err := f.enqueue(b.ctx, slow, "slow"); err != nil {
-		t.Fatal(err)
-	}
+	f := newDefaultFixture(t, b)
+	slow := f.slowEnqueue(t, b.pool)
 	const application = "lockq-notify-tx"
 	switcher := namedPool(t, b, application)
 	tx, err := switcher.Begin(b.ctx)
