@@ -573,7 +573,10 @@ func TestVerifyRunsOnTheAuditPool(t *testing.T) {
 // naming the session and its application; ready again once it ends.
 func TestReadinessDegradedByAHeldVacuumHorizon(t *testing.T) {
 	t.Parallel()
-	b := setup(t, admin.Config{HorizonDegradedAfter: 200 * time.Millisecond})
+	// The threshold leaves the first probe, made while the transaction is
+	// younger than it, two seconds: 200 ms failed once on a loaded machine.
+	const threshold = 2 * time.Second
+	b := setup(t, admin.Config{HorizonDegradedAfter: threshold})
 	cfg, err := pgx.ParseConfig(b.pool.Config().ConnString())
 	if err != nil {
 		t.Fatal(err)
@@ -591,7 +594,7 @@ func TestReadinessDegradedByAHeldVacuumHorizon(t *testing.T) {
 	if code := b.call(t, "GET", "/readyz", "", nil, &rd); code != 200 || rd.Status != "ready" {
 		t.Fatalf("readyz with a transaction younger than the threshold: %d %+v", code, rd)
 	}
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(threshold + 100*time.Millisecond)
 	want := fmt.Sprintf("session %d (nightly-report, %s, idle in transaction) has held back vacuum", holder.PgConn().PID(), cfg.User)
 	// Without a credential the reason is generic: the probe is open to
 	// anyone who reaches the address, and the holder's role and
