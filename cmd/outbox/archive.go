@@ -110,10 +110,12 @@ func runArchive(ctx context.Context, env *environment, args []string) error {
 // copy lost: both are written to temporary files beside them and renamed
 // over them only once the export is complete and on disk. An export that
 // fails (a mistyped partition, a dropped connection, an interrupt) leaves
-// whatever was at path, usually the month's only copy, as it was. Between
-// the two renames the earlier checksum file is already gone, so a crash
-// there leaves an export without a checksum, never one beside a checksum
-// that is not its own. The directory is synced last, so that the renames
+// whatever was at path, usually the month's only copy, as it was. The
+// earlier checksum file is removed before the first rename, so a crash
+// from there until the second leaves an export (the earlier or the new)
+// without a checksum, never one beside a checksum that is not its own. A
+// process killed while writing leaves its temporary files: they are not
+// swept here, as another export to path may be writing its own. The directory is synced last, so that the renames
 // are on disk when it returns.
 func exportFile(path string, export func(io.Writer) (int64, error)) (int64, string, error) {
 	dir, base := filepath.Dir(path), filepath.Base(path)
