@@ -12,7 +12,6 @@ require (
 	github.com/go-json-experiment/json v1.27.2
 	github.com/gofrs/uuid/v5 v5.5.1
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/jackc/pgxlisten v0.0.0-20250802141604-12b92425684c
 	github.com/jackc/tern/v2 v2.3.4
 	github.com/jacoelho/banking v1.4.0
 	github.com/peterldowns/pgtestdb v0.1.1

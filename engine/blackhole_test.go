@@ -74,3 +74,85 @@ func TestClaimLoopSurvivesBlackHoledConnections(t *testing.T) {
 	}
 	t.Logf("dispatched %s after it was enqueued", time.Since(start).Round(time.Millisecond))
 }
+
+// TestListenerSurvivesABlackHoledConnection: when the listener's
+// connection goes silent for good (the primary died without resetting it,
+// or a firewall dropped it while it was idle; new connections reach the
+// database), the relayer must notice and listen on a fresh connection.
+// Before, the listener waited for notifications on the silent connection
+// for as long as the process ran: the relayer kept reporting itself
+// listening, kept registering idle (so producers paid for NOTIFY), and
+// heard of no instruction again, each one waiting for the next poll.
+func TestListenerSurvivesABlackHoledConnection(t *testing.T) {
+	t.Parallel()
+	direct, proxied, proxy := testdb.NewProxied(t, 4, 0)
+
+	b := setupOn(t, proxied, rails.SandboxOptions{Seed: 1})
+	rc := b.config("r-silent-listener")
+	// Polls too rare to stand in for the notifications this test waits
+	// for: only the idle registration's refresh claims meanwhile.
+	rc.PollInterval, rc.IdleRefresh = time.Minute, 5*time.Second
+	r, err := New(proxied, rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.testHooks.statementDeadline = time.Second
+	r.testHooks.listenCheck = 500 * time.Millisecond
+	if err := r.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = r.Stop(ctx)
+	})
+
+	enqueued := 0
+	enqueue := func() {
+		t.Helper()
+		if _, err := b.producer.Enqueue(b.ctx, direct, instruction("silent", enqueued)); err != nil {
+			t.Fatal(err)
+		}
+		enqueued++
+	}
+	// Notified: the listener works before the hole.
+	notifiedAfter := func(before int64, within time.Duration) bool {
+		for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if r.Stats().Notifications > before {
+				return true
+			}
+		}
+		return false
+	}
+	for !r.Health().Listening {
+		time.Sleep(10 * time.Millisecond)
+	}
+	for n := r.Stats().Notifications; ; {
+		time.Sleep(200 * time.Millisecond) // registered idle
+		enqueue()
+		if notifiedAfter(n, 2*time.Second) {
+			break
+		}
+		if enqueued > 10 {
+			t.Fatalf("no notification before the black hole: %+v", r.Stats())
+		}
+	}
+	statsOnceDispatched(t, r, int64(enqueued))
+
+	held := proxy.HoldExisting()
+	t.Logf("black-holed %d connections", held)
+	before := r.Stats().Notifications
+	// Each enqueue notifies whoever listens; a listener that noticed the
+	// hole and listens again on a new connection hears one within a check
+	// and a round trip.
+	start := time.Now()
+	for !notifiedAfter(before, time.Second) {
+		if time.Since(start) > 30*time.Second {
+			t.Fatalf("no notification reached the relayer in %s after its listener's connection went silent (health %+v, stats %+v)",
+				time.Since(start).Round(time.Second), r.Health(), r.Stats())
+		}
+		enqueue()
+	}
+	t.Logf("notified again %s after the black hole", time.Since(start).Round(time.Millisecond))
+	statsOnceDispatched(t, r, int64(enqueued))
+}

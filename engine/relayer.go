@@ -100,6 +100,8 @@ type Relayer struct {
 		persistentConflict time.Duration
 		// statementDeadline replaces defaultRoundTripDeadline.
 		statementDeadline time.Duration
+		// listenCheck replaces listenCheckAfter.
+		listenCheck time.Duration
 		// wall replaces time.Now where the relayer reads its host's
 		// wall clock (see wallNow): a host clock set apart from the
 		// database's.
@@ -359,8 +361,7 @@ type run struct {
 	// handoffMu orders hand-offs before Stop's wait for dispatches.
 	handoffMu sync.RWMutex
 
-	listening       atomic.Bool
-	listenRecovered func() // set by listen before it connects
+	listening atomic.Bool
 	// readOnly is set while claims fail because the database is read-only
 	// (Health.ReadOnly).
 	readOnly atomic.Bool

@@ -2,11 +2,11 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgxlisten"
 
 	"github.com/ledgerline/outbox/internal/retry"
 	"github.com/ledgerline/outbox/internal/store"
@@ -16,67 +16,118 @@ import (
 // listenBackoffCap is the longest wait between reconnects of the listener.
 const listenBackoffCap = 30 * time.Second
 
-// listen runs the LISTEN connection until ctx ends. pgxlisten reconnects
-// with a fresh connection each time; every (re)connect counts as a wake,
-// because notifications sent while disconnected are lost.
+// listenCheckAfter is how long the listener waits for a notification
+// before it asks its connection whether it is still there (the LISTEN
+// again, answered within the round-trip deadline). A listening connection is idle for as long as
+// nothing is enqueued or the relayer is busy, and nothing else would ever
+// notice that it went silent (a primary that died without resetting it,
+// a firewall or load balancer that dropped it while idle, a network
+// black-holed): the relayer would report itself listening, producers
+// would go on paying for NOTIFY, and every instruction would wait for the
+// next poll, for as long as the process ran.
+const listenCheckAfter = 10 * time.Second
+
+// listenCheck is listenCheckAfter, or what a test set.
+func (r *run) listenCheck() time.Duration {
+	if d := r.testHooks.listenCheck; d > 0 {
+		return d
+	}
+	return listenCheckAfter
+}
+
+// listen runs the LISTEN connection until ctx ends, each (re)connect on a
+// fresh connection. Every (re)connect counts as a wake, because
+// notifications sent while disconnected are lost. A connection that
+// fails, or does not answer a ping after listenCheck without a
+// notification, is closed and replaced.
 //
 // While the database is unreachable the listener reconnects with capped
-// exponential backoff (pgxlisten's own delay is fixed) and logs once per
-// change of state, not per attempt.
+// exponential backoff (ReconnectDelay at least) and logs once per change
+// of state, not per attempt.
 func (r *run) listen(ctx context.Context) {
 	defer close(r.listenDone)
+	defer r.listening.Store(false)
 	failures := &retry.Loop{Log: r.log, What: "listener (polling meanwhile)", Min: r.cfg.ReconnectDelay, Max: listenBackoffCap}
-	// Connect, LogError and HandleBacklog all run on Listen's goroutine.
-	var wait time.Duration
-	l := &pgxlisten.Listener{
-		Connect: func(ctx context.Context) (*pgx.Conn, error) {
-			extra := wait - r.cfg.ReconnectDelay // pgxlisten already waited ReconnectDelay
-			if extra > 0 && !r.sleep(ctx, extra) {
-				return nil, ctx.Err()
-			}
-			cfg := r.pool.Config().ConnConfig.Copy()
-			if name := cfg.RuntimeParams["application_name"]; name != "" {
-				// Operators tell the listener from the pool in pg_stat_activity.
-				cfg.RuntimeParams["application_name"] = name + " listen"
-			}
-			return pgx.ConnectConfig(ctx, cfg)
-		},
-		LogError: func(ctx context.Context, err error) {
-			r.listening.Store(false)
-			if ctx.Err() == nil {
-				wait = failures.Failed(err)
-			}
-		},
-		ReconnectDelay: r.cfg.ReconnectDelay,
+	for {
+		err := r.listenOn(ctx, failures)
+		r.listening.Store(false)
+		if ctx.Err() != nil {
+			return
+		}
+		if !r.sleep(ctx, max(failures.Failed(err), r.cfg.ReconnectDelay)) {
+			return
+		}
 	}
-	r.listenRecovered = func() {
-		failures.Succeeded()
-		wait = 0
-	}
-	// Handlers are registered before Listen starts.
-	l.Handle(migrations.NotifyChannel, notifyHandler{r})
-	_ = l.Listen(ctx)
-	r.listening.Store(false)
 }
 
-type notifyHandler struct{ r *run }
-
-// HandleNotification wakes the claim loop; the claim loop debounces.
-func (h notifyHandler) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
-	h.r.log.Debug("notified", "pid", n.PID, "payload", n.Payload)
-	h.r.stats.notifications.Add(1)
-	h.r.signal()
-	return nil
+// listenOn listens on one connection until it fails or ctx ends.
+func (r *run) listenOn(ctx context.Context, failures *retry.Loop) error {
+	conn, err := r.connectListener(ctx)
+	if err != nil {
+		return fmt.Errorf("listener: connect: %w", err)
+	}
+	defer func() {
+		// Closing sends a message; on a silent connection it must not
+		// wait for the network.
+		cctx, cancel := r.bounded(context.WithoutCancel(ctx))
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	listen := "listen " + pgx.Identifier{migrations.NotifyChannel}.Sanitize()
+	lctx, cancel := r.bounded(ctx)
+	_, err = conn.Exec(lctx, listen)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("listener: listen: %w", err)
+	}
+	// From now on notifications arrive; anything enqueued while we were
+	// not listening is picked up by one claim.
+	r.listening.Store(true)
+	failures.Succeeded()
+	r.signal()
+	for {
+		wctx, cancel := context.WithTimeout(ctx, r.listenCheck())
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case err == nil:
+			if n != nil { // nil if the pool's config handles notifications itself
+				r.log.Debug("notified", "pid", n.PID, "payload", n.Payload)
+			}
+			r.stats.notifications.Add(1)
+			r.signal()
+			continue
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !errors.Is(err, context.DeadlineExceeded):
+			return fmt.Errorf("listener: waiting for notification: %w", err)
+		}
+		// Nothing for a while: a wait that timed out leaves the connection
+		// usable (pgx only sets a read deadline), so ask the server
+		// whether it is still there. The ping is the LISTEN again (a no-op
+		// for a channel listened to), so that pg_stat_activity goes on
+		// showing the connection's LISTEN.
+		pctx, cancel := r.bounded(ctx)
+		_, err = conn.Exec(pctx, listen)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("listener: connection silent (no answer to a ping within %s): %w", r.roundTripDeadline(), err)
+		}
+	}
 }
 
-// HandleBacklog runs right after LISTEN succeeded (also after a reconnect):
-// from now on notifications arrive, and anything enqueued while we were not
-// listening is picked up by one claim.
-func (h notifyHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
-	h.r.listening.Store(true)
-	h.r.listenRecovered()
-	h.r.signal()
-	return nil
+// connectListener opens the listener's connection, with the pool's
+// settings and its application_name marked, so that operators tell the
+// listener from the pool in pg_stat_activity.
+func (r *run) connectListener(ctx context.Context) (*pgx.Conn, error) {
+	cfg := r.pool.Config().ConnConfig.Copy()
+	if name := cfg.RuntimeParams["application_name"]; name != "" {
+		cfg.RuntimeParams["application_name"] = name + " listen"
+	}
+	return pgx.ConnectConfig(ctx, cfg)
 }
 
 // goIdle runs the adaptive NOTIFY protocol after an empty claim. It

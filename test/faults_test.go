@@ -416,7 +416,7 @@ func TestFaultPostgresRestart(t *testing.T) {
 }
 
 // waitListening waits until every current relayer has a LISTEN connection
-// opened after since: pgxlisten reconnected by itself.
+// opened after since: the listener reconnected by itself.
 func waitListening(t *testing.T, pool *pgxpool.Pool, f *fleet, since time.Time) {
 	t.Helper()
 	want := int64(len(f.current))
