@@ -127,7 +127,8 @@ type Server struct {
 	log      *slog.Logger
 	stopping atomic.Bool
 	sessions sessions // the console's
-	// readyLogged is the detail /readyz last logged (logReadiness).
+	// readyLogged is the detail /readyz last logged, as its logKey
+	// (logReadiness).
 	readyMu     sync.Mutex
 	readyLogged string
 	// overviewReads shares the overview's database reads among callers.

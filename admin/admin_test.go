@@ -723,3 +723,42 @@ func startStandby(t *testing.T, primary *pglocal.Cluster) *pgxpool.Pool {
 	t.Cleanup(replica.Close)
 	return replica
 }
+
+// TestReadinessLogsAHeldHorizonOnce: /readyz logs what it withholds once
+// per change of it, and a transaction holding back vacuum is one change
+// however long it lasts. Its reason carries its age, which grows between
+// probes: each probe (every few seconds, from every prober) logged a line
+// for as long as the horizon was held, hours for a forgotten session,
+// days for an inactive replication slot.
+func TestReadinessLogsAHeldHorizonOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{HorizonDegradedAfter: 200 * time.Millisecond})
+	holder, err := pgx.Connect(b.ctx, b.pool.Config().ConnString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close(context.Background())
+	if _, err := holder.Exec(b.ctx, `BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1`); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	var reasons []string
+	for range 4 {
+		var rd admin.Readiness
+		if code := b.call(t, "GET", "/readyz", auditorSecret, nil, &rd); code != 200 || rd.Status != "degraded" {
+			t.Fatalf("readyz with a transaction older than the threshold: %d %+v", code, rd)
+		}
+		b.call(t, "GET", "/readyz", "", nil, nil) // a probe: without a credential, what it withholds is logged
+		reasons = append(reasons, rd.Reasons...)
+		time.Sleep(1100 * time.Millisecond) // the reason's age moves on by a second
+	}
+	if reasons[0] == reasons[len(reasons)-1] {
+		t.Fatalf("the reason did not change over the probes (%q): the test shows nothing", reasons)
+	}
+	b.logMu.Lock()
+	logged := strings.Count(b.logs.String(), `msg="admin: readiness"`)
+	b.logMu.Unlock()
+	if logged != 1 {
+		t.Fatalf("%d readiness lines logged for one held horizon over 4 probes, want 1:\n%s", logged, b.logs.String())
+	}
+}

@@ -34,6 +34,9 @@ type Readiness struct {
 	// publicReasons and publicNotes are Reasons and Notes for a request
 	// without a credential.
 	publicReasons, publicNotes []string
+	// reasonKeys name Reasons without the figures that change from one
+	// probe to the next (a holder's age), for logReadiness.
+	reasonKeys []string
 }
 
 // Public is rd as /readyz answers a request without a valid credential:
@@ -58,6 +61,19 @@ func (rd Readiness) detail() string {
 		}
 	}
 	return strings.Join(append(parts, rd.Reasons...), "; ")
+}
+
+// logKey is detail without the figures that change while the state does
+// not (a holder's age), so that a held horizon is logged once, not at
+// every probe.
+func (rd Readiness) logKey() string {
+	var parts []string
+	for _, c := range rd.Checks {
+		if !c.OK {
+			parts = append(parts, c.Name+": "+c.Cause)
+		}
+	}
+	return strings.Join(append(parts, rd.reasonKeys...), "; ")
 }
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
@@ -94,15 +110,17 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, rd.Public())
 }
 
-// logReadiness logs what /readyz withheld, once per change of it.
+// logReadiness logs what /readyz withheld, once per change of it: not
+// of its figures (logKey), which for a held vacuum horizon change at
+// every probe, and made one line per probe for as long as it was held.
 func (s *Server) logReadiness(rd Readiness) {
-	detail := rd.detail()
+	key := rd.logKey()
 	s.readyMu.Lock()
-	changed := detail != s.readyLogged
-	s.readyLogged = detail
+	changed := key != s.readyLogged
+	s.readyLogged = key
 	s.readyMu.Unlock()
-	if changed && detail != "" {
-		s.log.Warn("admin: readiness", "status", rd.Status, "detail", detail)
+	if changed && key != "" {
+		s.log.Warn("admin: readiness", "status", rd.Status, "detail", rd.detail())
 	}
 }
 
@@ -110,9 +128,9 @@ func (s *Server) logReadiness(rd Readiness) {
 type readinessReads struct {
 	ping, schema error
 	// late says the oldest due instruction is older than DegradedAfter;
-	// horizon is horizonReason ("": none).
-	late    bool
-	horizon string
+	// horizon is horizonReason ("": none), horizonKey its holder.
+	late                bool
+	horizon, horizonKey string
 }
 
 // probeTimeout is how long /readyz waits for its answer.
@@ -141,7 +159,7 @@ func (s *Server) readReadiness(ctx context.Context) (readinessReads, error) {
 	// seconds, backlog or not.
 	late, err := s.store.DueOlderThan(ctx, s.cfg.Pool, s.cfg.DegradedAfter)
 	r.late = err == nil && late
-	r.horizon = s.horizonReason(ctx)
+	r.horizon, r.horizonKey = s.horizonReason(ctx)
 	return r, nil
 }
 
@@ -210,18 +228,22 @@ func (s *Server) Readiness(ctx context.Context) Readiness {
 		}
 	}
 	rd.Status = "ready"
-	degraded := func(reason, public string) {
-		rd.Reasons = append(rd.Reasons, reason)
+	// key is reason without its changing figures ("": reason).
+	degraded := func(reason, key, public string) {
+		if key == "" {
+			key = reason
+		}
+		rd.Reasons, rd.reasonKeys = append(rd.Reasons, reason), append(rd.reasonKeys, key)
 		if !slices.Contains(rd.publicReasons, public) {
 			rd.publicReasons = append(rd.publicReasons, public)
 		}
 	}
 	if reads.late {
 		degraded(fmt.Sprintf("the oldest due instruction was enqueued more than %s ago (the threshold)", s.cfg.DegradedAfter),
-			"the queue is late")
+			"", "the queue is late")
 	}
 	if reads.horizon != "" {
-		degraded(reads.horizon, "a transaction or replication slot holds back vacuum")
+		degraded(reads.horizon, reads.horizonKey, "a transaction or replication slot holds back vacuum")
 	}
 	if set := s.cfg.Rails; set != nil {
 		for _, t := range set.Types() {
@@ -239,14 +261,14 @@ func (s *Server) Readiness(ctx context.Context) Readiness {
 					rd.publicNotes = append(rd.publicNotes, note)
 				}
 			case st == rails.BreakerHalfOpen:
-				degraded(fmt.Sprintf("rail %s: breaker half-open, its probe in flight", t), "a rail's breaker is not closed")
+				degraded(fmt.Sprintf("rail %s: breaker half-open, its probe in flight", t), "", "a rail's breaker is not closed")
 			case st != rails.BreakerClosed:
-				degraded(fmt.Sprintf("rail %s: breaker %s", t, st), "a rail's breaker is not closed")
+				degraded(fmt.Sprintf("rail %s: breaker %s", t, st), "", "a rail's breaker is not closed")
 			}
 			// The error names the file, never the secret.
 			if sec, ok := set.SecretStatus(t); ok && sec.Err != nil {
 				degraded(fmt.Sprintf("rail %s: its secret file was changed to one that is refused (%v); requests are still signed with the secret read at %s",
-					t, sec.Err, sec.LoadedAt.UTC().Format(time.RFC3339)), "a rail's secret file is refused")
+					t, sec.Err, sec.LoadedAt.UTC().Format(time.RFC3339)), "", "a rail's secret file is refused")
 			}
 		}
 	}
@@ -258,13 +280,20 @@ func (s *Server) Readiness(ctx context.Context) Readiness {
 
 // horizonReason says why the database's vacuum horizon makes the process
 // degraded, or "" (also when it cannot be read: the other checks report
-// an unreachable database).
-func (s *Server) horizonReason(ctx context.Context) string {
+// an unreachable database), and key names its holder, without the age
+// and the state that change while it holds the horizon.
+func (s *Server) horizonReason(ctx context.Context) (reason, key string) {
 	h, err := s.store.VacuumHorizon(ctx, s.cfg.Pool)
 	if err != nil {
-		return ""
+		return "", ""
 	}
-	return horizonReason(h.Oldest, s.cfg.HorizonDegradedAfter)
+	if reason = horizonReason(h.Oldest, s.cfg.HorizonDegradedAfter); reason != "" {
+		key = "vacuum held back by " + h.Oldest.Kind + " " + h.Oldest.ID
+		if o := h.Oldest; o.Kind == "replication slot" && o.State == "inactive" {
+			key += " (inactive)" // its standby is gone: a change worth a line
+		}
+	}
+	return reason, key
 }
 
 // horizonReason says why holder, the oldest holder of the vacuum horizon
