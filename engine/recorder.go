@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"strings"
 	"sync"
@@ -799,7 +800,7 @@ func (rc *recorder) afterFlush(batch []pendingOutcome, recorded []store.Recorded
 		case ResultDead:
 			r.logFailure(o, "dead letter")
 		case ResultRetried:
-			r.logFailure(o, "will retry")
+			r.logRetry(o)
 		}
 	}
 	if observed != nil {
@@ -821,7 +822,78 @@ func (rc *recorder) afterFlush(batch []pendingOutcome, recorded []store.Recorded
 	}
 }
 
+// retryLogEvery is how long the retries of one rail with one error code
+// are summed up in one line (logRetry).
+const retryLogEvery = time.Minute
+
+// retryLog counts, per rail and error code, the retried attempts not
+// logged at Warn since the last one that was (logRetry). Its keys are
+// bounded by the configured rails and their code tables.
+type retryLog struct {
+	mu sync.Mutex
+	by map[retryLogKey]*retryLogWindow
+}
+
+type retryLogKey struct{ rail, code string }
+
+// retryLogWindow is one key's window: when its logged line was, and how
+// many retries since were not logged at Warn.
+type retryLogWindow struct {
+	since  time.Time
+	hidden int64
+}
+
+// take reports whether a retry of key is logged at Warn now, and if so
+// how many were not since the last that was.
+func (l *retryLog) take(key retryLogKey, now time.Time) (log bool, hidden int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.by == nil {
+		l.by = make(map[retryLogKey]*retryLogWindow)
+	}
+	w := l.by[key]
+	if w == nil {
+		l.by[key] = &retryLogWindow{since: now}
+		return true, 0
+	}
+	if now.Sub(w.since) < retryLogEvery {
+		w.hidden++
+		return false, 0
+	}
+	hidden, w.since, w.hidden = w.hidden, now, 0
+	return true, hidden
+}
+
+// logRetry logs a retried attempt: the first of its rail and error code
+// in retryLogEvery at Warn, the others at Debug, the next Warn line
+// saying how many there were. A rail refusing every call in a way that
+// does not open its breaker (rate limited) is retried at the pace of the
+// backoff for every instruction queued: a line each was thousands a
+// second for as long as it refused, each attempt being in the archive
+// already. Dead letters are logged each (logFailure): each needs an
+// operator.
+func (r *run) logRetry(o store.Outcome) {
+	log, hidden := r.retryLog.take(retryLogKey{rail: o.RailType, code: o.ErrorCode}, time.Now())
+	if !log {
+		if r.log.Enabled(context.Background(), slog.LevelDebug) {
+			r.log.Debug("attempt failed: will retry", r.failureArgs(o)...)
+		}
+		return
+	}
+	args := r.failureArgs(o)
+	if hidden > 0 {
+		// Of this rail with this code, since its last line.
+		args = append(args, "retries_not_logged", hidden)
+	}
+	r.log.Warn("attempt failed: will retry", args...)
+}
+
 func (r *run) logFailure(o store.Outcome, what string) {
+	r.log.Warn("attempt failed: "+what, r.failureArgs(o)...)
+}
+
+// failureArgs are the log attributes of a failed attempt.
+func (r *run) failureArgs(o store.Outcome) []any {
 	args := []any{"outbox_id", o.OutboxID, "instruction_id", o.InstructionID, "participant", o.ParticipantID,
 		"sequence_id", o.SequenceID, "attempt_no", o.AttemptNo, "rail", o.RailType, "error_code", o.ErrorCode,
 		"rail_code", o.RailCode, "error", o.ErrorMessage}
@@ -834,5 +906,5 @@ func (r *run) logFailure(o store.Outcome, what string) {
 	if o.CorrelationID != "" {
 		args = append(args, "correlation_id", o.CorrelationID)
 	}
-	r.log.Warn("attempt failed: "+what, args...)
+	return args
 }

@@ -362,6 +362,8 @@ type run struct {
 	handoffMu sync.RWMutex
 
 	listening atomic.Bool
+	// retryLog sums up the retries of one rail and code (logRetry).
+	retryLog retryLog
 	// readOnly is set while claims fail because the database is read-only
 	// (Health.ReadOnly).
 	readOnly atomic.Bool

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -670,4 +671,68 @@ func (b *testBundle) startInDeafCall(t *testing.T, relayerID string) (*Relayer, 
 		t.Fatal("the rail was never called")
 	}
 	return r, release
+}
+
+// TestRetriesOfAnOutageAreLoggedInSummary: a rail that answers every call
+// with a retryable refusal that does not open its breaker (rate limited:
+// the rail is up, it wants us slower, say for a spent daily quota) is
+// retried at the pace of the backoff, for every instruction queued. Each
+// retried attempt logged a WARN line with its ids, thousands a second for
+// as long as the rail refused, which the archive holds already. Now the
+// first of a rail's and code's retries in a minute is logged, the rest at
+// debug, and the next line says how many were not logged.
+func TestRetriesOfAnOutageAreLoggedInSummary(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	b.useTransport(t, funcTransport(func(context.Context, payment.Instruction) (rails.Result, error) {
+		return rails.Result{Code: rails.SandboxRateLimited, Message: "slow down"}, nil
+	}), 2*time.Second)
+	var (
+		mu   sync.Mutex
+		logs strings.Builder
+	)
+	cfg := b.config("rate-limited")
+	cfg.MaxAttempts = 1000
+	cfg.Logger = slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.Write(p)
+	}), nil))
+	r := b.start(t, cfg)
+	b.enqueue(t, 20, 20)
+	for deadline := time.Now().Add(60 * time.Second); r.Stats().Retried < 300; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not retried 300 times within a minute: %+v", r.Stats())
+		}
+	}
+	mu.Lock()
+	lines := strings.Count(logs.String(), `msg="attempt failed: will retry"`)
+	mu.Unlock()
+	if retried := r.Stats().Retried; lines > 2 {
+		t.Fatalf("%d lines logged for %d retried attempts of one rail refusing with one code, want one a minute", lines, retried)
+	}
+}
+
+// TestRetryLogSaysHowManyItDidNotLog: after a rail's and code's minute,
+// the next retry of that rail and code is logged again, with the number
+// of those that were not; another rail or code has a minute of its own.
+func TestRetryLogSaysHowManyItDidNotLog(t *testing.T) {
+	t.Parallel()
+	var l retryLog
+	at := time.Unix(1_000_000, 0)
+	limited, down := retryLogKey{"ach", "RAIL_RATE_LIMITED"}, retryLogKey{"ach", "RAIL_UNAVAILABLE"}
+	type took struct {
+		log    bool
+		hidden int64
+	}
+	take := func(k retryLogKey, after time.Duration) took {
+		log, hidden := l.take(k, at.Add(after))
+		return took{log, hidden}
+	}
+	got := []took{take(limited, 0), take(limited, time.Second), take(down, 2*time.Second), take(limited, 59*time.Second),
+		take(limited, retryLogEvery), take(limited, retryLogEvery+time.Second)}
+	want := []took{{true, 0}, {false, 0}, {true, 0}, {false, 0}, {true, 2}, {false, 0}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("took %v, want %v", got, want)
+	}
 }
