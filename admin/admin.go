@@ -9,7 +9,9 @@
 // one of two roles: auditor (read) or operator (also replay, acknowledge,
 // cancel, pause and resume); the console signs in with the same
 // credentials. Secrets are compared in constant time and never logged; a
-// refused request is logged without its credential. Operators' actions
+// refused request is logged without its credential, and a source that
+// sends too many wrong secrets is throttled (AuthFailureLimit). Console
+// sessions end after 12 h, or SessionIdleTimeout unused. Operators' actions
 // are archived with the token's name as who acted and a required reason.
 package admin
 
@@ -143,6 +145,11 @@ type Server struct {
 	// verifyMu guards verifying, the audit verify under way (startVerify).
 	verifyMu  sync.Mutex
 	verifying *verifyRun
+	// guesses counts failed authentications per source (throttle.go).
+	guesses guesses
+	// now is the clock of sessions and throttles (time.Now; tests set
+	// their own).
+	now func() time.Time
 	// trailPage is how many archive rows a trail's page holds (0:
 	// maxPageSize); tests make it small.
 	trailPage int
@@ -190,7 +197,7 @@ func New(cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, store: st, log: log, slots: make(chan struct{}, cfg.MaxConcurrentRequests)}
+	s := &Server{cfg: cfg, store: st, log: log, slots: make(chan struct{}, cfg.MaxConcurrentRequests), now: time.Now}
 	s.overviewReads = sharedread.New(overviewMaxAge, s.readOverview)
 	s.standby = sharedread.New(standbyMaxAge, s.readStandby)
 	// Kept for no time: a probe gets reads that began before it asked
@@ -278,12 +285,17 @@ func limitBodies(next http.Handler) http.Handler {
 func (s *Server) authorize(need Role, h func(w http.ResponseWriter, r *http.Request, who Token)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		secret, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if ok && !s.refuseThrottled(w, r) {
+			writeError(w, http.StatusTooManyRequests, tooManyGuesses)
+			return
+		}
 		who, known := match(s.cfg.Tokens, secret)
 		switch {
 		case !ok || !known:
 			reason := "no credential"
 			if ok {
 				reason = "unknown credential"
+				s.failedAuth(r)
 			}
 			s.log.Warn("admin: refused request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "reason", reason)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="outbox"`)

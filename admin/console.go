@@ -287,8 +287,15 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "sign in from the console's own sign-in page", http.StatusForbidden)
 		return
 	}
+	if !s.refuseThrottled(w, r) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.WriteHeader(http.StatusTooManyRequests)
+		s.render(w, r, "signin.html", &page{Title: "Sign in", Error: "Too many wrong tokens from this address: wait a minute, then sign in again."})
+		return
+	}
 	who, ok := match(s.cfg.Tokens, r.PostFormValue("token"))
 	if !ok {
+		s.failedAuth(r)
 		s.log.Warn("admin: refused request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "reason", "unknown credential")
 		// Before the status: headers set after it are not sent.
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")

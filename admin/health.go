@@ -98,12 +98,18 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		status = http.StatusServiceUnavailable
 	}
 	if secret, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		// A throttled source's secret is not checked: the detail tells a
+		// valid secret from another (probes send none, and are answered).
+		if !s.refuseThrottled(w, r) {
+			writeError(w, http.StatusTooManyRequests, tooManyGuesses)
+			return
+		}
 		if _, known := match(s.cfg.Tokens, secret); known {
 			writeJSON(w, status, rd)
 			return
 		}
-		// The detail tells a valid secret from another, and probes send
-		// none: a guess is logged, as the API's are.
+		// A guess is logged and counted, as the API's are.
+		s.failedAuth(r)
 		s.log.Warn("admin: refused request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "reason", "unknown credential")
 	}
 	s.logReadiness(rd)

@@ -1,0 +1,163 @@
+package admin
+
+import (
+	"math"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// AuthFailureLimit is how many failed authentications (a wrong secret at
+// the console's sign-in, as an API bearer token or to /readyz) one source
+// may make within AuthFailureWindow; from then until the window ends, its
+// requests that carry a secret are answered 429 with a Retry-After,
+// without the secret being checked. Secrets have at least 16 characters,
+// so this is not what keeps them from being guessed; it keeps a guesser
+// from trying them as fast as the address answers, and keeps the log
+// from growing by a line per guess.
+const AuthFailureLimit = 10
+
+// AuthFailureWindow is the window AuthFailureLimit counts in: from a
+// source's first failure, and again from its first failure after.
+const AuthFailureWindow = time.Minute
+
+// maxThrottledSources bounds the table of sources with failures: past
+// it, the source whose window began first is forgotten, so that a
+// guesser with many addresses grows the table no further.
+const maxThrottledSources = 4096
+
+// guessSource is one source's failures in its window.
+type guessSource struct {
+	since    time.Time // the window's start: its first failure
+	failures int
+	logged   bool // its throttle was logged in this window
+}
+
+// guesses counts failed authentications per source (sourceOf): the
+// client's address as this process sees it (behind a proxy, the
+// proxy's; X-Forwarded-For is not read, as anyone can send it).
+type guesses struct {
+	mu sync.Mutex
+	m  map[netip.Addr]*guessSource
+}
+
+// sourceOf is the source a remote address counts under: its IP, an
+// IPv6 address's /64 (one host commonly has a whole /64 to pick from).
+func sourceOf(remote string) netip.Addr {
+	host, _, err := net.SplitHostPort(remote)
+	if err != nil {
+		host = remote
+	}
+	a, err := netip.ParseAddr(host)
+	if err != nil {
+		return netip.Addr{} // one source for whatever cannot be read
+	}
+	a = a.Unmap()
+	if a.Is6() {
+		if p, err := a.Prefix(64); err == nil {
+			return p.Addr()
+		}
+	}
+	return a
+}
+
+// len is how many sources the table holds.
+func (g *guesses) len() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.m)
+}
+
+// current returns remote's source's entry in its window (nil: none),
+// forgetting one whose window has ended. g.mu is held.
+func (g *guesses) current(src netip.Addr, now time.Time) *guessSource {
+	e := g.m[src]
+	if e != nil && !now.Before(e.since.Add(AuthFailureWindow)) {
+		delete(g.m, src)
+		return nil
+	}
+	return e
+}
+
+// throttled says whether remote's source has used up its failures in
+// its window; retryAfter is then how long until the window ends, and
+// log says this is the first request refused for it in the window.
+func (g *guesses) throttled(remote string, now time.Time) (retryAfter time.Duration, throttled bool) {
+	retryAfter, throttled, _ = g.check(remote, now)
+	return retryAfter, throttled
+}
+
+func (g *guesses) check(remote string, now time.Time) (retryAfter time.Duration, throttled, log bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	e := g.current(sourceOf(remote), now)
+	if e == nil || e.failures < AuthFailureLimit {
+		return 0, false, false
+	}
+	log, e.logged = !e.logged, true
+	return e.since.Add(AuthFailureWindow).Sub(now), true, log
+}
+
+// fail counts a failed authentication of remote's source.
+func (g *guesses) fail(remote string, now time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	src := sourceOf(remote)
+	if e := g.current(src, now); e != nil {
+		e.failures++
+		return
+	}
+	if g.m == nil {
+		g.m = map[netip.Addr]*guessSource{}
+	}
+	if len(g.m) >= maxThrottledSources {
+		g.evict(now)
+	}
+	g.m[src] = &guessSource{since: now, failures: 1}
+}
+
+// evict makes room for a source: it forgets the sources whose windows
+// have ended, and if none had, the one whose window began first. g.mu is
+// held.
+func (g *guesses) evict(now time.Time) {
+	var oldest netip.Addr
+	var first time.Time
+	for src, e := range g.m {
+		if !now.Before(e.since.Add(AuthFailureWindow)) {
+			delete(g.m, src)
+			continue
+		}
+		if first.IsZero() || e.since.Before(first) {
+			oldest, first = src, e.since
+		}
+	}
+	if len(g.m) >= maxThrottledSources {
+		delete(g.m, oldest)
+	}
+}
+
+// refuseThrottled answers r 429 when its source has used up its failed
+// authentications (guesses), before its secret is checked, and logs the
+// throttle once per source and window; ok false, r was answered.
+func (s *Server) refuseThrottled(w http.ResponseWriter, r *http.Request) (ok bool) {
+	retry, throttled, log := s.guesses.check(r.RemoteAddr, s.now())
+	if !throttled {
+		return true
+	}
+	if log {
+		s.log.Warn("admin: source throttled: too many failed authentications", "remote", r.RemoteAddr,
+			"failures", AuthFailureLimit, "window", AuthFailureWindow, "until", s.now().Add(retry).UTC())
+	}
+	w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(max(retry.Seconds(), 1)))))
+	return false
+}
+
+// tooManyGuesses is the API's and /readyz's answer to a throttled
+// source (refuseThrottled).
+const tooManyGuesses = "too many failed authentications from this address: its secrets are not checked until Retry-After"
+
+// failedAuth counts a failed authentication of r's source.
+func (s *Server) failedAuth(r *http.Request) { s.guesses.fail(r.RemoteAddr, s.now()) }

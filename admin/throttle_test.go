@@ -1,0 +1,124 @@
+package admin_test
+
+import (
+	"bytes"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ledgerline/outbox/admin"
+)
+
+// throttleServer serves an admin address whose database is never reached
+// (sign-ins and refusals need none), on a test clock, logging to logs.
+func throttleServer(t *testing.T) (base string, srv *admin.Server, clock *admin.Clock, logs func() string) {
+	t.Helper()
+	pool, err := pgxpool.New(t.Context(), "postgres://nobody@127.0.0.1:1/nowhere") // connects lazily: never here
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	toks, err := admin.ParseTokens(strings.NewReader("auditor audra " + auditorSecret + "\noperator oscar " + operatorSecret + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	srv, err = admin.New(admin.Config{Pool: pool, Tokens: toks, Logger: slog.New(slog.NewTextHandler(lockedWriter{&buf, &mu}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock = admin.UseClock(srv)
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	return hs.URL, srv, clock, func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.String()
+	}
+}
+
+// bearer makes a request of path with the credential secret ("": none).
+func bearer(t *testing.T, base, path, secret string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), "GET", base+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if secret != "" {
+		req.Header.Set("Authorization", "Bearer "+secret)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp
+}
+
+// TestGuessesAreThrottled: after AuthFailureLimit wrong secrets from one
+// address within AuthFailureWindow (the console's sign-in, the API's
+// bearer tokens and /readyz's count together), every request from it
+// that carries a secret is answered 429 with a Retry-After, without the
+// secret being checked (a right one too), and the throttle is logged
+// once; successes count for nothing; the window over, a right secret
+// signs in again. Without it, a guesser could try secrets as fast as the
+// address answered, each only logged.
+func TestGuessesAreThrottled(t *testing.T) {
+	t.Parallel()
+	base, _, clock, logs := throttleServer(t)
+	for range admin.AuthFailureLimit + 1 {
+		if resp := signin(t, base, auditorSecret, nil); resp.StatusCode != http.StatusSeeOther {
+			t.Fatalf("a right sign-in: %s", resp.Status)
+		}
+	}
+	for i := range admin.AuthFailureLimit {
+		var code int
+		switch i % 3 {
+		case 0:
+			code = signin(t, base, "wrong-secret-0123456789", nil).StatusCode
+		case 1:
+			code = bearer(t, base, "/api/v1/overview", "wrong-secret-0123456789").StatusCode
+		default:
+			code = bearer(t, base, "/readyz", "wrong-secret-0123456789").StatusCode
+		}
+		if want := http.StatusUnauthorized; code != want && !(i%3 == 2 && code == http.StatusServiceUnavailable) {
+			t.Fatalf("guess %d: %d, want it refused as a guess", i, code)
+		}
+	}
+	for _, c := range []struct {
+		what string
+		resp *http.Response
+	}{
+		{"a wrong sign-in", signin(t, base, "wrong-secret-0123456789", nil)},
+		{"a right sign-in", signin(t, base, operatorSecret, nil)},
+		{"the API with a right secret", bearer(t, base, "/api/v1/overview", auditorSecret)},
+		{"the API with a wrong secret", bearer(t, base, "/api/v1/overview", "wrong-secret-0123456789")},
+		{"/readyz with a secret", bearer(t, base, "/readyz", auditorSecret)},
+	} {
+		if c.resp.StatusCode != http.StatusTooManyRequests {
+			t.Errorf("%s after %d guesses: %s, want 429", c.what, admin.AuthFailureLimit, c.resp.Status)
+			continue
+		}
+		if s, err := strconv.Atoi(c.resp.Header.Get("Retry-After")); err != nil || s < 1 || s > int(admin.AuthFailureWindow.Seconds()) {
+			t.Errorf("%s: Retry-After %q", c.what, c.resp.Header.Get("Retry-After"))
+		}
+	}
+	// A probe sends no secret: it is answered as ever.
+	if resp := bearer(t, base, "/readyz", ""); resp.StatusCode == http.StatusTooManyRequests {
+		t.Errorf("a probe without a secret: %s", resp.Status)
+	}
+	if n := strings.Count(logs(), "throttled"); n != 1 {
+		t.Errorf("the throttle logged %d times, want once:\n%s", n, logs())
+	}
+	clock.Advance(admin.AuthFailureWindow)
+	if resp := signin(t, base, operatorSecret, nil); resp.StatusCode != http.StatusSeeOther {
+		t.Errorf("a right sign-in once the window is over: %s", resp.Status)
+	}
+}
