@@ -34,6 +34,12 @@ var consoleFiles embed.FS
 // sessionTTL is how long a console session lasts.
 const sessionTTL = 12 * time.Hour
 
+// SessionIdleTimeout is how long a console session lasts unused: each
+// page or form it opens keeps it for this long again, up to its 12 h. A
+// console left signed in on an unattended machine would otherwise act
+// as its operator for the rest of the 12 h.
+const SessionIdleTimeout = 30 * time.Minute
+
 // sessionCookie names the console's session cookie.
 const sessionCookie = "outbox_session"
 
@@ -41,7 +47,14 @@ const sessionCookie = "outbox_session"
 type session struct {
 	who     Token
 	csrf    string
-	expires time.Time
+	expires time.Time // sessionTTL after the sign-in
+	used    time.Time // its last page or form (SessionIdleTimeout)
+}
+
+// ended says whether s has ended at now: its 12 h are up, or it has been
+// unused for SessionIdleTimeout.
+func (s *session) ended(now time.Time) bool {
+	return now.After(s.expires) || !now.Before(s.used.Add(SessionIdleTimeout))
 }
 
 // sessions holds the console's sessions in memory: a restart signs
@@ -58,31 +71,38 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-func (ss *sessions) create(who Token) (id string, s *session) {
+// create opens a session for who at now, forgetting the ended ones.
+func (ss *sessions) create(who Token, now time.Time) (id string, s *session) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.m == nil {
 		ss.m = map[string]*session{}
 	}
-	now := time.Now()
 	for k, v := range ss.m {
-		if now.After(v.expires) {
+		if v.ended(now) {
 			delete(ss.m, k)
 		}
 	}
 	id = randomHex(32)
-	s = &session{who: who, csrf: randomHex(32), expires: now.Add(sessionTTL)}
+	s = &session{who: who, csrf: randomHex(32), expires: now.Add(sessionTTL), used: now}
 	ss.m[id] = s
 	return id, s
 }
 
-func (ss *sessions) get(id string) *session {
+// get returns the session id names if it has not ended at now, and
+// marks it used then; an ended one is forgotten.
+func (ss *sessions) get(id string, now time.Time) *session {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	s := ss.m[id]
-	if s == nil || time.Now().After(s.expires) {
+	if s == nil {
 		return nil
 	}
+	if s.ended(now) {
+		delete(ss.m, id)
+		return nil
+	}
+	s.used = now
 	return s
 }
 
@@ -212,7 +232,7 @@ func (s *Server) console(need Role, form bool, h func(w http.ResponseWriter, r *
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var sess *session
 		if c, err := r.Cookie(sessionCookie); err == nil {
-			sess = s.sessions.get(c.Value)
+			sess = s.sessions.get(c.Value, s.now())
 		}
 		if sess == nil {
 			if form {
@@ -308,7 +328,7 @@ func (s *Server) signin(w http.ResponseWriter, r *http.Request) {
 	if c, err := r.Cookie(sessionCookie); err == nil {
 		s.sessions.delete(c.Value)
 	}
-	id, _ := s.sessions.create(who)
+	id, _ := s.sessions.create(who, s.now())
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: id, Path: "/console", HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: s.secureCookie(r), MaxAge: int(sessionTTL.Seconds())})
 	s.log.Info("admin: console sign-in", "token", who.Name, "role", who.Role, "remote", r.RemoteAddr)
