@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -71,5 +72,52 @@ func TestAdminServerDropsSlowAndIdleClients(t *testing.T) {
 	}
 	if !closedWithin(idle, 10*time.Second) {
 		t.Error("a kept-alive connection with no request stayed open")
+	}
+}
+
+// TestAdminMaxRequestsFlag: --admin-max-requests (or
+// OUTBOX_ADMIN_MAX_REQUESTS) sets how many API and console requests the
+// admin address serves at once, and the admin address's pool has a
+// connection for each and one for the probes; a negative one is refused
+// as a usage error naming the flag (exit 2), for relay and demo alike.
+// Without the flag, admin.Config.MaxConcurrentRequests could be set only
+// by a Go program.
+func TestAdminMaxRequestsFlag(t *testing.T) {
+	t.Parallel()
+	rf, err := parseRelayFlags(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rf.checkAdmin(); err != nil || rf.adminMaxRequests != 0 || rf.adminPoolConns() != adminConns {
+		t.Fatalf("the default: %d requests, a pool of %d (%v); want 0 (admin's default) and %d", rf.adminMaxRequests, rf.adminPoolConns(), err, adminConns)
+	}
+	for _, c := range []struct {
+		vars map[string]string
+		args []string
+	}{
+		{nil, []string{"--admin-max-requests", "7"}},
+		{map[string]string{"OUTBOX_ADMIN_MAX_REQUESTS": "7"}, nil},
+	} {
+		rf, err := parseRelayFlags(c.vars, c.args)
+		if err != nil {
+			t.Fatalf("%v %v: %v", c.vars, c.args, err)
+		}
+		if err := rf.checkAdmin(); err != nil || rf.adminMaxRequests != 7 || rf.adminPoolConns() != 8 {
+			t.Errorf("%v %v: %d requests, a pool of %d (%v); want 7 and 8", c.vars, c.args, rf.adminMaxRequests, rf.adminPoolConns(), err)
+		}
+	}
+	rf, err = parseRelayFlags(nil, []string{"--admin-max-requests", "-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rf.checkAdmin(); !errors.Is(err, errUsage) || !errors.Is(err, errNegativeAdminRequests) {
+		t.Errorf("checkAdmin of -1: %v, want errUsage and errNegativeAdminRequests", err)
+	}
+	for _, cmd := range []string{"relay", "demo"} {
+		r := invokeCLI(t, nil, "", cmd, "--database-url", deadDatabaseURL, "--admin-max-requests", "-1")
+		requireExit(t, r, 2)
+		if !strings.Contains(r.stderr, "--admin-max-requests -1 must not be negative") {
+			t.Errorf("%s: stderr does not name the flag: %s", cmd, r.stderr)
+		}
 	}
 }

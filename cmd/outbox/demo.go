@@ -72,6 +72,9 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	if err := rf.checkRailDefaults(); err != nil {
 		return fmt.Errorf("%w: %w", errUsage, err)
 	}
+	if err := rf.checkAdmin(); err != nil {
+		return err
+	}
 	log, err := newLogger(env.stderr, *logFormat, *logLevel)
 	if err != nil {
 		return err
@@ -226,7 +229,7 @@ func (d *demo) console(ctx context.Context, pool *pgxpool.Pool, schema string, r
 		tokens = []admin.Token{tok}
 	}
 	adm, err := admin.New(admin.Config{Pool: pool, Schema: schema, Tokens: tokens, Rails: set, Relayer: svc.Relayer(),
-		DegradedAfter: rf.degradedAfter, HorizonDegradedAfter: rf.horizonAfter, Logger: log})
+		DegradedAfter: rf.degradedAfter, HorizonDegradedAfter: rf.horizonAfter, MaxConcurrentRequests: rf.adminMaxRequests, Logger: log})
 	if err != nil {
 		return nil, err
 	}

@@ -64,6 +64,9 @@ type relayFlags struct {
 	adminTokensReadable bool
 	adminPrimary        string
 	secretCheck         time.Duration
+	// adminMaxRequests is admin.Config.MaxConcurrentRequests (0: its
+	// default).
+	adminMaxRequests int
 }
 
 // register registers every flag of `outbox relay`.
@@ -110,6 +113,7 @@ func (f *relayFlags) registerShared(fs *flag.FlagSet) {
 	fs.StringVar(&f.adminTokensFile, "admin-tokens-file", "", "file of API credentials, one per line: ROLE NAME SECRET (role auditor or operator); without tokens the API is off")
 	fs.BoolVar(&f.adminTokensReadable, "admin-tokens-allow-world-readable", false, "accept an --admin-tokens-file that other users of the machine can read (or its group write)")
 	fs.StringVar(&f.adminTokensEnv, "admin-tokens-env", "", "name of an environment variable holding API credentials in the same format (lines or ';'-separated)")
+	fs.IntVar(&f.adminMaxRequests, "admin-max-requests", 0, fmt.Sprintf("API and console requests the admin address serves at once, each holding one of its database connections; more wait up to %s, then get 503 BUSY (0: %d; outbox relay's admin pool gets one connection more than this, at least %d)", admin.BusyWait, admin.DefaultMaxConcurrentRequests, adminConns))
 	fs.DurationVar(&f.degradedAfter, "degraded-after", admin.DefaultDegradedAfter, "/readyz says degraded once the oldest due instruction has waited this long")
 	fs.DurationVar(&f.horizonAfter, "horizon-degraded-after", admin.DefaultHorizonDegradedAfter, "/readyz says degraded once a transaction has held back vacuum this long (docs/operations.md)")
 }
@@ -181,6 +185,26 @@ func (f *relayFlags) engineConfig(schema string, set *rails.Set, log *slog.Logge
 // API requests, a verify without --admin-audit-database-url.
 const adminConns = 4
 
+// errNegativeAdminRequests marks a negative --admin-max-requests.
+var errNegativeAdminRequests = errors.New("must not be negative")
+
+// checkAdmin refuses a negative --admin-max-requests as a usage error: 0
+// is the default, and taking it for a flipped sign would hide the
+// mistake (admin.New refuses it too, less plainly).
+func (f *relayFlags) checkAdmin() error {
+	if f.adminMaxRequests < 0 {
+		return fmt.Errorf("%w: --admin-max-requests %d %w (0: the default, %d)", errUsage, f.adminMaxRequests, errNegativeAdminRequests, admin.DefaultMaxConcurrentRequests)
+	}
+	return nil
+}
+
+// adminPoolConns is the size of the admin address's pool: adminConns, or
+// one connection per request --admin-max-requests lets it serve at once
+// and one for the probes and scrapes.
+func (f *relayFlags) adminPoolConns() int32 {
+	return int32(max(adminConns, f.adminMaxRequests+1))
+}
+
 // relayerIDPlaceholder stands for the relayer id in the default
 // application name of `outbox relay`, until the id is known.
 const relayerIDPlaceholder = "<relayer-id>"
@@ -216,6 +240,9 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 	}
 	if rf.secretCheck <= 0 {
 		return fmt.Errorf("%w: --secret-check-interval must be positive", errUsage)
+	}
+	if err := rf.checkAdmin(); err != nil {
+		return err
 	}
 	built, err := rf.loadRails(log)
 	if err != nil {
@@ -277,7 +304,7 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 			// an empty --database-url would attach to a second time.
 			adminURL = pool.Config().ConnString()
 		}
-		admPool, closeAdmin, err := db.connectTo(ctx, log, adminURL, "outbox-admin "+rf.relayerID, adminConns)
+		admPool, closeAdmin, err := db.connectTo(ctx, log, adminURL, "outbox-admin "+rf.relayerID, rf.adminPoolConns())
 		if err != nil {
 			return err
 		}
@@ -293,7 +320,7 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 		}
 		adm, err := admin.New(admin.Config{Pool: admPool, AuditPool: auditPool, Schema: db.schema, Tokens: tokens, Rails: built.Set,
 			Relayer: svc.Relayer(), DegradedAfter: rf.degradedAfter, HorizonDegradedAfter: rf.horizonAfter,
-			SecureCookie: rf.adminCookieSecure, PrimaryConsole: rf.adminPrimary, Logger: log})
+			SecureCookie: rf.adminCookieSecure, PrimaryConsole: rf.adminPrimary, MaxConcurrentRequests: rf.adminMaxRequests, Logger: log})
 		if err != nil {
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}
