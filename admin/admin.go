@@ -271,7 +271,7 @@ const MaxRequestBody = 64 << 10
 func limitBodies(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ContentLength > MaxRequestBody {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("a request body may be at most %d bytes", MaxRequestBody))
+			writeError(w, http.StatusRequestEntityTooLarge, BodyTooLarge, fmt.Sprintf("a request body may be at most %d bytes", MaxRequestBody))
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, MaxRequestBody)
@@ -286,7 +286,7 @@ func (s *Server) authorize(need Role, h func(w http.ResponseWriter, r *http.Requ
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		secret, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if ok && !s.refuseThrottled(w, r) {
-			writeError(w, http.StatusTooManyRequests, tooManyGuesses)
+			writeError(w, http.StatusTooManyRequests, TooManyFailures, tooManyGuesses)
 			return
 		}
 		who, known := match(s.cfg.Tokens, secret)
@@ -299,15 +299,15 @@ func (s *Server) authorize(need Role, h func(w http.ResponseWriter, r *http.Requ
 			}
 			s.log.Warn("admin: refused request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "reason", reason)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="outbox"`)
-			writeError(w, http.StatusUnauthorized, "a valid credential is required")
+			writeError(w, http.StatusUnauthorized, Unauthorized, "a valid credential is required")
 		case need == RoleOperator && who.Role != RoleOperator:
 			s.log.Warn("admin: refused request", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr,
 				"token", who.Name, "reason", "needs the operator role")
-			writeError(w, http.StatusForbidden, "this needs an operator credential")
+			writeError(w, http.StatusForbidden, Forbidden, "this needs an operator credential")
 		default:
 			release, ok := s.takeSlot(w, r)
 			if !ok {
-				writeJSON(w, http.StatusServiceUnavailable, map[string]string{"code": Busy, "error": busyWhy})
+				writeError(w, http.StatusServiceUnavailable, Busy, busyWhy)
 				return
 			}
 			sw := &slotWriter{ResponseWriter: w, release: release}
@@ -384,16 +384,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// writeError writes {"error": msg} with status.
-func writeError(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, map[string]string{"error": msg})
-}
-
 // internalError logs err and answers 500 without its details.
 func (s *Server) internalError(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(err, context.Canceled) {
 		return
 	}
 	s.log.Error("admin: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-	writeError(w, http.StatusInternalServerError, "internal error (logged)")
+	writeError(w, http.StatusInternalServerError, Internal, "internal error (logged)")
 }

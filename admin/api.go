@@ -259,7 +259,7 @@ func pageParams(r *http.Request) (store.Cursor, int, error) {
 func (s *Server) instructions(w http.ResponseWriter, r *http.Request, _ Token) {
 	after, limit, err := pageParams(r)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeError(w, http.StatusBadRequest, BadRequest, err.Error())
 		return
 	}
 	q := r.URL.Query()
@@ -269,7 +269,7 @@ func (s *Server) instructions(w http.ResponseWriter, r *http.Request, _ Token) {
 	case "in_flight":
 		f.InFlight = true
 	default:
-		writeError(w, http.StatusBadRequest, "state must be pending or in_flight")
+		writeError(w, http.StatusBadRequest, BadRequest, "state must be pending or in_flight")
 		return
 	}
 	items, err := s.store.ListQueued(r.Context(), s.cfg.Pool, f)
@@ -308,7 +308,7 @@ type DeadLetterPage struct {
 func (s *Server) deadLetters(w http.ResponseWriter, r *http.Request, _ Token) {
 	after, limit, err := pageParams(r)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeError(w, http.StatusBadRequest, BadRequest, err.Error())
 		return
 	}
 	q := r.URL.Query()
@@ -352,7 +352,13 @@ type ActionResult struct {
 	// refused because the instruction is in flight.
 	Error      string     `json:"error,omitempty"`
 	RetryAfter *time.Time `json:"retry_after,omitempty"`
+	// Code is the API's code of an answer other than 200 (its table is in
+	// docs/operations.md, "The API's error codes"): Error's code where
+	// Error is set, NotFound for a 404.
+	Code string `json:"code,omitempty"`
 }
+
+func (r *ActionResult) setCode(code string) { r.Code = code }
 
 // RailMayStillAct is [ActionResult.Error] for a cancel refused with
 // store.ErrRailMayStillAct: a relayer's stop cut the instruction's rail
@@ -404,7 +410,7 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request, who Token) {
 func (s *Server) act(w http.ResponseWriter, r *http.Request, who Token, action string) {
 	id, err := uuid.FromString(r.PathValue("id"))
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "not an outbox id")
+		writeError(w, http.StatusBadRequest, BadRequest, "not an outbox id")
 		return
 	}
 	reason, ok := readReason(w, r)
@@ -417,23 +423,23 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, who Token, action s
 		if res.RetryAfter != nil {
 			w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Ceil(max(time.Until(*res.RetryAfter).Seconds(), 1))), 10))
 		}
-		writeJSON(w, http.StatusConflict, res)
+		writeResult(w, http.StatusConflict, res.Error, &res)
 	case errors.Is(err, store.ErrCancelInFlight), errors.Is(err, store.ErrDeadLetterChanged):
-		writeJSON(w, http.StatusConflict, res)
+		writeResult(w, http.StatusConflict, res.Error, &res)
 	case errors.Is(err, store.ErrOperatorAction), errors.Is(err, ErrUnknownAction):
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeError(w, http.StatusBadRequest, BadRequest, err.Error())
 	case errors.Is(err, ErrReadOnlyStandby):
 		writeStandby(w)
 	case errors.Is(err, store.ErrCommitUnknown):
 		s.log.Error("admin: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeJSON(w, http.StatusInternalServerError, res)
+		writeResult(w, http.StatusInternalServerError, CommitUnknown, &res)
 	case errors.Is(err, store.ErrActionNotDone):
 		s.log.Warn("admin: request failed, nothing done", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeJSON(w, http.StatusServiceUnavailable, res)
+		writeResult(w, http.StatusServiceUnavailable, NotDone, &res)
 	case err != nil:
 		s.internalError(w, r, err)
 	case !res.Done:
-		writeJSON(w, http.StatusNotFound, res)
+		writeResult(w, http.StatusNotFound, NotFound, &res)
 	default:
 		writeJSON(w, http.StatusOK, res)
 	}
@@ -446,7 +452,7 @@ func readReason(w http.ResponseWriter, r *http.Request) (string, bool) {
 		Reason string `json:"reason"`
 	}
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&body); err != nil || strings.TrimSpace(body.Reason) == "" {
-		writeError(w, http.StatusBadRequest, `a JSON body {"reason": "..."} with a non-empty reason is required`)
+		writeError(w, http.StatusBadRequest, BadRequest, `a JSON body {"reason": "..."} with a non-empty reason is required`)
 		return "", false
 	}
 	return body.Reason, true
@@ -557,7 +563,7 @@ func (s *Server) takeAction(ctx context.Context, id uuid.UUID, shown *time.Time,
 func (s *Server) trail(w http.ResponseWriter, r *http.Request, _ Token) {
 	after, limit, err := pageParams(r)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeError(w, http.StatusBadRequest, BadRequest, err.Error())
 		return
 	}
 	if r.URL.Query().Get("limit") == "" {
@@ -567,14 +573,14 @@ func (s *Server) trail(w http.ResponseWriter, r *http.Request, _ Token) {
 	if idText := r.PathValue("id"); idText != "" {
 		id, perr := uuid.FromString(idText)
 		if perr != nil {
-			writeError(w, http.StatusBadRequest, "not an outbox id")
+			writeError(w, http.StatusBadRequest, BadRequest, "not an outbox id")
 			return
 		}
 		trail, err = s.store.TrailAfter(r.Context(), s.cfg.Pool, id, after, limit+1)
 	} else if ins := r.URL.Query().Get("instruction_id"); ins != "" {
 		trail, err = s.store.TrailByInstructionAfter(r.Context(), s.cfg.Pool, ins, after, limit+1)
 	} else {
-		writeError(w, http.StatusBadRequest, "an outbox id or ?instruction_id= is required")
+		writeError(w, http.StatusBadRequest, BadRequest, "an outbox id or ?instruction_id= is required")
 		return
 	}
 	if err != nil {
@@ -661,8 +667,8 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, who Token) {
 	done, running := s.startVerify(who.Name)
 	if done == nil {
 		s.log.Warn("admin: verify refused: one is running", "token", who.Name, "running_for", running.by, "since", running.since)
-		writeJSON(w, http.StatusConflict, map[string]string{"code": VerifyRunning, "error": running.refusal(),
-			"started_by": running.by, "started_at": running.since.UTC().Format(time.RFC3339Nano)})
+		writeError(w, http.StatusConflict, VerifyRunning, running.refusal(),
+			"started_by", running.by, "started_at", running.since.UTC().Format(time.RFC3339Nano))
 		return
 	}
 	defer done()

@@ -101,7 +101,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		// A throttled source's secret is not checked: the detail tells a
 		// valid secret from another (probes send none, and are answered).
 		if !s.refuseThrottled(w, r) {
-			writeError(w, http.StatusTooManyRequests, tooManyGuesses)
+			writeError(w, http.StatusTooManyRequests, TooManyFailures, tooManyGuesses)
 			return
 		}
 		if _, known := match(s.cfg.Tokens, secret); known {

@@ -34,7 +34,12 @@ type PauseResult struct {
 	// [ActionResult].
 	Error string `json:"error,omitempty"`
 	Note  string `json:"note,omitempty"`
+	// Code is the API's code of an answer other than 200, as for
+	// [ActionResult]: NotPaused for a resume of a rail that was not.
+	Code string `json:"code,omitempty"`
 }
+
+func (r *PauseResult) setCode(code string) { r.Code = code }
 
 // QuietWait is how long a pause through the admin address waits for the
 // rail to go quiet before it answers (the CLI's `rails pause --wait` can
@@ -100,7 +105,7 @@ func (s *Server) PauseRail(ctx context.Context, railType, operator, action, reas
 func (s *Server) pauseRail(w http.ResponseWriter, r *http.Request, who Token) {
 	action := r.PathValue("action")
 	if action != ActionPause && action != ActionResume {
-		writeError(w, http.StatusNotFound, "no such action: pause or resume")
+		writeError(w, http.StatusNotFound, NotFound, "no such action: pause or resume")
 		return
 	}
 	reason, ok := readReason(w, r)
@@ -110,19 +115,19 @@ func (s *Server) pauseRail(w http.ResponseWriter, r *http.Request, who Token) {
 	res, err := s.PauseRail(r.Context(), r.PathValue("rail"), who.Name, action, reason)
 	switch {
 	case errors.Is(err, store.ErrOperatorAction), errors.Is(err, store.ErrRailType):
-		writeError(w, http.StatusBadRequest, err.Error())
+		writeError(w, http.StatusBadRequest, BadRequest, err.Error())
 	case errors.Is(err, ErrReadOnlyStandby):
 		writeStandby(w)
 	case errors.Is(err, store.ErrCommitUnknown):
 		s.log.Error("admin: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeJSON(w, http.StatusInternalServerError, res)
+		writeResult(w, http.StatusInternalServerError, CommitUnknown, &res)
 	case errors.Is(err, store.ErrActionNotDone):
 		s.log.Warn("admin: request failed, nothing done", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeJSON(w, http.StatusServiceUnavailable, res)
+		writeResult(w, http.StatusServiceUnavailable, NotDone, &res)
 	case err != nil:
 		s.internalError(w, r, err)
 	case !res.Done && action == ActionResume:
-		writeJSON(w, http.StatusNotFound, res)
+		writeResult(w, http.StatusNotFound, NotPaused, &res)
 	default:
 		writeJSON(w, http.StatusOK, res)
 	}

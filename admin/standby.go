@@ -57,7 +57,7 @@ func (s *Server) refuseOnStandby(ctx context.Context) error {
 
 // writeStandby answers an API action refused with ErrReadOnlyStandby.
 func writeStandby(w http.ResponseWriter) {
-	writeJSON(w, http.StatusServiceUnavailable, map[string]string{"code": ReadOnlyStandby, "error": "nothing was done: " + standbyWhy})
+	writeError(w, http.StatusServiceUnavailable, ReadOnlyStandby, "nothing was done: "+standbyWhy)
 }
 
 // standbyRefusal is the console's answer to an operator's form posted to
