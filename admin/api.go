@@ -445,17 +445,29 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, who Token, action s
 	}
 }
 
+// actionBody is an operator action's JSON body: the reason (required)
+// and, for a resume, the pause it was shown (paused_at, optional).
+type actionBody struct {
+	Reason   string     `json:"reason"`
+	PausedAt *time.Time `json:"paused_at"`
+}
+
 // readReason reads an operator action's JSON body, {"reason": "..."}, and
 // answers 400 itself when there is no reason.
 func readReason(w http.ResponseWriter, r *http.Request) (string, bool) {
-	var body struct {
-		Reason string `json:"reason"`
-	}
+	body, ok := readAction(w, r)
+	return body.Reason, ok
+}
+
+// readAction reads an operator action's JSON body, and answers 400
+// itself when there is no reason or it is malformed.
+func readAction(w http.ResponseWriter, r *http.Request) (actionBody, bool) {
+	var body actionBody
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&body); err != nil || strings.TrimSpace(body.Reason) == "" {
-		writeError(w, http.StatusBadRequest, BadRequest, `a JSON body {"reason": "..."} with a non-empty reason is required`)
-		return "", false
+		writeError(w, http.StatusBadRequest, BadRequest, `a JSON body {"reason": "..."} with a non-empty reason is required (a resume's "paused_at", if given, an RFC 3339 time)`)
+		return actionBody{}, false
 	}
-	return body.Reason, true
+	return body, true
 }
 
 // Act replays or acknowledges a dead letter, or cancels a pending

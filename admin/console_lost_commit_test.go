@@ -53,6 +53,12 @@ func TestConsoleActionLostCommitReply(t *testing.T) {
 	if ok, err := b.st.PauseRail(b.ctx, b.pool, "sandbox", "alice", "rail down"); err != nil || !ok {
 		t.Fatalf("pause: %v %v", ok, err)
 	}
+	pauses, err := b.st.RailPauses(b.ctx, b.pool)
+	if err != nil || len(pauses) != 1 {
+		t.Fatalf("pauses: %+v %v", pauses, err)
+	}
+	// The resume form carries the pause it shows.
+	paused := strconv.FormatInt(pauses[0].PausedAt.UnixMicro(), 10)
 	proxy, base := proxiedServer(t, b)
 	op := consoleAs(t, base, operatorSecret)
 	failedAt := func(id uuid.UUID) string {
@@ -105,7 +111,7 @@ func TestConsoleActionLostCommitReply(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second)
 
-	code, page = consolePostRaw(t, op, "/console/rails/resume", url.Values{"rail": {"sandbox"}, "reason": {"rail back"}}, func() {
+	code, page = consolePostRaw(t, op, "/console/rails/resume", url.Values{"rail": {"sandbox"}, "reason": {"rail back"}, "paused": {paused}}, func() {
 		proxy.RefuseAfterCut(2 * time.Second)
 		proxy.CutReplyAfter([]byte("commit"))
 	})

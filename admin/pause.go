@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -41,6 +42,11 @@ type PauseResult struct {
 
 func (r *PauseResult) setCode(code string) { r.Code = code }
 
+// PauseChanged is the code (409) of a resume that named the pause it was
+// shown (its paused_at) when the rail's pause in force is another: someone
+// resumed that one and paused the rail again since. Nothing was done.
+const PauseChanged = "PAUSE_CHANGED"
+
 // QuietWait is how long a pause through the admin address waits for the
 // rail to go quiet before it answers (the CLI's `rails pause --wait` can
 // wait longer).
@@ -58,6 +64,21 @@ const (
 // action is refused with ErrUnknownAction, and nothing is done; on a
 // standby (read-only), every action with ErrReadOnlyStandby.
 func (s *Server) PauseRail(ctx context.Context, railType, operator, action, reason string) (PauseResult, error) {
+	return s.railAction(ctx, railType, nil, operator, action, reason)
+}
+
+// ResumeRailShown resumes railType as PauseRail does, but only from the
+// pause its operator was shown, made at pausedAt (store.RailPause's
+// PausedAt): when the rail's pause in force is another (someone resumed
+// that one and paused the rail again since), it returns
+// store.ErrPauseChanged (Error PauseChanged) and does nothing. Done is
+// false when the rail is not paused.
+func (s *Server) ResumeRailShown(ctx context.Context, railType string, pausedAt time.Time, operator, reason string) (PauseResult, error) {
+	return s.railAction(ctx, railType, &pausedAt, operator, ActionResume, reason)
+}
+
+// railAction is PauseRail, and with shown ResumeRailShown.
+func (s *Server) railAction(ctx context.Context, railType string, shown *time.Time, operator, action, reason string) (PauseResult, error) {
 	res := PauseResult{RailType: railType, Action: action, By: operator, Reason: reason}
 	if action == ActionPause || action == ActionResume {
 		if err := s.refuseOnStandby(ctx); err != nil {
@@ -67,13 +88,21 @@ func (s *Server) PauseRail(ctx context.Context, railType, operator, action, reas
 	var err error
 	switch action {
 	case ActionResume:
-		res.Done, err = s.store.ResumeRail(ctx, s.cfg.Pool, railType, operator, reason)
+		if shown != nil {
+			res.Done, err = s.store.ResumeRailShown(ctx, s.cfg.Pool, railType, *shown, operator, reason)
+		} else {
+			res.Done, err = s.store.ResumeRail(ctx, s.cfg.Pool, railType, operator, reason)
+		}
 	case ActionPause:
 		res.Done, err = s.store.PauseRail(ctx, s.cfg.Pool, railType, operator, reason)
 	default:
 		return res, fmt.Errorf("%w %q (want %s or %s)", ErrUnknownAction, action, ActionPause, ActionResume)
 	}
 	switch {
+	case errors.Is(err, store.ErrPauseChanged):
+		res.Error, res.Note = PauseChanged, "refused, nothing done: the rail's pause in force is not the one shown (someone resumed that one and paused the rail again since); read the pause in force before resuming it"
+		s.log.Warn("admin: resume refused: the pause changed since it was shown", "rail_type", railType, "by", operator)
+		return res, err
 	case errors.Is(err, store.ErrCommitUnknown):
 		res.Error, res.Note = CommitUnknown, "it may have been done: the database connection broke after it was sent and the database could not tell; read the pauses in force and their history before acting again (someone may have paused or resumed the rail since)"
 		return res, err
@@ -101,19 +130,28 @@ func (s *Server) PauseRail(ctx context.Context, railType, operator, action, reas
 }
 
 // pauseRail is POST /api/v1/rails/{rail}/pause and .../resume, with a JSON
-// body {"reason": "..."} (required); the rail "*" is every rail.
+// body {"reason": "..."} (required); the rail "*" is every rail. A resume's
+// body may name the pause it was shown, {"paused_at": "..."} (the
+// overview's paused_at): it then ends that pause only (ResumeRailShown);
+// without, whatever pause the rail has.
 func (s *Server) pauseRail(w http.ResponseWriter, r *http.Request, who Token) {
 	action := r.PathValue("action")
 	if action != ActionPause && action != ActionResume {
 		writeError(w, http.StatusNotFound, NotFound, "no such action: pause or resume")
 		return
 	}
-	reason, ok := readReason(w, r)
+	body, ok := readAction(w, r)
 	if !ok {
 		return
 	}
-	res, err := s.PauseRail(r.Context(), r.PathValue("rail"), who.Name, action, reason)
+	var shown *time.Time
+	if action == ActionResume {
+		shown = body.PausedAt
+	}
+	res, err := s.railAction(r.Context(), r.PathValue("rail"), shown, who.Name, action, body.Reason)
 	switch {
+	case errors.Is(err, store.ErrPauseChanged):
+		writeResult(w, http.StatusConflict, PauseChanged, &res)
 	case errors.Is(err, store.ErrOperatorAction), errors.Is(err, store.ErrRailType):
 		writeError(w, http.StatusBadRequest, BadRequest, err.Error())
 	case errors.Is(err, ErrReadOnlyStandby):
@@ -143,7 +181,15 @@ func (s *Server) pagePause(w http.ResponseWriter, r *http.Request, p *page) {
 		return
 	}
 	rail, reason := strings.TrimSpace(r.PostFormValue("rail")), strings.TrimSpace(r.PostFormValue("reason"))
+	// A resume is of the pause the form was shown with: not of one
+	// another operator made since.
+	paused, perr := strconv.ParseInt(r.PostFormValue("paused"), 10, 64)
+	shown := time.UnixMicro(paused)
 	switch {
+	case action == ActionResume && perr != nil:
+		p.Error = "The form does not say which pause it was shown with: reload the page."
+		s.pageRails(w, r, p)
+		return
 	case rail == "":
 		p.Error = "Name the rail (* for every rail)."
 		s.pageRails(w, r, p) // the form again, on the page that keeps it
@@ -153,7 +199,16 @@ func (s *Server) pagePause(w http.ResponseWriter, r *http.Request, p *page) {
 		s.pageRails(w, r, p)
 		return
 	default:
-		res, err := s.PauseRail(r.Context(), rail, p.Who.Name, action, reason)
+		var at *time.Time
+		if action == ActionResume {
+			at = &shown
+		}
+		res, err := s.railAction(r.Context(), rail, at, p.Who.Name, action, reason)
+		if errors.Is(err, store.ErrPauseChanged) {
+			p.Error = "The pause of " + rail + " changed since this page was shown: someone resumed the pause you saw and paused the rail again. Nothing was done; read the pause in force below before you resume it."
+			s.pageRails(w, r, p)
+			return
+		}
 		if errors.Is(err, ErrReadOnlyStandby) {
 			p.Error = standbyRefusal
 			s.pageRails(w, r, p)

@@ -3,6 +3,7 @@ package admin_test
 import (
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -82,7 +83,11 @@ func TestPauseRailThroughAPIAndConsole(t *testing.T) {
 	} else if resp.Body.Close(); resp.StatusCode != http.StatusForbidden {
 		t.Errorf("an auditor's rails page: %s, want 403", resp.Status)
 	}
-	page = operator.post(t, "/console/rails/resume", url.Values{"rail": {"sandbox"}, "reason": {"maintenance over"}})
+	shown := regexp.MustCompile(`name="paused" value="([0-9]+)"`).FindStringSubmatch(page)
+	if shown == nil {
+		t.Fatalf("the resume form does not carry the pause it shows:\n%s", page)
+	}
+	page = operator.post(t, "/console/rails/resume", url.Values{"rail": {"sandbox"}, "reason": {"maintenance over"}, "paused": {shown[1]}})
 	if !strings.Contains(page, "Resumed rail sandbox.") || strings.Contains(page, banner) {
 		t.Fatalf("after the console's resume (the overview read again):\n%s", page)
 	}

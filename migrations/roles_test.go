@@ -253,6 +253,7 @@ func TestUpgradeByTheOwnerKeepsProducersEnqueueing(t *testing.T) {
 		"upgraded.replay_dead_letter(uuid, text, text)":                  migrations.RoleOperator,
 		"upgraded.pause_rail(text, text, text)":                          migrations.RoleOperator,
 		"upgraded.resume_rail(text, text, text)":                         migrations.RoleOperator,
+		"upgraded.resume_rail_shown(text, timestamptz, text, text)":      migrations.RoleOperator,
 		"upgraded.cancel_pending(uuid, text, text)":                      migrations.RoleOperator,
 		"upgraded.acknowledge_dead_letter(uuid, text, text)":             migrations.RoleOperator,
 		"upgraded.take_checkpoint(timestamptz, interval, interval)":      migrations.RoleRelayer,
@@ -1468,6 +1469,7 @@ func TestRolesHoldExactlyTheirPrivileges(t *testing.T) {
 	want = append(want,
 		"outbox_operator acknowledge_dead_letter() EXECUTE", "outbox_operator cancel_pending() EXECUTE",
 		"outbox_operator pause_rail() EXECUTE", "outbox_operator replay_dead_letter() EXECUTE", "outbox_operator resume_rail() EXECUTE",
+		"outbox_operator resume_rail_shown() EXECUTE",
 
 		// Pending rows and sequence ids only through enqueue_pending(_batch)
 		// (migration 033).

@@ -78,7 +78,35 @@ func (s *Store) ResumeRail(ctx context.Context, db Querier, railType, operator, 
 	return s.pauseAction(ctx, db, "resume_rail", railType, operator, reason)
 }
 
-func (s *Store) pauseAction(ctx context.Context, db Querier, fn, railType, operator, reason string) (bool, error) {
+// ErrPauseChanged is returned by ResumeRailShown when the rail's pause in
+// force is not the one shown: someone resumed that one and paused the
+// rail again since. Nothing was done.
+var ErrPauseChanged = errors.New("the rail's pause changed since it was shown")
+
+// ResumeRailShown is ResumeRail for the pause of railType made at pausedAt
+// only ([RailPause].PausedAt, as its reader was shown it), through the
+// schema's resume_rail_shown function (migration 048). It reports false
+// if the rail is not paused, and returns ErrPauseChanged, nothing done,
+// if its pause in force is another: a resume from a stale view must not
+// end a pause made since, for a reason its resumer never saw.
+func (s *Store) ResumeRailShown(ctx context.Context, db Querier, railType string, pausedAt time.Time, operator, reason string) (bool, error) {
+	done, err := s.pauseAction(ctx, db, "resume_rail_shown", railType, operator, reason, pausedAt)
+	if err != nil || done {
+		return done, err
+	}
+	var paused bool
+	if err := db.QueryRow(ctx, s.Qualify(`SELECT EXISTS (SELECT 1 FROM {schema}.rail_pauses WHERE rail_type = $1)`), railType).Scan(&paused); err != nil {
+		return false, fmt.Errorf("resume rail %s: nothing done; is it paused: %w", railType, err)
+	}
+	if paused {
+		return false, fmt.Errorf("resume rail %s: %w (shown paused at %s)", railType, ErrPauseChanged, pausedAt.UTC().Format(time.RFC3339Nano))
+	}
+	return false, nil
+}
+
+// pauseAction runs fn (pause_rail, resume_rail; resume_rail_shown with
+// the pause's time in shown) for railType as operator.
+func (s *Store) pauseAction(ctx context.Context, db Querier, fn, railType, operator, reason string, shown ...time.Time) (bool, error) {
 	if strings.TrimSpace(railType) == "" {
 		return false, ErrRailType
 	}
@@ -87,10 +115,15 @@ func (s *Store) pauseAction(ctx context.Context, db Querier, fn, railType, opera
 	}
 	// A lost answer is settled (settledAction) by the record of pauses:
 	// this operator's event of this rail since the transaction began.
-	event := map[string]string{"pause_rail": "PAUSED", "resume_rail": "RESUMED"}[fn]
+	event := map[string]string{"pause_rail": "PAUSED", "resume_rail": "RESUMED", "resume_rail_shown": "RESUMED"}[fn]
 	done, err := s.settledAction(ctx, db, func(q Querier) (bool, error) {
 		var done bool
-		err := q.QueryRow(ctx, s.Qualify(`SELECT {schema}.`+fn+`($1, $2, $3)`), railType, operator, reason).Scan(&done)
+		var err error
+		if len(shown) > 0 {
+			err = q.QueryRow(ctx, s.Qualify(`SELECT {schema}.`+fn+`($1, $2, $3, $4)`), railType, shown[0], operator, reason).Scan(&done)
+		} else {
+			err = q.QueryRow(ctx, s.Qualify(`SELECT {schema}.`+fn+`($1, $2, $3)`), railType, operator, reason).Scan(&done)
+		}
 		return done, err
 	}, func(q Querier, sess actionSession) (bool, error) {
 		var mine bool
@@ -98,7 +131,7 @@ func (s *Store) pauseAction(ctx context.Context, db Querier, fn, railType, opera
 		return mine, err
 	})
 	if err != nil {
-		return false, fmt.Errorf("%s %s: %w", strings.ReplaceAll(fn, "_", " "), railType, err)
+		return false, fmt.Errorf("%s %s: %w", strings.ReplaceAll(strings.TrimSuffix(fn, "_shown"), "_", " "), railType, err)
 	}
 	return done, nil
 }

@@ -88,6 +88,9 @@ REVOKE ALL ON FUNCTION {{schema}}.take_checkpoint(timestamptz, interval, interva
 ALTER FUNCTION {{schema}}.pause_rail(text, text, text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION {{schema}}.resume_rail(text, text, text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 REVOKE ALL ON FUNCTION {{schema}}.pause_rail(text, text, text), {{schema}}.resume_rail(text, text, text) FROM PUBLIC;
+-- A resume of the pause shown (migration 048) stands as resume_rail.
+ALTER FUNCTION {{schema}}.resume_rail_shown(text, timestamptz, text, text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION {{schema}}.resume_rail_shown(text, timestamptz, text, text) FROM PUBLIC;
 -- Operators cancel a pending instruction (migration 020) as the owner,
 -- which archives who and why.
 ALTER FUNCTION {{schema}}.cancel_pending(uuid, text, text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
@@ -172,6 +175,7 @@ END $$;
 GRANT EXECUTE ON FUNCTION {{schema}}.replay_dead_letter(uuid, text, text), {{schema}}.acknowledge_dead_letter(uuid, text, text)
   TO outbox_operator;
 GRANT EXECUTE ON FUNCTION {{schema}}.pause_rail(text, text, text), {{schema}}.resume_rail(text, text, text) TO outbox_operator;
+GRANT EXECUTE ON FUNCTION {{schema}}.resume_rail_shown(text, timestamptz, text, text) TO outbox_operator;
 GRANT EXECUTE ON FUNCTION {{schema}}.cancel_pending(uuid, text, text) TO outbox_operator;
 
 -- The vacuum horizon (migration 018): relayers, auditors and operators see
