@@ -90,8 +90,8 @@ func (ss *sessions) create(who Token, now time.Time) (id string, s *session) {
 }
 
 // get returns the session id names if it has not ended at now, and
-// marks it used then; an ended one is forgotten.
-func (ss *sessions) get(id string, now time.Time) *session {
+// with use marks it used then; an ended one is forgotten.
+func (ss *sessions) get(id string, now time.Time, use bool) *session {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	s := ss.m[id]
@@ -102,7 +102,9 @@ func (ss *sessions) get(id string, now time.Time) *session {
 		delete(ss.m, id)
 		return nil
 	}
-	s.used = now
+	if use {
+		s.used = now
+	}
 	return s
 }
 
@@ -232,7 +234,9 @@ func (s *Server) console(need Role, form bool, h func(w http.ResponseWriter, r *
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var sess *session
 		if c, err := r.Cookie(sessionCookie); err == nil {
-			sess = s.sessions.get(c.Value, s.now())
+			// A page refreshing itself is not its user: it does not
+			// keep the session open (SessionIdleTimeout).
+			sess = s.sessions.get(c.Value, s.now(), r.URL.Query().Get(autoRefresh) == "")
 		}
 		if sess == nil {
 			if form {
@@ -286,8 +290,26 @@ func pageHeaders(w http.ResponseWriter) {
 // recorded under that token's name.
 var signinOrigin = http.NewCrossOriginProtection()
 
-// render writes a page with its template.
+// autoRefresh is the query parameter a page's own refresh adds to its
+// URL: the request is the page refreshing itself, not its user, and does
+// not keep the session from its idle timeout.
+const autoRefresh = "auto"
+
+// render writes a page with its template. A page that refreshes itself
+// does so to its RefreshURL (itself by default) marked autoRefresh.
 func (s *Server) render(w http.ResponseWriter, r *http.Request, name string, p *page) {
+	if p.Refresh > 0 {
+		to := p.RefreshURL
+		if to == "" {
+			to = r.URL.RequestURI()
+		}
+		if u, err := url.Parse(to); err == nil {
+			q := u.Query()
+			q.Set(autoRefresh, "1")
+			u.RawQuery = q.Encode()
+			p.RefreshURL = u.RequestURI()
+		}
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	if err := consoleTemplates.ExecuteTemplate(w, name, p); err != nil {
 		s.log.Error("admin: console template", "page", name, "path", r.URL.Path, "err", err)

@@ -91,7 +91,7 @@ func TestPauseRailThroughAPIAndConsole(t *testing.T) {
 	if !strings.Contains(page, "Resumed rail sandbox.") || strings.Contains(page, banner) {
 		t.Fatalf("after the console's resume (the overview read again):\n%s", page)
 	}
-	if !strings.Contains(page, `content="5; url=/console/"`) {
+	if !strings.Contains(page, `content="5; url=/console/?auto=1"`) {
 		t.Fatalf("the page that answers the form refreshes to itself:\n%s", page)
 	}
 	page = operator.post(t, "/console/rails/pause", url.Values{"rail": {"*"}, "reason": {""}})

@@ -1,6 +1,8 @@
 package admin_test
 
 import (
+	"html"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -43,5 +45,30 @@ func TestIdleSessionEnds(t *testing.T) {
 	clock.Advance(step)
 	if signedIn(used) {
 		t.Error("a session in use outlived its 12 h")
+	}
+}
+
+// TestAutoRefreshIsNotUse: the overview refreshes itself every 5 s, as a
+// watched participant's page does; those refreshes are not use, so that
+// a console left open on them, unattended, still ends after
+// SessionIdleTimeout. Counted as use, the idle timeout never came for
+// the page a console is most often left on.
+func TestAutoRefreshIsNotUse(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	clock := admin.UseClock(b.srv)
+	c := consoleAs(t, b.url, operatorSecret)
+	page := c.get(t, "/console/")
+	m := regexp.MustCompile(`http-equiv="refresh" content="5; url=([^"]+)"`).FindStringSubmatch(page)
+	if m == nil {
+		t.Fatalf("the overview does not say where it refreshes to:\n%s", page)
+	}
+	refresh := html.UnescapeString(m[1])
+	for elapsed := time.Duration(0); elapsed < admin.SessionIdleTimeout; elapsed += 5 * time.Minute {
+		clock.Advance(5 * time.Minute)
+		c.get(t, refresh)
+	}
+	if strings.Contains(c.get(t, "/console/participant"), "Sign out") {
+		t.Errorf("a console left on its overview (refreshing to %s) for %s is still signed in", refresh, admin.SessionIdleTimeout)
 	}
 }

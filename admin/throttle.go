@@ -71,7 +71,7 @@ func (g *guesses) len() int {
 	return len(g.m)
 }
 
-// current returns remote's source's entry in its window (nil: none),
+// current returns src's entry in its window (nil: none),
 // forgetting one whose window has ended. g.mu is held.
 func (g *guesses) current(src netip.Addr, now time.Time) *guessSource {
 	e := g.m[src]
@@ -83,13 +83,14 @@ func (g *guesses) current(src netip.Addr, now time.Time) *guessSource {
 }
 
 // throttled says whether remote's source has used up its failures in
-// its window; retryAfter is then how long until the window ends, and
-// log says this is the first request refused for it in the window.
+// its window; retryAfter is then how long until the window ends.
 func (g *guesses) throttled(remote string, now time.Time) (retryAfter time.Duration, throttled bool) {
 	retryAfter, throttled, _ = g.check(remote, now)
 	return retryAfter, throttled
 }
 
+// check is throttled, and log says this is the first request refused for
+// the source in its window (the throttle is logged once per window).
 func (g *guesses) check(remote string, now time.Time) (retryAfter time.Duration, throttled, log bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
