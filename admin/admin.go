@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 	"sync"
@@ -102,6 +103,14 @@ type Config struct {
 	// holds a connection of Pool while it reads, and Pool may be a
 	// relayer's, whose claims and outcome writes need the others.
 	MaxConcurrentRequests int
+	// TrustedProxies are the addresses of proxies in front of the admin
+	// address whose X-Forwarded-For is believed: a request from one of
+	// them counts its failed authentications (AuthFailureLimit) against
+	// the client the proxy names, the rightmost address of the header
+	// not itself in TrustedProxies. Nil: none; every request counts
+	// against the address it came from (behind a proxy, the proxy's),
+	// as anyone can send the header.
+	TrustedProxies []netip.Prefix
 	// Logger receives refused requests and operator actions (nil: none).
 	Logger *slog.Logger
 }
@@ -171,6 +180,11 @@ func New(cfg Config) (*Server, error) {
 		u, err := url.Parse(cfg.PrimaryConsole)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return nil, fmt.Errorf("%w: the primary's console %q is not an absolute http or https URL", ErrInvalidConfig, cfg.PrimaryConsole)
+		}
+	}
+	for _, p := range cfg.TrustedProxies {
+		if !p.IsValid() {
+			return nil, fmt.Errorf("%w: TrustedProxies holds an invalid prefix", ErrInvalidConfig)
 		}
 	}
 	if cfg.MaxConcurrentRequests < 0 {

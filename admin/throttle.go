@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -38,24 +39,32 @@ type guessSource struct {
 
 // guesses counts failed authentications per source (sourceOf): the
 // client's address as this process sees it (behind a proxy, the
-// proxy's; X-Forwarded-For is not read, as anyone can send it).
+// proxy's; X-Forwarded-For is read only from Config.TrustedProxies, as
+// anyone can send it).
 type guesses struct {
 	mu sync.Mutex
 	m  map[netip.Addr]*guessSource
 }
 
-// sourceOf is the source a remote address counts under: its IP, an
-// IPv6 address's /64 (one host commonly has a whole /64 to pick from).
-func sourceOf(remote string) netip.Addr {
+// sourceAddr is the IP of an address with or without its port (the
+// zero Addr when it cannot be read).
+func sourceAddr(remote string) netip.Addr {
 	host, _, err := net.SplitHostPort(remote)
 	if err != nil {
 		host = remote
 	}
 	a, err := netip.ParseAddr(host)
 	if err != nil {
-		return netip.Addr{} // one source for whatever cannot be read
+		return netip.Addr{}
 	}
-	a = a.Unmap()
+	return a.Unmap()
+}
+
+// sourceOf is the source an address counts under: its IP, an IPv6
+// address's /64 (one host commonly has a whole /64 to pick from); one
+// source for whatever cannot be read.
+func sourceOf(remote string) netip.Addr {
+	a := sourceAddr(remote)
 	if a.Is6() {
 		if p, err := a.Prefix(64); err == nil {
 			return p.Addr()
@@ -140,16 +149,56 @@ func (g *guesses) evict(now time.Time) {
 	}
 }
 
+// clientOf is the address r's failed authentications count against: the
+// address it came from, or, from one of Config.TrustedProxies, the
+// rightmost address of its X-Forwarded-For that is not itself a trusted
+// proxy (the one the proxy nearest this process appended; those to its
+// left the client may have written). An entry that cannot be read ends
+// the walk at the last address read.
+func (s *Server) clientOf(r *http.Request) string {
+	if len(s.cfg.TrustedProxies) == 0 {
+		return r.RemoteAddr
+	}
+	client := r.RemoteAddr
+	peer := sourceAddr(r.RemoteAddr)
+	if !s.trusted(peer) {
+		return client
+	}
+	hops := strings.Split(strings.Join(r.Header.Values("X-Forwarded-For"), ","), ",")
+	for i := len(hops) - 1; i >= 0; i-- {
+		a, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
+		if err != nil {
+			break
+		}
+		client = a.String()
+		if !s.trusted(a.Unmap()) {
+			break
+		}
+	}
+	return client
+}
+
+// trusted says whether a is one of Config.TrustedProxies.
+func (s *Server) trusted(a netip.Addr) bool {
+	for _, p := range s.cfg.TrustedProxies {
+		if a.IsValid() && p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
 // refuseThrottled answers r 429 when its source has used up its failed
 // authentications (guesses), before its secret is checked, and logs the
 // throttle once per source and window; ok false, r was answered.
 func (s *Server) refuseThrottled(w http.ResponseWriter, r *http.Request) (ok bool) {
-	retry, throttled, log := s.guesses.check(r.RemoteAddr, s.now())
+	client := s.clientOf(r)
+	retry, throttled, log := s.guesses.check(client, s.now())
 	if !throttled {
 		return true
 	}
 	if log {
-		s.log.Warn("admin: source throttled: too many failed authentications", "remote", r.RemoteAddr,
+		s.log.Warn("admin: source throttled: too many failed authentications", "remote", r.RemoteAddr, "client", client,
 			"failures", AuthFailureLimit, "window", AuthFailureWindow, "until", s.now().Add(retry).UTC())
 	}
 	w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(max(retry.Seconds(), 1)))))
@@ -161,4 +210,4 @@ func (s *Server) refuseThrottled(w http.ResponseWriter, r *http.Request) (ok boo
 const tooManyGuesses = "too many failed authentications from this address: its secrets are not checked until Retry-After"
 
 // failedAuth counts a failed authentication of r's source.
-func (s *Server) failedAuth(r *http.Request) { s.guesses.fail(r.RemoteAddr, s.now()) }
+func (s *Server) failedAuth(r *http.Request) { s.guesses.fail(s.clientOf(r), s.now()) }

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,7 +18,7 @@ import (
 
 // throttleServer serves an admin address whose database is never reached
 // (sign-ins and refusals need none), on a test clock, logging to logs.
-func throttleServer(t *testing.T) (base string, srv *admin.Server, clock *admin.Clock, logs func() string) {
+func throttleServer(t *testing.T, cfg admin.Config) (base string, srv *admin.Server, clock *admin.Clock, logs func() string) {
 	t.Helper()
 	pool, err := pgxpool.New(t.Context(), "postgres://nobody@127.0.0.1:1/nowhere") // connects lazily: never here
 	if err != nil {
@@ -30,7 +31,8 @@ func throttleServer(t *testing.T) (base string, srv *admin.Server, clock *admin.
 	}
 	var buf bytes.Buffer
 	var mu sync.Mutex
-	srv, err = admin.New(admin.Config{Pool: pool, Tokens: toks, Logger: slog.New(slog.NewTextHandler(lockedWriter{&buf, &mu}, nil))})
+	cfg.Pool, cfg.Tokens, cfg.Logger = pool, toks, slog.New(slog.NewTextHandler(lockedWriter{&buf, &mu}, nil))
+	srv, err = admin.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +74,7 @@ func bearer(t *testing.T, base, path, secret string) *http.Response {
 // address answered, each only logged.
 func TestGuessesAreThrottled(t *testing.T) {
 	t.Parallel()
-	base, _, clock, logs := throttleServer(t)
+	base, _, clock, logs := throttleServer(t, admin.Config{})
 	for range admin.AuthFailureLimit + 1 {
 		if resp := signin(t, base, auditorSecret, nil); resp.StatusCode != http.StatusSeeOther {
 			t.Fatalf("a right sign-in: %s", resp.Status)
@@ -120,5 +122,38 @@ func TestGuessesAreThrottled(t *testing.T) {
 	clock.Advance(admin.AuthFailureWindow)
 	if resp := signin(t, base, operatorSecret, nil); resp.StatusCode != http.StatusSeeOther {
 		t.Errorf("a right sign-in once the window is over: %s", resp.Status)
+	}
+}
+
+// TestForwardedForOnlyFromTrustedProxies: X-Forwarded-For names the
+// client only when the request comes from an address of
+// Config.TrustedProxies, and then the address the proxy appended (the
+// rightmost not itself a trusted proxy), not one the client wrote: a
+// guesser naming a new address per guess is throttled all the same, and
+// behind a trusted proxy one client's guesses do not throttle the others.
+func TestForwardedForOnlyFromTrustedProxies(t *testing.T) {
+	t.Parallel()
+	guess := func(base, xff string) int {
+		return signin(t, base, "wrong-secret-0123456789", map[string]string{"X-Forwarded-For": xff}).StatusCode
+	}
+	direct, _, _, _ := throttleServer(t, admin.Config{})
+	for i := range admin.AuthFailureLimit {
+		guess(direct, "198.51.100."+strconv.Itoa(i))
+	}
+	if code := guess(direct, "198.51.100.200"); code != http.StatusTooManyRequests {
+		t.Errorf("guesses naming a new X-Forwarded-For each, not from a trusted proxy: %d, want 429", code)
+	}
+
+	proxied, _, _, _ := throttleServer(t, admin.Config{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+	for i := range admin.AuthFailureLimit {
+		// What the client wrote comes first; the proxy appends the
+		// address it saw.
+		guess(proxied, "198.51.100."+strconv.Itoa(i)+", 203.0.113.7")
+	}
+	if code := guess(proxied, "198.51.100.200, 203.0.113.7"); code != http.StatusTooManyRequests {
+		t.Errorf("a client's guesses through a trusted proxy: %d, want 429", code)
+	}
+	if resp := signin(t, proxied, auditorSecret, map[string]string{"X-Forwarded-For": "203.0.113.8"}); resp.StatusCode != http.StatusSeeOther {
+		t.Errorf("another client of the same trusted proxy: %s, want a sign-in", resp.Status)
 	}
 }

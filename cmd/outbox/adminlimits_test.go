@@ -6,7 +6,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -118,6 +120,42 @@ func TestAdminMaxRequestsFlag(t *testing.T) {
 		requireExit(t, r, 2)
 		if !strings.Contains(r.stderr, "--admin-max-requests -1 must not be negative") {
 			t.Errorf("%s: stderr does not name the flag: %s", cmd, r.stderr)
+		}
+	}
+}
+
+// TestAdminTrustedProxiesFlag: --admin-trusted-proxies (or
+// OUTBOX_ADMIN_TRUSTED_PROXIES) names the proxies whose X-Forwarded-For
+// the admin address believes, as prefixes or single addresses; one that
+// is neither is refused as a usage error naming the flag (exit 2).
+func TestAdminTrustedProxiesFlag(t *testing.T) {
+	t.Parallel()
+	rf, err := parseRelayFlags(nil, []string{"--admin-trusted-proxies", "10.0.0.0/8, 192.0.2.1,2001:db8::/32"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := rf.trustedProxies()
+	want := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.0.2.1/32"), netip.MustParsePrefix("2001:db8::/32")}
+	if err != nil || !slices.Equal(got, want) {
+		t.Errorf("trusted proxies %v (%v), want %v", got, err, want)
+	}
+	if rf, err = parseRelayFlags(nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := rf.trustedProxies(); err != nil || got != nil {
+		t.Errorf("the default: %v %v, want none", got, err)
+	}
+	if rf, err = parseRelayFlags(nil, []string{"--admin-trusted-proxies", "10.0.0.0/8,proxy.internal"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rf.trustedProxies(); !errors.Is(err, errUsage) || !errors.Is(err, errTrustedProxies) {
+		t.Errorf("a host name: %v, want errUsage and errTrustedProxies", err)
+	}
+	for _, cmd := range []string{"relay", "demo"} {
+		r := invokeCLI(t, nil, "", cmd, "--database-url", deadDatabaseURL, "--admin-trusted-proxies", "proxy.internal")
+		requireExit(t, r, 2)
+		if !strings.Contains(r.stderr, "--admin-trusted-proxies") || !strings.Contains(r.stderr, "proxy.internal") {
+			t.Errorf("%s: stderr does not name the flag and the entry: %s", cmd, r.stderr)
 		}
 	}
 }

@@ -228,8 +228,12 @@ func (d *demo) console(ctx context.Context, pool *pgxpool.Pool, schema string, r
 		}
 		tokens = []admin.Token{tok}
 	}
+	trusted, err := rf.trustedProxies()
+	if err != nil {
+		return nil, err
+	}
 	adm, err := admin.New(admin.Config{Pool: pool, Schema: schema, Tokens: tokens, Rails: set, Relayer: svc.Relayer(),
-		DegradedAfter: rf.degradedAfter, HorizonDegradedAfter: rf.horizonAfter, MaxConcurrentRequests: rf.adminMaxRequests, Logger: log})
+		DegradedAfter: rf.degradedAfter, HorizonDegradedAfter: rf.horizonAfter, MaxConcurrentRequests: rf.adminMaxRequests, TrustedProxies: trusted, Logger: log})
 	if err != nil {
 		return nil, err
 	}

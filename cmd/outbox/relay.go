@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -67,6 +68,9 @@ type relayFlags struct {
 	// adminMaxRequests is admin.Config.MaxConcurrentRequests (0: its
 	// default).
 	adminMaxRequests int
+	// adminTrusted is --admin-trusted-proxies as given (trustedProxies
+	// reads it).
+	adminTrusted string
 }
 
 // register registers every flag of `outbox relay`.
@@ -113,6 +117,7 @@ func (f *relayFlags) registerShared(fs *flag.FlagSet) {
 	fs.StringVar(&f.adminTokensFile, "admin-tokens-file", "", "file of API credentials, one per line: ROLE NAME SECRET (role auditor or operator); without tokens the API is off")
 	fs.BoolVar(&f.adminTokensReadable, "admin-tokens-allow-world-readable", false, "accept an --admin-tokens-file that other users of the machine can read (or its group write)")
 	fs.StringVar(&f.adminTokensEnv, "admin-tokens-env", "", "name of an environment variable holding API credentials in the same format (lines or ';'-separated)")
+	fs.StringVar(&f.adminTrusted, "admin-trusted-proxies", "", "comma-separated addresses or prefixes of proxies in front of the admin address whose X-Forwarded-For names the client wrong secrets are counted against (docs/operations.md, \"Guesses are throttled\"); empty: none, every request counts against the address it came from")
 	fs.IntVar(&f.adminMaxRequests, "admin-max-requests", 0, fmt.Sprintf("API and console requests the admin address serves at once, each holding one of its database connections; more wait up to %s, then get 503 BUSY (0: %d; outbox relay's admin pool gets one connection more than this, at least %d)", admin.BusyWait, admin.DefaultMaxConcurrentRequests, adminConns))
 	fs.DurationVar(&f.degradedAfter, "degraded-after", admin.DefaultDegradedAfter, "/readyz says degraded once the oldest due instruction has waited this long")
 	fs.DurationVar(&f.horizonAfter, "horizon-degraded-after", admin.DefaultHorizonDegradedAfter, "/readyz says degraded once a transaction has held back vacuum this long (docs/operations.md)")
@@ -188,14 +193,43 @@ const adminConns = 4
 // errNegativeAdminRequests marks a negative --admin-max-requests.
 var errNegativeAdminRequests = errors.New("must not be negative")
 
-// checkAdmin refuses a negative --admin-max-requests as a usage error: 0
+// checkAdmin refuses a negative --admin-max-requests as a usage error (0
 // is the default, and taking it for a flipped sign would hide the
-// mistake (admin.New refuses it too, less plainly).
+// mistake; admin.New refuses it too, less plainly), and an
+// --admin-trusted-proxies it cannot read.
 func (f *relayFlags) checkAdmin() error {
 	if f.adminMaxRequests < 0 {
 		return fmt.Errorf("%w: --admin-max-requests %d %w (0: the default, %d)", errUsage, f.adminMaxRequests, errNegativeAdminRequests, admin.DefaultMaxConcurrentRequests)
 	}
-	return nil
+	_, err := f.trustedProxies()
+	return err
+}
+
+// errTrustedProxies marks an --admin-trusted-proxies entry that is
+// neither an address nor a prefix.
+var errTrustedProxies = errors.New("is neither an IP address nor a prefix (e.g. 10.0.0.0/8)")
+
+// trustedProxies reads --admin-trusted-proxies: comma-separated prefixes
+// or single addresses (nil: none). An entry it cannot read is a usage
+// error naming it: a host name would trust nothing, and the proxy's
+// clients would be throttled together without a word.
+func (f *relayFlags) trustedProxies() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, e := range strings.Split(f.adminTrusted, ",") {
+		if e = strings.TrimSpace(e); e == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(e)
+		if err != nil {
+			a, aerr := netip.ParseAddr(e)
+			if aerr != nil {
+				return nil, fmt.Errorf("%w: --admin-trusted-proxies: %q %w", errUsage, e, errTrustedProxies)
+			}
+			p = netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen())
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 // adminPoolConns is the size of the admin address's pool: adminConns, or
@@ -318,9 +352,13 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 			defer closeAudit()
 			auditPool = p
 		}
+		trusted, err := rf.trustedProxies()
+		if err != nil {
+			return err
+		}
 		adm, err := admin.New(admin.Config{Pool: admPool, AuditPool: auditPool, Schema: db.schema, Tokens: tokens, Rails: built.Set,
 			Relayer: svc.Relayer(), DegradedAfter: rf.degradedAfter, HorizonDegradedAfter: rf.horizonAfter,
-			SecureCookie: rf.adminCookieSecure, PrimaryConsole: rf.adminPrimary, MaxConcurrentRequests: rf.adminMaxRequests, Logger: log})
+			SecureCookie: rf.adminCookieSecure, PrimaryConsole: rf.adminPrimary, MaxConcurrentRequests: rf.adminMaxRequests, TrustedProxies: trusted, Logger: log})
 		if err != nil {
 			return fmt.Errorf("%w: %v", errUsage, err)
 		}
