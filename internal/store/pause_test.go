@@ -263,3 +263,47 @@ func TestTwoOperatorsPauseAndResumeAtOnce(t *testing.T) {
 		t.Fatalf("pauses in force: %+v, %v (want none)", pauses, err)
 	}
 }
+
+// TestResumeRailShown: a resume of the pause shown ends that pause only:
+// after someone resumed it and paused the rail again, it returns
+// ErrPauseChanged and the new pause stays, with no RESUMED event; with
+// the rail not paused it reports false; the function refuses a resume
+// without a reason, as resume_rail does.
+func TestResumeRailShown(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	pausedAt := func() time.Time {
+		t.Helper()
+		pauses, err := b.st.RailPauses(b.ctx, b.pool)
+		if err != nil || len(pauses) != 1 {
+			t.Fatalf("pauses: %+v %v", pauses, err)
+		}
+		return pauses[0].PausedAt
+	}
+	b.pause(t, "sandbox")
+	first := pausedAt()
+	b.resume(t, "sandbox")
+	time.Sleep(2 * time.Millisecond) // paused_at is the transaction's start, in microseconds
+	b.pause(t, "sandbox")
+	second := pausedAt()
+	if ok, err := b.st.ResumeRailShown(b.ctx, b.pool, "sandbox", first, "pia", "from a stale view"); ok || !errors.Is(err, store.ErrPauseChanged) {
+		t.Errorf("a resume of the first pause while the second is in force: %v, %v; want ErrPauseChanged", ok, err)
+	}
+	if got := pausedAt(); !got.Equal(second) {
+		t.Fatalf("the pause in force after a refused resume: %v, want %v", got, second)
+	}
+	var stale int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.rail_pause_events WHERE operator = 'pia'`).Scan(&stale); err != nil || stale != 0 {
+		t.Fatalf("%d events of the refused resume (%v)", stale, err)
+	}
+	var pgErr *pgconn.PgError
+	if _, err := b.pool.Exec(b.ctx, `SELECT outbox.resume_rail_shown('sandbox', $1, 'pia', NULL)`, second); !errors.As(err, &pgErr) || pgErr.Code != "22023" {
+		t.Errorf("resume_rail_shown without a reason: %v, want refused (22023)", err)
+	}
+	if ok, err := b.st.ResumeRailShown(b.ctx, b.pool, "sandbox", second, "pia", "maintenance over"); !ok || err != nil {
+		t.Fatalf("a resume of the pause in force: %v, %v", ok, err)
+	}
+	if ok, err := b.st.ResumeRailShown(b.ctx, b.pool, "sandbox", second, "pia", "again"); ok || err != nil {
+		t.Errorf("a resume of a rail not paused: %v, %v; want false, nil", ok, err)
+	}
+}
