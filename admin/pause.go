@@ -32,7 +32,8 @@ type PauseResult struct {
 	Held             int64 `json:"held"`
 	// Error is CommitUnknown or NotDone when the database connection
 	// broke during the action (Note says what to do), as for
-	// [ActionResult].
+	// [ActionResult]; PauseChanged when a resume of the pause shown
+	// (ResumeRailShown) found another in force.
 	Error string `json:"error,omitempty"`
 	Note  string `json:"note,omitempty"`
 	// Code is the API's code of an answer other than 200, as for
