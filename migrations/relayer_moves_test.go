@@ -16,12 +16,12 @@ import (
 	"github.com/ledgerline/outbox/pending"
 )
 
-// rolesBefore048 is the roles script as the builds before migration 048
+// rolesBefore047 is the roles script as the builds before migration 047
 // had it: without resume_rail_shown's lines.
-func rolesBefore048(sql string) string {
+func rolesBefore047(sql string) string {
 	var lines []string
 	for _, line := range strings.Split(sql, "\n") {
-		if !strings.Contains(line, "resume_rail_shown") && !strings.Contains(line, "migration 048") {
+		if !strings.Contains(line, "resume_rail_shown") && !strings.Contains(line, "migration 047") {
 			lines = append(lines, line)
 		}
 	}
@@ -32,7 +32,7 @@ func rolesBefore048(sql string) string {
 // had it: relayers may update every column of pending and inflight, and
 // insert any row into them and into dead_letters.
 func rolesBefore042(sql string) string {
-	sql = rolesBefore048(sql)
+	sql = rolesBefore047(sql)
 	sql = regexp.MustCompile(`(?s)DROP POLICY IF EXISTS outbox_relayer_from_inflight.*?\n-- Who may act`).ReplaceAllString(sql, "-- Who may act")
 	var lines []string
 	for _, line := range strings.Split(sql, "\n") {

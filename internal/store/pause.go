@@ -85,7 +85,7 @@ var ErrPauseChanged = errors.New("the rail's pause changed since it was shown")
 
 // ResumeRailShown is ResumeRail for the pause of railType made at pausedAt
 // only ([RailPause].PausedAt, as its reader was shown it), through the
-// schema's resume_rail_shown function (migration 048). It reports false
+// schema's resume_rail_shown function (migration 047). It reports false
 // if the rail is not paused, and returns ErrPauseChanged, nothing done,
 // if its pause in force is another: a resume from a stale view must not
 // end a pause made since, for a reason its resumer never saw.

@@ -88,7 +88,7 @@ REVOKE ALL ON FUNCTION {{schema}}.take_checkpoint(timestamptz, interval, interva
 ALTER FUNCTION {{schema}}.pause_rail(text, text, text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 ALTER FUNCTION {{schema}}.resume_rail(text, text, text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 REVOKE ALL ON FUNCTION {{schema}}.pause_rail(text, text, text), {{schema}}.resume_rail(text, text, text) FROM PUBLIC;
--- A resume of the pause shown (migration 048) stands as resume_rail.
+-- A resume of the pause shown (migration 047) stands as resume_rail.
 ALTER FUNCTION {{schema}}.resume_rail_shown(text, timestamptz, text, text) SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
 REVOKE ALL ON FUNCTION {{schema}}.resume_rail_shown(text, timestamptz, text, text) FROM PUBLIC;
 -- Operators cancel a pending instruction (migration 020) as the owner,
