@@ -17,3 +17,14 @@ func PayloadHashOf(p *Producer, in Instruction) ([]byte, error) {
 	pr, err := p.prepare(in)
 	return pr.hash, err
 }
+
+// SetMaxBatchPayloadBytes lowers p's MaxBatchPayloadBytes, for tests of
+// the limit that need not send 64 MiB.
+func SetMaxBatchPayloadBytes(p *Producer, n int) { p.maxBatchPayload = n }
+
+// StoredSizeOf is the size of in's payload as stored, which the payload
+// limits count.
+func StoredSizeOf(p *Producer, in Instruction) (int, error) {
+	pr, err := p.prepare(in)
+	return pr.size, err
+}

@@ -221,6 +221,37 @@ func (e *RetiredError) Error() string {
 // Unwrap makes errors.Is(err, ErrKeyRetired) work.
 func (e *RetiredError) Unwrap() error { return ErrKeyRetired }
 
+// ErrBatchTooLarge is returned by [Producer.EnqueueBatch] for a batch of
+// more than [MaxBatchSize] instructions or more than
+// [MaxBatchPayloadBytes] of payload (a [*BatchTooLargeError] says which),
+// before anything is sent: nothing is written and the caller's
+// transaction is untouched. Split the batch (each part in the same
+// transaction, or each in its own) and enqueue the parts.
+var ErrBatchTooLarge = errors.New("enqueue batch is too large")
+
+// BatchTooLargeError details an [ErrBatchTooLarge].
+type BatchTooLargeError struct {
+	// Instructions is the batch's length.
+	Instructions int
+	// PayloadBytes is the size of the batch's payloads as stored (as
+	// [Config].MaxPayloadBytes counts them), up to the line that went past
+	// the limit; 0 when the batch was refused for its length alone.
+	PayloadBytes int
+	// MaxInstructions and MaxPayloadBytes are the limits it went past.
+	MaxInstructions, MaxPayloadBytes int
+}
+
+func (e *BatchTooLargeError) Error() string {
+	if e.PayloadBytes == 0 {
+		return fmt.Sprintf("%v: %d instructions, at most %d go in one batch: split it", ErrBatchTooLarge, e.Instructions, e.MaxInstructions)
+	}
+	return fmt.Sprintf("%v: its payloads take more than %d bytes as stored (%d by the line that went past), at most %d go in one batch: split it",
+		ErrBatchTooLarge, e.MaxPayloadBytes, e.PayloadBytes, e.MaxPayloadBytes)
+}
+
+// Unwrap makes errors.Is(err, ErrBatchTooLarge) work.
+func (e *BatchTooLargeError) Unwrap() error { return ErrBatchTooLarge }
+
 // BatchError says which instruction of a batch failed; nothing of the batch
 // was written.
 type BatchError struct {
@@ -258,6 +289,7 @@ type prepared struct {
 	in       Instruction
 	outboxID uuid.UUID
 	payload  []byte
+	size     int // the payload's size as stored (see prepare)
 	hash     []byte
 	// asGivenHash is the hash over the payload with its numbers as given,
 	// as builds before the numbers were hashed as stored computed it; nil

@@ -57,15 +57,40 @@ type Config struct {
 	Rails payment.Catalog
 	// MaxPayloadBytes limits the encoded payload as PostgreSQL writes the
 	// stored jsonb back (metadata numbers written out in full, a space
-	// after every ',' and ':'); 0 means 64 KiB, negative is refused.
+	// after every ',' and ':'); 0 means 64 KiB; negative, or more than
+	// [MaxBatchPayloadBytes], is refused.
 	MaxPayloadBytes int
 }
+
+// MaxBatchSize is the most instructions one [Producer.EnqueueBatch] takes;
+// a longer batch is refused with [ErrBatchTooLarge] before anything is
+// sent. A batch is one transaction's statements, and its keys and
+// participants' sequence rows stay locked until that transaction ends,
+// holding up every other producer of the same participants: ten thousand
+// instructions is a payroll file's batch, written in well under a second,
+// and longer ones are better written in parts.
+const MaxBatchSize = 10_000
+
+// MaxBatchPayloadBytes is the most payload one [Producer.EnqueueBatch]
+// takes, its instructions' payloads counted as [Config].MaxPayloadBytes
+// counts each (as stored); a batch over it is refused with
+// [ErrBatchTooLarge] before anything is sent. The payloads travel as one
+// array parameter of one statement, which PostgreSQL holds in its
+// memory, and converts to jsonb, all at once: a message or an array past
+// 1 GB is refused, the message by closing the connection (and with it
+// the caller's transaction), and long before that one batch's statement
+// takes the server's memory from everyone else's. It is also the largest
+// MaxPayloadBytes a [Config] may set, so that every instruction fits a
+// batch.
+const MaxBatchPayloadBytes = 64 << 20
 
 // Producer enqueues instructions. It is safe for concurrent use.
 type Producer struct {
 	rails      payment.Catalog
 	maxPayload int
-	store      *store.Store
+	// maxBatchPayload is MaxBatchPayloadBytes (lowered by tests).
+	maxBatchPayload int
+	store           *store.Store
 	// schemaOK is set once a database answered with a schema version the
 	// enqueue statements are right for; until then each enqueue asks.
 	schemaOK atomic.Bool
@@ -73,7 +98,8 @@ type Producer struct {
 
 // NewProducer validates cfg and returns a Producer. A Config it refuses
 // (an invalid schema, an empty catalog or a rail without a profile, a
-// negative MaxPayloadBytes) is an error wrapping [ErrInvalidConfig].
+// negative MaxPayloadBytes or one past [MaxBatchPayloadBytes]) is an
+// error wrapping [ErrInvalidConfig].
 func NewProducer(cfg Config) (*Producer, error) {
 	st, err := store.New(cfg.Schema)
 	if err != nil {
@@ -102,8 +128,11 @@ func NewProducer(cfg Config) (*Producer, error) {
 		cfg.MaxPayloadBytes = payment.DefaultMaxPayloadBytes
 	case cfg.MaxPayloadBytes < 0:
 		return nil, fmt.Errorf("%w: MaxPayloadBytes %d is negative (0 means the default)", ErrInvalidConfig, cfg.MaxPayloadBytes)
+	case cfg.MaxPayloadBytes > MaxBatchPayloadBytes:
+		// An instruction at the limit could not be enqueued even alone.
+		return nil, fmt.Errorf("%w: MaxPayloadBytes %d is past MaxBatchPayloadBytes, %d, the most one enqueue sends", ErrInvalidConfig, cfg.MaxPayloadBytes, MaxBatchPayloadBytes)
 	}
-	return &Producer{rails: cfg.Rails, maxPayload: cfg.MaxPayloadBytes, store: st}, nil
+	return &Producer{rails: cfg.Rails, maxPayload: cfg.MaxPayloadBytes, maxBatchPayload: MaxBatchPayloadBytes, store: st}, nil
 }
 
 var defaultProducer, _ = NewProducer(Config{})
@@ -167,18 +196,29 @@ func (p *Producer) Enqueue(ctx context.Context, tx DBTX, in Instruction) (Receip
 // with no OutboxID); so are lines of one instruction id (and tenant) under
 // different keys: the first gives it its key, and the first later line
 // with another key is refused. Lines that disagree so are refused before
-// anything is sent.
+// anything is sent. So is a batch of more than [MaxBatchSize]
+// instructions or [MaxBatchPayloadBytes] of payload: [ErrBatchTooLarge],
+// nothing written, tx untouched.
 func (p *Producer) EnqueueBatch(ctx context.Context, tx DBTX, ins []Instruction) ([]Receipt, error) {
 	if len(ins) == 0 {
 		return nil, nil
 	}
+	if len(ins) > MaxBatchSize {
+		return nil, &BatchTooLargeError{Instructions: len(ins), MaxInstructions: MaxBatchSize, MaxPayloadBytes: p.maxBatchPayload}
+	}
 	preps := make([]prepared, len(ins))
+	size := 0
 	for i, in := range ins {
 		pr, err := p.prepare(in)
 		if err != nil {
 			return nil, &BatchError{Index: i, Err: err}
 		}
 		preps[i] = pr
+		// Each size is at most MaxBatchPayloadBytes (NewProducer), so the
+		// sum stops before it could overflow.
+		if size += pr.size; size > p.maxBatchPayload {
+			return nil, &BatchTooLargeError{Instructions: len(ins), PayloadBytes: size, MaxInstructions: MaxBatchSize, MaxPayloadBytes: p.maxBatchPayload}
+		}
 	}
 	if i, err := batchConflicts(preps); err != nil {
 		return nil, &BatchError{Index: i, Err: err}
@@ -387,7 +427,7 @@ func (p *Producer) prepare(in Instruction) (prepared, error) {
 	if err != nil {
 		return prepared{}, payment.Invalid(payment.FieldMetadata, payment.ReasonInvalid, "metadata: %v", err)
 	}
-	pr := prepared{in: in, outboxID: id, payload: payload, hash: payloadHash(in, full)}
+	pr := prepared{in: in, outboxID: id, payload: payload, size: size, hash: payloadHash(in, full)}
 	if rewritten {
 		pr.asGivenHash = payloadHash(in, payload)
 	}

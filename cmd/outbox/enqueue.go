@@ -176,7 +176,7 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 	fs.StringVar(&line.TenantID, "tenant-id", "", "tenant id (optional)")
 	fs.StringVar(&line.CorrelationID, "correlation-id", "", "correlation id (optional)")
 	fs.StringVar(&metadata, "metadata", "", "metadata JSON object (optional)")
-	batch := fs.Int("batch", 0, "stdin mode: enqueue N lines per transaction (0: each line its own transaction)")
+	batch := fs.Int("batch", 0, fmt.Sprintf("stdin mode: enqueue N lines per transaction (0: each line its own transaction; at most %d)", pending.MaxBatchSize))
 	maxPayload := fs.Int("max-payload-bytes", payment.DefaultMaxPayloadBytes, "largest accepted payload")
 	railsConfig := fs.String("rails-config", "", "rail configuration file (as for relay): the rail types and validation profiles to accept; empty: sandbox and event")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
@@ -193,6 +193,11 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	if *batch < 0 || *batch > pending.MaxBatchSize {
+		// Negative is a flipped sign, not one line per transaction; past
+		// the producer's limit every full batch would be refused.
+		return fmt.Errorf("%w: --batch %d is out of range: 0 (each line its own transaction) to %d", errUsage, *batch, pending.MaxBatchSize)
 	}
 	log, err := newLogger(env.stderr, *logFormat, "warn")
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -318,4 +319,25 @@ func TestEnqueueLineEndings(t *testing.T) {
 	if n := b.count(t, "idempotency_keys"); n != 2 {
 		t.Errorf("%d instructions enqueued, want the 2 good ones", n)
 	}
+}
+
+// TestEnqueueBatchFlagOutOfRange: --batch past pending.MaxBatchSize could
+// only fill batches EnqueueBatch refuses, and a negative one (a flipped
+// sign) silently meant one line per transaction: both are usage errors,
+// exit 2 naming the flag, before anything is read or written.
+func TestEnqueueBatchFlagOutOfRange(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	for _, v := range []string{"-5", strconv.Itoa(pending.MaxBatchSize + 1)} {
+		r := b.cli(t, inputJSON("p-batch", "k-batch"+v, "100")+"\n", "enqueue", "--batch", v)
+		if r.code != 2 || !strings.Contains(r.stderr, "--batch") || r.stdout != "" {
+			t.Errorf("enqueue --batch %s: want exit 2 naming --batch, got %s", v, r)
+		}
+	}
+	var n int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.pending`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("refused commands enqueued %d (%v)", n, err)
+	}
+	r := b.cli(t, inputJSON("p-batch", "k-batch-max", "100")+"\n", "enqueue", "--batch", strconv.Itoa(pending.MaxBatchSize))
+	requireExit(t, r, 0)
 }
