@@ -471,3 +471,44 @@ func TestUpgradeByASuperuserRunsAsTheOwner(t *testing.T) {
 		t.Fatalf("a producer's enqueue after the superuser's upgrade: %v", err)
 	}
 }
+
+// TestBoundProducerRefusalIsTyped: an enqueue the database refuses for
+// want of a privilege (42501), here a producer bound to A enqueuing for B,
+// is pending.ErrPermissionDenied with the database's error in it, for one
+// instruction and for a batch, and writes nothing. It was the database's
+// untyped error, which a caller could tell from its own mistakes only by
+// the SQLSTATE. A batch's savepoint keeps the caller's transaction usable;
+// a single enqueue's refused statement aborts it, as any refused
+// statement does.
+func TestBoundProducerRefusalIsTyped(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	asA := b.asBound(t, migrations.RoleProducer, "tenant-b", "tenant-a")
+	in := func(key string) pending.Instruction {
+		return pending.Instruction{InstructionID: "ins-" + key, ParticipantID: "p-" + key, IdempotencyKey: key, TenantID: "tenant-b",
+			RailType: "sandbox", AmountMinor: 100, Currency: "USD", Destination: "acct-1"}
+	}
+	for _, n := range []int{1, 2} {
+		tx, err := asA.Begin(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ins := []pending.Instruction{in(fmt.Sprintf("b-%d-1", n)), in(fmt.Sprintf("b-%d-2", n))}[:n]
+		_, err = b.producer.EnqueueBatch(b.ctx, tx, ins)
+		if !errors.Is(err, pending.ErrPermissionDenied) || !isInsufficientPrivilege(err) {
+			t.Errorf("batch of %d for another tenant: %v, want pending.ErrPermissionDenied with the database's 42501 in it", n, err)
+		}
+		var one int
+		if usable := tx.QueryRow(b.ctx, `SELECT 1`).Scan(&one); n > 1 && usable != nil {
+			t.Errorf("batch of %d: the transaction is unusable after the refusal: %v", n, usable)
+		}
+		_ = tx.Rollback(b.ctx)
+	}
+	if _, err := b.producer.Enqueue(b.ctx, asA, in("b-one")); !errors.Is(err, pending.ErrPermissionDenied) {
+		t.Errorf("Enqueue for another tenant: %v, want pending.ErrPermissionDenied", err)
+	}
+	var n int
+	if err := b.admin.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM outbox.pending) + (SELECT count(*) FROM outbox.idempotency_keys)`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("refused enqueues wrote %d rows (%v)", n, err)
+	}
+}

@@ -154,6 +154,20 @@ func (e *MismatchError) Unwrap() error { return ErrIdempotencyMismatch }
 // back.
 var ErrReadOnly = errors.New("the database refused the enqueue as read-only")
 
+// ErrPermissionDenied is returned when the database refuses an enqueue
+// for want of a privilege (SQLSTATE 42501, which the error also holds):
+// the session's role may not enqueue for the instruction's tenant (a
+// producer bound to other tenants, migrations 036 and 038, or whose
+// outbox.tenant names another), or lacks the outbox's grants (not a
+// member of outbox_producer). Nothing is written, and the same enqueue
+// under the same role fails alike: a configuration to fix, not a retry.
+// A batch's savepoint keeps the caller's transaction usable; after a
+// single [Producer.Enqueue] it is aborted, as after any statement
+// PostgreSQL refuses, and must be rolled back (the enqueue takes no
+// savepoint of its own: that would be a round trip more on every
+// enqueue).
+var ErrPermissionDenied = errors.New("the database refused the enqueue for want of a privilege")
+
 // ErrSchemaBehind is returned when the database's outbox schema is older
 // than this producer's statements need: run `outbox migrate` (it is
 // checked once per Producer, and nothing is written).

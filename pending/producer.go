@@ -232,7 +232,7 @@ func (p *Producer) EnqueueBatch(ctx context.Context, tx DBTX, ins []Instruction)
 		// A lone instruction that mismatches writes nothing in the first
 		// place: no savepoint needed.
 		receipts, err := p.write(ctx, tx, preps)
-		return receipts, readOnly(err)
+		return receipts, refusal(err)
 	}
 	if inCallersTransaction(tx) {
 		return p.writeInSavepoint(ctx, tx, preps)
@@ -244,7 +244,7 @@ func (p *Producer) EnqueueBatch(ctx context.Context, tx DBTX, ins []Instruction)
 	receipts, err := p.write(ctx, sp, preps)
 	if err != nil {
 		_ = sp.Rollback(ctx)
-		return nil, readOnly(err)
+		return nil, refusal(err)
 	}
 	if err := sp.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("enqueue: commit: %w", err)
@@ -289,10 +289,10 @@ func (p *Producer) writeInSavepoint(ctx context.Context, db DBTX, preps []prepar
 	receipts, err := p.write(ctx, db, preps)
 	if err != nil {
 		if _, rerr := db.Exec(ctx, "ROLLBACK TO SAVEPOINT "+batchSavepoint); rerr != nil {
-			return nil, errors.Join(readOnly(err), fmt.Errorf("enqueue: rollback to savepoint: %w", rerr))
+			return nil, errors.Join(refusal(err), fmt.Errorf("enqueue: rollback to savepoint: %w", rerr))
 		}
 		_, _ = db.Exec(ctx, "RELEASE SAVEPOINT "+batchSavepoint)
-		return nil, readOnly(err)
+		return nil, refusal(err)
 	}
 	if _, err := db.Exec(ctx, "RELEASE SAVEPOINT "+batchSavepoint); err != nil {
 		return nil, fmt.Errorf("enqueue: release savepoint: %w", err)
@@ -300,18 +300,33 @@ func (p *Producer) writeInSavepoint(ctx context.Context, db DBTX, preps []prepar
 	return receipts, nil
 }
 
-// readOnlySQLTransaction is PostgreSQL's SQLSTATE for a write in a
-// read-only transaction (read_only_sql_transaction).
-const readOnlySQLTransaction = "25006"
+// PostgreSQL's SQLSTATEs the enqueue gives a type of its own.
+const (
+	// readOnlySQLTransaction is a write in a read-only transaction
+	// (read_only_sql_transaction).
+	readOnlySQLTransaction = "25006"
+	// insufficientPrivilege is a statement the role may not run
+	// (insufficient_privilege): a grant missing, a row-level security
+	// policy or a tenant binding refusing the row.
+	insufficientPrivilege = "42501"
+)
 
-// readOnly marks the database's refusal of a write as read-only
-// (read_only_sql_transaction) as [ErrReadOnly]: unlike the database's
-// other refusals, the same enqueue goes through in a writable transaction
-// (on the primary), and the caller needs to tell it from a refusal for
-// good without reading SQLSTATEs. Any other error is returned as it is.
-func readOnly(err error) error {
-	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == readOnlySQLTransaction {
-		return fmt.Errorf("%w: %w", ErrReadOnly, err)
+// refusal marks the database's refusals an enqueue's caller must tell
+// apart without reading SQLSTATEs: a write refused as read-only
+// (read_only_sql_transaction) is [ErrReadOnly], as, unlike the others,
+// the same enqueue goes through in a writable transaction (on the
+// primary); a privilege the role lacks (insufficient_privilege) is
+// [ErrPermissionDenied], a configuration to fix, never the instruction's
+// fault nor the database's trouble. Any other error is returned as it
+// is.
+func refusal(err error) error {
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case readOnlySQLTransaction:
+			return fmt.Errorf("%w: %w", ErrReadOnly, err)
+		case insufficientPrivilege:
+			return fmt.Errorf("%w: %w", ErrPermissionDenied, err)
+		}
 	}
 	return err
 }
@@ -324,7 +339,7 @@ func readOnly(err error) error {
 func (p *Producer) checkSchema(ctx context.Context, db DBTX) error {
 	version, visible, err := p.store.SchemaVersion(ctx, db)
 	if err != nil {
-		return fmt.Errorf("enqueue: %w", err)
+		return refusal(fmt.Errorf("enqueue: %w", err))
 	}
 	if visible && version < store.EnqueueSchemaVersion {
 		return &SchemaError{Schema: p.store.Schema(), Version: version, Needed: store.EnqueueSchemaVersion}
