@@ -694,9 +694,9 @@ type TxBeginner interface {
 // dispatched, concurrently with others of its participant. It refuses
 // while instructions are in flight: stop the relayers first. The schema
 // must be at this build's version, as for the relayers (it keeps the
-// retry times of migration 039). It waits for the tables' locks in tries
-// of DefaultLockTry for up to DefaultLockTimeout, then fails with a
-// [*MigrationLockError].
+// retry times of migration 039): one behind is a [*SchemaError], nothing
+// changed. It waits for the tables' locks in tries of DefaultLockTry for
+// up to DefaultLockTimeout, then fails with a [*MigrationLockError].
 func SetOrdered(ctx context.Context, db TxBeginner, schema string, on bool) error {
 	if noDB(db) {
 		return fmt.Errorf("set ordering: %w", ErrNoDB)
@@ -704,6 +704,16 @@ func SetOrdered(ctx context.Context, db TxBeginner, schema string, on bool) erro
 	st, err := store.New(schema)
 	if err != nil {
 		return err
+	}
+	// Checked first, not left to the statements: on a schema before 039
+	// they failed with the database's "column does not exist", which
+	// says nothing of what to do. Read in a read-only transaction of its
+	// own: db only begins them.
+	if err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		_, err := Ready(ctx, tx, schema)
+		return err
+	}); err != nil {
+		return fmt.Errorf("set ordering: %w", err)
 	}
 	// The switch locks sequences, pending and inflight, which enqueues and
 	// claims queue behind while it waits: it waits in tries, as a

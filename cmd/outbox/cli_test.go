@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -959,5 +960,39 @@ func TestDemoSummarySaysWhichRailsWerePaused(t *testing.T) {
 	}
 	if strings.Contains(r.stdout, "pending (retries not yet due)") {
 		t.Errorf("demo output puts the instructions the pause holds down to retries:\n%s", r)
+	}
+}
+
+// TestMigrateOrderingSwitchOnASchemaBehind: the ordering switch runs this
+// build's statements, which need migration 039 (pending.retry_at): on a
+// schema before it, ordering-on and ordering-off failed with the
+// database's "column does not exist". Now they say the schema is behind
+// and to run `outbox migrate` (a *migrations.SchemaError), exit 1 as
+// every command does on a schema behind, and change nothing; status still
+// reports the switch.
+func TestMigrateOrderingSwitchOnASchemaBehind(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	const schema = "cli_ord38"
+	if err := migrations.MigrateWith(b.ctx, b.pool, migrations.Options{Schema: schema, TargetVersion: 38}); err != nil {
+		t.Fatal(err)
+	}
+	for _, action := range []string{"ordering-off", "ordering-on"} {
+		r := b.cli(t, "", "migrate", "--schema", schema, action)
+		if r.code != 1 || !strings.Contains(r.stderr, "version 38") || !strings.Contains(r.stderr, "run `outbox migrate`") || r.stdout != "" {
+			t.Errorf("migrate %s on a schema at 38: want exit 1 saying it is behind, got %s", action, r)
+		}
+	}
+	var behind *migrations.SchemaError
+	if err := migrations.SetOrdered(b.ctx, b.pool, schema, false); !errors.As(err, &behind) || behind.Current != 38 {
+		t.Errorf("SetOrdered on a schema at 38: %v, want a *migrations.SchemaError at 38", err)
+	}
+	if on, err := migrations.Ordered(b.ctx, b.pool, schema); err != nil || !on {
+		t.Errorf("ordering after the refused switches: on=%v (%v), want it left on", on, err)
+	}
+	r := b.cli(t, "", "migrate", "--schema", schema, "status")
+	requireExit(t, r, 0)
+	if !strings.Contains(r.stdout, "version 38 of") || !strings.Contains(r.stdout, "ordering on") {
+		t.Errorf("status on a schema at 38: %q", r.stdout)
 	}
 }
