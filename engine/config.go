@@ -41,6 +41,15 @@ const (
 	DefaultStopTimeout    = 30 * time.Second
 )
 
+// MinLeaseGrace is the shortest Config.LeaseGrace accepted. A rail call
+// may run until its lease less half the grace, and the other half is
+// what its outcome has to be written in before the lease ends and the
+// reaper may hand the instruction to another relayer, which sends it
+// again: a write held up behind another (see OutcomeWriters), a slow
+// durable commit or a synchronous standby takes hundreds of
+// milliseconds. Half a second is the least that leaves room for them.
+const MinLeaseGrace = time.Second
+
 // claimBackoffCap is the longest wait between failed claims: long enough
 // that a relayer fleet does not hammer a database that is down (or refusing
 // logins), short enough to resume soon after it is back.
@@ -112,7 +121,9 @@ type Config struct {
 	// ReconnectDelay is the wait before the listener reconnects.
 	ReconnectDelay time.Duration
 
-	// LeaseGrace is added to a rail's timeout to form the lease.
+	// LeaseGrace is added to a rail's timeout to form the lease; a call
+	// may run until half of it is left, which is for recording its
+	// outcome. At least MinLeaseGrace (1 s); 0 means the default (10 s).
 	LeaseGrace time.Duration
 	// BackoffBase, BackoffCap and MaxAttempts shape retries: full-jitter
 	// exponential backoff; the MaxAttempts-th failed attempt is terminal.
@@ -241,6 +252,9 @@ func (c *Config) setDefaults() error {
 	defDur(&c.BackoffBase, DefaultBackoffBase)
 	defDur(&c.BackoffCap, DefaultBackoffCap)
 	defDur(&c.StopTimeout, DefaultStopTimeout)
+	if c.LeaseGrace < MinLeaseGrace {
+		return fmt.Errorf("%w: LeaseGrace %v is below %v: half of it is the time a call's outcome has to be recorded in before its lease ends and the instruction may be claimed again", ErrInvalidConfig, c.LeaseGrace, MinLeaseGrace)
+	}
 	if c.IdleRefresh > idleFreshness/2 {
 		return fmt.Errorf("%w: IdleRefresh %v is too long: the trigger ignores registrations older than %v, so refresh at least every %v",
 			ErrInvalidConfig, c.IdleRefresh, idleFreshness, idleFreshness/2)

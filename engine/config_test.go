@@ -83,6 +83,29 @@ func TestConfigErrorsAreTyped(t *testing.T) {
 	}
 }
 
+// TestConfigRefusesALeaseGraceBelowItsFloor: the grace is what is left,
+// after a rail call's deadline, to record its outcome before the lease
+// ends and the reaper may hand the instruction to another relayer (half
+// of it: the call may run to the lease less half the grace). A grace of a
+// few milliseconds was accepted: a call that ran to its deadline had its
+// outcome written after the lease had ended, a live relayer's claim was
+// reaped while it wrote, and the instruction was sent again. Below
+// MinLeaseGrace it is refused; 0 still means the default.
+func TestConfigRefusesALeaseGraceBelowItsFloor(t *testing.T) {
+	t.Parallel()
+	set := sandboxSet(t)
+	for _, grace := range []time.Duration{time.Nanosecond, time.Millisecond, MinLeaseGrace - 1} {
+		if _, err := New(nil, Config{Rails: set, LeaseGrace: grace}); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("LeaseGrace %v: New = %v, want an error wrapping ErrInvalidConfig", grace, err)
+		}
+	}
+	for _, grace := range []time.Duration{0, MinLeaseGrace} {
+		if _, err := New(nil, Config{Rails: set, LeaseGrace: grace}); err != nil {
+			t.Errorf("LeaseGrace %v: %v", grace, err)
+		}
+	}
+}
+
 // TestStartWithoutPool: New accepts a nil pool (RelayOnce runs on the
 // caller's transaction), but a relayer without one cannot run: Start and
 // Run refuse with ErrNoPool and nothing runs. Before, Start panicked

@@ -39,8 +39,8 @@ func TestStopCutOffIsNotAZombie(t *testing.T) {
 	}), time.Second)
 	b.enqueue(t, 1, 1)
 
-	const rounds = 4                      // the reaper's zombie limit (3) plus one
-	const lease = 1600 * time.Millisecond // the rail's timeout and the grace
+	const rounds = 4              // the reaper's zombie limit (3) plus one
+	const lease = 2 * time.Second // the rail's timeout and the grace (MinLeaseGrace)
 	for round := range rounds {
 		cfg := b.config("deploy")
 		cfg.LeaseGrace = lease - time.Second

@@ -95,7 +95,7 @@ func (f *relayFlags) registerShared(fs *flag.FlagSet) {
 	fs.DurationVar(&f.debounce, "debounce", engine.DefaultDebounce, "shortest time between claims prompted by notifications, and the first hot poll after a claim that found work")
 	fs.BoolVar(&f.pollOnly, "poll-only", false, "do not LISTEN (e.g. behind a transaction-pooling proxy); poll only")
 	fs.DurationVar(&f.idleRefresh, "idle-refresh", engine.DefaultIdleRefresh, "refresh interval of the idle registration")
-	fs.DurationVar(&f.leaseGrace, "lease-grace", engine.DefaultLeaseGrace, "added to a rail's timeout to form the in-flight lease")
+	fs.DurationVar(&f.leaseGrace, "lease-grace", engine.DefaultLeaseGrace, "added to a rail's timeout to form the in-flight lease (at least 1s: half of it is for recording the outcome)")
 	fs.DurationVar(&f.backoffBase, "backoff-base", engine.DefaultBackoffBase, "first retry delay bound (full-jitter exponential)")
 	fs.DurationVar(&f.backoffCap, "backoff-cap", engine.DefaultBackoffCap, "largest retry delay")
 	fs.IntVar(&f.maxAttempts, "max-attempts", engine.DefaultMaxAttempts, "attempts before an instruction is dead-lettered")
