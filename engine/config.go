@@ -50,6 +50,13 @@ const (
 // milliseconds. Half a second is the least that leaves room for them.
 const MinLeaseGrace = time.Second
 
+// MaxPollInterval is the longest Config.PollInterval accepted. The poll
+// is what finds the instructions a notification missed (and all of them
+// with PollOnly): an hour is already a long time for a payment to wait,
+// and a longer interval is a unit given wrong. Far past it the jitter
+// wrapped: about 240 years polled without pause.
+const MaxPollInterval = time.Hour
+
 // claimBackoffCap is the longest wait between failed claims: long enough
 // that a relayer fleet does not hammer a database that is down (or refusing
 // logins), short enough to resume soon after it is back.
@@ -105,7 +112,8 @@ type Config struct {
 	// participant's next instruction (hand-off).
 	MaxConcurrency int
 	// PollInterval is the fallback poll (jittered by ±20%); polling is the
-	// source of truth, NOTIFY only shortens the wait.
+	// source of truth, NOTIFY only shortens the wait. At most
+	// MaxPollInterval (an hour).
 	PollInterval time.Duration
 	// Debounce is the shortest time between two claims prompted by
 	// notifications (a burst within it collapses into one claim at its
@@ -252,6 +260,9 @@ func (c *Config) setDefaults() error {
 	defDur(&c.BackoffBase, DefaultBackoffBase)
 	defDur(&c.BackoffCap, DefaultBackoffCap)
 	defDur(&c.StopTimeout, DefaultStopTimeout)
+	if c.PollInterval > MaxPollInterval {
+		return fmt.Errorf("%w: PollInterval %v is past %v: instructions a notification missed would wait that long", ErrInvalidConfig, c.PollInterval, MaxPollInterval)
+	}
 	if c.LeaseGrace < MinLeaseGrace {
 		return fmt.Errorf("%w: LeaseGrace %v is below %v: half of it is the time a call's outcome has to be recorded in before its lease ends and the instruction may be claimed again", ErrInvalidConfig, c.LeaseGrace, MinLeaseGrace)
 	}

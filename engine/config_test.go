@@ -106,6 +106,24 @@ func TestConfigRefusesALeaseGraceBelowItsFloor(t *testing.T) {
 	}
 }
 
+// TestConfigRefusesAPollIntervalPastItsCeiling: a poll interval past
+// MaxPollInterval is refused. Past about 240 years the ±20% jitter
+// wrapped to a negative wait, and the relayer polled without pause, the
+// opposite of what was asked; well before that, an interval given in the
+// wrong unit leaves instructions a NOTIFY missed undispatched for days.
+func TestConfigRefusesAPollIntervalPastItsCeiling(t *testing.T) {
+	t.Parallel()
+	set := sandboxSet(t)
+	for _, d := range []time.Duration{MaxPollInterval + 1, 250 * 365 * 24 * time.Hour} {
+		if _, err := New(nil, Config{Rails: set, PollInterval: d}); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("PollInterval %v: New = %v, want an error wrapping ErrInvalidConfig", d, err)
+		}
+	}
+	if _, err := New(nil, Config{Rails: set, PollInterval: MaxPollInterval}); err != nil {
+		t.Errorf("PollInterval %v: %v", MaxPollInterval, err)
+	}
+}
+
 // TestStartWithoutPool: New accepts a nil pool (RelayOnce runs on the
 // caller's transaction), but a relayer without one cannot run: Start and
 // Run refuse with ErrNoPool and nothing runs. Before, Start panicked

@@ -36,6 +36,12 @@ const (
 	// MinInterval is the shortest interval accepted: a pass is cheap, but
 	// leases are seconds long, so reaping more often than this buys nothing.
 	MinInterval = time.Second
+	// MaxInterval is the longest interval accepted: a dead relayer's
+	// claims wait for their lease and up to an interval more before a
+	// pass requeues them, and an hour is already long for a payment to
+	// be stuck; a longer one is a unit given wrong. Far past it the retry
+	// backoff's doubling wrapped (about 146 years retried without pause).
+	MaxInterval = time.Hour
 	// DefaultBatchSize is the number of instructions requeued per
 	// transaction.
 	DefaultBatchSize = 500
@@ -83,7 +89,7 @@ type Config struct {
 	// Schema holding the outbox tables; "" means the default.
 	Schema string
 	// Interval between background passes; 0 means DefaultInterval.
-	// Anything below MinInterval is rejected.
+	// Anything below MinInterval or past MaxInterval is rejected.
 	Interval time.Duration
 	// BatchSize is the most instructions requeued per transaction; 0 means
 	// DefaultBatchSize. Small batches keep row locks short.
@@ -118,6 +124,8 @@ func (c *Config) setDefaults() error {
 		c.Interval = DefaultInterval
 	case c.Interval < MinInterval:
 		return fmt.Errorf("%w: interval %s is below the minimum %s", ErrInvalidConfig, c.Interval, MinInterval)
+	case c.Interval > MaxInterval:
+		return fmt.Errorf("%w: interval %s is past the maximum %s", ErrInvalidConfig, c.Interval, MaxInterval)
 	}
 	switch {
 	case c.BatchSize == 0:

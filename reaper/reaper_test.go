@@ -706,6 +706,9 @@ func TestConfig(t *testing.T) {
 	if other.ReaperID == c.ReaperID {
 		t.Errorf("two reapers in one process got the same id %q", c.ReaperID)
 	}
+	if at := (Config{Interval: MaxInterval}); at.setDefaults() != nil {
+		t.Errorf("Interval %v refused", MaxInterval)
+	}
 	custom := Config{Interval: time.Second, BatchSize: 3, ReaperID: "r"}
 	if err := custom.setDefaults(); err != nil || custom.Interval != time.Second || custom.BatchSize != 3 || custom.ReaperID != "r" {
 		t.Errorf("explicit settings changed: %+v (%v)", custom, err)
@@ -713,6 +716,11 @@ func TestConfig(t *testing.T) {
 	for _, bad := range []Config{
 		{Interval: 999 * time.Millisecond},
 		{Interval: -time.Second},
+		// Past MaxInterval: a unit slipped (hours for minutes) leaves a
+		// dead relayer's claims stuck for days; past about 146 years the
+		// retry backoff's doubling wrapped to a negative wait.
+		{Interval: MaxInterval + 1},
+		{Interval: 200 * 365 * 24 * time.Hour},
 		{BatchSize: -1},
 		{Schema: "Bad-Schema"},
 	} {

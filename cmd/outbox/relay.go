@@ -91,7 +91,7 @@ func (f *relayFlags) register(fs *flag.FlagSet) {
 func (f *relayFlags) registerShared(fs *flag.FlagSet) {
 	fs.IntVar(&f.batchSize, "batch-size", engine.DefaultBatchSize, "most instructions per claim")
 	fs.IntVar(&f.maxConcurrency, "max-concurrency", engine.DefaultMaxConcurrency, "dispatches in progress across all rails")
-	fs.DurationVar(&f.pollInterval, "poll-interval", engine.DefaultPollInterval, "fallback poll interval (jittered ±20%)")
+	fs.DurationVar(&f.pollInterval, "poll-interval", engine.DefaultPollInterval, "fallback poll interval (jittered ±20%; at most 1h)")
 	fs.DurationVar(&f.debounce, "debounce", engine.DefaultDebounce, "shortest time between claims prompted by notifications, and the first hot poll after a claim that found work")
 	fs.BoolVar(&f.pollOnly, "poll-only", false, "do not LISTEN (e.g. behind a transaction-pooling proxy); poll only")
 	fs.DurationVar(&f.idleRefresh, "idle-refresh", engine.DefaultIdleRefresh, "refresh interval of the idle registration")
@@ -106,7 +106,7 @@ func (f *relayFlags) registerShared(fs *flag.FlagSet) {
 	fs.DurationVar(&f.railTimeout, "rail-timeout", 0, "timeout of every rail without its own (0: 30s; bounds a go transport only if it honours its context)")
 	fs.IntVar(&f.railMaxConcurrency, "rail-max-concurrency", 0, "concurrency cap of every rail without its own (0: 32)")
 	fs.BoolVar(&f.reaper, "reaper", true, "also run the zombie reaper in the background")
-	fs.DurationVar(&f.reaperInterval, "reaper-interval", reaper.DefaultInterval, "reaper pass interval (>= 1s)")
+	fs.DurationVar(&f.reaperInterval, "reaper-interval", reaper.DefaultInterval, "reaper pass interval (1s to 1h)")
 	fs.IntVar(&f.reaperBatch, "reaper-batch", reaper.DefaultBatchSize, "instructions the reaper requeues per transaction")
 	fs.IntVar(&f.zombieLimit, "zombie-limit", reaper.DefaultZombieLimit,
 		"requeues of an instruction whose relayer died before the reaper dead-letters it (outcome unknown) as a poison instruction (negative: no limit)")

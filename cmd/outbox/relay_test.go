@@ -80,6 +80,29 @@ func TestRelayRefusesNegativeRailDefaults(t *testing.T) {
 	}
 }
 
+// TestRelayRefusesIntervalsThatCannotWork: a --lease-grace below
+// engine.MinLeaseGrace (the outcome's write would outlast the lease), a
+// --poll-interval past engine.MaxPollInterval or a --reaper-interval past
+// reaper.MaxInterval is a usage error, exit 2, naming the setting, before
+// anything connects.
+func TestRelayRefusesIntervalsThatCannotWork(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--lease-grace", "100ms"}, "LeaseGrace 100ms is below 1s"},
+		{[]string{"--poll-interval", "2h"}, "PollInterval 2h0m0s is past 1h0m0s"},
+		{[]string{"--reaper-interval", "2000000h"}, "interval 2000000h0m0s is past the maximum 1h0m0s"},
+	} {
+		r := invokeCLI(t, nil, "", append([]string{"relay", "--database-url", deadDatabaseURL}, tt.args...)...)
+		requireExit(t, r, 2)
+		if !strings.Contains(r.stderr, tt.want) {
+			t.Errorf("%v: stderr does not say %q: %s", tt.args, tt.want, r.stderr)
+		}
+	}
+}
+
 // TestRelayRefusesNoSecretCheckInterval: secret files are read again
 // every --secret-check-interval, which must be positive (a ticker of
 // zero would panic; there is no "never": SIGHUP alone is not a schedule).

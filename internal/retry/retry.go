@@ -56,7 +56,13 @@ func (l *Loop) Failed(err error) time.Duration {
 			"failures", l.failures, "failing_for", time.Since(l.since).Round(time.Millisecond))
 	default:
 		l.Log.Debug(l.What+" failed again", "err", err, "failures", l.failures+1)
-		l.delay = min(2*l.delay, l.Max)
+		// Saturating: past half of Duration's range 2*delay wraps to a
+		// negative wait, which retried at once.
+		if l.delay > l.Max/2 {
+			l.delay = l.Max
+		} else {
+			l.delay = min(2*l.delay, l.Max)
+		}
 	}
 	l.failures++
 	l.kind = kind

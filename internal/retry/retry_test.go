@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -125,5 +126,22 @@ func TestLoopsFailingTogetherRetryApart(t *testing.T) {
 	// about 4e-6.
 	if longest-shortest < hi/10 {
 		t.Errorf("ten loops that failed together wait %s to %s before their next retry: in lockstep", shortest, longest)
+	}
+}
+
+// TestLoopBackoffSaturates: the doubling stops at Max however long the
+// delays. Past half of time.Duration's range (a delay of about 146 years,
+// an interval flag given in hours with a slip of the finger) 2*delay
+// wrapped to a negative wait: the loop retried at once, again and again,
+// more often the longer it was asked to wait.
+func TestLoopBackoffSaturates(t *testing.T) {
+	t.Parallel()
+	const long = time.Duration(math.MaxInt64/2 + 1)
+	l := &Loop{Log: slog.New(slog.DiscardHandler), What: "reaper pass", Min: long, Max: math.MaxInt64}
+	down := &pgconn.PgError{Code: "57P01"}
+	for i := range 4 {
+		if d := l.Failed(down); d < long/2 {
+			t.Fatalf("failure %d: waits %v, want at least %v", i+1, d, long/2)
+		}
 	}
 }
