@@ -22,11 +22,13 @@ var ErrSecretInvalid = errors.New("webhook secret is unusable")
 // both are given.
 //
 // Both sources follow one rule, so a secret signs the same wherever it is
-// kept: trailing line endings (CR, LF) are trimmed, as editors, `echo` and
-// secrets created from files add them; a secret that is then empty, or
-// that begins or ends with other whitespace, is refused with
-// [ErrSecretInvalid] rather than trimmed, because whether the receiver
-// trims it too cannot be known, and a guess signs with other bytes.
+// kept: one trailing line ending ("\n" or "\r\n") is trimmed, as editors,
+// `echo` and secrets created from files add it; a secret that is then
+// empty, or that begins or ends with whitespace (a second line ending, a
+// lone "\r" included), is refused with [ErrSecretInvalid] rather than
+// trimmed, because whether the receiver trims it too cannot be known, and
+// a guess signs with other bytes. So a raw secret whose last byte is a
+// line feed cannot be kept as it is: keep binary secrets encoded.
 type SecretSource struct {
 	File string
 	Env  string
@@ -68,7 +70,15 @@ func (s SecretSource) Load() ([]byte, error) {
 // checkSecret applies the rule of [SecretSource] to a secret read from
 // where (which errors name; the value never appears in them).
 func checkSecret(b []byte, where string) ([]byte, error) {
-	b = bytes.TrimRight(b, "\r\n")
+	// One line ending, the editor's (or echo's), and no more: a CR or LF
+	// before it is the secret's own, and, left on, makes it end with
+	// whitespace, refused below. Trimming every one signed a raw secret
+	// that ended so with other bytes than the receiver's.
+	if c, ok := bytes.CutSuffix(b, []byte("\r\n")); ok {
+		b = c
+	} else {
+		b = bytes.TrimSuffix(b, []byte("\n"))
+	}
 	switch {
 	case len(b) == 0:
 		return nil, fmt.Errorf("rails: %w: %s is unset or empty", ErrSecretInvalid, where)
