@@ -119,6 +119,7 @@ type Config struct {
 	// notifications (a burst within it collapses into one claim at its
 	// end; the first claims at once) and the first hot poll after a claim
 	// that found work (see the claim loop). Like River's fetch cooldown.
+	// At most PollInterval.
 	Debounce time.Duration
 	// PollOnly disables LISTEN (e.g. behind a transaction-pooling proxy).
 	PollOnly bool
@@ -262,6 +263,12 @@ func (c *Config) setDefaults() error {
 	defDur(&c.StopTimeout, DefaultStopTimeout)
 	if c.PollInterval > MaxPollInterval {
 		return fmt.Errorf("%w: PollInterval %v is past %v: instructions a notification missed would wait that long", ErrInvalidConfig, c.PollInterval, MaxPollInterval)
+	}
+	if c.Debounce > c.PollInterval {
+		// A woken relayer would wait longer than the poll it stands in
+		// for. (Within MaxPollInterval, the hot polls' doubling of it,
+		// 20 times at most, cannot wrap.)
+		return fmt.Errorf("%w: Debounce %v is longer than PollInterval %v", ErrInvalidConfig, c.Debounce, c.PollInterval)
 	}
 	if c.LeaseGrace < MinLeaseGrace {
 		return fmt.Errorf("%w: LeaseGrace %v is below %v: half of it is the time a call's outcome has to be recorded in before its lease ends and the instruction may be claimed again", ErrInvalidConfig, c.LeaseGrace, MinLeaseGrace)

@@ -124,6 +124,29 @@ func TestConfigRefusesAPollIntervalPastItsCeiling(t *testing.T) {
 	}
 }
 
+// TestConfigRefusesADebounceLongerThanThePoll: Debounce is how long a
+// notification's claim waits after the last one, and the first hot poll;
+// past the poll interval it made a woken relayer wait longer than the
+// poll it stood in for (the poll is the source of truth), and, shifted
+// left by each empty claim, a long one wrapped to a negative hot poll:
+// claims without pause. It is refused; equal to the poll is accepted.
+func TestConfigRefusesADebounceLongerThanThePoll(t *testing.T) {
+	t.Parallel()
+	set := sandboxSet(t)
+	for _, c := range []Config{
+		{Rails: set, Debounce: DefaultPollInterval + 1},
+		{Rails: set, PollInterval: time.Second, Debounce: time.Minute},
+		{Rails: set, Debounce: 10 * 24 * time.Hour},
+	} {
+		if _, err := New(nil, c); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("Debounce %v, PollInterval %v: New = %v, want an error wrapping ErrInvalidConfig", c.Debounce, c.PollInterval, err)
+		}
+	}
+	if _, err := New(nil, Config{Rails: set, PollInterval: time.Second, Debounce: time.Second}); err != nil {
+		t.Errorf("Debounce equal to PollInterval: %v", err)
+	}
+}
+
 // TestStartWithoutPool: New accepts a nil pool (RelayOnce runs on the
 // caller's transaction), but a relayer without one cannot run: Start and
 // Run refuse with ErrNoPool and nothing runs. Before, Start panicked

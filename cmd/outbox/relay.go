@@ -92,7 +92,7 @@ func (f *relayFlags) registerShared(fs *flag.FlagSet) {
 	fs.IntVar(&f.batchSize, "batch-size", engine.DefaultBatchSize, "most instructions per claim")
 	fs.IntVar(&f.maxConcurrency, "max-concurrency", engine.DefaultMaxConcurrency, "dispatches in progress across all rails")
 	fs.DurationVar(&f.pollInterval, "poll-interval", engine.DefaultPollInterval, "fallback poll interval (jittered ±20%; at most 1h)")
-	fs.DurationVar(&f.debounce, "debounce", engine.DefaultDebounce, "shortest time between claims prompted by notifications, and the first hot poll after a claim that found work")
+	fs.DurationVar(&f.debounce, "debounce", engine.DefaultDebounce, "shortest time between claims prompted by notifications, and the first hot poll after a claim that found work (at most --poll-interval)")
 	fs.BoolVar(&f.pollOnly, "poll-only", false, "do not LISTEN (e.g. behind a transaction-pooling proxy); poll only")
 	fs.DurationVar(&f.idleRefresh, "idle-refresh", engine.DefaultIdleRefresh, "refresh interval of the idle registration")
 	fs.DurationVar(&f.leaseGrace, "lease-grace", engine.DefaultLeaseGrace, "added to a rail's timeout to form the in-flight lease (at least 1s: half of it is for recording the outcome)")
