@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -292,8 +293,13 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 			secrets.report(res)
 		}
 	})
+	if *maxConns < 0 || *maxConns > math.MaxInt32 {
+		// Negative is a flipped sign, not the default; past a pool's
+		// int32 it wrapped (4294967297 to one connection).
+		return fmt.Errorf("%w: --max-conns %d is out of range: 0 (max-concurrency/4 + 8) to %d", errUsage, *maxConns, math.MaxInt32)
+	}
 	conns := int32(*maxConns)
-	if conns <= 0 {
+	if conns == 0 {
 		conns = int32(rf.maxConcurrency/4 + 8)
 	}
 	// The relayer id names the connections too, so it is settled first.

@@ -82,9 +82,10 @@ func TestRelayRefusesNegativeRailDefaults(t *testing.T) {
 
 // TestRelayRefusesIntervalsThatCannotWork: a --lease-grace below
 // engine.MinLeaseGrace (the outcome's write would outlast the lease), a
-// --poll-interval past engine.MaxPollInterval or a --reaper-interval past
-// reaper.MaxInterval is a usage error, exit 2, naming the setting, before
-// anything connects.
+// --poll-interval past engine.MaxPollInterval, a --reaper-interval past
+// reaper.MaxInterval, or a --max-conns below 0 or past a pool's int32
+// is a usage error, exit 2, naming the setting, before anything
+// connects.
 func TestRelayRefusesIntervalsThatCannotWork(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
@@ -94,6 +95,10 @@ func TestRelayRefusesIntervalsThatCannotWork(t *testing.T) {
 		{[]string{"--lease-grace", "100ms"}, "LeaseGrace 100ms is below 1s"},
 		{[]string{"--poll-interval", "2h"}, "PollInterval 2h0m0s is past 1h0m0s"},
 		{[]string{"--reaper-interval", "2000000h"}, "interval 2000000h0m0s is past the maximum 1h0m0s"},
+		// A flipped sign silently meant the default pool; past int32 the
+		// size wrapped, 4294967297 to a pool of one connection.
+		{[]string{"--max-conns", "-4"}, "--max-conns -4 is out of range"},
+		{[]string{"--max-conns", "4294967297"}, "--max-conns 4294967297 is out of range"},
 	} {
 		r := invokeCLI(t, nil, "", append([]string{"relay", "--database-url", deadDatabaseURL}, tt.args...)...)
 		requireExit(t, r, 2)
