@@ -329,10 +329,11 @@ func (d *demo) produce(ctx context.Context, df demoFlags) {
 		case <-t.C:
 		}
 		// Pace by elapsed time, not ticks: a slow commit makes the next
-		// batch bigger instead of lowering the rate.
+		// batch bigger instead of lowering the rate (up to what one batch
+		// takes; the rest is owed at the next tick).
 		owed := int(time.Since(start).Seconds()*float64(df.rate)) - n
 		var batch []pending.Instruction
-		for ; owed > 0; owed-- {
+		for ; owed > 0 && len(batch) < pending.MaxBatchSize; owed-- {
 			n++
 			batch = append(batch, pending.Instruction{
 				// The whole run in the id, as in the key: an instruction id
