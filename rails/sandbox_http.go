@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -32,6 +33,10 @@ const webhookEnvelopeBytes = 16 << 10
 func WebhookBodyLimit(maxPayloadBytes int) int64 {
 	if maxPayloadBytes <= 0 {
 		maxPayloadBytes = payment.DefaultMaxPayloadBytes
+	}
+	if int64(maxPayloadBytes) > (math.MaxInt64-webhookEnvelopeBytes)/6 {
+		// Saturating: wrapped, a negative cap refused every body.
+		return math.MaxInt64
 	}
 	return 6*int64(maxPayloadBytes) + webhookEnvelopeBytes
 }

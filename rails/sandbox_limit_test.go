@@ -3,6 +3,7 @@ package rails
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -109,5 +110,17 @@ func TestSandboxHandlerDefaultTakesDefaultPayload(t *testing.T) {
 	res, err := w.Send(t.Context(), ins)
 	if d := w.Codes().Decide(res, err); d.Outcome != Dispatched || d.RailCode != "HTTP_200" {
 		t.Fatalf("%+v (err %v), want dispatched HTTP_200", d, err)
+	}
+}
+
+// TestWebhookBodyLimitSaturates: six times a payload limit near int's
+// range wrapped to a negative cap, and a sandbox server given it refused
+// every request (413). The cap saturates instead.
+func TestWebhookBodyLimitSaturates(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{math.MaxInt, math.MaxInt64 / 6} {
+		if got := WebhookBodyLimit(n); got < int64(n) {
+			t.Errorf("WebhookBodyLimit(%d) = %d, want at least the payload limit", n, got)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ledgerline/outbox/payment"
+	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
 )
 
@@ -88,6 +89,9 @@ func runSandbox(ctx context.Context, env *environment, args []string) error {
 	}
 	if *maxPayload < 0 {
 		return fmt.Errorf("%w: --max-payload-bytes must not be negative (0: the default, %d)", errUsage, payment.DefaultMaxPayloadBytes)
+	}
+	if *maxPayload > pending.MaxBatchPayloadBytes {
+		return fmt.Errorf("%w: --max-payload-bytes %d is past what any producer may set, pending.MaxBatchPayloadBytes (%d)", errUsage, *maxPayload, pending.MaxBatchPayloadBytes)
 	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {

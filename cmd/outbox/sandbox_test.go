@@ -144,6 +144,11 @@ func TestSandboxServerRefusesWhatTheRailsFileRefuses(t *testing.T) {
 		{[]string{"--latency-min", "-1ms"}, "--latency-min -1ms: must not be negative"},
 		{[]string{"--secret-file", secretFile}, "takes --secret-file or --secret-env, not both"},
 		{[]string{"--max-payload-bytes", "-1"}, "--max-payload-bytes must not be negative"},
+		// Past any producer's limit (pending.MaxBatchPayloadBytes); far
+		// past it the body cap, six times it, wrapped negative and every
+		// request was answered 413.
+		{[]string{"--max-payload-bytes", "67108865"}, "--max-payload-bytes 67108865 is past"},
+		{[]string{"--max-payload-bytes", "9223372036854775807"}, "--max-payload-bytes 9223372036854775807 is past"},
 		{[]string{"--previous-secret-for", "1m"}, "--previous-secret-for only apply to --secret-file"},
 		{[]string{"--secret-check-interval", "0s"}, "--secret-check-interval must be positive"},
 	} {
