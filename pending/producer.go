@@ -67,7 +67,7 @@ type Config struct {
 // sent. A batch is one transaction's statements, and its keys and
 // participants' sequence rows stay locked until that transaction ends,
 // holding up every other producer of the same participants: ten thousand
-// instructions is a payroll file's batch, written in well under a second,
+// instructions is a payroll file's batch, written in about a second,
 // and longer ones are better written in parts.
 const MaxBatchSize = 10_000
 
