@@ -620,13 +620,21 @@ func Hash() string {
 // pay for NOTIFY. It waits for pending's lock in tries of DefaultLockTry
 // for up to DefaultLockTimeout, then fails with a [*MigrationLockError];
 // given the caller's transaction (a pgx.Tx), each try is a savepoint of
-// it.
+// it. A schema never migrated is a [*SchemaError], nothing changed.
 func SetNotify(ctx context.Context, db DB, schema string, enabled bool) error {
 	if noDB(db) {
 		return fmt.Errorf("set notify: %w", ErrNoDB)
 	}
 	if err := ValidateSchema(schema); err != nil {
 		return err
+	}
+	// A schema never migrated (a --schema misspelt) has no trigger to
+	// switch: say so, not the database's "schema does not exist". Every
+	// migrated version has the trigger (001).
+	if st, err := GetStatus(ctx, db, schema); err != nil {
+		return fmt.Errorf("set notify: %w", err)
+	} else if st.Current == 0 {
+		return &SchemaError{Status: st}
 	}
 	verb := "DISABLE"
 	if enabled {

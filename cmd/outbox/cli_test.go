@@ -996,3 +996,26 @@ func TestMigrateOrderingSwitchOnASchemaBehind(t *testing.T) {
 		t.Errorf("status on a schema at 38: %q", r.stdout)
 	}
 }
+
+// TestMigrateNotifySwitchOnASchemaNeverMigrated: notify-on and notify-off
+// on a schema that was never migrated (a --schema misspelt) failed with
+// the database's "relation does not exist"; they say it is not migrated
+// (a *migrations.SchemaError), exit 1, and create nothing.
+func TestMigrateNotifySwitchOnASchemaNeverMigrated(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	for _, action := range []string{"notify-off", "notify-on"} {
+		r := b.cli(t, "", "migrate", "--schema", "cli_never", action)
+		if r.code != 1 || !strings.Contains(r.stderr, "is not migrated") || r.stdout != "" {
+			t.Errorf("migrate %s on a schema never migrated: want exit 1 saying so, got %s", action, r)
+		}
+	}
+	var behind *migrations.SchemaError
+	if err := migrations.SetNotify(b.ctx, b.pool, "cli_never", true); !errors.As(err, &behind) || behind.Current != 0 {
+		t.Errorf("SetNotify on a schema never migrated: %v, want a *migrations.SchemaError", err)
+	}
+	var exists bool
+	if err := b.pool.QueryRow(b.ctx, "SELECT to_regnamespace('cli_never') IS NOT NULL").Scan(&exists); err != nil || exists {
+		t.Errorf("schema cli_never exists after the refused switches (%v)", err)
+	}
+}
