@@ -671,7 +671,8 @@ func SetNotify(ctx context.Context, db DB, schema string, enabled bool) error {
 	return lockTries(ctx, q, "notify", schema, "the notify trigger's switch", DefaultLockTimeout, DefaultLockTry, once)
 }
 
-// NotifyEnabled reports whether the adaptive NOTIFY trigger is enabled.
+// NotifyEnabled reports whether the adaptive NOTIFY trigger is enabled. A
+// schema never migrated is a [*SchemaError].
 func NotifyEnabled(ctx context.Context, db DB, schema string) (bool, error) {
 	if noDB(db) {
 		return false, fmt.Errorf("notify: %w", ErrNoDB)
@@ -684,6 +685,13 @@ func NotifyEnabled(ctx context.Context, db DB, schema string) (bool, error) {
 		SELECT t.tgenabled <> 'D' FROM pg_trigger t
 		WHERE t.tgrelid = to_regclass($1) AND t.tgname = 'pending_notify'`,
 		orDefault(schema)+".pending").Scan(&enabled)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// No trigger because no table: a schema never migrated (every
+		// migrated version has it, 001), which pgx's "no rows" did not say.
+		if st, serr := GetStatus(ctx, db, schema); serr == nil && st.Current == 0 {
+			return false, &SchemaError{Status: st}
+		}
+	}
 	return enabled, err
 }
 
@@ -734,6 +742,8 @@ func SetOrdered(ctx context.Context, db TxBeginner, schema string, on bool) erro
 }
 
 // Ordered reports whether per-participant ordering is on for a schema.
+// A schema before the setting (migration 005), or never migrated, is a
+// [*SchemaError].
 func Ordered(ctx context.Context, db DB, schema string) (bool, error) {
 	if noDB(db) {
 		return false, fmt.Errorf("ordering: %w", ErrNoDB)
@@ -741,6 +751,20 @@ func Ordered(ctx context.Context, db DB, schema string) (bool, error) {
 	st, err := store.New(schema)
 	if err != nil {
 		return false, err
+	}
+	// The setting came with migration 005: on a schema before it (or
+	// never migrated), say so rather than fail on the missing table,
+	// which would also abort db's transaction if it is one.
+	var exists bool
+	if err := db.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", st.Schema()+".settings").Scan(&exists); err != nil {
+		return false, fmt.Errorf("ordering: %w", err)
+	}
+	if !exists {
+		status, err := GetStatus(ctx, db, schema)
+		if err != nil {
+			return false, fmt.Errorf("ordering: %w", err)
+		}
+		return false, &SchemaError{Status: status}
 	}
 	var on bool
 	if err := db.QueryRow(ctx, st.Qualify("SELECT ordered FROM {schema}.settings")).Scan(&on); err != nil {

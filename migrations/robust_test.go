@@ -119,3 +119,29 @@ func TestPublicSignaturesUseNoInternalType(t *testing.T) {
 	var _ migrations.TxBeginner = (*pgxpool.Pool)(nil)
 	var _ migrations.TxBeginner = (*pgx.Conn)(nil)
 }
+
+// TestSwitchReadersOnASchemaBehindAreTyped: Ordered and NotifyEnabled
+// read the switches, and a program asks them of a schema it names: on one
+// never migrated, or (Ordered) before the setting existed (005), they
+// failed with the database's "relation does not exist" or pgx's "no rows
+// in result set", which say nothing of the schema. They are a
+// *SchemaError now.
+func TestSwitchReadersOnASchemaBehindAreTyped(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if err := migrations.MigrateWith(b.ctx, b.pool, migrations.Options{Schema: "readers4", TargetVersion: 4}); err != nil {
+		t.Fatal(err)
+	}
+	var behind *migrations.SchemaError
+	for _, schema := range []string{"readers_never", "readers4"} {
+		if _, err := migrations.Ordered(b.ctx, b.pool, schema); !errors.As(err, &behind) {
+			t.Errorf("Ordered on %s: %v, want a *migrations.SchemaError", schema, err)
+		}
+	}
+	if _, err := migrations.NotifyEnabled(b.ctx, b.pool, "readers_never"); !errors.As(err, &behind) {
+		t.Errorf("NotifyEnabled on a schema never migrated: %v, want a *migrations.SchemaError", err)
+	}
+	if on, err := migrations.NotifyEnabled(b.ctx, b.pool, "readers4"); err != nil || !on {
+		t.Errorf("NotifyEnabled on a schema at 4: %v, %v; want on", on, err)
+	}
+}
