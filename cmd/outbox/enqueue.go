@@ -24,8 +24,20 @@ import (
 	"github.com/ledgerline/outbox/rails"
 )
 
-// maxLineBytes bounds one JSON input line (the payload limit plus envelope).
+// maxLineBytes bounds one JSON input line at the default payload limit
+// (its payload written out with every character escaped, and the
+// envelope, fit); see lineLimit for a raised one.
 const maxLineBytes = 1 << 20
+
+// lineLimit bounds one JSON input line for producers whose payload limit
+// is maxPayload: maxLineBytes, or room for a payload at the limit written
+// with every character escaped (six bytes each) and its envelope, as
+// rails.WebhookBodyLimit bounds a webhook body. At 1 MiB whatever the
+// limit, a raised limit's large instructions could be enqueued from flags
+// only.
+func lineLimit(maxPayload int) int {
+	return int(max(maxLineBytes, rails.WebhookBodyLimit(maxPayload)))
+}
 
 // inputLine is one instruction as JSON, the format of `outbox enqueue`
 // stdin. It is decoded strictly (see internal/strictjson): a member named
@@ -234,7 +246,7 @@ func runEnqueue(ctx context.Context, env *environment, args []string) error {
 		e.add(ctx, line, nil)
 		e.flush(ctx)
 	} else {
-		if err := e.readLines(ctx, env.stdin, max(*batch, 1)); err != nil {
+		if err := e.readLines(ctx, env.stdin, max(*batch, 1), lineLimit(*maxPayload)); err != nil {
 			return err
 		}
 	}
@@ -273,7 +285,7 @@ var errInterrupted = errors.New("interrupted")
 // answered for) is still enqueued, with its own deadline, and a write in
 // progress is not cut off mid-commit, where whether it committed would be
 // unknown.
-func (e *enqueuer) readLines(ctx context.Context, r io.Reader, batchSize int) error {
+func (e *enqueuer) readLines(ctx context.Context, r io.Reader, batchSize, maxLine int) error {
 	work, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	br := bufio.NewReaderSize(r, 64<<10)
@@ -287,7 +299,7 @@ func (e *enqueuer) readLines(ctx context.Context, r io.Reader, batchSize int) er
 	reads := make(chan read)
 	go func() {
 		for {
-			raw, tooLong, err := readLine(br, maxLineBytes)
+			raw, tooLong, err := readLine(br, maxLine)
 			select {
 			case reads <- read{raw, tooLong, err}:
 			case <-work.Done():
@@ -324,7 +336,7 @@ func (e *enqueuer) readLines(ctx context.Context, r io.Reader, batchSize int) er
 			var line inputLine
 			var perr error
 			if rd.tooLong {
-				perr = fmt.Errorf("line is longer than %d bytes", maxLineBytes)
+				perr = fmt.Errorf("line is longer than %d bytes", maxLine)
 			} else {
 				perr = decodeLine(rd.raw, &line)
 			}

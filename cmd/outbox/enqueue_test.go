@@ -341,3 +341,22 @@ func TestEnqueueBatchFlagOutOfRange(t *testing.T) {
 	r := b.cli(t, inputJSON("p-batch", "k-batch-max", "100")+"\n", "enqueue", "--batch", strconv.Itoa(pending.MaxBatchSize))
 	requireExit(t, r, 0)
 }
+
+// TestEnqueueStdinTakesALineAtARaisedPayloadLimit: a stdin line was
+// refused past 1 MiB whatever --max-payload-bytes said, so a producer
+// whose limit was raised past it could enqueue its large instructions
+// from flags only: "line is longer than 1048576 bytes". A line is now
+// taken up to what a payload at the limit can take written out (every
+// character escaped, as rails.WebhookBodyLimit counts a webhook body).
+func TestEnqueueStdinTakesALineAtARaisedPayloadLimit(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	const limit = 2 << 20
+	line := inputJSON("p-big", "k-big", "100", "metadata", map[string]any{"note": strings.Repeat("a", 3<<19)}) // 1.5 MiB
+	r := b.cli(t, line+"\n", "enqueue", "--max-payload-bytes", strconv.Itoa(limit))
+	requireExit(t, r, 0)
+	var n int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.pending WHERE idempotency_key = 'k-big'`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("the 1.5 MiB line under a 2 MiB limit: %d enqueued (%v); output %s", n, err, r)
+	}
+}
