@@ -485,7 +485,13 @@ func (e *enqueuer) sendBatchAfter(ctx context.Context, batch []pending.Instructi
 			// on its own, so that only the lines it is about fail. The
 			// batch was rolled back; were it not, the same keys answer
 			// with their receipts.
-			e.log.Warn("the database refused the batch: sending each of its lines on its own",
+			refused := "the database refused the batch"
+			if errors.Is(err, pending.ErrBatchTooLarge) {
+				// Refused before anything was sent: its payloads together
+				// are more than one batch takes, each alone is not.
+				refused = "the batch is too large for one enqueue"
+			}
+			e.log.Warn(refused+": sending each of its lines on its own",
 				"instructions", len(batch), "err", err)
 			for i := range batch {
 				e.sendBatchAfter(ctx, batch[i:i+1], slots[i:i+1], unknown)

@@ -130,3 +130,31 @@ func inputLineOf(t *testing.T, key string) inputLine {
 	}
 	return l
 }
+
+// TestEnqueueBatchTooLargeIsSentLineByLine: a --batch whose payloads
+// pass pending.MaxBatchPayloadBytes is refused by the producer before
+// anything is sent; each of its lines is then sent on its own and
+// enqueued, and the log says why, not that the database refused it.
+func TestEnqueueBatchTooLargeIsSentLineByLine(t *testing.T) {
+	t.Parallel()
+	var out, log bytes.Buffer
+	calls := 0
+	e := scriptedEnqueuer(t, &out, &calls, &pending.BatchTooLargeError{Instructions: 2, PayloadBytes: pending.MaxBatchPayloadBytes + 1,
+		MaxInstructions: pending.MaxBatchSize, MaxPayloadBytes: pending.MaxBatchPayloadBytes})
+	e.log = slog.New(slog.NewTextHandler(&log, nil))
+	for i := range 2 {
+		e.add(t.Context(), inputLineOf(t, fmt.Sprintf("k%d", i)), nil)
+	}
+	e.flush(t.Context())
+	if calls != 3 {
+		t.Errorf("sent %d times, want the batch once and each line once", calls)
+	}
+	for _, l := range stdoutLines(t, out.String()) {
+		if !decodeEnqueueLine(t, l).receipt {
+			t.Errorf("%s, want a receipt", l)
+		}
+	}
+	if strings.Contains(log.String(), "database refused") || !strings.Contains(log.String(), "too large") {
+		t.Errorf("log %q: want it to say the batch was too large, not that the database refused it", log.String())
+	}
+}
