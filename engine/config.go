@@ -75,8 +75,10 @@ const idleFreshness = 10 * time.Second
 const maxRailTextLength = 1000
 
 // ErrInvalidConfig is wrapped by the errors [New] returns for a Config it
-// refuses: no rails, an invalid schema, a negative count or duration, or
-// values that contradict each other.
+// refuses: no rails, an invalid schema, a negative count or duration, a
+// duration out of its range (LeaseGrace below MinLeaseGrace, PollInterval
+// past MaxPollInterval), or values that contradict each other (Debounce
+// longer than PollInterval).
 var ErrInvalidConfig = errors.New("engine: invalid config")
 
 // ErrNoPool is wrapped by the error [Relayer.Start] (and so [Relayer.Run])
