@@ -104,8 +104,8 @@ func (r *run) claimLoop(ctx context.Context) {
 				registered = false
 			}
 		}
-		if full {
-			continue // drain mode: there is probably more
+		if full || r.suspectsDue {
+			continue // drain mode: there is probably more; or a suspect to claim alone
 		}
 		if r.shouldRegisterIdle(empty) {
 			if !registered || time.Since(lastRefresh) >= r.cfg.IdleRefresh {
@@ -124,6 +124,9 @@ func (r *run) claimLoop(ctx context.Context) {
 					continue
 				}
 			}
+		}
+		if r.suspectsDue {
+			continue // the idle registration's claims found a suspect due
 		}
 		if !r.waitForWork(stopCtx, r.nextWait(empty, registered)) {
 			return
@@ -280,7 +283,8 @@ func (r *run) sleep(ctx context.Context, d time.Duration) bool {
 // slots come back in outcome batches and claims stay large. full reports
 // that every slot asked for was filled.
 func (r *run) claimOnce(ctx context.Context) (n int, full bool, err error) {
-	if r.isolating.Load() || r.suspectsWaiting(ctx) {
+	if r.isolating.Load() || r.suspectsDue {
+		r.suspectsDue = false
 		return r.claimSuspect(ctx)
 	}
 	if err := r.slots.Acquire(ctx, 1); err != nil {
@@ -317,22 +321,20 @@ func (r *run) claimOnce(ctx context.Context) (n int, full bool, err error) {
 // store.ClaimParams.Suspects) are due.
 const suspectCheckInterval = 250 * time.Millisecond
 
-// suspectsWaiting reports, at most every suspectCheckInterval, whether
-// suspects are due. Errors count as no: the plain claim that follows
-// reports the database's trouble.
-func (r *run) suspectsWaiting(ctx context.Context) bool {
+// suspectRails are the rail types whose suspects a claim asks about
+// (store.Store.ClaimAsking), at most every suspectCheckInterval, and
+// otherwise none. They are the rails claimSuspect would claim: a suspect
+// it could not take (breaker not closed, rail paused) must not start an
+// isolation that drains every dispatch for nothing. The question rides
+// the claim's round trip: in one of its own before the claim, it held up
+// what that claim took.
+func (r *run) suspectRails() []string {
 	if time.Since(r.lastSuspectCheck) < suspectCheckInterval {
-		return false
+		return nil
 	}
 	r.lastSuspectCheck = time.Now()
-	// The rails claimSuspect would claim: a suspect it could not take
-	// (breaker not closed, rail paused) must not start an isolation that
-	// drains every dispatch for nothing.
 	closed, _ := r.cfg.Rails.Claimable()
-	ctx, cancel := r.bounded(ctx)
-	defer cancel()
-	due, err := r.store.SuspectsDue(ctx, r.pool, closed)
-	return err == nil && due
+	return closed
 }
 
 // claimSuspect dispatches one suspect alone. It stops hand-offs
@@ -399,10 +401,11 @@ func (r *run) claim(ctx context.Context, db store.Batcher, limit int) ([]store.C
 	if len(closed) > 0 && p.Limit > 0 {
 		p.Leases = r.leases(closed)
 		r.stats.claims.Add(1)
-		more, err := r.store.Claim(ctx, db, p)
+		more, due, err := r.store.ClaimAsking(ctx, db, p, r.suspectRails())
 		if err != nil {
 			return out, joinClaimErr(out, err)
 		}
+		r.suspectsDue = due
 		out = append(out, more...)
 	}
 	return out, nil

@@ -356,8 +356,11 @@ type run struct {
 	// its last claim, or its last write's refill, came back full. Outcome
 	// writes then refill their freed slots (store.HandoffParams.Refill).
 	backlog atomic.Bool
-	// lastSuspectCheck is when the claim loop last asked for suspects.
+	// lastSuspectCheck is when the claim loop last asked for suspects,
+	// and suspectsDue the answer of its last claim that asked: the next
+	// claim is then a suspect's (claimOnce). Both the claim loop's own.
 	lastSuspectCheck time.Time
+	suspectsDue      bool
 	// handoffMu orders hand-offs before Stop's wait for dispatches.
 	handoffMu sync.RWMutex
 

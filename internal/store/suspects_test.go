@@ -136,3 +136,79 @@ func TestSuspectsDueOnlyOfClaimableRails(t *testing.T) {
 		t.Fatal("a suspect is not due after the resume")
 	}
 }
+
+// TestClaimAskingAnswersAsSuspectsDue: a claim that asks whether suspects
+// are due (the relayer's check, in the claim's round trip) answers as
+// SuspectsDue does, only when asked, still leaves the suspect to a
+// suspect claim, and reads the suspects' partial index under the claim's
+// plan settings (generic plans, no bitmap scans) without statistics, as
+// SuspectsDue alone does (TestSuspectsDueReadsOnlySuspects).
+func TestClaimAskingAnswersAsSuspectsDue(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	if _, err := b.pool.Exec(b.ctx, `ALTER TABLE outbox.pending SET (autovacuum_enabled = false)`); err != nil {
+		t.Fatal(err)
+	}
+	// A backlog of instructions due in an hour: none is claimed, and a
+	// sequential scan of them would show.
+	if _, err := b.pool.Exec(b.ctx, `
+INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+                            payload, attempt_count, next_attempt_at, created_at)
+SELECT gen_random_uuid(), 'i-' || g, 'p-' || g, 1, 'k-' || g, 'sandbox', '{}', 0, now() + interval '1 hour', now()
+FROM generate_series(1, 20000) AS g`); err != nil {
+		t.Fatal(err)
+	}
+	suspect := b.enqueue(t, "p-a", "a1")
+	if _, err := b.pool.Exec(b.ctx, `UPDATE outbox.pending SET zombie_count = 2 WHERE outbox_id = $1`, suspect); err != nil {
+		t.Fatal(err)
+	}
+	plain := b.enqueue(t, "p-b", "b1")
+	// The claims run on one connection of their own, outside a
+	// transaction (so with the claim's plan settings); its statistics are
+	// flushed before each read of the counters.
+	conn := b.conn(t)
+	seqScans := func() int64 {
+		t.Helper()
+		// Flushed at the end of each statement, this one's too.
+		for range 2 {
+			if _, err := conn.Exec(b.ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var n int64
+		if err := conn.QueryRow(b.ctx, `SELECT coalesce(seq_scan, 0) FROM pg_stat_user_tables
+  WHERE schemaname = 'outbox' AND relname = 'pending'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	ask := func(suspectRails ...string) ([]store.Claimed, bool) {
+		t.Helper()
+		before := seqScans()
+		claimed, due, err := b.st.ClaimAsking(b.ctx, conn, store.ClaimParams{RelayerID: "r-1", Limit: 10, Leases: bothRails}, suspectRails)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := seqScans() - before; n > 0 {
+			t.Errorf("asking for %v: %d sequential scans of pending", suspectRails, n)
+		}
+		return claimed, due
+	}
+	claimed, due := ask("sandbox", "other")
+	if !due {
+		t.Error("a claim asking about claimable rails did not report the due suspect")
+	}
+	if len(claimed) != 1 || claimed[0].OutboxID != plain {
+		t.Errorf("claimed %v, want only the plain instruction %v (the suspect is a suspect claim's)", outboxIDs(claimed), plain)
+	}
+	if _, due := ask("other"); due {
+		t.Error("a suspect on a rail the relayer does not claim is reported due")
+	}
+	if _, due := ask(); due {
+		t.Error("a claim that did not ask reported suspects due")
+	}
+	// The answer agrees with SuspectsDue's.
+	if alone, err := b.st.SuspectsDue(b.ctx, b.pool, []string{"sandbox"}); err != nil || !alone {
+		t.Fatalf("SuspectsDue: %v, %v", alone, err)
+	}
+}
