@@ -32,7 +32,8 @@ func (r *run) claimLoop(ctx context.Context) {
 	}()
 
 	registered := false
-	empty := 0 // consecutive claims that found nothing
+	empty := 0              // consecutive claims that found nothing
+	var lastFound time.Time // when a claim last found work
 	// conflictsSince is when the current run of ordering conflicts began
 	// (zero: the last claim had none), conflictsLogged when one was last
 	// logged.
@@ -95,7 +96,7 @@ func (r *run) claimLoop(ctx context.Context) {
 		failures.Succeeded()
 		conflictsSince, conflicts = time.Time{}, 0
 		if n > 0 {
-			empty = 0
+			empty, lastFound = 0, time.Now()
 		} else {
 			empty++
 		}
@@ -107,7 +108,7 @@ func (r *run) claimLoop(ctx context.Context) {
 		if full || r.suspectsDue {
 			continue // drain mode: there is probably more; or a suspect to claim alone
 		}
-		if r.shouldRegisterIdle(empty) {
+		if r.shouldRegisterIdle(empty, lastFound) {
 			if !registered || time.Since(lastRefresh) >= r.cfg.IdleRefresh {
 				found, err := r.goIdle(stopCtx)
 				if err != nil && stopCtx.Err() == nil {
@@ -117,7 +118,7 @@ func (r *run) claimLoop(ctx context.Context) {
 					registered, lastRefresh = true, time.Now()
 				}
 				if found {
-					empty = 0
+					empty, lastFound = 0, time.Now()
 					if err := r.unregisterIdle(stopCtx); err == nil {
 						registered = false
 					}
@@ -128,7 +129,7 @@ func (r *run) claimLoop(ctx context.Context) {
 		if r.suspectsDue {
 			continue // the idle registration's claims found a suspect due
 		}
-		if !r.waitForWork(stopCtx, r.nextWait(empty, registered)) {
+		if !r.waitForWork(stopCtx, r.nextWait(empty, registered, lastFound)) {
 			return
 		}
 	}
@@ -163,9 +164,21 @@ func isReadOnly(err error) bool {
 }
 
 // idleAfterEmptyClaims is how many claims in a row must find nothing
-// before a relayer registers idle (with the hot polls of nextWait, 2 + 4 +
-// 8 = 14 ms of nothing at the default Debounce).
+// before a relayer registers idle, and for at least as long as that many
+// hot polls of nextWait take (idleAfterNothing: 2 + 4 + 8 = 14 ms at the
+// default Debounce).
 const idleAfterEmptyClaims = 3
+
+// idleAfterNothing is how long a relayer's claims must have found nothing
+// before it registers idle: the hot polls of idleAfterEmptyClaims empty
+// claims. The count alone is not enough: claims prompted by freed slots
+// (or a notification) come as fast as outcome writes, and at a steady
+// 1,000/s three of them in a few milliseconds registered relayers whose
+// stream had not stopped, two registrations in three sooner than this, so
+// that producers paid for NOTIFY (docs/performance.md).
+func (r *run) idleAfterNothing() time.Duration {
+	return r.cfg.Debounce * (1<<idleAfterEmptyClaims - 1)
+}
 
 // shouldRegisterIdle decides when producers start paying for NOTIFY: when
 // this relayer listens and its hot polls have found nothing for a while,
@@ -175,8 +188,8 @@ const idleAfterEmptyClaims = 3
 // keep finding work, the relayer polls instead (nextWait), so at a steady
 // rate producers send no NOTIFY, whose commit takes a cluster-wide lock
 // (it halved producer throughput in `outbox bench notify`).
-func (r *run) shouldRegisterIdle(empty int) bool {
-	return r.listening.Load() && empty >= idleAfterEmptyClaims
+func (r *run) shouldRegisterIdle(empty int, lastFound time.Time) bool {
+	return r.listening.Load() && empty >= idleAfterEmptyClaims && time.Since(lastFound) >= r.idleAfterNothing()
 }
 
 // nextWait is how long the loop waits for a wake before claiming again.
@@ -185,15 +198,28 @@ func (r *run) shouldRegisterIdle(empty int) bool {
 // claim that found nothing, up to the poll interval: a steady stream is
 // picked up within a few milliseconds without any NOTIFY, and a relayer
 // whose stream stopped is back to the poll interval within a second.
-func (r *run) nextWait(empty int, registered bool) wait {
+//
+// A relayer that has had its empty claims but not yet their time of
+// nothing (idleAfterNothing, since lastFound) waits no longer than that
+// time: its next claim, if empty, registers it. Claims prompted by freed
+// slots count as empty claims too: after a burst whose outcomes come back
+// in many writes, the doubling alone would reach the poll interval before
+// the relayer registers, and new work would wait for the poll.
+func (r *run) nextWait(empty int, registered bool, lastFound time.Time) wait {
 	poll := r.pollDelay()
 	if registered {
 		return wait{d: min(poll, r.cfg.IdleRefresh)}
 	}
-	if empty > 20 || r.cfg.Debounce<<empty >= poll {
-		return wait{d: poll}
+	w := wait{d: poll}
+	if empty <= 20 && r.cfg.Debounce<<empty < poll {
+		w = wait{d: r.cfg.Debounce << empty, hot: true}
 	}
-	return wait{d: r.cfg.Debounce << empty, hot: true}
+	if empty >= idleAfterEmptyClaims && r.listening.Load() {
+		if rest := r.idleAfterNothing() - time.Since(lastFound); rest > 0 && rest < w.d {
+			w = wait{d: rest, hot: true}
+		}
+	}
+	return w
 }
 
 // wait is how long waitForWork waits, and whether it is a hot poll.

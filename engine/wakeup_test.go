@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -80,5 +81,68 @@ func TestSteadyStreamNeedsNoNotify(t *testing.T) {
 	// producers paid NOTIFY throughout.
 	if st.Notifications > n/4 {
 		t.Fatalf("%d notifications for %d instructions: the relayer kept registering idle during a steady stream", st.Notifications, n)
+	}
+}
+
+// TestIdleRegistrationWaitsForItsTimeOfNothing: a relayer registers idle
+// (and every producer's commit then sends a NOTIFY, one notifying commit
+// at a time in the whole cluster) only once its claims have found nothing
+// for as long as three hot polls take (Debounce + 2 × Debounce + 4 ×
+// Debounce). Claims prompted by freed slots come as fast as outcome
+// writes, and counted as those hot polls, three of them in a few
+// milliseconds registered a relayer whose stream had not stopped: at a
+// steady 1,000/s, two registrations in three came sooner than that, half
+// of them within 8-11 ms (docs/performance.md). Here a burst's outcomes
+// come back over 150 ms in several writes, each prompting a claim that
+// finds nothing.
+func TestIdleRegistrationWaitsForItsTimeOfNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{Seed: 1, LatencyMin: time.Millisecond, LatencyMax: 150 * time.Millisecond})
+	cfg := b.config("nothing")
+	cfg.PollInterval = 10 * time.Second
+	cfg.IdleRefresh = 5 * time.Second // no refresh of a registration in between
+	cfg.Debounce = 50 * time.Millisecond
+	nothing := 7 * cfg.Debounce
+	r, err := New(b.pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var registered []time.Time
+	r.testHooks.beforeRegister = func() {
+		mu.Lock()
+		registered = append(registered, time.Now())
+		mu.Unlock()
+	}
+	if err := r.Start(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = r.Stop(ctx)
+	})
+	b.waitRegisteredIdle(t, "nothing")
+
+	start := time.Now() // before the burst's commit, so before any claim that found it
+	const n = 30
+	b.enqueue(t, n, n)
+	b.waitDispatched(t, n, 20*time.Second)
+	time.Sleep(2 * nothing)
+	mu.Lock()
+	defer mu.Unlock()
+	var first time.Time
+	for _, at := range registered {
+		if at.After(start) {
+			first = at
+			break
+		}
+	}
+	if first.IsZero() {
+		t.Fatalf("stats %+v: the relayer did not register idle again after the burst", r.Stats())
+	}
+	if d := first.Sub(start); d < nothing {
+		t.Errorf("stats %+v: registered idle %s after the burst was enqueued, want at least %s of claims finding nothing",
+			r.Stats(), d.Round(time.Millisecond), nothing)
 	}
 }
