@@ -2,6 +2,8 @@ package main
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -157,5 +159,43 @@ func TestAdminTrustedProxiesFlag(t *testing.T) {
 		if !strings.Contains(r.stderr, "--admin-trusted-proxies") || !strings.Contains(r.stderr, "proxy.internal") {
 			t.Errorf("%s: stderr does not name the flag and the entry: %s", cmd, r.stderr)
 		}
+	}
+}
+
+// TestAdminMaxRequestsPastAPoolIsRefused: an --admin-max-requests whose
+// pool (one connection more) does not fit a pool's int32 is refused as a
+// usage error naming the flag (exit 2), as --max-conns past it is. It was
+// taken: the pool's size wrapped (4294967299 requests at once, a pool of
+// 4 connections; 2147483647, a negative size that pgxpool refused at
+// connect, far from the flag).
+func TestAdminMaxRequestsPastAPoolIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, n := range []string{"2147483647", "4294967299"} {
+		rf, err := parseRelayFlags(nil, []string{"--admin-max-requests", n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rf.checkAdmin(); !errors.Is(err, errUsage) {
+			t.Errorf("--admin-max-requests %s: checkAdmin %v (a pool of %d), want errUsage", n, err, rf.adminPoolConns())
+		}
+	}
+	for _, cmd := range []string{"relay", "demo"} {
+		// Taken, the command would run on, waiting for the database: the
+		// deadline ends it, and the refusal it did not make fails the test.
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+		var stderr bytes.Buffer
+		env := &environment{stdin: strings.NewReader(""), stdout: io.Discard, stderr: &stderr, getenv: func(string) string { return "" }}
+		err := run(ctx, env, []string{cmd, "--database-url", deadDatabaseURL, "--admin-max-requests", "4294967299"})
+		cancel()
+		if code := exitCode(env, err); code != 2 || !strings.Contains(stderr.String(), "--admin-max-requests 4294967299 is out of range") {
+			t.Errorf("%s: exit %d, stderr %q; want 2, naming the flag", cmd, code, stderr.String())
+		}
+	}
+	rf, err := parseRelayFlags(nil, []string{"--admin-max-requests", "2147483646"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rf.checkAdmin(); err != nil || rf.adminPoolConns() != 2147483647 {
+		t.Errorf("--admin-max-requests 2147483646: %v, a pool of %d, want accepted with 2147483647", err, rf.adminPoolConns())
 	}
 }

@@ -196,11 +196,16 @@ var errNegativeAdminRequests = errors.New("must not be negative")
 
 // checkAdmin refuses a negative --admin-max-requests as a usage error (0
 // is the default, and taking it for a flipped sign would hide the
-// mistake; admin.New refuses it too, less plainly), and an
-// --admin-trusted-proxies it cannot read.
+// mistake; admin.New refuses it too, less plainly), one whose pool would
+// not fit a pool's int32, and an --admin-trusted-proxies it cannot read.
 func (f *relayFlags) checkAdmin() error {
 	if f.adminMaxRequests < 0 {
 		return fmt.Errorf("%w: --admin-max-requests %d %w (0: the default, %d)", errUsage, f.adminMaxRequests, errNegativeAdminRequests, admin.DefaultMaxConcurrentRequests)
+	}
+	if f.adminMaxRequests > math.MaxInt32-1 {
+		// The admin pool has one connection more, and a pool's size is
+		// an int32: past it the size wrapped (to 4, or negative).
+		return fmt.Errorf("%w: --admin-max-requests %d is out of range: 0 (the default, %d) to %d", errUsage, f.adminMaxRequests, admin.DefaultMaxConcurrentRequests, math.MaxInt32-1)
 	}
 	_, err := f.trustedProxies()
 	return err
