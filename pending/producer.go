@@ -164,7 +164,9 @@ func EnqueueBatch(ctx context.Context, tx DBTX, ins []Instruction) ([]Receipt, e
 // and ErrIdempotencyMismatch) naming that key: the rail would pay it once
 // per key. In all these cases nothing is written and tx remains usable.
 // A write the database refuses as read-only (a READ ONLY transaction, a
-// standby) is [ErrReadOnly]: nothing is written, but tx is aborted. A ctx
+// standby) is [ErrReadOnly], and one refused for a privilege the role
+// lacks (another tenant's instruction, the outbox's grants) is
+// [ErrPermissionDenied]: nothing is written, but tx is aborted. A ctx
 // that ends while the statements run fails the enqueue with ctx's error,
 // and tx can no longer commit (pgx closes the connection of a statement
 // it gives up on): nothing of it, or of tx, is written.
