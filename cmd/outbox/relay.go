@@ -265,7 +265,7 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 	var rf relayFlags
 	db.register(fs, poolconfig.Relayer(relayerIDPlaceholder))
 	rf.register(fs)
-	maxConns := fs.Int("max-conns", 0, "database pool size (0: max-concurrency/4 + 8)")
+	maxConns := fs.Int("max-conns", 0, "database pool size (0: max-concurrency/4 + 8; at most 2147483647)")
 	logFormat := fs.String("log-format", "json", "log format: json or text")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	if _, err := parseFlags(fs, env, args); err != nil {
