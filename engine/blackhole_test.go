@@ -124,8 +124,10 @@ func TestListenerSurvivesABlackHoledConnection(t *testing.T) {
 		}
 		return false
 	}
-	for !r.Health().Listening {
-		time.Sleep(10 * time.Millisecond)
+	for start := time.Now(); !r.Health().Listening; time.Sleep(10 * time.Millisecond) {
+		if time.Since(start) > 30*time.Second {
+			t.Fatalf("the relayer was not listening 30 s after its start: %+v", r.Health())
+		}
 	}
 	for n := r.Stats().Notifications; ; {
 		time.Sleep(200 * time.Millisecond) // registered idle
