@@ -397,3 +397,53 @@ func (b *recordBundle) sessionRole(t *testing.T) string {
 	}
 	return role
 }
+
+// TestCancelUnorderedRacingARetryOfItsClaim guards a cancel, with
+// ordering off, against an instruction that leaves pending for a claim and
+// comes back with a retry while the cancel decides. With ordering off an
+// outcome write takes no participant's lock, so the cancel's look at
+// pending (which finds it gone: claimed) and its look in flight (a later
+// statement, with a snapshot of its own) can straddle the retry's commit.
+// Before migration 048 it then answered "not pending" (false, no error),
+// as for an instruction settled or unknown, while the instruction was
+// pending and due: an operator told so stops looking, and it is sent.
+// The claim and the retry commit together here so that the retry's commit
+// falls between the cancel's two statements every time (the cancel waits
+// for the claim's row lock, and wakes to both); apart, they leave the
+// same rows to the cancel when the retry commits first.
+func TestCancelUnorderedRacingARetryOfItsClaim(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	if err := b.st.SetOrdered(b.ctx, b.pool, false); err != nil {
+		t.Fatal(err)
+	}
+	id := b.enqueue(t, "p-a", "a1")
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	claimed, err := b.st.Claim(b.ctx, tx, store.ClaimParams{RelayerID: "r-1", Limit: 1, Leases: bothRails})
+	if err != nil || len(claimed) != 1 || claimed[0].OutboxID != id {
+		t.Fatalf("claim: %v, %v", outboxIDs(claimed), err)
+	}
+	retry := recordOutcome(t, claimed[0], "r-1", store.Retryable)
+	retry.RetryDelay = 0
+	if _, _, err := b.st.Record(b.ctx, tx, []store.Outcome{retry}, store.HandoffParams{}); err != nil {
+		t.Fatal(err)
+	}
+	var cancelled bool
+	err = b.waitingOn(t, tx, func(conn *pgxpool.Conn) (err error) {
+		cancelled, err = b.st.Cancel(b.ctx, conn, id, "olga", "recalled by the customer")
+		return err
+	})
+	if err != nil || !cancelled {
+		t.Fatalf("cancel of an instruction back in pending: %v, %v (want cancelled); it is now %+v", cancelled, err, b.where(t, id))
+	}
+	if w := b.where(t, id); w.pending || w.inflight != nil || w.dead {
+		t.Fatalf("after the cancel the instruction is %+v, want gone", w)
+	}
+	got, _ := b.trail(t, id)
+	wantTrail(t, got, "DISPATCHING#1", "RETRYABLE#1", "CANCELLED#2")
+	b.verifyOK(t)
+}
