@@ -238,14 +238,14 @@ func (a *Archive) Replay(ctx context.Context, db DB, outboxID uuid.UUID, operato
 var ErrDeadLetterChanged = store.ErrDeadLetterChanged
 
 // ErrCommitUnknown is returned by ReplayAsRead, AcknowledgeAsRead,
-// Cancel, PauseRail and ResumeRail when the connection broke once the action's transaction was under way
+// Cancel, PauseRail, ResumeRail and Detach when the connection broke once the action's transaction was under way
 // and it could not be settled whether it committed: it may have been
 // done. Read the instruction's trail before acting on it again (a dead
 // letter listed again may be a new failure).
 var ErrCommitUnknown = store.ErrCommitUnknown
 
 // ErrActionNotDone is returned by ReplayAsRead, AcknowledgeAsRead,
-// Cancel, PauseRail and ResumeRail when the connection broke before the action committed and the database
+// Cancel, PauseRail, ResumeRail and Detach when the connection broke before the action committed and the database
 // shows it was not done: nothing was done, and it can be run again.
 var ErrActionNotDone = store.ErrActionNotDone
 
@@ -431,7 +431,10 @@ func (a *Archive) Partitions(ctx context.Context, db DB, exact bool) ([]Partitio
 // database, append-only, and are still verified and shown in trails. It
 // refuses months the checkpoints do not cover yet and gives up on a
 // partition whose lock it cannot get within lockTimeout rather than stall
-// relayers. It needs the schema's owner.
+// relayers. It needs the schema's owner. A month's move whose connection
+// broke is settled on another connection (store.DetachArchive): listed if
+// it moved, else ErrActionNotDone or ErrCommitUnknown, with the months
+// moved before it.
 func (a *Archive) Detach(ctx context.Context, db DB, before time.Time, lockTimeout time.Duration) (detached []string, retired int64, err error) {
 	detached, err = a.store.DetachArchive(ctx, db, before, lockTimeout)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/poolconfig"
 )
 
@@ -80,7 +81,20 @@ func runArchive(ctx context.Context, env *environment, args []string) error {
 		return nil
 	case "detach":
 		detached, retired, err := archive.Detach(ctx, pool, before, *lockTimeout)
-		_ = out.Encode(map[string]any{"before": before.Format("2006-01"), "detached": detached, "retired_keys": retired, "ok": err == nil})
+		line := map[string]any{"before": before.Format("2006-01"), "detached": detached, "retired_keys": retired, "ok": err == nil}
+		// A month's move whose connection broke is settled (the months
+		// listed moved): one not moved can be run again, one that cannot be
+		// told is reported as the other operator actions are.
+		switch {
+		case errors.Is(err, attempts.ErrActionNotDone):
+			line["error"], line["note"] = actionNotDone, "the connection broke before the next month's move committed, and the database shows it was not done; run it again"
+		case errors.Is(err, attempts.ErrCommitUnknown):
+			line["error"], line["note"] = actionCommitUnknown, "the next month's move may have been done: the connection broke after it was sent and the database could not tell; see where it is (outbox archive list) before running it again"
+			_ = out.Encode(line)
+			fmt.Fprintln(env.stderr, "outbox:", err)
+			return exitError{code: commitUnknownCode}
+		}
+		_ = out.Encode(line)
 		return err
 	case "move-default":
 		moved, err := archive.MoveDefault(ctx, pool, *lockTimeout)

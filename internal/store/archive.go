@@ -172,6 +172,13 @@ func (s *Store) partitionRows(p Partition, parts []Partition) string {
 // Each partition first gets a validated CHECK constraint equal to its
 // bounds (read without blocking writers), so the move itself is one short
 // transaction that re-attaches without scanning.
+//
+// On a db that opens transactions of its own (a pool), a connection that
+// breaks during a month's move is settled on another connection: a month
+// that moved is listed and the next ones are moved; one that did not
+// stops it with ErrActionNotDone (run it again), and one that cannot be
+// told with ErrCommitUnknown (`outbox archive list` shows where it is).
+// The months listed before either were moved.
 func (s *Store) DetachArchive(ctx context.Context, db Batcher, before time.Time, lockTimeout time.Duration) ([]string, error) {
 	var now, covered time.Time
 	if err := db.QueryRow(ctx, `SELECT now(), coalesce((SELECT max(period_end) FROM `+s.table("checkpoints")+`), 'epoch')`).
@@ -224,26 +231,58 @@ func (s *Store) detachPartition(ctx context.Context, db Batcher, p Partition, lo
 	if _, err := db.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s VALIDATE CONSTRAINT %s`, name, check)); err != nil {
 		return fmt.Errorf("detach %s: validate bounds: %w", p.Name, err)
 	}
-	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	move := func(tx Querier) (bool, error) {
 		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", max(1, lockTimeout.Milliseconds()))); err != nil {
-			return err
+			return false, err
 		}
 		if _, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s DETACH PARTITION %s`, s.table("attempts"), name)); err != nil {
-			return fmt.Errorf("detach %s: %w", p.Name, err)
+			return false, fmt.Errorf("detach %s: %w", p.Name, err)
 		}
 		if _, err := tx.Exec(ctx, fmt.Sprintf(`ALTER TABLE %s ATTACH PARTITION %s FOR VALUES FROM (%s) TO (%s)`,
 			s.table("attempts_detached"), name, from, to)); err != nil {
-			return fmt.Errorf("detach %s: attach to attempts_detached: %w", p.Name, err)
+			return false, fmt.Errorf("detach %s: attach to attempts_detached: %w", p.Name, err)
 		}
 		// Read through attempts_detached only, under its tenant policy, as
 		// it was through attempts (migration 027): a grant made on the
 		// month meanwhile goes with the move.
 		if _, err := tx.Exec(ctx, fmt.Sprintf(`SELECT %s.seal_archive_partition($1::regclass)`, pgx.Identifier{s.schema}.Sanitize()), name); err != nil {
-			return fmt.Errorf("detach %s: seal: %w", p.Name, err)
+			return false, fmt.Errorf("detach %s: seal: %w", p.Name, err)
 		}
-		return nil
+		return true, nil
+	}
+	if _, inTx := db.(pgx.Tx); inTx {
+		return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			_, err := move(tx)
+			return err
+		})
+	}
+	// A connection that breaks once the move is under way leaves it
+	// unknown whether it committed; reported as a failure, a month that
+	// moved was left out of the list of those detached. Settled on another
+	// connection as the operator actions are (settledAction): the month
+	// is under attempts_detached (done) or still under attempts (not done).
+	_, err := s.settledAction(ctx, db, move, func(q Querier, _ actionSession) (bool, error) {
+		var parent string
+		if err := q.QueryRow(ctx, partitionParentSQL, name).Scan(&parent); err != nil {
+			return false, err
+		}
+		switch parent {
+		case "attempts_detached":
+			return true, nil
+		case "attempts":
+			return false, nil
+		}
+		return false, fmt.Errorf("%s is a partition of %s", p.Name, parent)
 	})
+	if errors.Is(err, ErrCommitUnknown) || errors.Is(err, ErrActionNotDone) {
+		return fmt.Errorf("detach %s: %w", p.Name, err)
+	}
+	return err
 }
+
+// partitionParentSQL names the table the archive partition $1 (a
+// qualified name) is a partition of.
+const partitionParentSQL = `SELECT p.relname FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent WHERE i.inhrelid = $1::regclass`
 
 // quoteTime is a timestamptz literal for DDL, which takes no parameters.
 // The value comes from the catalog, never from input.

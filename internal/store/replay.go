@@ -181,7 +181,7 @@ func (s *Store) actOnShown(ctx context.Context, db TxBeginner, query, state stri
 
 // ErrCommitUnknown is returned by an operator action (ReplayShown,
 // ReplayAsRead, AcknowledgeShown, AcknowledgeAsRead, Cancel, PauseRail,
-// ResumeRail) whose connection broke
+// ResumeRail, a month's move in DetachArchive) whose connection broke
 // once its transaction was under way, when it could not be settled whether
 // it committed (the database could not be reached again, or the
 // transaction was still open). It may have been done: read the

@@ -35,6 +35,11 @@ type HoldingProxy struct {
 	// proxy refuses new connections; refuseUntil is when that ends.
 	refuseFor   time.Duration
 	refuseUntil time.Time
+	// seen, if not empty (CutReplyAfterSeen), holds the cut back until a
+	// client message holds it; seenBy is the connection that sent it, the
+	// only one the cut then lands on.
+	seen   []byte
+	seenBy *heldConn
 }
 
 // heldConn is one proxied connection.
@@ -117,6 +122,16 @@ func (p *HoldingProxy) CutRepliesAfter(markers ...[]byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cutAfter = markers
+}
+
+// CutReplyAfterSeen is CutReplyAfter(marker) for a message after one
+// holding seen, on the connection that sent that one: a cut of the commit
+// of one transaction (its statement named by seen) when others commit
+// before it.
+func (p *HoldingProxy) CutReplyAfterSeen(seen, marker []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cutAfter, p.seen, p.seenBy = [][]byte{marker}, seen, nil
 }
 
 // RefuseAfterCut makes the next armed cut (CutReplyAfter) also refuse
@@ -225,9 +240,19 @@ func (p *HoldingProxy) pipe(c *heldConn, dst, src net.Conn) {
 func (p *HoldingProxy) armCut(c *heldConn, data []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(p.cutAfter) == 0 || !bytes.Contains(data, p.cutAfter[0]) {
+	if len(p.cutAfter) == 0 {
 		return
 	}
+	if len(p.seen) > 0 {
+		if bytes.Contains(data, p.seen) {
+			p.seen, p.seenBy = nil, c
+		}
+		return
+	}
+	if p.seenBy != nil && p.seenBy != c || !bytes.Contains(data, p.cutAfter[0]) {
+		return
+	}
+	p.seenBy = nil
 	p.cutAfter = p.cutAfter[1:]
 	if p.refuseFor > 0 {
 		p.refuseUntil, p.refuseFor = time.Now().Add(p.refuseFor), 0
