@@ -424,7 +424,7 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, who Token, action s
 			w.Header().Set("Retry-After", strconv.FormatInt(int64(math.Ceil(max(time.Until(*res.RetryAfter).Seconds(), 1))), 10))
 		}
 		writeResult(w, http.StatusConflict, res.Error, &res)
-	case errors.Is(err, store.ErrCancelInFlight), errors.Is(err, store.ErrDeadLetterChanged):
+	case errors.Is(err, store.ErrCancelInFlight), errors.Is(err, store.ErrDeadLetterInFlight), errors.Is(err, store.ErrDeadLetterChanged):
 		writeResult(w, http.StatusConflict, res.Error, &res)
 	case errors.Is(err, store.ErrOperatorAction), errors.Is(err, ErrUnknownAction):
 		writeError(w, http.StatusBadRequest, BadRequest, err.Error())
@@ -522,8 +522,18 @@ func (s *Server) takeAction(ctx context.Context, id uuid.UUID, shown *time.Time,
 		}
 	case ActionReplay, ActionAcknowledge:
 		var dl *store.DeadLetter
-		if dl, err = s.store.DeadLetter(ctx, s.cfg.Pool, id); err != nil || dl == nil {
+		if dl, err = s.store.DeadLetter(ctx, s.cfg.Pool, id); err != nil {
 			return res, err
+		}
+		if dl == nil {
+			// Not a dead letter: one in flight is said so, as a cancel's
+			// is; "not found" reads as an id unknown.
+			inFlight, err := s.store.InFlight(ctx, s.cfg.Pool, id)
+			if err != nil || !inFlight {
+				return res, err
+			}
+			res.Error, res.Note = InFlight, "nothing done: not a dead letter but in flight (a relayer claimed it and its rail call may be under way); its outcome settles it, and a failure makes it a dead letter"
+			return res, fmt.Errorf("%s %s: %w", action, id, store.ErrDeadLetterInFlight)
 		}
 		res.OutcomeUnknown = dl.OutcomeUnknown
 		switch {

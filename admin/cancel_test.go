@@ -162,3 +162,25 @@ func TestCancelRefusedWhileTheRailMayStillAct(t *testing.T) {
 		t.Fatalf("after the refusals: %d pending, %d cancelled (%v), want 1 and 0", pending, cancelled, err)
 	}
 }
+
+// TestReplayOfAnInstructionInFlight: a replay or an acknowledgement,
+// through the API, of an instruction a relayer has claimed answers 409
+// IN_FLIGHT, as a cancel does, and does nothing. It answered 404
+// NOT_FOUND, as for an unknown id: an operator told so could think the
+// instruction lost and send the payment another way while its rail call
+// was under way.
+func TestReplayOfAnInstructionInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	id := b.enqueue(t, "acme", "k1")
+	if held := b.claim(t, "r-1", time.Hour); held.OutboxID != id {
+		t.Fatalf("claimed %s, want %s", held.OutboxID, id)
+	}
+	for _, action := range []string{"replay", "acknowledge"} {
+		var res admin.ActionResult
+		if code := b.call(t, "POST", "/api/v1/dead-letters/"+id.String()+"/"+action, operatorSecret, map[string]string{"reason": "rail fixed"}, &res); code != http.StatusConflict ||
+			res.Done || res.Error != admin.InFlight || !strings.Contains(res.Note, "in flight") {
+			t.Fatalf("%s of an instruction in flight: %d %+v (want 409, %s)", action, code, res, admin.InFlight)
+		}
+	}
+}

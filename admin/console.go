@@ -644,6 +644,10 @@ func (s *Server) pageAct(w http.ResponseWriter, r *http.Request, p *page) {
 			p.Error = "That dead letter changed since this page was shown: someone replayed or acknowledged it (it may have failed again). Nothing was done; look at it again below before you act."
 			break
 		}
+		if errors.Is(err, store.ErrDeadLetterInFlight) {
+			p.Error = "That instruction is in flight, not a dead letter: a relayer claimed it and its rail call may be under way. Nothing was done; its outcome settles it, and a failure makes it a dead letter again."
+			break
+		}
 		if errors.Is(err, store.ErrActionNotDone) {
 			p.Error = actionNotDone
 			break

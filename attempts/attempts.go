@@ -66,6 +66,10 @@ type RailMayStillActError = store.RailMayStillActError
 // done. The error is a *CancelInFlightError naming the outbox id.
 var ErrCancelInFlight = store.ErrCancelInFlight
 
+// ErrDeadLetterInFlight is a replay or acknowledgement of an instruction
+// that is not a dead letter but in flight (Archive.InFlight): nothing done.
+var ErrDeadLetterInFlight = store.ErrDeadLetterInFlight
+
 // CancelInFlightError is Cancel's refusal of an instruction in flight.
 type CancelInFlightError = store.CancelInFlightError
 
@@ -214,6 +218,13 @@ func (a *Archive) DeadLettersAfter(ctx context.Context, db DB, all bool, after *
 	return a.store.DeadLettersAfter(ctx, db, all, c, limit)
 }
 
+// InFlight reports whether the instruction is in flight (a relayer
+// claimed it), among the rows the reader's tenant scope lets it read: what
+// to tell an operator who asks to replay or acknowledge it.
+func (a *Archive) InFlight(ctx context.Context, db DB, outboxID uuid.UUID) (bool, error) {
+	return a.store.InFlight(ctx, db, outboxID)
+}
+
 // DeadLetter returns the dead letter of an outbox id, or nil if there is
 // none.
 func (a *Archive) DeadLetter(ctx context.Context, db DB, outboxID uuid.UUID) (*DeadLetter, error) {
@@ -227,7 +238,8 @@ const OutcomeUnknownReplay = "the last attempt's outcome is unknown (the rail ma
 // Replay sends a dead letter back to pending with the same outbox and
 // sequence id and a fresh retry budget, and archives a REPLAYED row naming
 // the operator and the reason. With ordering on it becomes its participant's next
-// instruction again. It reports whether the dead letter existed.
+// instruction again. It reports whether the dead letter existed; of an
+// instruction in flight it returns ErrDeadLetterInFlight, nothing done.
 func (a *Archive) Replay(ctx context.Context, db DB, outboxID uuid.UUID, operator, reason string) (bool, error) {
 	return a.store.Replay(ctx, db, outboxID, operator, reason)
 }
@@ -268,7 +280,8 @@ func (a *Archive) AcknowledgeAsRead(ctx context.Context, db TxBeginner, dl DeadL
 // the table until [Archive.Detach] detaches the month that acknowledged
 // it, and leaves with its key) and archives an ACKNOWLEDGED
 // row naming the operator and the reason. It reports whether an
-// unacknowledged dead letter existed.
+// unacknowledged dead letter existed; of an instruction in flight it
+// returns ErrDeadLetterInFlight, nothing done.
 func (a *Archive) Acknowledge(ctx context.Context, db DB, outboxID uuid.UUID, operator, reason string) (bool, error) {
 	return a.store.Acknowledge(ctx, db, outboxID, operator, reason)
 }

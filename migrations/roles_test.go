@@ -701,6 +701,52 @@ func TestOperatorsCancelInFlightWithinTheirTenant(t *testing.T) {
 	}
 }
 
+// TestOperatorsReplayInFlightWithinTheirTenant: a replay or an
+// acknowledgement by an operator scoped to tenant A of A's instruction in
+// flight is refused as in flight (ErrDeadLetterInFlight), as its cancel
+// is; it answered false, as for an id unknown, at once (the front read the
+// tenant from the dead letters, where one in flight is not). Of B's, the
+// operator of A is told nothing about it (false, no error), and nothing
+// is written either way.
+func TestOperatorsReplayInFlightWithinTheirTenant(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	relayer := b.as(t, migrations.RoleRelayer, "")
+	operatorA := b.as(t, migrations.RoleOperator, "tenant-a")
+	ids := map[string]uuid.UUID{}
+	for _, tenant := range []string{"tenant-a", "tenant-b"} {
+		r, err := b.enqueue(t, b.as(t, migrations.RoleProducer, tenant), tenant, tenant+"-held")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[tenant] = r.OutboxID
+	}
+	claimed, err := b.st.Claim(b.ctx, relayer, store.ClaimParams{RelayerID: "r1", Limit: 100,
+		Leases: map[string]time.Duration{"sandbox": time.Hour}})
+	if err != nil || len(claimed) != 2 {
+		t.Fatalf("claim: %d, %v (want both)", len(claimed), err)
+	}
+	for name, act := range map[string]func(uuid.UUID) (bool, error){
+		"replay": func(id uuid.UUID) (bool, error) { return b.st.Replay(b.ctx, operatorA, id, "olga", "test") },
+		"acknowledge": func(id uuid.UUID) (bool, error) {
+			return b.st.Acknowledge(b.ctx, operatorA, id, "olga", "test")
+		},
+	} {
+		if ok, err := act(ids["tenant-a"]); ok || !errors.Is(err, store.ErrDeadLetterInFlight) {
+			t.Errorf("operator of tenant A: %s of A's instruction in flight: %v, %v (want ErrDeadLetterInFlight)", name, ok, err)
+		}
+		if ok, err := act(ids["tenant-b"]); ok || err != nil {
+			t.Errorf("operator of tenant A: %s of B's instruction in flight: %v, %v (want false, no error)", name, ok, err)
+		}
+	}
+	var inflight, acted int
+	if err := b.admin.QueryRow(b.ctx, `SELECT (SELECT count(*) FROM outbox.inflight),
+		(SELECT count(*) FROM outbox.attempts WHERE state IN ('REPLAYED', 'ACKNOWLEDGED'))`).Scan(&inflight, &acted); err != nil ||
+		inflight != 2 || acted != 0 {
+		t.Fatalf("after the refusals: %d in flight, %d operator rows (%v), want 2 and 0", inflight, acted, err)
+	}
+}
+
 // TestRelayServiceAsRelayerRole: the whole relay service (relayer,
 // reaper with partition upkeep, checkpoints and the removal of dead
 // relayers' idle registrations, metrics) runs connected as

@@ -200,3 +200,41 @@ func TestDLQReplayActsOnTheDeadLetterItRead(t *testing.T) {
 	}
 	requireExit(t, b.cli(t, "", "audit", "verify"), 0)
 }
+
+// TestDLQReplayOfAnInstructionInFlight: `dlq replay` and `dlq ack` of an
+// instruction a relayer has claimed say that it is in flight (error
+// IN_FLIGHT, exit 1), as `outbox cancel` does, and do nothing. They used
+// to print `"done": false` alone, as for an id unknown: an operator told
+// so could think the instruction lost and send the payment another way
+// while its rail call was under way. It becomes a dead letter to replay
+// only if its outcome is a failure.
+func TestDLQReplayOfAnInstructionInFlight(t *testing.T) {
+	t.Parallel()
+	b := setupCLI(t)
+	id := b.enqueued(t, "p1", "k1")
+	st, err := store.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if claimed, err := st.Claim(b.ctx, b.pool, store.ClaimParams{RelayerID: "r1", Limit: 1, Leases: map[string]time.Duration{"sandbox": time.Hour}}); err != nil || len(claimed) != 1 {
+		t.Fatalf("claim: %v, %v", claimed, err)
+	}
+	for _, action := range []string{"replay", "ack"} {
+		r := b.cli(t, "", "dlq", "--operator", "alice", "--reason", "rail fixed", action, id)
+		requireExit(t, r, 1)
+		var l struct {
+			OutboxID string `json:"outbox_id"`
+			Done     bool   `json:"done"`
+			Error    string `json:"error"`
+			Note     string `json:"note"`
+		}
+		if lines := stdoutLines(t, r.stdout); len(lines) != 1 || json.Unmarshal([]byte(lines[0]), &l) != nil ||
+			l.OutboxID != id || l.Done || l.Error != "IN_FLIGHT" || !strings.Contains(l.Note, "in flight") {
+			t.Fatalf("dlq %s of an instruction in flight:\n%s", action, r)
+		}
+	}
+	var n int
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE outbox_id = $1 AND state IN ('REPLAYED', 'ACKNOWLEDGED')`, id).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d operator rows (%v), want none", n, err)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/gofrs/uuid/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ledgerline/outbox/admin"
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/poolconfig"
 )
@@ -128,6 +129,18 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 		var ok bool
 		switch {
 		case dl == nil: // not a dead letter: nothing to act on
+			// One in flight is said so, as `cancel` does: "done": false
+			// alone reads as an id unknown.
+			inFlight, err := archive.InFlight(ctx, pool, id)
+			if err != nil {
+				return stopAfter(env, err, unknown)
+			}
+			if inFlight {
+				missing++
+				_ = out.Encode(map[string]any{"outbox_id": id, "action": action, "done": false, "error": admin.InFlight,
+					"note": "nothing done: not a dead letter but in flight (a relayer claimed it and its rail call may be under way); its outcome settles it, and a failure makes it a dead letter"})
+				continue
+			}
 		case action == "replay":
 			ok, err = archive.ReplayAsRead(ctx, pool, *dl, *operator, *reason)
 		default:

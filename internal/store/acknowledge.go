@@ -12,7 +12,8 @@ import (
 // the acknowledgement is detached: RetireKeys) and archives an ACKNOWLEDGED
 // row saying who and why, through the schema's
 // acknowledge_dead_letter function (migration 008). It reports whether an
-// unacknowledged dead letter existed.
+// unacknowledged dead letter existed; of an instruction in flight, it
+// returns ErrDeadLetterInFlight and does nothing.
 func (s *Store) Acknowledge(ctx context.Context, db Querier, outboxID uuid.UUID, operator, reason string) (bool, error) {
 	if err := checkOperator(operator, reason); err != nil {
 		return false, err
@@ -21,7 +22,10 @@ func (s *Store) Acknowledge(ctx context.Context, db Querier, outboxID uuid.UUID,
 	if err := db.QueryRow(ctx, s.sql.acknowledge, outboxID, operator, reason).Scan(&n); err != nil {
 		return false, fmt.Errorf("acknowledge %s: %w", outboxID, err)
 	}
-	return n == 1, nil
+	if n != 1 {
+		return false, s.notDeadLetter(ctx, db, "acknowledge", outboxID)
+	}
+	return true, nil
 }
 
 const acknowledgeSQL = `SELECT {schema}.acknowledge_dead_letter($1, $2, $3)`

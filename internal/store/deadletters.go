@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -162,3 +163,24 @@ func (s *Store) DeadLetter(ctx context.Context, db Querier, outboxID uuid.UUID) 
 }
 
 const deadLetterSQL = deadLetterSelect + ` WHERE outbox_id = $1`
+
+// InFlight reports whether the instruction outboxID is in flight (a
+// relayer claimed it and its rail call may be under way), among the rows
+// the reader's tenant scope lets it read. A replay or an acknowledgement
+// of an id that is not a dead letter says so (ErrDeadLetterInFlight): "not
+// a dead letter" alone reads as an id unknown, and an operator told so of
+// a payment could send it another way while its rail call was under way.
+func (s *Store) InFlight(ctx context.Context, db Querier, outboxID uuid.UUID) (bool, error) {
+	var inFlight bool
+	if err := db.QueryRow(ctx, s.Qualify(inFlightSQL), outboxID).Scan(&inFlight); err != nil {
+		return false, fmt.Errorf("in flight: %w", err)
+	}
+	return inFlight, nil
+}
+
+const inFlightSQL = `SELECT EXISTS (SELECT 1 FROM {schema}.inflight WHERE outbox_id = $1)`
+
+// ErrDeadLetterInFlight is a replay or an acknowledgement refused, nothing
+// done, because the instruction is not a dead letter but in flight (see
+// InFlight): its outcome settles it, and a failure makes it a dead letter.
+var ErrDeadLetterInFlight = errors.New("not a dead letter: the instruction is in flight, its rail call may be under way")

@@ -26,7 +26,8 @@ import (
 // the participant's head that is under way (migration 026); else it waits,
 // and becomes due when the instruction in flight ends or comes back to
 // pending (requeuedSQL, reapSQL). It reports whether the dead letter
-// existed.
+// existed; of an instruction in flight, it returns ErrDeadLetterInFlight
+// and does nothing.
 func (s *Store) Replay(ctx context.Context, db Querier, outboxID uuid.UUID, operator, reason string) (bool, error) {
 	if err := checkOperator(operator, reason); err != nil {
 		return false, err
@@ -35,7 +36,27 @@ func (s *Store) Replay(ctx context.Context, db Querier, outboxID uuid.UUID, oper
 	if err := db.QueryRow(ctx, s.sql.replay, outboxID, operator, reason).Scan(&n); err != nil {
 		return false, fmt.Errorf("replay %s: %w", outboxID, err)
 	}
-	return n == 1, nil
+	if n != 1 {
+		return false, s.notDeadLetter(ctx, db, "replay", outboxID)
+	}
+	return true, nil
+}
+
+// notDeadLetter is what a replay or an acknowledgement that found no dead
+// letter returns: ErrDeadLetterInFlight for an instruction in flight (as
+// the operator's tenant scope reads it, so another tenant's is not told),
+// nil otherwise. The function's answer (0) does not tell one in flight
+// from an id unknown, and a tenant-scoped operator's front answers it
+// without reading further.
+func (s *Store) notDeadLetter(ctx context.Context, db Querier, action string, outboxID uuid.UUID) error {
+	inFlight, err := s.InFlight(ctx, db, outboxID)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s %s: nothing done, not a dead letter: %w", action, outboxID, err)
+	case inFlight:
+		return fmt.Errorf("%s %s: %w", action, outboxID, ErrDeadLetterInFlight)
+	}
+	return nil
 }
 
 const replaySQL = `SELECT {schema}.replay_dead_letter($1, $2, $3)`
