@@ -522,15 +522,15 @@ func (s *Server) takeAction(ctx context.Context, id uuid.UUID, shown *time.Time,
 		}
 	case ActionReplay, ActionAcknowledge:
 		var dl *store.DeadLetter
-		if dl, err = s.store.DeadLetter(ctx, s.cfg.Pool, id); err != nil {
+		var inFlight bool
+		if dl, inFlight, err = s.store.DeadLetterOrInFlight(ctx, s.cfg.Pool, id); err != nil {
 			return res, err
 		}
 		if dl == nil {
 			// Not a dead letter: one in flight is said so, as a cancel's
 			// is; "not found" reads as an id unknown.
-			inFlight, err := s.store.InFlight(ctx, s.cfg.Pool, id)
-			if err != nil || !inFlight {
-				return res, err
+			if !inFlight {
+				return res, nil
 			}
 			res.Error, res.Note = InFlight, "nothing done: not a dead letter but in flight (a relayer claimed it and its rail call may be under way); its outcome settles it, and a failure makes it a dead letter"
 			return res, fmt.Errorf("%s %s: %w", action, id, store.ErrDeadLetterInFlight)

@@ -67,7 +67,8 @@ type RailMayStillActError = store.RailMayStillActError
 var ErrCancelInFlight = store.ErrCancelInFlight
 
 // ErrDeadLetterInFlight is a replay or acknowledgement of an instruction
-// that is not a dead letter but in flight (Archive.InFlight): nothing done.
+// that is not a dead letter but in flight (Archive.DeadLetterOrInFlight):
+// nothing done.
 var ErrDeadLetterInFlight = store.ErrDeadLetterInFlight
 
 // CancelInFlightError is Cancel's refusal of an instruction in flight.
@@ -218,11 +219,13 @@ func (a *Archive) DeadLettersAfter(ctx context.Context, db DB, all bool, after *
 	return a.store.DeadLettersAfter(ctx, db, all, c, limit)
 }
 
-// InFlight reports whether the instruction is in flight (a relayer
-// claimed it), among the rows the reader's tenant scope lets it read: what
-// to tell an operator who asks to replay or acknowledge it.
-func (a *Archive) InFlight(ctx context.Context, db DB, outboxID uuid.UUID) (bool, error) {
-	return a.store.InFlight(ctx, db, outboxID)
+// DeadLetterOrInFlight is DeadLetter and, when there is no dead letter,
+// whether the instruction is in flight (a relayer claimed it), among the
+// rows the reader's tenant scope lets it read: what an operator's replay
+// or acknowledgement acts on, or tells. One whose failure committed
+// between the two looks is read as the dead letter it became.
+func (a *Archive) DeadLetterOrInFlight(ctx context.Context, db DB, outboxID uuid.UUID) (*DeadLetter, bool, error) {
+	return a.store.DeadLetterOrInFlight(ctx, db, outboxID)
 }
 
 // DeadLetter returns the dead letter of an outbox id, or nil if there is

@@ -119,7 +119,7 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 	}
 	missing, unknown := 0, 0
 	for _, id := range ids {
-		dl, err := archive.DeadLetter(ctx, pool, id)
+		dl, inFlight, err := archive.DeadLetterOrInFlight(ctx, pool, id)
 		if err != nil {
 			return stopAfter(env, err, unknown)
 		}
@@ -131,10 +131,6 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 		case dl == nil: // not a dead letter: nothing to act on
 			// One in flight is said so, as `cancel` does: "done": false
 			// alone reads as an id unknown.
-			inFlight, err := archive.InFlight(ctx, pool, id)
-			if err != nil {
-				return stopAfter(env, err, unknown)
-			}
 			if inFlight {
 				missing++
 				_ = out.Encode(map[string]any{"outbox_id": id, "action": action, "done": false, "error": admin.InFlight,

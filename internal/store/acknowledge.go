@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/gofrs/uuid/v5"
 )
@@ -18,14 +17,7 @@ func (s *Store) Acknowledge(ctx context.Context, db Querier, outboxID uuid.UUID,
 	if err := checkOperator(operator, reason); err != nil {
 		return false, err
 	}
-	var n int64
-	if err := db.QueryRow(ctx, s.sql.acknowledge, outboxID, operator, reason).Scan(&n); err != nil {
-		return false, fmt.Errorf("acknowledge %s: %w", outboxID, err)
-	}
-	if n != 1 {
-		return false, s.notDeadLetter(ctx, db, "acknowledge", outboxID)
-	}
-	return true, nil
+	return s.actOnDeadLetter(ctx, db, s.sql.acknowledge, "acknowledge", outboxID, operator, reason)
 }
 
 const acknowledgeSQL = `SELECT {schema}.acknowledge_dead_letter($1, $2, $3)`

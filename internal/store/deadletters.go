@@ -178,6 +178,32 @@ func (s *Store) InFlight(ctx context.Context, db Querier, outboxID uuid.UUID) (b
 	return inFlight, nil
 }
 
+// DeadLetterOrInFlight is DeadLetter and, when there is no dead letter,
+// InFlight: what an operator's replay or acknowledgement reads before it
+// acts (the dead letter it acts on), or says (in flight, or neither). An
+// instruction whose failure commits between the two looks is read as the
+// dead letter it became.
+func (s *Store) DeadLetterOrInFlight(ctx context.Context, db Querier, outboxID uuid.UUID) (*DeadLetter, bool, error) {
+	dl, err := s.DeadLetter(ctx, db, outboxID)
+	if err != nil || dl != nil {
+		return dl, false, err
+	}
+	if s.notThere != nil {
+		s.notThere()
+	}
+	inFlight, err := s.InFlight(ctx, db, outboxID)
+	if err != nil || inFlight {
+		return nil, inFlight, err
+	}
+	// Neither, unless its failure committed between the two looks (an
+	// outcome write takes no lock either look waits for): one more look
+	// at the dead letters. Not there either, it was neither at some moment
+	// since the look in flight (any way back into flight is through
+	// pending).
+	dl, err = s.DeadLetter(ctx, db, outboxID)
+	return dl, false, err
+}
+
 const inFlightSQL = `SELECT EXISTS (SELECT 1 FROM {schema}.inflight WHERE outbox_id = $1)`
 
 // ErrDeadLetterInFlight is a replay or an acknowledgement refused, nothing

@@ -18,3 +18,11 @@ func WithCheckpointBatch(s *Store, n int) *Store {
 	c.checkpointBatch = n
 	return &c
 }
+
+// WithNotThere returns a copy of s that runs f after a look that found no
+// dead letter and before the look in flight that follows it.
+func WithNotThere(s *Store, f func()) *Store {
+	c := *s
+	c.notThere = f
+	return &c
+}

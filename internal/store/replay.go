@@ -32,32 +32,50 @@ func (s *Store) Replay(ctx context.Context, db Querier, outboxID uuid.UUID, oper
 	if err := checkOperator(operator, reason); err != nil {
 		return false, err
 	}
-	var n int64
-	if err := db.QueryRow(ctx, s.sql.replay, outboxID, operator, reason).Scan(&n); err != nil {
-		return false, fmt.Errorf("replay %s: %w", outboxID, err)
-	}
-	if n != 1 {
-		return false, s.notDeadLetter(ctx, db, "replay", outboxID)
-	}
-	return true, nil
+	return s.actOnDeadLetter(ctx, db, s.sql.replay, "replay", outboxID, operator, reason)
 }
 
-// notDeadLetter is what a replay or an acknowledgement that found no dead
-// letter returns: ErrDeadLetterInFlight for an instruction in flight (as
-// the operator's tenant scope reads it, so another tenant's is not told),
-// nil otherwise. The function's answer (0) does not tell one in flight
-// from an id unknown, and a tenant-scoped operator's front answers it
-// without reading further.
-func (s *Store) notDeadLetter(ctx context.Context, db Querier, action string, outboxID uuid.UUID) error {
-	inFlight, err := s.InFlight(ctx, db, outboxID)
-	switch {
-	case err != nil:
-		return fmt.Errorf("%s %s: nothing done, not a dead letter: %w", action, outboxID, err)
-	case inFlight:
-		return fmt.Errorf("%s %s: %w", action, outboxID, ErrDeadLetterInFlight)
+// actOnDeadLetter runs the operator function query (a replay or an
+// acknowledgement) and, when it found no dead letter to act on, says
+// whether the instruction is in flight (ErrDeadLetterInFlight) or neither.
+// Its failure may have committed between the function's look and the
+// look in flight (an outcome write takes no lock either waits for): then
+// it is a dead letter now, and the function is run again, at most three
+// times in all (one a claim took back at every look was in flight
+// throughout: ErrDeadLetterInFlight).
+func (s *Store) actOnDeadLetter(ctx context.Context, db Querier, query, action string, outboxID uuid.UUID, operator, reason string) (bool, error) {
+	for range 3 {
+		var n int64
+		if err := db.QueryRow(ctx, query, outboxID, operator, reason).Scan(&n); err != nil {
+			return false, fmt.Errorf("%s %s: %w", action, outboxID, err)
+		}
+		if n == 1 {
+			return true, nil
+		}
+		if s.notThere != nil {
+			s.notThere()
+		}
+		inFlight, err := s.InFlight(ctx, db, outboxID)
+		switch {
+		case err != nil:
+			return false, fmt.Errorf("%s %s: nothing done, not a dead letter: %w", action, outboxID, err)
+		case inFlight:
+			return false, fmt.Errorf("%s %s: %w", action, outboxID, ErrDeadLetterInFlight)
+		}
+		var open bool
+		if err := db.QueryRow(ctx, s.Qualify(openDeadLetterSQL), outboxID, action == "acknowledge").Scan(&open); err != nil {
+			return false, fmt.Errorf("%s %s: nothing done, not a dead letter: %w", action, outboxID, err)
+		}
+		if !open {
+			return false, nil
+		}
 	}
-	return nil
+	return false, fmt.Errorf("%s %s: %w", action, outboxID, ErrDeadLetterInFlight)
 }
+
+// openDeadLetterSQL reports whether $1 is a dead letter a replay (any) or,
+// with $2, an acknowledgement (one not acknowledged) acts on.
+const openDeadLetterSQL = `SELECT EXISTS (SELECT 1 FROM {schema}.dead_letters WHERE outbox_id = $1 AND (NOT $2 OR acknowledged_at IS NULL))`
 
 const replaySQL = `SELECT {schema}.replay_dead_letter($1, $2, $3)`
 

@@ -281,3 +281,42 @@ func TestReplayByTwoOperatorsAtOnceSendsOnce(t *testing.T) {
 		t.Fatalf("verify: %d dispatched, want 1", r.Dispatched)
 	}
 }
+
+// TestNotADeadLetterRacingItsFailure guards a replay, and the read an
+// operator's replay or acknowledgement makes first, against an
+// instruction in flight whose failure commits between the look that found
+// no dead letter and the look in flight (ordering on and off: neither
+// look holds a lock the outcome write takes). Neither found it, and they
+// answered "not a dead letter, not in flight" for an instruction that was
+// one or the other at every moment: the read now finds the dead letter,
+// and the replay replays it.
+func TestNotADeadLetterRacingItsFailure(t *testing.T) {
+	t.Parallel()
+	for _, ordered := range []bool{true, false} {
+		b := setupRecord(t)
+		if err := b.st.SetOrdered(b.ctx, b.pool, ordered); err != nil {
+			t.Fatal(err)
+		}
+		fail := func(id uuid.UUID) *store.Store {
+			c := b.claimOne(t, "r1", longLease)
+			if c.OutboxID != id {
+				t.Fatalf("claimed %s, want %s", c.OutboxID, id)
+			}
+			return store.WithNotThere(b.st, func() { b.record(t, recordOutcome(t, c, "r1", store.Failed)) })
+		}
+		read := b.enqueue(t, "p1", "read")
+		dl, inFlight, err := fail(read).DeadLetterOrInFlight(b.ctx, b.pool, read)
+		if err != nil || dl == nil || dl.OutboxID != read {
+			t.Fatalf("ordered %v: the read of an instruction whose failure committed between its looks: %+v, in flight %v, %v (want the dead letter)",
+				ordered, dl, inFlight, err)
+		}
+		replayed := b.enqueue(t, "p2", "replayed")
+		if ok, err := fail(replayed).Replay(b.ctx, b.pool, replayed, "olga", "rail fixed"); err != nil || !ok {
+			t.Fatalf("ordered %v: replay of an instruction whose failure committed between its looks: %v, %v (want replayed)", ordered, ok, err)
+		}
+		if w := b.where(t, replayed); !w.pending {
+			t.Fatalf("ordered %v: after the replay the instruction is %+v, want pending", ordered, w)
+		}
+		b.verifyOK(t)
+	}
+}

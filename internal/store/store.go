@@ -68,6 +68,10 @@ type Store struct {
 	// checkpointBatch is how many checkpoints verify and the export read
 	// at a time (0: defaultCheckpointBatch); tests make it small.
 	checkpointBatch int
+	// notThere, if set (tests only), runs after a look that found no dead
+	// letter and before the look in flight that follows it: where an
+	// outcome written meanwhile moves the instruction between the two.
+	notThere func()
 }
 
 // New validates schema ("" means [DefaultSchema]) and renders every
