@@ -184,3 +184,28 @@ func TestReplayOfAnInstructionInFlight(t *testing.T) {
 		}
 	}
 }
+
+// TestConsoleReplayOfADeadLetterNowInFlight: a dead letter's form, shown
+// before another operator replayed it and a relayer claimed it, says that
+// it was replayed and is in flight now, and does nothing: the rail call
+// may be under way.
+func TestConsoleReplayOfADeadLetterNowInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t, admin.Config{})
+	id := b.enqueue(t, "acme", "k1")
+	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
+	op := consoleAs(t, b.url, operatorSecret)
+	page := op.get(t, "/console/dead-letters")
+	path := "/console/dead-letters/" + id.String() + "/replay"
+	form := shownForm(t, page, path, "account fixed")
+	if code := b.call(t, "POST", "/api/v1/dead-letters/"+id.String()+"/replay", operatorSecret, map[string]string{"reason": "first"}, nil); code != http.StatusOK {
+		t.Fatalf("the other operator's replay: %d", code)
+	}
+	if held := b.claim(t, "r1", time.Hour); held.OutboxID != id {
+		t.Fatalf("claimed %s, want %s", held.OutboxID, id)
+	}
+	page = op.postShown(t, path, form)
+	if !strings.Contains(page, `<p class="error" role="alert">That dead letter was already replayed and is in flight now`) {
+		t.Fatalf("the form of a dead letter replayed and claimed since it was shown:\n%s", page)
+	}
+}

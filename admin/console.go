@@ -645,7 +645,7 @@ func (s *Server) pageAct(w http.ResponseWriter, r *http.Request, p *page) {
 			break
 		}
 		if errors.Is(err, store.ErrDeadLetterInFlight) {
-			p.Error = "That instruction is in flight, not a dead letter: a relayer claimed it and its rail call may be under way. Nothing was done; its outcome settles it, and a failure makes it a dead letter again."
+			p.Error = "That dead letter was already replayed and is in flight now: a relayer claimed it and its rail call may be under way. Nothing was done; its outcome settles it, and a failure makes it a dead letter again."
 			break
 		}
 		if errors.Is(err, store.ErrActionNotDone) {
