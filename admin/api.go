@@ -348,8 +348,9 @@ type ActionResult struct {
 	Note           string    `json:"note,omitempty"`
 	// Error is RailMayStillAct when a cancel was refused because the rail
 	// may still be acting on the instruction's cut-off call (RetryAfter
-	// is then when the cancel may be tried again), InFlight when it was
-	// refused because the instruction is in flight.
+	// is then when the cancel may be tried again), InFlight when it (or
+	// a replay or an acknowledgement) was refused because the instruction
+	// is in flight.
 	Error      string     `json:"error,omitempty"`
 	RetryAfter *time.Time `json:"retry_after,omitempty"`
 	// Code is the API's code of an answer other than 200 (its table is in
@@ -388,8 +389,9 @@ const CommitUnknown = "COMMIT_UNKNOWN"
 const NotDone = "NOT_DONE"
 
 // InFlight is [ActionResult.Error] for a cancel refused with
-// store.ErrCancelInFlight: a relayer claimed the instruction and its rail
-// call may be under way. Nothing was done; the API answers 409.
+// store.ErrCancelInFlight, or a replay or an acknowledgement with
+// store.ErrDeadLetterInFlight: a relayer claimed the instruction and its
+// rail call may be under way. Nothing was done; the API answers 409.
 const InFlight = "IN_FLIGHT"
 
 func (s *Server) replay(w http.ResponseWriter, r *http.Request, who Token) {
@@ -475,7 +477,9 @@ func readAction(w http.ResponseWriter, r *http.Request) (actionBody, bool) {
 // operator, for reason, and logs it. Done is false when there was no such
 // (unacknowledged) dead letter, or the instruction was not pending; a
 // cancel of an instruction in flight is refused with
-// store.ErrCancelInFlight (Error InFlight), and a replay or an
+// store.ErrCancelInFlight (Error InFlight), a replay or an acknowledgement
+// of an instruction in flight with store.ErrDeadLetterInFlight (Error
+// InFlight), and a replay or an
 // acknowledgement of a dead letter someone replayed or acknowledged between
 // Act's read of it and its action with store.ErrDeadLetterChanged (Error
 // DeadLetterChanged), nothing done. Any
