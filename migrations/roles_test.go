@@ -663,6 +663,27 @@ func TestOperatorsActWithinTheirTenant(t *testing.T) {
 	}
 }
 
+// inFlightInTwoTenants enqueues one instruction each for tenant-a and
+// tenant-b, as their producers, and has a relayer claim both (an hour's
+// lease): their outbox ids by tenant.
+func inFlightInTwoTenants(t *testing.T, b *rolesBundle) map[string]uuid.UUID {
+	t.Helper()
+	ids := map[string]uuid.UUID{}
+	for _, tenant := range []string{"tenant-a", "tenant-b"} {
+		r, err := b.enqueue(t, b.as(t, migrations.RoleProducer, tenant), tenant, tenant+"-held")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[tenant] = r.OutboxID
+	}
+	claimed, err := b.st.Claim(b.ctx, b.as(t, migrations.RoleRelayer, ""), store.ClaimParams{RelayerID: "r1", Limit: 100,
+		Leases: map[string]time.Duration{"sandbox": time.Hour}})
+	if err != nil || len(claimed) != 2 {
+		t.Fatalf("claim: %d, %v (want both)", len(claimed), err)
+	}
+	return ids
+}
+
 // TestOperatorsCancelInFlightWithinTheirTenant: where the roles are in
 // place, an operator's cancel of its own tenant's instruction in flight is
 // refused as in flight (store.ErrCancelInFlight, migration 044), and one
@@ -672,21 +693,8 @@ func TestOperatorsActWithinTheirTenant(t *testing.T) {
 func TestOperatorsCancelInFlightWithinTheirTenant(t *testing.T) {
 	t.Parallel()
 	b := setupRoles(t)
-	relayer := b.as(t, migrations.RoleRelayer, "")
 	operatorA := b.as(t, migrations.RoleOperator, "tenant-a")
-	ids := map[string]uuid.UUID{}
-	for _, tenant := range []string{"tenant-a", "tenant-b"} {
-		r, err := b.enqueue(t, b.as(t, migrations.RoleProducer, tenant), tenant, tenant+"-held")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids[tenant] = r.OutboxID
-	}
-	claimed, err := b.st.Claim(b.ctx, relayer, store.ClaimParams{RelayerID: "r1", Limit: 100,
-		Leases: map[string]time.Duration{"sandbox": time.Hour}})
-	if err != nil || len(claimed) != 2 {
-		t.Fatalf("claim: %d, %v (want both)", len(claimed), err)
-	}
+	ids := inFlightInTwoTenants(t, b)
 	if ok, err := b.st.Cancel(b.ctx, operatorA, ids["tenant-a"], "olga", "test"); ok || !errors.Is(err, store.ErrCancelInFlight) {
 		t.Errorf("operator of tenant A cancels A's instruction in flight: %v, %v (want ErrCancelInFlight)", ok, err)
 	}
@@ -711,21 +719,8 @@ func TestOperatorsCancelInFlightWithinTheirTenant(t *testing.T) {
 func TestOperatorsReplayInFlightWithinTheirTenant(t *testing.T) {
 	t.Parallel()
 	b := setupRoles(t)
-	relayer := b.as(t, migrations.RoleRelayer, "")
 	operatorA := b.as(t, migrations.RoleOperator, "tenant-a")
-	ids := map[string]uuid.UUID{}
-	for _, tenant := range []string{"tenant-a", "tenant-b"} {
-		r, err := b.enqueue(t, b.as(t, migrations.RoleProducer, tenant), tenant, tenant+"-held")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids[tenant] = r.OutboxID
-	}
-	claimed, err := b.st.Claim(b.ctx, relayer, store.ClaimParams{RelayerID: "r1", Limit: 100,
-		Leases: map[string]time.Duration{"sandbox": time.Hour}})
-	if err != nil || len(claimed) != 2 {
-		t.Fatalf("claim: %d, %v (want both)", len(claimed), err)
-	}
+	ids := inFlightInTwoTenants(t, b)
 	for name, act := range map[string]func(uuid.UUID) (bool, error){
 		"replay": func(id uuid.UUID) (bool, error) { return b.st.Replay(b.ctx, operatorA, id, "olga", "test") },
 		"acknowledge": func(id uuid.UUID) (bool, error) {
