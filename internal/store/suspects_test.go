@@ -6,6 +6,24 @@ import (
 	"github.com/ledgerline/outbox/internal/store"
 )
 
+// backlogWithoutStatistics writes 20,000 plain instructions (one per
+// participant, not suspects) due at now() + due into pending, with
+// autovacuum off for it, so that the statements after run without
+// statistics, as on a fresh schema.
+func backlogWithoutStatistics(t *testing.T, b *recordBundle, due string) {
+	t.Helper()
+	if _, err := b.pool.Exec(b.ctx, `ALTER TABLE outbox.pending SET (autovacuum_enabled = false)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(b.ctx, `
+INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+                            payload, attempt_count, next_attempt_at, created_at)
+SELECT gen_random_uuid(), 'i-' || g, 'p-' || g, 1, 'k-' || g, 'sandbox', '{}', 0, now() + $1::interval, now()
+FROM generate_series(1, 20000) AS g`, due); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestSuspectsDueReadsOnlySuspects: relayers ask whether suspects are due
 // four times a second each, also while a backlog of plain instructions is
 // waiting. The answer must come from the suspects' partial index, also
@@ -14,18 +32,8 @@ import (
 func TestSuspectsDueReadsOnlySuspects(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
-	// Autovacuum stays out of the way, so the first checks run without
-	// statistics, as on a fresh schema.
-	if _, err := b.pool.Exec(b.ctx, `ALTER TABLE outbox.pending SET (autovacuum_enabled = false)`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.pool.Exec(b.ctx, `
-INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-                            payload, attempt_count, next_attempt_at, created_at)
-SELECT gen_random_uuid(), 'i-' || g, 'p-' || g, 1, 'k-' || g, 'sandbox', '{}', 0, now() - interval '1 minute', now()
-FROM generate_series(1, 20000) AS g`); err != nil {
-		t.Fatal(err)
-	}
+	// Due a minute ago: every one of them could be claimed.
+	backlogWithoutStatistics(t, b, "-1 minute")
 	var analyzed bool
 	if err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stats
   WHERE schemaname = 'outbox' AND tablename = 'pending' AND attname = 'zombie_count')`).Scan(&analyzed); err != nil {
@@ -146,18 +154,9 @@ func TestSuspectsDueOnlyOfClaimableRails(t *testing.T) {
 func TestClaimAskingAnswersAsSuspectsDue(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
-	if _, err := b.pool.Exec(b.ctx, `ALTER TABLE outbox.pending SET (autovacuum_enabled = false)`); err != nil {
-		t.Fatal(err)
-	}
 	// A backlog of instructions due in an hour: none is claimed, and a
 	// sequential scan of them would show.
-	if _, err := b.pool.Exec(b.ctx, `
-INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
-                            payload, attempt_count, next_attempt_at, created_at)
-SELECT gen_random_uuid(), 'i-' || g, 'p-' || g, 1, 'k-' || g, 'sandbox', '{}', 0, now() + interval '1 hour', now()
-FROM generate_series(1, 20000) AS g`); err != nil {
-		t.Fatal(err)
-	}
+	backlogWithoutStatistics(t, b, "1 hour")
 	suspect := b.enqueue(t, "p-a", "a1")
 	if _, err := b.pool.Exec(b.ctx, `UPDATE outbox.pending SET zombie_count = 2 WHERE outbox_id = $1`, suspect); err != nil {
 		t.Fatal(err)
