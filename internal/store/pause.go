@@ -88,7 +88,10 @@ var ErrPauseChanged = errors.New("the rail's pause changed since it was shown")
 // schema's resume_rail_shown function (migration 047). It reports false
 // if the rail is not paused, and returns ErrPauseChanged, nothing done,
 // if its pause in force is another: a resume from a stale view must not
-// end a pause made since, for a reason its resumer never saw.
+// end a pause made since, for a reason its resumer never saw. A pausedAt
+// in whole milliseconds also names the pause made within that
+// millisecond (a client that keeps times in milliseconds cuts the
+// microseconds off).
 func (s *Store) ResumeRailShown(ctx context.Context, db Querier, railType string, pausedAt time.Time, operator, reason string) (bool, error) {
 	done, err := s.pauseAction(ctx, db, "resume_rail_shown", railType, operator, reason, pausedAt)
 	if err != nil || done {
@@ -97,6 +100,22 @@ func (s *Store) ResumeRailShown(ctx context.Context, db Querier, railType string
 	var paused bool
 	if err := db.QueryRow(ctx, s.Qualify(`SELECT EXISTS (SELECT 1 FROM {schema}.rail_pauses WHERE rail_type = $1)`), railType).Scan(&paused); err != nil {
 		return false, fmt.Errorf("resume rail %s: nothing done; is it paused: %w", railType, err)
+	}
+	if paused && pausedAt.Truncate(time.Millisecond).Equal(pausedAt) {
+		// A client that keeps times in milliseconds (a JavaScript Date)
+		// sends the pause's microseconds cut off: the pause in force is the
+		// one shown if it was made within that millisecond (another pause
+		// comes after a resume and a pause of its own).
+		var current time.Time
+		err := db.QueryRow(ctx, s.Qualify(`SELECT paused_at FROM {schema}.rail_pauses WHERE rail_type = $1`), railType).Scan(&current)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return false, nil
+		case err != nil:
+			return false, fmt.Errorf("resume rail %s: nothing done; is it paused: %w", railType, err)
+		case !current.Equal(pausedAt) && current.Truncate(time.Millisecond).Equal(pausedAt):
+			return s.ResumeRailShown(ctx, db, railType, current, operator, reason)
+		}
 	}
 	if paused {
 		return false, fmt.Errorf("resume rail %s: %w (shown paused at %s)", railType, ErrPauseChanged, pausedAt.UTC().Format(time.RFC3339Nano))

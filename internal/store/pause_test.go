@@ -307,3 +307,46 @@ func TestResumeRailShown(t *testing.T) {
 		t.Errorf("a resume of a rail not paused: %v, %v; want false, nil", ok, err)
 	}
 }
+
+// TestResumeRailShownInMilliseconds: a client that keeps times in
+// milliseconds (a JavaScript Date) sends the pause it was shown with its
+// microseconds cut off. That names the pause made within that
+// millisecond: the resume ends it, where it was refused with
+// ErrPauseChanged every time; a pause made since, in another
+// millisecond, is still not ended by the earlier pause's time.
+func TestResumeRailShownInMilliseconds(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	// pausedAt pauses the rail until its pause has microseconds of its
+	// own (one in a thousand is made on a whole millisecond), and returns
+	// its time.
+	pausedAt := func() time.Time {
+		t.Helper()
+		for range 10 {
+			b.pause(t, "sandbox")
+			pauses, err := b.st.RailPauses(b.ctx, b.pool)
+			if err != nil || len(pauses) != 1 {
+				t.Fatalf("pauses: %+v %v", pauses, err)
+			}
+			if at := pauses[0].PausedAt; !at.Truncate(time.Millisecond).Equal(at) {
+				return at
+			}
+			b.resume(t, "sandbox")
+		}
+		t.Fatal("ten pauses made on whole milliseconds")
+		return time.Time{}
+	}
+	first := pausedAt()
+	b.resume(t, "sandbox")
+	time.Sleep(2 * time.Millisecond)
+	second := pausedAt()
+	if ok, err := b.st.ResumeRailShown(b.ctx, b.pool, "sandbox", first.Truncate(time.Millisecond), "pia", "from a stale view"); ok || !errors.Is(err, store.ErrPauseChanged) {
+		t.Errorf("a resume of the first pause, in milliseconds, while the second is in force: %v, %v; want ErrPauseChanged", ok, err)
+	}
+	if ok, err := b.st.ResumeRailShown(b.ctx, b.pool, "sandbox", second.Truncate(time.Millisecond), "pia", "maintenance over"); !ok || err != nil {
+		t.Fatalf("a resume of the pause in force, its time in milliseconds: %v, %v; want done", ok, err)
+	}
+	if pauses, err := b.st.RailPauses(b.ctx, b.pool); err != nil || len(pauses) != 0 {
+		t.Fatalf("pauses after the resume: %+v %v", pauses, err)
+	}
+}
