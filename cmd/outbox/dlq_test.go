@@ -76,7 +76,8 @@ FROM generate_series(1, $1) AS g`, n); err != nil {
 
 // TestDLQReplayAndAck: replay and ack print a line per outbox id and need a
 // reason; an id that is not an open dead letter (already replayed,
-// unknown) says "done": false and makes the exit status 1, without
+// unknown) says "done": false, with a note that it is not an open dead
+// letter and where to read why, and makes the exit status 1, without
 // undoing the others.
 func TestDLQReplayAndAck(t *testing.T) {
 	t.Parallel()
@@ -90,7 +91,8 @@ func TestDLQReplayAndAck(t *testing.T) {
 	requireExit(t, r, 1)
 	lines := stdoutLines(t, r.stdout)
 	if len(lines) != 2 || !strings.Contains(lines[0], `"done":true`) || !strings.Contains(lines[0], first) ||
-		!strings.Contains(lines[1], `"done":false`) || !strings.Contains(lines[1], unknown) {
+		!strings.Contains(lines[1], `"done":false`) || !strings.Contains(lines[1], unknown) ||
+		!strings.Contains(lines[1], "not an open dead letter") {
 		t.Fatalf("replay of a dead letter and an unknown id:\n%s", r)
 	}
 	r = b.cli(t, "", "dlq", "--operator", "bob", "--reason", "refunded by hand", "ack", first, second)

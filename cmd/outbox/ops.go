@@ -168,6 +168,11 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 			missing++
 		}
 		line := map[string]any{"outbox_id": id, "action": action, "done": ok}
+		if dl == nil {
+			// "done": false alone reads the same for an id mistyped and
+			// one another operator has dealt with: the trail tells which.
+			line["note"] = "nothing done: not an open dead letter (an unknown id, or one replayed, acknowledged or settled since; outbox audit trail " + id.String() + " shows which)"
+		}
 		if dl != nil {
 			line["outcome_unknown"] = dl.OutcomeUnknown
 			if dl.OutcomeUnknown && action == "replay" {
