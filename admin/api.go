@@ -430,20 +430,31 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, who Token, action s
 		writeResult(w, http.StatusConflict, res.Error, &res)
 	case errors.Is(err, store.ErrOperatorAction), errors.Is(err, ErrUnknownAction):
 		writeError(w, http.StatusBadRequest, BadRequest, err.Error())
-	case errors.Is(err, ErrReadOnlyStandby):
-		writeStandby(w)
-	case errors.Is(err, store.ErrCommitUnknown):
-		s.log.Error("admin: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeResult(w, http.StatusInternalServerError, CommitUnknown, &res)
-	case errors.Is(err, store.ErrActionNotDone):
-		s.log.Warn("admin: request failed, nothing done", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeResult(w, http.StatusServiceUnavailable, NotDone, &res)
 	case err != nil:
-		s.internalError(w, r, err)
+		s.actionFailed(w, r, err, &res)
 	case !res.Done:
 		writeResult(w, http.StatusNotFound, NotFound, &res)
 	default:
 		writeJSON(w, http.StatusOK, res)
+	}
+}
+
+// actionFailed answers an operator action (a replay, acknowledgement or
+// cancel; a pause or resume) that failed in a way every action can: on a
+// standby, with its commit unknown or not done after a broken connection
+// (the result v carried with its code), or otherwise (500, logged).
+func (s *Server) actionFailed(w http.ResponseWriter, r *http.Request, err error, v coded) {
+	switch {
+	case errors.Is(err, ErrReadOnlyStandby):
+		writeStandby(w)
+	case errors.Is(err, store.ErrCommitUnknown):
+		s.log.Error("admin: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeResult(w, http.StatusInternalServerError, CommitUnknown, v)
+	case errors.Is(err, store.ErrActionNotDone):
+		s.log.Warn("admin: request failed, nothing done", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeResult(w, http.StatusServiceUnavailable, NotDone, v)
+	default:
+		s.internalError(w, r, err)
 	}
 }
 

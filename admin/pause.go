@@ -155,16 +155,8 @@ func (s *Server) pauseRail(w http.ResponseWriter, r *http.Request, who Token) {
 		writeResult(w, http.StatusConflict, PauseChanged, &res)
 	case errors.Is(err, store.ErrOperatorAction), errors.Is(err, store.ErrRailType):
 		writeError(w, http.StatusBadRequest, BadRequest, err.Error())
-	case errors.Is(err, ErrReadOnlyStandby):
-		writeStandby(w)
-	case errors.Is(err, store.ErrCommitUnknown):
-		s.log.Error("admin: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeResult(w, http.StatusInternalServerError, CommitUnknown, &res)
-	case errors.Is(err, store.ErrActionNotDone):
-		s.log.Warn("admin: request failed, nothing done", "method", r.Method, "path", r.URL.Path, "err", err)
-		writeResult(w, http.StatusServiceUnavailable, NotDone, &res)
 	case err != nil:
-		s.internalError(w, r, err)
+		s.actionFailed(w, r, err, &res)
 	case !res.Done && action == ActionResume:
 		writeResult(w, http.StatusNotFound, NotPaused, &res)
 	default:

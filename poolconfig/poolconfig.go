@@ -153,6 +153,22 @@ func CheckTimeout(d time.Duration) error {
 	return nil
 }
 
+// namedTimeout is one of Settings' server timeouts, by its parameter's name.
+type namedTimeout struct {
+	name string
+	d    time.Duration
+}
+
+// timeouts are the server timeouts of s, which Validate checks and Apply
+// sends.
+func (s Settings) timeouts() []namedTimeout {
+	return []namedTimeout{
+		{"statement_timeout", s.StatementTimeout},
+		{"lock_timeout", s.LockTimeout},
+		{"idle_in_transaction_session_timeout", s.IdleInTransactionTimeout},
+	}
+}
+
 // Validate refuses settings Apply cannot send as asked (see
 // [CheckTimeout]), and a negative ConnectTimeout. Apply itself does not
 // check: call Validate first on settings that come from a user.
@@ -160,14 +176,7 @@ func (s Settings) Validate() error {
 	if s.ConnectTimeout < 0 {
 		return fmt.Errorf("%w: connect timeout %v is negative", ErrInvalidSettings, s.ConnectTimeout)
 	}
-	for _, p := range []struct {
-		name string
-		d    time.Duration
-	}{
-		{"statement_timeout", s.StatementTimeout},
-		{"lock_timeout", s.LockTimeout},
-		{"idle_in_transaction_session_timeout", s.IdleInTransactionTimeout},
-	} {
+	for _, p := range s.timeouts() {
 		if err := CheckTimeout(p.d); err != nil {
 			return fmt.Errorf("%s: %w", p.name, err)
 		}
@@ -189,14 +198,7 @@ func (s Settings) Apply(cfg *pgx.ConnConfig) (notApplied []string) {
 		// pgx bounds each host's attempt with it, then tries the next.
 		cfg.ConnectTimeout = s.ConnectTimeout
 	}
-	for _, p := range []struct {
-		name string
-		d    time.Duration
-	}{
-		{"statement_timeout", s.StatementTimeout},
-		{"lock_timeout", s.LockTimeout},
-		{"idle_in_transaction_session_timeout", s.IdleInTransactionTimeout},
-	} {
+	for _, p := range s.timeouts() {
 		if p.d <= 0 {
 			continue
 		}
