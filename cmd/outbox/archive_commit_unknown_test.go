@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"slices"
 	"testing"
@@ -39,11 +38,7 @@ func TestArchiveDetachLostCommitReply(t *testing.T) {
 	detach := func(before string) (cliResult, line) {
 		t.Helper()
 		r := invokeCLI(t, nil, "", append([]string{"archive", "--before", before, "detach"}, db...)...)
-		var l line
-		if lines := stdoutLines(t, r.stdout); len(lines) != 1 || json.Unmarshal([]byte(lines[0]), &l) != nil {
-			t.Fatalf("want one line:\n%s", r)
-		}
-		return r, l
+		return r, oneJSONLine[line](t, r)
 	}
 	parent := func(month string) (p string) {
 		t.Helper()

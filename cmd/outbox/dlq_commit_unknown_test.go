@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -24,49 +23,29 @@ func TestDLQReplayLostCommitReply(t *testing.T) {
 	t.Parallel()
 	b := setupCLI(t)
 	proxy, db := b.proxied(t)
-	replays := func(id string) (n int) {
-		t.Helper()
-		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE outbox_id = $1 AND state = 'REPLAYED'`, id).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	type line struct {
-		OutboxID string `json:"outbox_id"`
-		Done     bool   `json:"done"`
-		Error    string `json:"error"`
-	}
-	oneLine := func(r cliResult) line {
-		t.Helper()
-		var l line
-		if lines := stdoutLines(t, r.stdout); len(lines) != 1 || json.Unmarshal([]byte(lines[0]), &l) != nil {
-			t.Fatalf("want one line:\n%s", r)
-		}
-		return l
-	}
 
 	// The commit's answer is lost: the replay is done.
 	committed, notSent, unsettled := b.deadLettered(t, "p1", "k1"), b.deadLettered(t, "p2", "k2"), b.deadLettered(t, "p3", "k3")
 	proxy.CutReplyAfter([]byte("commit"))
 	r := invokeCLI(t, nil, "", append([]string{"dlq", "replay", "--operator", "bob", "--reason", "rail back", committed}, db...)...)
-	if n := replays(committed); n != 1 {
+	if n := b.attemptsIn(t, "REPLAYED", committed); n != 1 {
 		t.Fatalf("the cut replay: %d REPLAYED rows, want 1 (the cut was not after the commit):\n%s", n, r)
 	}
-	if l := oneLine(r); r.code != 0 || !l.Done || l.OutboxID != committed {
+	if l := oneJSONLine[actionLine](t, r); r.code != 0 || !l.Done || l.OutboxID != committed {
 		t.Fatalf("a replay whose commit's answer was lost, and that was done, was reported as:\n%s", r)
 	}
 
 	// The connection breaks before the commit is sent: nothing is done.
 	proxy.CutReplyAfter([]byte("replay_dead_letter"))
 	r = invokeCLI(t, nil, "", append([]string{"dlq", "replay", "--operator", "bob", "--reason", "rail back", notSent}, db...)...)
-	if n := replays(notSent); n != 0 {
+	if n := b.attemptsIn(t, "REPLAYED", notSent); n != 0 {
 		t.Fatalf("a replay cut before its commit: %d REPLAYED rows, want 0:\n%s", n, r)
 	}
-	if l := oneLine(r); r.code != 1 || l.Done || l.OutboxID != notSent || !strings.Contains(r.stdout, "nothing done") {
+	if l := oneJSONLine[actionLine](t, r); r.code != 1 || l.Done || l.OutboxID != notSent || !strings.Contains(r.stdout, "nothing done") {
 		t.Fatalf("a replay cut before its commit, not done, was reported as:\n%s", r)
 	}
 	requireExit(t, b.cli(t, "", "dlq", "replay", "--operator", "bob", "--reason", "rail back", notSent), 0)
-	if n := replays(notSent); n != 1 {
+	if n := b.attemptsIn(t, "REPLAYED", notSent); n != 1 {
 		t.Fatalf("the replay run again: %d REPLAYED rows, want 1", n)
 	}
 
@@ -76,10 +55,10 @@ func TestDLQReplayLostCommitReply(t *testing.T) {
 	proxy.RefuseAfterCut(3 * time.Second)
 	proxy.CutReplyAfter([]byte("commit"))
 	r = invokeCLI(t, nil, "", append([]string{"dlq", "replay", "--operator", "bob", "--reason", "rail back", unsettled}, db...)...)
-	if n := replays(unsettled); n != 1 {
+	if n := b.attemptsIn(t, "REPLAYED", unsettled); n != 1 {
 		t.Fatalf("the cut replay: %d REPLAYED rows, want 1:\n%s", n, r)
 	}
-	if l := oneLine(r); r.code != 4 || l.Done || l.Error != "COMMIT_UNKNOWN" || l.OutboxID != unsettled {
+	if l := oneJSONLine[actionLine](t, r); r.code != 4 || l.Done || l.Error != "COMMIT_UNKNOWN" || l.OutboxID != unsettled {
 		t.Fatalf("a replay whose commit's answer was lost, with the database out of reach, was reported as:\n%s", r)
 	}
 	requireExit(t, b.cli(t, "", "audit", "verify"), 0)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"net/url"
 	"testing"
 	"time"
@@ -59,4 +60,31 @@ func (b *cliBundle) proxied(t *testing.T) (*testdb.HoldingProxy, []string) {
 	proxy := testdb.StartHoldingProxy(t, u.Host)
 	u.Host = proxy.Addr()
 	return proxy, []string{"--database-url", u.String(), "--pooler", "transaction"}
+}
+
+// actionLine is the line an operator command (cancel, dlq replay or ack,
+// rails pause or resume) prints for one action.
+type actionLine struct {
+	OutboxID string `json:"outbox_id"`
+	Done     bool   `json:"done"`
+	Error    string `json:"error"`
+}
+
+// oneJSONLine decodes r's output, which must be one JSON line.
+func oneJSONLine[T any](t *testing.T, r cliResult) T {
+	t.Helper()
+	var l T
+	if lines := stdoutLines(t, r.stdout); len(lines) != 1 || json.Unmarshal([]byte(lines[0]), &l) != nil {
+		t.Fatalf("want one line:\n%s", r)
+	}
+	return l
+}
+
+// attemptsIn counts the archive's rows of outbox id in state.
+func (b *cliBundle) attemptsIn(t *testing.T, state, id string) (n int) {
+	t.Helper()
+	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.attempts WHERE outbox_id = $1 AND state = $2`, id, state).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

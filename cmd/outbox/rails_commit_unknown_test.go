@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"testing"
 	"time"
 )
@@ -25,25 +24,13 @@ func TestRailsResumeLostCommitReply(t *testing.T) {
 		}
 		return n
 	}
-	type line struct {
-		Done  bool   `json:"done"`
-		Error string `json:"error"`
-	}
-	oneLine := func(r cliResult) line {
-		t.Helper()
-		var l line
-		if lines := stdoutLines(t, r.stdout); len(lines) != 1 || json.Unmarshal([]byte(lines[0]), &l) != nil {
-			t.Fatalf("want one line:\n%s", r)
-		}
-		return l
-	}
 	requireExit(t, b.cli(t, "", "rails", "--operator", "alice", "--reason", "rail down", "--wait", "0", "pause", "sandbox"), 0)
 
 	// The answer to the resume's statement is lost: whether that reply was
 	// the commit's or not, the line says what the database did.
 	proxy.CutReplyAfter([]byte("resume_rail"))
 	r := invokeCLI(t, nil, "", append([]string{"rails", "--operator", "alice", "--reason", "rail back", "resume", "sandbox"}, db...)...)
-	if l, n := oneLine(r), events("RESUMED"); l.Done != (n == 1) || r.code != map[bool]int{true: 0, false: 1}[l.Done] ||
+	if l, n := oneJSONLine[actionLine](t, r), events("RESUMED"); l.Done != (n == 1) || r.code != map[bool]int{true: 0, false: 1}[l.Done] ||
 		!l.Done && l.Error != "NOT_DONE" {
 		t.Fatalf("a resume whose answer was lost (%d RESUMED events) was reported as:\n%s", n, r)
 	}
@@ -57,7 +44,7 @@ func TestRailsResumeLostCommitReply(t *testing.T) {
 	if n := events("RESUMED"); n != 2 {
 		t.Fatalf("the cut resume: %d RESUMED events, want 1 (the cut was not after the commit):\n%s", n, r)
 	}
-	if l := oneLine(r); r.code != 0 || !l.Done {
+	if l := oneJSONLine[actionLine](t, r); r.code != 0 || !l.Done {
 		t.Fatalf("a resume whose commit's answer was lost, and that was done, was reported as:\n%s", r)
 	}
 
@@ -67,7 +54,7 @@ func TestRailsResumeLostCommitReply(t *testing.T) {
 	if n := events("PAUSED"); n != 3 {
 		t.Fatalf("the cut pause: %d PAUSED events, want 3:\n%s", n, r)
 	}
-	if l := oneLine(r); r.code != 4 || l.Done || l.Error != "COMMIT_UNKNOWN" {
+	if l := oneJSONLine[actionLine](t, r); r.code != 4 || l.Done || l.Error != "COMMIT_UNKNOWN" {
 		t.Fatalf("a pause whose commit's answer was lost, with the database out of reach, was reported as:\n%s", r)
 	}
 }
