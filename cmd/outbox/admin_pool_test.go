@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -26,21 +24,8 @@ import (
 func TestAdminRequestsLeaveTheRelayerItsConnections(t *testing.T) {
 	t.Parallel()
 	b := setupCLI(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	ctx, cancel := context.WithCancel(b.ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		vars := map[string]string{"OPS_TOKENS": "auditor audra audra-secret-0123456789"}
-		env := &environment{stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard, getenv: func(k string) string { return vars[k] }}
-		done <- run(ctx, env, []string{"relay", "--database-url", b.url, "--admin-addr", addr, "--admin-tokens-env", "OPS_TOKENS",
-			"--relayer-id", "r-pools", "--max-conns", "1", "--reaper=false", "--lock-timeout", "2m", "--poll-interval", "50ms"})
-	}()
+	addr, ctx, stop := b.relayWithAdmin(t, "auditor audra audra-secret-0123456789",
+		"--relayer-id", "r-pools", "--max-conns", "1", "--reaper=false", "--lock-timeout", "2m", "--poll-interval", "50ms")
 	call := func(ctx context.Context, method, path, secret string) (int, string) {
 		req, _ := http.NewRequestWithContext(ctx, method, "http://"+addr+path, nil)
 		if secret != "" {
@@ -118,8 +103,7 @@ func TestAdminRequestsLeaveTheRelayerItsConnections(t *testing.T) {
 	if v := <-verifies; !strings.Contains(v, `"ok":true`) {
 		t.Errorf("verify: %s", v)
 	}
-	cancel()
-	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+	if err := stop(); err != nil {
 		t.Fatalf("relay: %v", err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -20,21 +21,8 @@ import (
 func TestRelayAdminAddress(t *testing.T) {
 	t.Parallel()
 	b := setupCLI(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	ctx, cancel := context.WithCancel(b.ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() {
-		vars := map[string]string{"OPS_TOKENS": "auditor audra audra-secret-0123456789;operator oscar oscar-secret-0123456789"}
-		env := &environment{stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard, getenv: func(k string) string { return vars[k] }}
-		done <- run(ctx, env, []string{"relay", "--database-url", b.url, "--admin-addr", addr, "--admin-tokens-env", "OPS_TOKENS",
-			"--admin-audit-database-url", b.url, "--relayer-id", "r-admin"})
-	}()
+	addr, _, stop := b.relayWithAdmin(t, "auditor audra audra-secret-0123456789;operator oscar oscar-secret-0123456789",
+		"--admin-audit-database-url", b.url, "--relayer-id", "r-admin")
 	call := func(method, path, secret string) (int, string) {
 		req, _ := http.NewRequestWithContext(b.ctx, method, "http://"+addr+path, nil)
 		if secret != "" {
@@ -78,8 +66,42 @@ func TestRelayAdminAddress(t *testing.T) {
 	if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'outbox-admin-audit r-admin'`).Scan(&audits); err != nil || audits == 0 {
 		t.Fatalf("no connection of the audit pool after a verify (%v)", err)
 	}
-	cancel()
-	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+	if err := stop(); err != nil {
 		t.Fatalf("relay: %v", err)
 	}
+}
+
+// relayWithAdmin runs `outbox relay` on b's database in this process, with
+// an admin address on a free port and tokens as its --admin-tokens-env,
+// then args. It returns the address, the relay's context (ended by stop),
+// and stop, which ends the relay and returns its error (nil for the end
+// stop asked for).
+func (b *cliBundle) relayWithAdmin(t *testing.T, tokens string, args ...string) (addr string, ctx context.Context, stop func() error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr = ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan error, 1)
+	go func() {
+		vars := map[string]string{"OPS_TOKENS": tokens}
+		env := &environment{stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard, getenv: func(k string) string { return vars[k] }}
+		done <- run(ctx, env, append([]string{"relay", "--database-url", b.url, "--admin-addr", addr, "--admin-tokens-env", "OPS_TOKENS"}, args...))
+	}()
+	var once sync.Once
+	var result error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+				result = err
+			}
+		})
+		return result
+	}
+	t.Cleanup(func() { _ = stop() })
+	return addr, ctx, stop
 }

@@ -1,11 +1,8 @@
 package main
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -76,24 +73,11 @@ func TestSecretRotationWithoutRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	adminAddr := ln.Addr().String()
-	ln.Close()
-	ctx, cancel := context.WithCancel(b.ctx)
-	done := make(chan error, 1)
-	go func() {
-		vars := map[string]string{"OPS_TOKENS": "auditor audra audra-secret-0123456789"}
-		env := &environment{stdin: strings.NewReader(""), stdout: io.Discard, stderr: io.Discard, getenv: func(k string) string { return vars[k] }}
-		done <- run(ctx, env, []string{"relay", "--database-url", b.url, "--relayer-id", "r-rotate", "--rails-config", config,
-			"--secret-check-interval", "100ms", "--admin-addr", adminAddr, "--admin-tokens-env", "OPS_TOKENS",
-			"--backoff-base", "50ms", "--backoff-cap", "200ms"})
-	}()
+	adminAddr, _, stop := b.relayWithAdmin(t, "auditor audra audra-secret-0123456789",
+		"--relayer-id", "r-rotate", "--rails-config", config, "--secret-check-interval", "100ms",
+		"--backoff-base", "50ms", "--backoff-cap", "200ms")
 	defer func() {
-		cancel()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		if err := stop(); err != nil {
 			t.Errorf("relay: %v", err)
 		}
 	}()
