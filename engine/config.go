@@ -57,6 +57,11 @@ const MinLeaseGrace = time.Second
 // wrapped: about 240 years polled without pause.
 const MaxPollInterval = time.Hour
 
+// MaxMinRetryDelay is the largest MinRetryDelay: as a rail's own
+// Retry-After (rails.MaxRetryAfter), a floor must not park payments, and
+// with ordering their participants' later ones, for longer than an hour.
+const MaxMinRetryDelay = time.Hour
+
 // claimBackoffCap is the longest wait between failed claims: long enough
 // that a relayer fleet does not hammer a database that is down (or refusing
 // logins), short enough to resume soon after it is back.
@@ -141,6 +146,14 @@ type Config struct {
 	BackoffBase time.Duration
 	BackoffCap  time.Duration
 	MaxAttempts int
+	// MinRetryDelay is the least time an instruction waits before it is
+	// tried again after an attempt that did not settle it, whatever the
+	// backoff drew (full jitter draws from zero up) or the rail asked for:
+	// a floor under every retry, at most MaxMinRetryDelay. A release (a
+	// claim handed back without calling the rail, as a stopping relayer
+	// does) is not an attempt and stays due at once. 0, the default, is
+	// no floor.
+	MinRetryDelay time.Duration
 	// Seed seeds the backoff jitter (0: random).
 	Seed uint64
 
@@ -286,6 +299,9 @@ func (c *Config) setDefaults() error {
 				ErrInvalidConfig, t, c.Rails.Timeout(t), c.LeaseGrace, time.Duration(math.MaxInt64))
 		}
 	}
+	if c.MinRetryDelay > MaxMinRetryDelay {
+		return fmt.Errorf("%w: MinRetryDelay %v is past %v: every retry, and with ordering its participant's later instructions, would wait that long", ErrInvalidConfig, c.MinRetryDelay, MaxMinRetryDelay)
+	}
 	if c.BackoffCap < c.BackoffBase {
 		return fmt.Errorf("%w: BackoffCap %v is below BackoffBase %v", ErrInvalidConfig, c.BackoffCap, c.BackoffBase)
 	}
@@ -326,7 +342,7 @@ func (c *Config) validate() error {
 	}{
 		{"PollInterval", c.PollInterval}, {"Debounce", c.Debounce}, {"IdleRefresh", c.IdleRefresh},
 		{"ReconnectDelay", c.ReconnectDelay}, {"LeaseGrace", c.LeaseGrace}, {"BackoffBase", c.BackoffBase},
-		{"BackoffCap", c.BackoffCap}, {"StopTimeout", c.StopTimeout},
+		{"BackoffCap", c.BackoffCap}, {"MinRetryDelay", c.MinRetryDelay}, {"StopTimeout", c.StopTimeout},
 	} {
 		if f.v < 0 {
 			return fmt.Errorf("%s %v is negative (0 means the default)", f.name, f.v)

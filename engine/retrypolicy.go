@@ -94,6 +94,11 @@ func (r *Relayer) outcome(c store.Claimed, d rails.Decision, latency time.Durati
 		if d.RetryAfter > o.RetryDelay {
 			o.RetryDelay = d.RetryAfter
 		}
+		if o.State == store.Retryable && d.ErrorCode != rails.CodeReleased {
+			// A release is no attempt (the rail was not called): it is
+			// handed back due at once whatever the floor.
+			o.RetryDelay = max(o.RetryDelay, r.cfg.MinRetryDelay)
+		}
 	}
 	return o
 }

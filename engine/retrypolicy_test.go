@@ -1,9 +1,12 @@
 package engine
 
 import (
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/rails"
 )
 
@@ -32,5 +35,50 @@ func TestRecordedRailCalled(t *testing.T) {
 		if got := r.RailCalled(); got != tt.called {
 			t.Errorf("error code %q: RailCalled() = %t, want %t", tt.code, got, tt.called)
 		}
+	}
+}
+
+// TestMinRetryDelayIsAFloorUnderEveryRetry: full jitter draws a retry's
+// delay from zero up, so without a floor a failing rail could be called
+// again at once (and outboxtest.Drain on a pool sent such a retry twice).
+// With MinRetryDelay every retry waits at least that long, whatever the
+// backoff drew, a rail's shorter Retry-After or the fixed second of an
+// uncounted failure; a longer Retry-After still wins; a release stays due
+// at once; a terminal outcome has no delay.
+func TestMinRetryDelayIsAFloorUnderEveryRetry(t *testing.T) {
+	t.Parallel()
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const floor = 10 * time.Minute
+	r, err := New(nil, Config{Rails: set, MinRetryDelay: floor, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		d    rails.Decision
+		want time.Duration
+	}{
+		{"backoff", rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeRailUnavailable, RailCalled: true}, floor},
+		{"short Retry-After", rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeRailUnavailable, RailCalled: true, RetryAfter: time.Second}, floor},
+		{"long Retry-After", rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeRailUnavailable, RailCalled: true, RetryAfter: time.Hour}, time.Hour},
+		{"breaker open", rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeCircuitOpen}, floor},
+		{"released", rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeReleased}, 0},
+		{"dispatched", rails.Decision{Outcome: rails.Dispatched, RailCalled: true}, 0},
+	} {
+		for range 50 { // the backoff's draws: each under the floor (base 1 s)
+			o := r.outcome(store.Claimed{AttemptNo: 1}, tt.d, time.Millisecond)
+			if o.RetryDelay != tt.want {
+				t.Fatalf("%s: retry delay %v, want %v", tt.name, o.RetryDelay, tt.want)
+			}
+		}
+	}
+	if _, err := New(nil, Config{Rails: set, MinRetryDelay: MaxMinRetryDelay + 1}); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("MinRetryDelay past %v: %v, want ErrInvalidConfig", MaxMinRetryDelay, err)
+	}
+	if _, err := New(nil, Config{Rails: set, MinRetryDelay: -time.Second}); err == nil {
+		t.Fatal("a negative MinRetryDelay was accepted")
 	}
 }

@@ -386,7 +386,8 @@ func (f TransportFunc) Send(ctx context.Context, ins payment.Instruction) (rails
 // RelayOnce makes one relay pass in db, as a relayer would (with the
 // schema's ordering setting: on unless migrations.SetOrdered turned it
 // off): it claims what is due, sends each instruction to r.Transport and
-// records the outcomes, all inside db (the test's transaction). It returns
+// records the outcomes, all inside db (the test's transaction); a retry
+// waits at least an hour ([engine.MaxMinRetryDelay]). It returns
 // the recorded outcomes, in claim order. A second call sees what the first
 // left: with ordering on, one pass dispatches at most one instruction per
 // participant ([Drain] makes passes until nothing is due).
@@ -412,7 +413,12 @@ func RelayOnce(ctx context.Context, tb testing.TB, db DB, r Relay) []engine.Reco
 	if err != nil {
 		tb.Fatalf("outboxtest: %v", err)
 	}
-	relayer, err := engine.New(nil, engine.Config{Schema: r.Schema, Rails: set, RelayerID: "outboxtest"})
+	// Retries wait the longest floor there is (an hour): a pass never
+	// makes its own retries due again, so a test sees each retried
+	// instruction once however long its Drain takes and whatever the
+	// jitter drew (on a pool each pass reads a new now()).
+	relayer, err := engine.New(nil, engine.Config{Schema: r.Schema, Rails: set, RelayerID: "outboxtest",
+		MinRetryDelay: engine.MaxMinRetryDelay})
 	if err != nil {
 		tb.Fatalf("outboxtest: %v", err)
 	}
@@ -428,9 +434,10 @@ func RelayOnce(ctx context.Context, tb testing.TB, db DB, r Relay) []engine.Reco
 // ordering on, a pass sends at most one instruction per participant, so
 // Drain is what sends a participant's whole queue, in sequence order. An
 // instruction that gets a retryable answer goes back to pending with a
-// backoff, as with a relayer; Drain does not wait for it, so it is usually
-// still pending when Drain returns (its outcome is in the result, with
-// Result "retried").
+// backoff of at least an hour ([engine.MaxMinRetryDelay], where a relayer
+// draws from zero up); Drain does not wait for it, so it is still pending
+// when Drain returns, sent once (its outcome is in the result, with Result
+// "retried").
 func Drain(ctx context.Context, tb testing.TB, db DB, r Relay) []engine.Recorded {
 	tb.Helper()
 	var all []engine.Recorded

@@ -42,6 +42,7 @@ type relayFlags struct {
 	leaseGrace         time.Duration
 	backoffBase        time.Duration
 	backoffCap         time.Duration
+	minRetryDelay      time.Duration
 	maxAttempts        int
 	maxErrorLength     int
 	flushSize          int
@@ -99,6 +100,7 @@ func (f *relayFlags) registerShared(fs *flag.FlagSet) {
 	fs.DurationVar(&f.leaseGrace, "lease-grace", engine.DefaultLeaseGrace, "added to a rail's timeout to form the in-flight lease (at least 1s: half of it is for recording the outcome)")
 	fs.DurationVar(&f.backoffBase, "backoff-base", engine.DefaultBackoffBase, "first retry delay bound (full-jitter exponential)")
 	fs.DurationVar(&f.backoffCap, "backoff-cap", engine.DefaultBackoffCap, "largest retry delay")
+	fs.DurationVar(&f.minRetryDelay, "min-retry-delay", 0, "least retry delay, whatever the backoff drew or the rail asked for (0: none; at most 1h)")
 	fs.IntVar(&f.maxAttempts, "max-attempts", engine.DefaultMaxAttempts, "attempts before an instruction is dead-lettered")
 	fs.IntVar(&f.maxErrorLength, "max-error-length", engine.DefaultMaxErrorLength, "stored error text is truncated to this many bytes")
 	fs.IntVar(&f.flushSize, "flush-size", engine.DefaultFlushSize, "outcome batch size")
@@ -181,7 +183,7 @@ func (f *relayFlags) engineConfig(schema string, set *rails.Set, log *slog.Logge
 		Schema: schema, RelayerID: f.relayerID, Rails: set, BatchSize: f.batchSize,
 		MaxConcurrency: f.maxConcurrency, PollInterval: f.pollInterval,
 		Debounce: f.debounce, PollOnly: f.pollOnly, IdleRefresh: f.idleRefresh, LeaseGrace: f.leaseGrace,
-		BackoffBase: f.backoffBase, BackoffCap: f.backoffCap, MaxAttempts: f.maxAttempts,
+		BackoffBase: f.backoffBase, BackoffCap: f.backoffCap, MinRetryDelay: f.minRetryDelay, MaxAttempts: f.maxAttempts,
 		MaxErrorLength: f.maxErrorLength, FlushSize: f.flushSize, OutcomeWriters: f.outcomeWriters,
 		StopTimeout: f.stopTimeout, Logger: log,
 	}

@@ -83,8 +83,9 @@ func TestRelayRefusesNegativeRailDefaults(t *testing.T) {
 // TestRelayRefusesIntervalsThatCannotWork: a --lease-grace below
 // engine.MinLeaseGrace (the outcome's write would outlast the lease), a
 // --poll-interval past engine.MaxPollInterval, a --reaper-interval past
-// reaper.MaxInterval, or a --max-conns below 0 or past a pool's int32
-// is a usage error, exit 2, naming the setting, before anything
+// reaper.MaxInterval, a --min-retry-delay past engine.MaxMinRetryDelay or
+// below 0, or a --max-conns below 0 or past a pool's int32 is a usage
+// error, exit 2, naming the setting, before anything
 // connects.
 func TestRelayRefusesIntervalsThatCannotWork(t *testing.T) {
 	t.Parallel()
@@ -99,6 +100,8 @@ func TestRelayRefusesIntervalsThatCannotWork(t *testing.T) {
 		// size wrapped, 4294967297 to a pool of one connection.
 		{[]string{"--max-conns", "-4"}, "--max-conns -4 is out of range"},
 		{[]string{"--max-conns", "4294967297"}, "--max-conns 4294967297 is out of range"},
+		{[]string{"--min-retry-delay", "2h"}, "MinRetryDelay 2h0m0s is past 1h0m0s"},
+		{[]string{"--min-retry-delay", "-1s"}, "MinRetryDelay -1s is negative"},
 	} {
 		r := invokeCLI(t, nil, "", append([]string{"relay", "--database-url", deadDatabaseURL}, tt.args...)...)
 		requireExit(t, r, 2)
