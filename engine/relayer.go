@@ -87,6 +87,9 @@ type Relayer struct {
 	rndMu sync.Mutex
 	rnd   *rand.Rand
 	stats counters
+	// onceSchemaChecked is set once RelayOnce found the schema at this
+	// build's version: it asks once per Relayer, not per pass.
+	onceSchemaChecked atomic.Bool
 
 	// testHooks let tests in this package act between protocol steps.
 	testHooks struct {

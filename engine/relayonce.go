@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/migrations"
 	"github.com/ledgerline/outbox/rails"
 )
 
@@ -22,8 +23,18 @@ type Batcher = store.Batcher
 // what a running relayer does continuously, for tests (package outboxtest)
 // and tools; it does not need Start, and of Stats it counts only its
 // claim statements (Claims). While a rail's breaker is half-open, a pass
-// claims one instruction of that rail, its probe, as a relayer does.
+// claims one instruction of that rail, its probe, as a relayer does. Its
+// first pass checks the schema, as Start does: on one behind this build
+// it returns a [*migrations.SchemaError] and claims nothing.
 func (r *Relayer) RelayOnce(ctx context.Context, db Batcher) ([]Recorded, error) {
+	if !r.onceSchemaChecked.Load() {
+		// As Start: on a schema behind this build, a claim could reach
+		// the rail and its outcome's write then fail.
+		if _, err := migrations.Ready(ctx, db, r.cfg.Schema); err != nil {
+			return nil, fmt.Errorf("engine: relay once: %w", err)
+		}
+		r.onceSchemaChecked.Store(true)
+	}
 	closed, halfOpen := r.cfg.Rails.Claimable()
 	types := append(closed, halfOpen...)
 	if len(types) == 0 {
