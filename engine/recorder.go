@@ -47,7 +47,12 @@ type recorder struct {
 	// duration, so at most OutcomeWriters are in progress (see loop). Each
 	// is the failure tracker of its own retries.
 	writers chan *retry.Loop
-	writes  sync.WaitGroup // writes in progress
+	// failures is each writer's last try's error (Health.RecordError):
+	// one writer failing again and again (a participant's lock held)
+	// while another succeeds is a failure for as long as it lasts, not
+	// one cleared by every success of the other. Built once, read only.
+	failures map[*retry.Loop]*lastError
+	writes   sync.WaitGroup // writes in progress
 	// spare holds batches whose writes ended, for the next writes to
 	// reuse: a batch has room for FlushSize outcomes (256 by default, about
 	// 90 KB), and a relayer moving a few busy participants writes one every
@@ -89,6 +94,17 @@ func (e *ewma) add(d time.Duration) {
 	e.v += (d - e.v) / 8
 }
 
+// lastFailure is the error of a writer whose last try failed, nil when
+// every writer's last try succeeded.
+func (rc *recorder) lastFailure() error {
+	for _, l := range rc.failures {
+		if err := l.get(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func newRecorder(r *run) *recorder {
 	n := max(r.cfg.OutcomeWriters, 1)
 	rc := &recorder{
@@ -100,9 +116,12 @@ func newRecorder(r *run) *recorder {
 		wrote:    make(chan struct{}, 1),
 		spare:    make(chan []pendingOutcome, n+1),
 		started:  make(map[*retry.Loop]time.Time, n),
+		failures: make(map[*retry.Loop]*lastError, n),
 	}
 	for range n {
-		rc.writers <- &retry.Loop{Log: r.log, What: "record outcomes", Min: 20 * time.Millisecond, Max: 2 * time.Second}
+		w := &retry.Loop{Log: r.log, What: "record outcomes", Min: 20 * time.Millisecond, Max: 2 * time.Second}
+		rc.failures[w] = new(lastError)
+		rc.writers <- w
 	}
 	rc.ctx, rc.abandon = context.WithCancel(context.Background())
 	return rc
@@ -474,7 +493,7 @@ func (rc *recorder) write(w *retry.Loop, batch []pendingOutcome, scrubbed bool, 
 		cancel()
 		if recorded != nil {
 			w.Succeeded()
-			r.recordFailure.set(nil)
+			rc.failures[w].set(nil)
 			// Archived; an error here is about withdrawing a requeued copy,
 			// which then is dispatched again under the same key.
 			if err != nil {
@@ -525,7 +544,7 @@ func (rc *recorder) write(w *retry.Loop, batch []pendingOutcome, scrubbed bool, 
 			// is its hand-offs, which lostHandoffs hands back.
 			handoff, lost = false, true
 		}
-		r.recordFailure.set(err)
+		rc.failures[w].set(err)
 		if rc.ctx.Err() != nil {
 			r.slots.Release(int64(len(batch) - keep))
 			r.stats.leftInFlight.Add(int64(len(batch)))

@@ -210,8 +210,10 @@ type Health struct {
 	// LISTEN connection, opened earlier, and another pool (an admin
 	// address's own) may still answer meanwhile, so neither tells.
 	ClaimError error
-	// RecordError is why the relayer's last outcome write failed (nil
-	// once one succeeds; a write is retried until it does). While every
+	// RecordError is why an outcome write is failing: the last try of
+	// one of the relayer's writers (OutcomeWriters) failed. It is nil
+	// once each writer's last try succeeded (a write is retried until it
+	// does), not when another writer's write does. While every
 	// slot is held by an outcome waiting to be written the claim loop
 	// does not claim, so ClaimError alone would not tell.
 	RecordError error
@@ -225,7 +227,7 @@ func (r *Relayer) Health() Health {
 		h.Listening = run.listening.Load()
 		h.ReadOnly = run.readOnly.Load()
 		h.ClaimError = run.claimFailure.get()
-		h.RecordError = run.recordFailure.get()
+		h.RecordError = run.rec.lastFailure()
 	}
 	return h
 }
@@ -373,10 +375,9 @@ type run struct {
 	// readOnly is set while claims fail because the database is read-only
 	// (Health.ReadOnly).
 	readOnly atomic.Bool
-	// claimFailure and recordFailure are the errors of the last claim and
-	// the last outcome write, if they failed (Health.ClaimError,
-	// Health.RecordError).
-	claimFailure, recordFailure lastError
+	// claimFailure is the error of the last claim, if it failed
+	// (Health.ClaimError; the outcome writers' are the recorder's).
+	claimFailure lastError
 	// schemaChecked is set once the schema was found at this build's
 	// version: at start, or, if the database could not be asked then, by
 	// the claim loop, which claims nothing until it is (checkSchema).
