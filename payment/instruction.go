@@ -38,7 +38,7 @@ type Instruction struct {
 	// shows for this attempt.
 	AttemptID uuid.UUID
 
-	// Payment is nil for event payment.
+	// Payment is nil for an event (a rail whose profile moves no money).
 	Payment *Payment
 	// Metadata is free JSON (an object, or empty). For event rails it is the
 	// event body itself.
