@@ -16,7 +16,8 @@ type Role string
 const (
 	// RoleAuditor reads everything and changes nothing.
 	RoleAuditor Role = "auditor"
-	// RoleOperator also replays and acknowledges dead letters.
+	// RoleOperator also acts: replays and acknowledges dead letters, cancels
+	// pending instructions, pauses and resumes rails.
 	RoleOperator Role = "operator"
 )
 
