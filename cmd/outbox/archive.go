@@ -21,7 +21,7 @@ import (
 // exports one partition to a CSV file with its checksum, or moves the
 // default partition's rows into months of their own.
 func runArchive(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet(env, "archive", "archive [flags] list | detach --before YYYY-MM | export --partition NAME --out FILE | move-default")
+	fs := newFlagSet(env, "archive", "archive [flags] list | detach --before YYYY-MM | export --partition NAME --out FILE | move-default   (detach, exit 4: a month whose move's connection broke and whose outcome the database could not tell, COMMIT_UNKNOWN: archive list shows where it is)")
 	var db dbFlags
 	db.register(fs, auditSettings())
 	exact := fs.Bool("exact", false, "list: count each partition's rows instead of estimating them (reads the whole archive: use a replica)")

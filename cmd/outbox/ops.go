@@ -74,7 +74,7 @@ func stopAfter(env *environment, err error, unknown int) error {
 
 // runDLQ lists, replays or acknowledges dead letters.
 func runDLQ(ctx context.Context, env *environment, args []string) error {
-	fs := newFlagSet(env, "dlq", "dlq [flags] list | replay OUTBOX_ID... | ack OUTBOX_ID...   (replay and ack need --reason)")
+	fs := newFlagSet(env, "dlq", "dlq [flags] list | replay OUTBOX_ID... | ack OUTBOX_ID...   (replay and ack need --reason; each acts only on the dead letter it read, exit 1 if one was not done; exit 4: one whose connection broke and whose outcome the database could not tell, COMMIT_UNKNOWN: read its trail before running it again)")
 	var db dbFlags
 	db.register(fs, poolconfig.Operator("dlq"))
 	all := fs.Bool("all", false, "list: include acknowledged dead letters")
