@@ -52,9 +52,10 @@ const (
 	actionCommitUnknown = "COMMIT_UNKNOWN"
 )
 
-// commitUnknownCode is the exit status of dlq and cancel when a line's
-// action may have been done (COMMIT_UNKNOWN): unlike 1 (nothing done on
-// those lines), the command must not simply be run again.
+// commitUnknownCode is the exit status of dlq, cancel, rails pause and
+// resume, and archive detach when an action may have been done
+// (COMMIT_UNKNOWN): unlike 1 (nothing done on those lines), the command
+// must not simply be run again.
 const commitUnknownCode = 4
 
 // stopAfter is the error that stops a dlq or cancel run at a line it
