@@ -92,6 +92,8 @@ type InstructionReusedError struct {
 	OutboxID uuid.UUID
 }
 
+// Error names the instruction, both keys and, when it was enqueued, the
+// outbox id of the key it has.
 func (e *InstructionReusedError) Error() string {
 	if e.OutboxID.IsNil() {
 		return fmt.Sprintf("%v: instruction %q: key %q, but an earlier line of the batch gives it key %q; an instruction may have one key only",
@@ -121,6 +123,8 @@ type MismatchError struct {
 	Owner string
 }
 
+// Error names the instruction, its key and what the key already belongs
+// to: another instruction id, or this one with another payload.
 func (e *MismatchError) Error() string {
 	switch {
 	case e.OutboxID.IsNil() && e.Owner != "":
@@ -180,6 +184,7 @@ type SchemaError struct {
 	Needed  int32
 }
 
+// Error names the schema, its version and the version needed.
 func (e *SchemaError) Error() string {
 	return fmt.Sprintf("%v: schema %s is at version %d, this producer needs %d: run `outbox migrate`",
 		ErrSchemaBehind, e.Schema, e.Version, e.Needed)
@@ -204,6 +209,7 @@ type KeyWithoutInstructionError struct {
 	OutboxID       uuid.UUID // the outbox id the key row names
 }
 
+// Error names the instruction, its key and the outbox id of the key row.
 func (e *KeyWithoutInstructionError) Error() string {
 	return fmt.Sprintf("%v: instruction %q: key %q names outbox id %s, under which nothing was enqueued",
 		ErrKeyWithoutInstruction, e.InstructionID, e.IdempotencyKey, e.OutboxID)
@@ -212,12 +218,14 @@ func (e *KeyWithoutInstructionError) Error() string {
 // Unwrap makes errors.Is(err, ErrKeyWithoutInstruction) work.
 func (e *KeyWithoutInstructionError) Unwrap() error { return ErrKeyWithoutInstruction }
 
-// ErrKeyRetired is returned when an idempotency key belongs to an
-// instruction enqueued before the archive's retention horizon: its archive
-// months were detached (`outbox archive detach`) and the key kept only in
-// compact form, which still refuses it forever but no longer holds the
-// original receipt. Nothing is written. The instruction's trail is in the
-// detached archive, under the error's outbox id.
+// ErrKeyRetired is returned when an idempotency key was retired: the
+// instruction it names ended (dispatched, cancelled, or its dead letter
+// acknowledged) in an archive month since detached (`outbox archive
+// detach`), and the key is kept only in compact form, which refuses that
+// instruction under it forever but no longer holds the original receipt
+// (another instruction id may take the key). Nothing is written. The
+// instruction's trail is in the detached archive, under the error's
+// outbox id.
 var ErrKeyRetired = store.ErrKeyRetired
 
 // RetiredError details an [ErrKeyRetired].
@@ -227,6 +235,8 @@ type RetiredError struct {
 	OutboxID       uuid.UUID // the instruction the key belonged to
 }
 
+// Error names the instruction, its key and the outbox id of the
+// instruction the key named.
 func (e *RetiredError) Error() string {
 	return fmt.Sprintf("%v: instruction %q key %q was used by outbox id %s, enqueued before the retention horizon",
 		ErrKeyRetired, e.InstructionID, e.IdempotencyKey, e.OutboxID)
@@ -255,6 +265,7 @@ type BatchTooLargeError struct {
 	MaxInstructions, MaxPayloadBytes int
 }
 
+// Error says which limit the batch went past.
 func (e *BatchTooLargeError) Error() string {
 	if e.PayloadBytes == 0 {
 		return fmt.Sprintf("%v: %d instructions, at most %d go in one batch: split it", ErrBatchTooLarge, e.Instructions, e.MaxInstructions)
@@ -273,6 +284,7 @@ type BatchError struct {
 	Err   error
 }
 
+// Error names the instruction's index in the batch and its error.
 func (e *BatchError) Error() string { return fmt.Sprintf("instruction %d: %v", e.Index, e.Err) }
 
 // Unwrap returns the instruction's error.

@@ -49,6 +49,7 @@ type Violation struct {
 	Detail    string
 }
 
+// String is the violation as one line: its invariant, check and detail.
 func (v Violation) String() string {
 	return fmt.Sprintf("invariant %d (%s): %s", v.Invariant, v.Check, v.Detail)
 }
