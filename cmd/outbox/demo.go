@@ -59,7 +59,7 @@ func runDemo(ctx context.Context, env *environment, args []string) error {
 	fs.DurationVar(&df.latencyMin, "latency-min", 2*time.Millisecond, "sandbox rail: fastest answer")
 	fs.DurationVar(&df.latencyMax, "latency-max", 20*time.Millisecond, "sandbox rail: slowest answer")
 	fs.BoolVar(&df.ordered, "ordered", true, "per-participant ordering (as outbox migrate ordering-on|ordering-off sets it)")
-	fs.DurationVar(&df.outage, "outage", 3*time.Second, "sandbox rail: an outage this long a third of the way through, which opens its breaker once (0: none)")
+	fs.DurationVar(&df.outage, "outage", 3*time.Second, "sandbox rail: an outage this long a third of the way through --duration, which opens its breaker once (0, or --duration 0: none)")
 	fs.BoolVar(&df.keepConsole, "keep-console", false, "after the summary, keep the console up until Ctrl-C")
 	logFormat := fs.String("log-format", "text", "log format: text or json")
 	logLevel := fs.String("log-level", "error", "log level of the relayers (the summary is printed regardless)")
