@@ -267,8 +267,42 @@ func (s *Server) Handler() http.Handler {
 	api("GET /api/v1/trail", RoleAuditor, s.trail)
 	api("POST /api/v1/verify", RoleAuditor, s.verify)
 	api("POST /api/v1/rails/{rail}/{action}", RoleOperator, s.pauseRail)
+	// Every other /api/ path and method: after the credential is checked
+	// (a caller without one learns nothing of which paths exist), a JSON
+	// 404 or 405 with its code, as every other error answer has.
+	mux.Handle(apiRest, s.authorize(RoleAuditor, func(w http.ResponseWriter, r *http.Request, _ Token) {
+		s.unknownAPI(mux, w, r)
+	}))
 	s.mountConsole(mux)
 	return limitBodies(mux)
+}
+
+// apiRest is the pattern of the API's paths and methods that no route
+// takes.
+const apiRest = "/api/"
+
+// apiMethods are the methods unknownAPI tries a path with to say which
+// it takes.
+var apiMethods = [...]string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
+
+// unknownAPI answers a request no API route takes: 405 METHOD_NOT_ALLOWED
+// with an Allow header when the path is a route's with another method,
+// else 404 NOT_FOUND.
+func (s *Server) unknownAPI(mux *http.ServeMux, w http.ResponseWriter, r *http.Request) {
+	var allow []string
+	for _, m := range apiMethods {
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := mux.Handler(probe); pattern != "" && pattern != apiRest {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) > 0 {
+		w.Header().Set("Allow", strings.Join(allow, ", "))
+		writeError(w, http.StatusMethodNotAllowed, MethodNotAllowed, fmt.Sprintf("%s is not a method of %s: it takes %s", r.Method, r.URL.Path, strings.Join(allow, ", ")))
+		return
+	}
+	writeError(w, http.StatusNotFound, NotFound, "the API has no path "+r.URL.Path)
 }
 
 // MaxRequestBody is the most a request to the admin address may send as

@@ -16,7 +16,7 @@ const (
 	// BadRequest (400): a malformed parameter or body (a limit, a
 	// cursor, a state, an id, a missing or refused reason); nothing done.
 	BadRequest = "BAD_REQUEST"
-	// NotFound (404): no such action, or nothing to act on (no open dead
+	// NotFound (404): no such path or action, or nothing to act on (no open dead
 	// letter of that id; an instruction that is not pending).
 	NotFound = "NOT_FOUND"
 	// NotPaused (404): a resume of a rail that was not paused.
@@ -27,6 +27,9 @@ const (
 	// (AuthFailureLimit); its secret was not checked. Retry-After says
 	// when it may try again.
 	TooManyFailures = "TOO_MANY_FAILURES"
+	// MethodNotAllowed (405): the path does not take this method; Allow
+	// says which it takes.
+	MethodNotAllowed = "METHOD_NOT_ALLOWED"
 	// Internal (500): the request failed; the process logged why.
 	Internal = "INTERNAL"
 )
