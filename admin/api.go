@@ -13,11 +13,13 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gofrs/uuid/v5"
 
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/internal/store"
+	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/rails"
 )
 
@@ -495,7 +497,9 @@ func readAction(w http.ResponseWriter, r *http.Request) (actionBody, bool) {
 // Act's read of it and its action with store.ErrDeadLetterChanged (Error
 // DeadLetterChanged), nothing done. Any
 // other action is refused with ErrUnknownAction before anything is read:
-// a misspelled action must not fall through to another one. On a standby
+// a misspelled action must not fall through to another one. A name or a
+// reason the archive refuses (CheckOperatorAction) is refused with
+// store.ErrOperatorAction before anything is read. On a standby
 // (read-only) every action is refused with ErrReadOnlyStandby before it
 // is tried.
 func (s *Server) Act(ctx context.Context, id uuid.UUID, operator, action, reason string) (ActionResult, error) {
@@ -510,6 +514,12 @@ func (s *Server) Act(ctx context.Context, id uuid.UUID, operator, action, reason
 func (s *Server) takeAction(ctx context.Context, id uuid.UUID, shown *time.Time, operator, action, reason string) (ActionResult, error) {
 	res := ActionResult{OutboxID: id, Action: action, By: operator, Reason: reason}
 	if action == ActionCancel || action == ActionReplay || action == ActionAcknowledge {
+		// Bad input is refused as such before anything is read: a replay
+		// of an id that is no open dead letter answered "not found" for a
+		// reason it would have refused.
+		if err := CheckOperatorAction(operator, reason); err != nil {
+			return res, err
+		}
 		if err := s.refuseOnStandby(ctx); err != nil {
 			return res, err
 		}
@@ -725,4 +735,31 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, who Token) {
 		"attempts": rep.Attempts, "chained_rows": rep.Chained, "checkpoints": rep.Checkpoints, "violations": violations,
 		"standby": rep.Standby, "seconds": rep.Duration.Seconds(),
 	})
+}
+
+// CheckOperatorAction returns an error wrapping store.ErrOperatorAction
+// (attempts.ErrOperatorAction) when an operator action (a replay, an
+// acknowledgement, a cancel, a pause, a resume) as operator for reason
+// would be refused for its input: no name or no reason, a name holding
+// "(database role", or a control or format character in either
+// (payment.ControlRune). The store refuses the same, but only once it
+// acts, after an action has looked its instruction up; checked first, bad
+// input is answered as such (400, exit status 2) whatever the id names.
+func CheckOperatorAction(operator, reason string) error {
+	switch {
+	case strings.TrimSpace(operator) == "":
+		return fmt.Errorf("%w: no operator", store.ErrOperatorAction)
+	case strings.TrimSpace(reason) == "":
+		return fmt.Errorf("%w: no reason", store.ErrOperatorAction)
+	case strings.Contains(strings.ToLower(operator), "(database role"):
+		return fmt.Errorf("%w: the operator's name %q contains %q, which the archive keeps for the database role", store.ErrOperatorAction, operator, "(database role")
+	}
+	for _, f := range [...]struct{ what, v string }{{"the operator's name", operator}, {"the reason", reason}} {
+		if i := strings.IndexFunc(f.v, payment.ControlRune); i >= 0 {
+			r, _ := utf8.DecodeRuneInString(f.v[i:])
+			return fmt.Errorf("%w: %s contains the control or format character %U, which would change how the archive reads where it is shown",
+				store.ErrOperatorAction, f.what, r)
+		}
+	}
+	return nil
 }

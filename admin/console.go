@@ -625,6 +625,10 @@ func (s *Server) pageAct(w http.ResponseWriter, r *http.Request, p *page) {
 		p.Error = "The form does not say which failure it was shown with: reload the page."
 	case reason == "":
 		p.Error = "A reason is required: it is recorded in the archive with your name."
+	case CheckOperatorAction(p.Who.Name, reason) != nil:
+		// Before the dead letter is read: an id that is no open dead
+		// letter read as "already replayed" for a reason never accepted.
+		p.Error = operatorRefusal(CheckOperatorAction(p.Who.Name, reason))
 	default:
 		of, err := s.store.DeadLetter(r.Context(), s.cfg.Pool, id)
 		if err != nil {

@@ -82,6 +82,9 @@ func (s *Server) ResumeRailShown(ctx context.Context, railType string, pausedAt 
 func (s *Server) railAction(ctx context.Context, railType string, shown *time.Time, operator, action, reason string) (PauseResult, error) {
 	res := PauseResult{RailType: railType, Action: action, By: operator, Reason: reason}
 	if action == ActionPause || action == ActionResume {
+		if err := CheckOperatorAction(operator, reason); err != nil {
+			return res, err
+		}
 		if err := s.refuseOnStandby(ctx); err != nil {
 			return res, err
 		}

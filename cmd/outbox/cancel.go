@@ -49,6 +49,9 @@ func runCancel(ctx context.Context, env *environment, args []string) error {
 	if strings.TrimSpace(*reason) == "" {
 		return fmt.Errorf("%w: cancel needs --reason (it is archived with who acted)", errUsage)
 	}
+	if err := admin.CheckOperatorAction(*operator, *reason); err != nil {
+		return fmt.Errorf("%w: cancel: %w", errUsage, err)
+	}
 	archive, pool, cleanup, err := openArchive(ctx, env, &db)
 	if err != nil {
 		return err

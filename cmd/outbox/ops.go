@@ -109,6 +109,11 @@ func runDLQ(ctx context.Context, env *environment, args []string) error {
 	if action != "list" && strings.TrimSpace(*reason) == "" {
 		return fmt.Errorf("%w: dlq %s needs --reason (it is archived with who acted)", errUsage, action)
 	}
+	// Before any id is looked up: an id that is no open dead letter was
+	// reported "not an open dead letter" for input never acceptable.
+	if err := admin.CheckOperatorAction(*operator, *reason); action != "list" && err != nil {
+		return fmt.Errorf("%w: dlq %s: %w", errUsage, action, err)
+	}
 	archive, pool, cleanup, err := openArchive(ctx, env, &db)
 	if err != nil {
 		return err

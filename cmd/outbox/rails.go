@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ledgerline/outbox/admin"
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/poolconfig"
 )
@@ -33,6 +34,9 @@ func runRails(ctx context.Context, env *environment, args []string) error {
 		}
 		if strings.TrimSpace(*reason) == "" {
 			return fmt.Errorf("%w: rails %s needs --reason (it is recorded with who acted)", errUsage, action)
+		}
+		if err := admin.CheckOperatorAction(*operator, *reason); err != nil {
+			return fmt.Errorf("%w: rails %s: %w", errUsage, action, err)
 		}
 	default:
 		return fmt.Errorf("%w: usage: rails list | pause RAIL_TYPE | resume RAIL_TYPE", errUsage)
