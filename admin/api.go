@@ -352,7 +352,8 @@ type ActionResult struct {
 	// may still be acting on the instruction's cut-off call (RetryAfter
 	// is then when the cancel may be tried again), InFlight when it (or
 	// a replay or an acknowledgement) was refused because the instruction
-	// is in flight.
+	// is in flight, SchemaBehind when the schema lacks a function the
+	// action runs (ErrSchemaBehind).
 	Error      string     `json:"error,omitempty"`
 	RetryAfter *time.Time `json:"retry_after,omitempty"`
 	// Code is the API's code of an answer other than 200 (its table is in
@@ -444,11 +445,14 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, who Token, action s
 // actionFailed answers an operator action (a replay, acknowledgement or
 // cancel; a pause or resume) that failed in a way every action can: on a
 // standby, with its commit unknown or not done after a broken connection
-// (the result v carried with its code), or otherwise (500, logged).
+// (the result v carried with its code), on a schema older than this
+// build (503, SchemaBehind), or otherwise (500, logged).
 func (s *Server) actionFailed(w http.ResponseWriter, r *http.Request, err error, v coded) {
 	switch {
 	case errors.Is(err, ErrReadOnlyStandby):
 		writeStandby(w)
+	case errors.Is(err, ErrSchemaBehind):
+		writeResult(w, http.StatusServiceUnavailable, SchemaBehind, v)
 	case errors.Is(err, store.ErrCommitUnknown):
 		s.log.Error("admin: request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		writeResult(w, http.StatusInternalServerError, CommitUnknown, v)
@@ -583,6 +587,11 @@ func (s *Server) takeAction(ctx context.Context, id uuid.UUID, shown *time.Time,
 		}
 	default:
 		return res, fmt.Errorf("%w %q (want %s, %s or %s)", ErrUnknownAction, action, ActionReplay, ActionAcknowledge, ActionCancel)
+	}
+	if behind := schemaBehind(err); behind != nil {
+		res.Error, res.Note = SchemaBehind, schemaBehindNote
+		s.log.Error("admin: "+action+" refused: the schema is behind this build; run outbox migrate", "outbox_id", id, "by", operator, "err", err)
+		return res, behind
 	}
 	if errors.Is(err, store.ErrCommitUnknown) {
 		res.Error, res.Note = CommitUnknown, "it may have been done: the database connection broke after it was sent and the database could not tell; read the instruction's trail before acting on it again (a dead letter listed again may be a new failure)"

@@ -30,6 +30,10 @@ const (
 	// MethodNotAllowed (405): the path does not take this method; Allow
 	// says which it takes.
 	MethodNotAllowed = "METHOD_NOT_ALLOWED"
+	// SchemaBehind (503): the database's schema is older than this
+	// build: a function the action needs is not there; nothing done.
+	// Run outbox migrate.
+	SchemaBehind = "SCHEMA_BEHIND"
 	// Internal (500): the request failed; the process logged why.
 	Internal = "INTERNAL"
 )

@@ -450,6 +450,8 @@ func (s *Server) pageCancel(w http.ResponseWriter, r *http.Request, p *page) {
 		switch {
 		case errors.Is(err, ErrReadOnlyStandby):
 			p.Error = standbyRefusal
+		case errors.Is(err, ErrSchemaBehind):
+			p.Error = schemaBehindRefusal
 		case errors.Is(err, store.ErrOperatorAction):
 			p.Error = operatorRefusal(err)
 		case errors.Is(err, store.ErrRailMayStillAct):
@@ -492,6 +494,10 @@ func (s *Server) commitUnknown(w http.ResponseWriter, r *http.Request, err error
 	s.log.Error("admin: request failed, outcome unknown", "method", r.Method, "path", r.URL.Path, "err", err)
 	http.Error(w, "It may have been done: the database connection broke after the action was sent, and the database could not tell whether it committed. "+look, http.StatusInternalServerError)
 }
+
+// schemaBehindRefusal is the console's notice of an action refused with
+// ErrSchemaBehind.
+const schemaBehindRefusal = "Nothing was done: the database's schema is older than this build of the outbox (a function this action needs is not there). Run outbox migrate, then try again."
 
 // operatorRefusal words an action refused with store.ErrOperatorAction
 // (a name or a reason it does not archive) for the console.
@@ -638,6 +644,10 @@ func (s *Server) pageAct(w http.ResponseWriter, r *http.Request, p *page) {
 		res, err := s.takeAction(r.Context(), id, &shown, p.Who.Name, action, reason)
 		if errors.Is(err, ErrReadOnlyStandby) {
 			p.Error = standbyRefusal
+			break
+		}
+		if errors.Is(err, ErrSchemaBehind) {
+			p.Error = schemaBehindRefusal
 			break
 		}
 		if errors.Is(err, store.ErrOperatorAction) {

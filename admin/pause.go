@@ -33,7 +33,8 @@ type PauseResult struct {
 	// Error is CommitUnknown or NotDone when the database connection
 	// broke during the action (Note says what to do), as for
 	// [ActionResult]; PauseChanged when a resume of the pause shown
-	// (ResumeRailShown) found another in force.
+	// (ResumeRailShown) found another in force; SchemaBehind when the
+	// schema lacks the function the action runs (ErrSchemaBehind).
 	Error string `json:"error,omitempty"`
 	Note  string `json:"note,omitempty"`
 	// Code is the API's code of an answer other than 200, as for
@@ -101,6 +102,11 @@ func (s *Server) railAction(ctx context.Context, railType string, shown *time.Ti
 		res.Done, err = s.store.PauseRail(ctx, s.cfg.Pool, railType, operator, reason)
 	default:
 		return res, fmt.Errorf("%w %q (want %s or %s)", ErrUnknownAction, action, ActionPause, ActionResume)
+	}
+	if behind := schemaBehind(err); behind != nil {
+		res.Error, res.Note = SchemaBehind, schemaBehindNote
+		s.log.Error("admin: "+action+" refused: the schema is behind this build; run outbox migrate", "rail_type", railType, "by", operator, "err", err)
+		return res, behind
 	}
 	switch {
 	case errors.Is(err, store.ErrPauseChanged):
@@ -207,6 +213,11 @@ func (s *Server) pagePause(w http.ResponseWriter, r *http.Request, p *page) {
 		}
 		if errors.Is(err, ErrReadOnlyStandby) {
 			p.Error = standbyRefusal
+			s.pageRails(w, r, p)
+			return
+		}
+		if errors.Is(err, ErrSchemaBehind) {
+			p.Error = schemaBehindRefusal
 			s.pageRails(w, r, p)
 			return
 		}
