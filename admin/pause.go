@@ -44,6 +44,13 @@ type PauseResult struct {
 
 func (r *PauseResult) setCode(code string) { r.Code = code }
 
+// ErrPauseChanged is returned by [Server.ResumeRailShown] (PauseResult's
+// Error PauseChanged) when the rail's pause in force is not the one shown:
+// someone resumed that one and paused the rail again since. Nothing was
+// done. It is the internal store's sentinel, the same value, exported
+// here so that a program embedding the server can tell it with errors.Is.
+var ErrPauseChanged = store.ErrPauseChanged
+
 // PauseChanged is the code (409) of a resume that named the pause it was
 // shown (its paused_at) when the rail's pause in force is another: someone
 // resumed that one and paused the rail again since. Nothing was done.
@@ -73,7 +80,7 @@ func (s *Server) PauseRail(ctx context.Context, railType, operator, action, reas
 // pause its operator was shown, made at pausedAt (store.RailPause's
 // PausedAt): when the rail's pause in force is another (someone resumed
 // that one and paused the rail again since), it returns
-// store.ErrPauseChanged (Error PauseChanged) and does nothing. Done is
+// ErrPauseChanged (Error PauseChanged) and does nothing. Done is
 // false when the rail is not paused.
 func (s *Server) ResumeRailShown(ctx context.Context, railType string, pausedAt time.Time, operator, reason string) (PauseResult, error) {
 	return s.railAction(ctx, railType, &pausedAt, operator, ActionResume, reason)

@@ -80,7 +80,8 @@ func (s *Store) ResumeRail(ctx context.Context, db Querier, railType, operator, 
 
 // ErrPauseChanged is returned by ResumeRailShown when the rail's pause in
 // force is not the one shown: someone resumed that one and paused the
-// rail again since. Nothing was done.
+// rail again since. Nothing was done. admin.ErrPauseChanged is this value,
+// for programs outside the module.
 var ErrPauseChanged = errors.New("the rail's pause changed since it was shown")
 
 // ResumeRailShown is ResumeRail for the pause of railType made at pausedAt
