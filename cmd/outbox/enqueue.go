@@ -78,6 +78,12 @@ const (
 	// standby's connection, a read-only session): nothing was enqueued,
 	// and the line goes through on the primary, under the same key.
 	codeReadOnly = "READ_ONLY"
+	// codePermissionDenied is a line the database refused for a privilege
+	// the session's role lacks (42501, pending.ErrPermissionDenied: a
+	// tenant it may not write for, a role without its grants): nothing
+	// was enqueued, and sending it again as the same role fails alike; a
+	// configuration to fix, not the database's trouble.
+	codePermissionDenied = "PERMISSION_DENIED"
 	// codeCommitUnknown is a line whose transaction may have committed
 	// (its connection broke after the statements were sent) and whose
 	// resends under the same keys all failed: send it again under the
@@ -167,6 +173,8 @@ func classify(err error) *lineError {
 		return &lineError{Code: codeInvalidInput, Field: jerr.Name, Message: "not a valid instruction: " + jerr.Error()}
 	case errors.Is(err, pending.ErrReadOnly):
 		return &lineError{Code: codeReadOnly, Message: err.Error() + " (a standby, or a read-only session: send it again to the primary, under the same key)"}
+	case errors.Is(err, pending.ErrPermissionDenied):
+		return &lineError{Code: codePermissionDenied, Message: err.Error() + " (the session's role may not write this line: its tenant, or the role's grants; send it again under the same key as a role that may)"}
 	default:
 		return &lineError{Code: codeDatabaseError, Message: err.Error()}
 	}
@@ -535,12 +543,12 @@ func mayHaveCommitted(err error, why string) bool {
 // COMMIT_UNKNOWN when an earlier send of the line may have committed
 // (unknown, its failure) and le is not a refusal of the line itself: the
 // resends that followed failed (the database still away, say, during a
-// failover, or a standby reached that refuses writes) and settled nothing. Reported as DATABASE_ERROR, the line
+// failover, or a standby reached that refuses writes) and settled nothing. Reported as DATABASE_ERROR (READ_ONLY, PERMISSION_DENIED), the line
 // would read as not enqueued, and a caller that enqueued it again under a
 // new key would pay it twice; under the same key a committed line answers
 // with its receipt.
 func commitUnknown(le *lineError, unknown error) *lineError {
-	if unknown == nil || le.Code != codeDatabaseError && le.Code != codeReadOnly {
+	if unknown == nil || le.Code != codeDatabaseError && le.Code != codeReadOnly && le.Code != codePermissionDenied {
 		return le
 	}
 	return &lineError{Code: codeCommitUnknown, Message: fmt.Sprintf(

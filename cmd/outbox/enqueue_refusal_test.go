@@ -71,7 +71,9 @@ func (b *cliBundle) producerURL(t *testing.T, tenant string) (string, *pgxpool.P
 // as a tenant the session may not write for (42501), failed every line of
 // its --batch as DATABASE_ERROR, the good ones not enqueued. The batch is
 // sent again line by line: the good lines are enqueued, the refused one
-// is DATABASE_ERROR with the database's message.
+// is PERMISSION_DENIED (pending.ErrPermissionDenied: a configuration to
+// fix, not the database's trouble; it was DATABASE_ERROR) with the
+// database's message.
 func TestEnqueueLineTheDatabaseRefusesDoesNotSinkItsBatch(t *testing.T) {
 	t.Parallel()
 	b := setupCLI(t)
@@ -80,7 +82,7 @@ func TestEnqueueLineTheDatabaseRefusesDoesNotSinkItsBatch(t *testing.T) {
 	input := strings.Join([]string{line("k1", "A"), line("k2", "B"), line("k3", "A")}, "\n")
 	r := invokeCLI(t, nil, input, "enqueue", "--database-url", producer, "--batch", "3")
 	requireExit(t, r, 1)
-	got := checkEnqueueOutput(t, r.stdout, []wantLine{wantReceipt(1), wantError(codeDatabaseError, ""), wantReceipt(1)})
+	got := checkEnqueueOutput(t, r.stdout, []wantLine{wantReceipt(1), wantError("PERMISSION_DENIED", ""), wantReceipt(1)})
 	if !strings.Contains(stdoutLines(t, r.stdout)[1], "42501") {
 		t.Errorf("the refused line says %s, want the database's 42501", stdoutLines(t, r.stdout)[1])
 	}
