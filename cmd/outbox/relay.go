@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -213,6 +214,32 @@ func (f *relayFlags) checkAdmin() error {
 	return err
 }
 
+// readinessFlags are the flags only the admin address's /readyz reads.
+var readinessFlags = [...]string{"degraded-after", "horizon-degraded-after"}
+
+// checkReadinessFlags refuses a readiness threshold set (on the command
+// line or through its variable) without --admin-addr: nothing would read
+// it, and a deployment that meant to tune its probes would have none
+// without a word.
+func (f *relayFlags) checkReadinessFlags(fs *flag.FlagSet, onCommandLine map[string]bool) error {
+	if f.adminAddr != "" {
+		return nil
+	}
+	var err error
+	// Visit sees the flags parseFlags set from their variables too.
+	fs.Visit(func(fl *flag.Flag) {
+		if err != nil || !slices.Contains(readinessFlags[:], fl.Name) {
+			return
+		}
+		given := "--" + fl.Name
+		if !onCommandLine[fl.Name] {
+			given = envName(fl.Name) + " (--" + fl.Name + ")"
+		}
+		err = fmt.Errorf("%w: %s is a threshold of /readyz, which only the admin address serves: it needs --admin-addr", errUsage, given)
+	})
+	return err
+}
+
 // errTrustedProxies marks an --admin-trusted-proxies entry that is
 // neither an address nor a prefix.
 var errTrustedProxies = errors.New("is neither an IP address nor a prefix (e.g. 10.0.0.0/8)")
@@ -270,11 +297,15 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 	maxConns := fs.Int("max-conns", 0, "database pool size (0: max-concurrency/4 + 8; at most 2147483647)")
 	logFormat := fs.String("log-format", "json", "log format: json or text")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
-	if _, err := parseFlags(fs, env, args); err != nil {
+	onCommandLine, err := parseFlags(fs, env, args)
+	if err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	if err := rf.checkReadinessFlags(fs, onCommandLine); err != nil {
+		return err
 	}
 	log, err := newLogger(env.stderr, *logFormat, *logLevel)
 	if err != nil {
