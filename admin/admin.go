@@ -107,7 +107,8 @@ type Config struct {
 	// address whose X-Forwarded-For is believed: a request from one of
 	// them counts its failed authentications (AuthFailureLimit) against
 	// the client the proxy names, the rightmost address of the header
-	// not itself in TrustedProxies. Nil: none; every request counts
+	// not itself in TrustedProxies (an entry may carry its port:
+	// ip:port, [v6]:port). Nil: none; every request counts
 	// against the address it came from (behind a proxy, the proxy's),
 	// as anyone can send the header.
 	TrustedProxies []netip.Prefix

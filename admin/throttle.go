@@ -153,8 +153,9 @@ func (g *guesses) evict(now time.Time) {
 // address it came from, or, from one of Config.TrustedProxies, the
 // rightmost address of its X-Forwarded-For that is not itself a trusted
 // proxy (the one the proxy nearest this process appended; those to its
-// left the client may have written). An entry that cannot be read ends
-// the walk at the last address read.
+// left the client may have written). An entry is an address, with or
+// without its port (ip:port, [v6]:port, [v6]: proxies that write the
+// port); one that cannot be read ends the walk at the last address read.
 func (s *Server) clientOf(r *http.Request) string {
 	if len(s.cfg.TrustedProxies) == 0 {
 		return r.RemoteAddr
@@ -166,8 +167,8 @@ func (s *Server) clientOf(r *http.Request) string {
 	}
 	hops := strings.Split(strings.Join(r.Header.Values("X-Forwarded-For"), ","), ",")
 	for i := len(hops) - 1; i >= 0; i-- {
-		a, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
-		if err != nil {
+		a, ok := hopAddr(hops[i])
+		if !ok {
 			break
 		}
 		client = a.String()
@@ -176,6 +177,28 @@ func (s *Server) clientOf(r *http.Request) string {
 		}
 	}
 	return client
+}
+
+// hopAddr reads an X-Forwarded-For entry: an address, an address with its
+// port (ip:port, [v6]:port) or an IPv6 address in brackets. Read only as
+// an address, an entry with its port ended the trusted-proxy walk, and
+// the proxy itself counted as the client.
+func hopAddr(hop string) (netip.Addr, bool) {
+	hop = strings.TrimSpace(hop)
+	if a, err := netip.ParseAddr(hop); err == nil {
+		return a, true
+	}
+	if host, _, err := net.SplitHostPort(hop); err == nil {
+		a, err := netip.ParseAddr(host)
+		return a, err == nil
+	}
+	if inner, ok := strings.CutPrefix(hop, "["); ok {
+		if inner, ok = strings.CutSuffix(inner, "]"); ok {
+			a, err := netip.ParseAddr(inner)
+			return a, err == nil && a.Is6()
+		}
+	}
+	return netip.Addr{}, false
 }
 
 // trusted says whether a is one of Config.TrustedProxies.

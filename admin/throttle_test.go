@@ -2,6 +2,7 @@ package admin_test
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -155,5 +156,41 @@ func TestForwardedForOnlyFromTrustedProxies(t *testing.T) {
 	}
 	if resp := signin(t, proxied, auditorSecret, map[string]string{"X-Forwarded-For": "203.0.113.8"}); resp.StatusCode != http.StatusSeeOther {
 		t.Errorf("another client of the same trusted proxy: %s, want a sign-in", resp.Status)
+	}
+}
+
+// TestForwardedForWithPorts: a proxy that writes X-Forwarded-For entries
+// with their port (ip:port, [v6]:port; Azure's gateways, some ingress
+// controllers) or an IPv6 address in brackets names its client as well:
+// the client's guesses throttle that client, not every client of the
+// proxy. Such an entry ended the walk unread, so every guess counted
+// against the proxy's own address, and one guesser throttled everyone
+// behind it.
+func TestForwardedForWithPorts(t *testing.T) {
+	t.Parallel()
+	guess := func(base, xff string) int {
+		return signin(t, base, "wrong-secret-0123456789", map[string]string{"X-Forwarded-For": xff}).StatusCode
+	}
+	for _, c := range []struct{ guesser, other string }{
+		{"203.0.113.7:%d", "203.0.113.8:443"},
+		{"[2001:db8:1::7]:%d", "[2001:db8:2::8]:443"},
+		{"[2001:db8:1::7]", "[2001:db8:2::8]"},
+	} {
+		proxied, _, _, _ := throttleServer(t, admin.Config{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}})
+		hop := func(pattern string, i int) string {
+			if strings.Contains(pattern, "%d") {
+				return fmt.Sprintf(pattern, 40000+i)
+			}
+			return pattern
+		}
+		for i := range admin.AuthFailureLimit {
+			guess(proxied, "198.51.100.1, "+hop(c.guesser, i))
+		}
+		if code := guess(proxied, hop(c.guesser, 99)); code != http.StatusTooManyRequests {
+			t.Errorf("%s: the guesser behind a trusted proxy: %d, want 429", c.guesser, code)
+		}
+		if resp := signin(t, proxied, auditorSecret, map[string]string{"X-Forwarded-For": c.other}); resp.StatusCode != http.StatusSeeOther {
+			t.Errorf("%s: another client of the same trusted proxy: %s, want a sign-in", c.other, resp.Status)
+		}
 	}
 }
