@@ -883,6 +883,76 @@ func (l *retryLog) take(key retryLogKey, now time.Time) (log bool, hidden int64)
 	return true, hidden
 }
 
+// retryLogSummary is a window's retries not logged at Warn: those of key
+// since since.
+type retryLogSummary struct {
+	key    retryLogKey
+	since  time.Time
+	hidden int64
+}
+
+// ended removes the windows whose minute is over at now (all: every
+// window, at Stop), but skip's (the window of the retry being logged,
+// whose own line says its count), and returns those of them that hold
+// retries not logged. Without it a window's count was said only by the
+// next retry of its rail and code: never, when none came.
+func (l *retryLog) ended(now time.Time, all bool, skip *retryLogKey) []retryLogSummary {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []retryLogSummary
+	for k, w := range l.by {
+		if (skip != nil && k == *skip) || (!all && now.Sub(w.since) < retryLogEvery) {
+			continue
+		}
+		delete(l.by, k)
+		if w.hidden > 0 {
+			out = append(out, retryLogSummary{key: k, since: w.since, hidden: w.hidden})
+		}
+	}
+	return out
+}
+
+// logEndedRetries logs, a line per rail and code, the retries not logged
+// of the windows ended at now (ended).
+func (r *run) logEndedRetries(now time.Time, all bool, skip *retryLogKey) {
+	for _, s := range r.retryLog.ended(now, all, skip) {
+		r.log.Warn("attempts retried: not logged", "rail", s.key.rail, "error_code", s.key.code,
+			"retries_not_logged", s.hidden, "since", s.since)
+	}
+}
+
+// retryLogNow is the retry log's clock (testHooks.retryLogNow in tests).
+func (r *run) retryLogNow() time.Time {
+	if h := r.testHooks.retryLogNow; h != nil {
+		return h()
+	}
+	return time.Now()
+}
+
+// retryLogTick is how often the relayer looks for retry-log windows that
+// have ended: their counts are logged within this of their minute's end.
+const retryLogTick = 10 * time.Second
+
+// retryLogTicks logs the counts of ended retry-log windows every
+// retryLogTick until Stop begins; retryLogDone is closed when it returns.
+func (r *run) retryLogTicks() {
+	defer close(r.retryLogDone)
+	every := retryLogTick
+	if r.testHooks.retryLogTick > 0 {
+		every = r.testHooks.retryLogTick
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stopping:
+			return
+		case <-t.C:
+			r.logEndedRetries(r.retryLogNow(), false, nil)
+		}
+	}
+}
+
 // logRetry logs a retried attempt: the first of its rail and error code
 // in retryLogEvery at Warn, the others at Debug, the next Warn line
 // saying how many there were. A rail refusing every call in a way that
@@ -892,7 +962,11 @@ func (l *retryLog) take(key retryLogKey, now time.Time) (log bool, hidden int64)
 // already. Dead letters are logged each (logFailure): each needs an
 // operator.
 func (r *run) logRetry(o store.Outcome) {
-	log, hidden := r.retryLog.take(retryLogKey{rail: o.RailType, code: o.ErrorCode}, time.Now())
+	key, now := retryLogKey{rail: o.RailType, code: o.ErrorCode}, r.retryLogNow()
+	// Other rails' and codes' windows that have ended say their counts
+	// now, not only on a retry of their own.
+	r.logEndedRetries(now, false, &key)
+	log, hidden := r.retryLog.take(key, now)
 	if !log {
 		if r.log.Enabled(context.Background(), slog.LevelDebug) {
 			r.log.Debug("attempt failed: will retry", r.failureArgs(o)...)

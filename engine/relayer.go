@@ -109,6 +109,10 @@ type Relayer struct {
 		// wall clock (see wallNow): a host clock set apart from the
 		// database's.
 		wall func() time.Time
+		// retryLogNow replaces time.Now for the retry log's windows,
+		// and retryLogTick the constant of that name.
+		retryLogNow  func() time.Time
+		retryLogTick time.Duration
 	}
 }
 
@@ -393,18 +397,20 @@ type run struct {
 	listenCancel  context.CancelFunc
 	loopDone      chan struct{}
 	listenDone    chan struct{}
+	retryLogDone  chan struct{} // closed when retryLogTicks returns
 	dispatches    sync.WaitGroup
 }
 
 func (r *Relayer) newRun() *run {
 	ru := &run{
-		Relayer:    r,
-		slots:      semaphore.NewWeighted(int64(r.cfg.MaxConcurrency)),
-		wake:       make(chan struct{}, 1),
-		freed:      make(chan struct{}, 1),
-		stopping:   make(chan struct{}),
-		loopDone:   make(chan struct{}),
-		listenDone: make(chan struct{}),
+		Relayer:      r,
+		slots:        semaphore.NewWeighted(int64(r.cfg.MaxConcurrency)),
+		wake:         make(chan struct{}, 1),
+		freed:        make(chan struct{}, 1),
+		stopping:     make(chan struct{}),
+		loopDone:     make(chan struct{}),
+		listenDone:   make(chan struct{}),
+		retryLogDone: make(chan struct{}),
 	}
 	ru.railLoad = make(map[string]*atomic.Int64)
 	for _, t := range r.cfg.Rails.Types() {
@@ -416,7 +422,8 @@ func (r *Relayer) newRun() *run {
 	return ru
 }
 
-// start launches the listener, the recorder and the claim loop.
+// start launches the listener, the recorder, the claim loop and the retry
+// log's tick.
 func (r *run) start(ctx context.Context) {
 	if r.cfg.PollOnly {
 		close(r.listenDone)
@@ -427,6 +434,7 @@ func (r *run) start(ctx context.Context) {
 	}
 	go r.rec.loop()
 	go r.claimLoop(ctx)
+	go r.retryLogTicks()
 }
 
 // stop is the run's part of Relayer.Stop.
@@ -472,6 +480,11 @@ func (r *run) stop(ctx context.Context) error {
 	}
 	r.rec.finish(recordBy)
 	r.hardStop()
+	// Every retry recorded is logged by now: the counts of the retry
+	// log's windows not yet said are said here, whether or not their
+	// minute is over (nothing of this run will say them later).
+	<-r.retryLogDone
+	r.logEndedRetries(r.retryLogNow(), true, nil)
 	if stragglers {
 		// A dispatch still running that passed submit's check before
 		// finish closed quit may queue its outcome after the final
