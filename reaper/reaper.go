@@ -17,6 +17,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -110,8 +112,9 @@ type Config struct {
 	// process must take them: a period without one is a period in which a
 	// deleted instruction goes unseen).
 	CheckpointInterval time.Duration
-	// Logger receives one line per requeued instruction and one per pass
-	// that requeued anything; nil discards.
+	// Logger receives one line per pass that requeued anything (Warn:
+	// how many, per dead relayer, a few outbox ids), and one per requeued
+	// instruction at Debug; nil discards.
 	Logger *slog.Logger
 }
 
@@ -245,18 +248,53 @@ func (r *Reaper) RunOnce(ctx context.Context) ([]Requeued, error) {
 		all = append(all, batch...)
 		if err != nil {
 			r.countPass(countRequeued(all), err)
+			r.logPass(all)
 			return all, err
 		}
 		if len(batch) < r.cfg.BatchSize {
 			break
 		}
 	}
-	requeued := countRequeued(all)
-	r.countPass(requeued, nil)
-	if requeued > 0 {
-		r.log.Warn("requeued zombie instructions", "count", requeued)
-	}
+	r.countPass(countRequeued(all), nil)
+	r.logPass(all)
 	return all, nil
+}
+
+// passExamples is how many outbox ids a pass's line names for example.
+const passExamples = 5
+
+// logPass logs what a pass requeued (the batches it committed) in one
+// line: how many, how many per dead relayer, and a few outbox ids to
+// start from (each is a Debug line, and in the archive). A line per
+// instruction at Info was thousands at once when a relayer died holding
+// thousands of claims.
+func (r *Reaper) logPass(all []Requeued) {
+	byRelayer := map[string]int{}
+	var examples []string
+	for _, q := range all {
+		if q.DeadLettered {
+			continue // each is an Error line of its own (reapBatch)
+		}
+		byRelayer[q.RelayerID]++
+		if len(examples) < passExamples {
+			examples = append(examples, q.OutboxID.String())
+		}
+	}
+	if len(byRelayer) == 0 {
+		return
+	}
+	relayers := make([]string, 0, len(byRelayer))
+	for id := range byRelayer {
+		relayers = append(relayers, id)
+	}
+	slices.Sort(relayers)
+	count := 0
+	for i, id := range relayers {
+		count += byRelayer[id]
+		relayers[i] = fmt.Sprintf("%s=%d", id, byRelayer[id])
+	}
+	r.log.Warn("requeued zombie instructions", "count", count, "by_dead_relayer", strings.Join(relayers, " "),
+		"examples", strings.Join(examples, " "))
 }
 
 // checkSchema refuses a schema older than this build, once per reaper
@@ -329,7 +367,7 @@ func (r *Reaper) reapBatch(ctx context.Context) ([]Requeued, error) {
 				"zombie_limit", r.cfg.ZombieLimit)
 			continue
 		}
-		r.log.Info("requeued zombie instruction", "outbox_id", q.OutboxID, "instruction_id", q.InstructionID,
+		r.log.Debug("requeued zombie instruction", "outbox_id", q.OutboxID, "instruction_id", q.InstructionID,
 			"participant", q.ParticipantID, "sequence_id", q.SequenceID, "attempt_no", q.AttemptNo,
 			"dead_relayer", q.RelayerID, "claimed_at", q.ClaimedAt, "lease_until", q.LeaseUntil)
 	}
