@@ -52,7 +52,8 @@ func TestActionInputCheckedBeforeLookup(t *testing.T) {
 // TestCheckOperatorActionAgreesWithTheStore: admin.CheckOperatorAction
 // refuses exactly what the store's actions refuse (store.ErrOperatorAction,
 // read through a real cancel of an unknown id), so that checking first
-// changes no answer but the order.
+// changes no answer but the order (both are store.CheckOperator; this
+// keeps an action from checking anything else).
 func TestCheckOperatorActionAgreesWithTheStore(t *testing.T) {
 	t.Parallel()
 	b := setup(t, admin.Config{})

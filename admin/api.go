@@ -13,13 +13,11 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/gofrs/uuid/v5"
 
 	"github.com/ledgerline/outbox/attempts"
 	"github.com/ledgerline/outbox/internal/store"
-	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/rails"
 )
 
@@ -751,24 +749,10 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, who Token) {
 // acknowledgement, a cancel, a pause, a resume) as operator for reason
 // would be refused for its input: no name or no reason, a name holding
 // "(database role", or a control or format character in either
-// (payment.ControlRune). The store refuses the same, but only once it
-// acts, after an action has looked its instruction up; checked first, bad
-// input is answered as such (400, exit status 2) whatever the id names.
+// (payment.ControlRune). It is the store's own check, which an action
+// makes only once it acts, after its instruction was looked up; made
+// first, bad input is answered as such (400, exit status 2) whatever the
+// id names.
 func CheckOperatorAction(operator, reason string) error {
-	switch {
-	case strings.TrimSpace(operator) == "":
-		return fmt.Errorf("%w: no operator", store.ErrOperatorAction)
-	case strings.TrimSpace(reason) == "":
-		return fmt.Errorf("%w: no reason", store.ErrOperatorAction)
-	case strings.Contains(strings.ToLower(operator), "(database role"):
-		return fmt.Errorf("%w: the operator's name %q contains %q, which the archive keeps for the database role", store.ErrOperatorAction, operator, "(database role")
-	}
-	for _, f := range [...]struct{ what, v string }{{"the operator's name", operator}, {"the reason", reason}} {
-		if i := strings.IndexFunc(f.v, payment.ControlRune); i >= 0 {
-			r, _ := utf8.DecodeRuneInString(f.v[i:])
-			return fmt.Errorf("%w: %s contains the control or format character %U, which would change how the archive reads where it is shown",
-				store.ErrOperatorAction, f.what, r)
-		}
-	}
-	return nil
+	return store.CheckOperator(operator, reason)
 }

@@ -14,7 +14,7 @@ import (
 // unacknowledged dead letter existed; of an instruction in flight, it
 // returns ErrDeadLetterInFlight and does nothing.
 func (s *Store) Acknowledge(ctx context.Context, db Querier, outboxID uuid.UUID, operator, reason string) (bool, error) {
-	if err := checkOperator(operator, reason); err != nil {
+	if err := CheckOperator(operator, reason); err != nil {
 		return false, err
 	}
 	return s.actOnDeadLetter(ctx, db, s.sql.acknowledge, "acknowledge", outboxID, operator, reason)

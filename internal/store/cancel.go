@@ -31,7 +31,7 @@ import (
 // sent is settled on another connection (settledAction): done,
 // ErrActionNotDone, or ErrCommitUnknown.
 func (s *Store) Cancel(ctx context.Context, db Querier, outboxID uuid.UUID, operator, reason string) (bool, error) {
-	if err := checkOperator(operator, reason); err != nil {
+	if err := CheckOperator(operator, reason); err != nil {
 		return false, err
 	}
 	done, err := s.settledAction(ctx, db, func(q Querier) (bool, error) {

@@ -130,7 +130,7 @@ func (s *Store) pauseAction(ctx context.Context, db Querier, fn, railType, opera
 	if strings.TrimSpace(railType) == "" {
 		return false, ErrRailType
 	}
-	if err := checkOperator(operator, reason); err != nil {
+	if err := CheckOperator(operator, reason); err != nil {
 		return false, err
 	}
 	// A lost answer is settled (settledAction) by the record of pauses:

@@ -29,7 +29,7 @@ import (
 // existed; of an instruction in flight, it returns ErrDeadLetterInFlight
 // and does nothing.
 func (s *Store) Replay(ctx context.Context, db Querier, outboxID uuid.UUID, operator, reason string) (bool, error) {
-	if err := checkOperator(operator, reason); err != nil {
+	if err := CheckOperator(operator, reason); err != nil {
 		return false, err
 	}
 	return s.actOnDeadLetter(ctx, db, s.sql.replay, "replay", outboxID, operator, reason)
@@ -93,7 +93,12 @@ var ErrOperatorAction = errors.New("an operator action needs the operator's name
 // message ("cancelled by alice (database role ops_1): why").
 const roleMark = "(database role"
 
-func checkOperator(operator, reason string) error {
+// CheckOperator returns an error wrapping [ErrOperatorAction] when an
+// operator action as operator for reason would be refused for its input.
+// Every action checks it before it writes; callers that look an
+// instruction up first (the admin API, the CLI) check it before that, so
+// bad input is answered as such whatever the id names.
+func CheckOperator(operator, reason string) error {
 	switch {
 	case strings.TrimSpace(operator) == "":
 		return fmt.Errorf("%w: no operator", ErrOperatorAction)
@@ -181,7 +186,7 @@ func (s *Store) AcknowledgeShown(ctx context.Context, db TxBeginner, outboxID uu
 // the new failure, which nobody had looked at. So what happened is
 // settled on another connection (settleLostAction).
 func (s *Store) actOnShown(ctx context.Context, db TxBeginner, query, state string, outboxID uuid.UUID, failedAt time.Time, seen int64, operator, reason string) (bool, error) {
-	if err := checkOperator(operator, reason); err != nil {
+	if err := CheckOperator(operator, reason); err != nil {
 		return false, err
 	}
 	var done bool
