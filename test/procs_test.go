@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -81,6 +82,12 @@ type proc struct {
 // (Pdeathsig) if that is killed.
 func startProc(t *testing.T, name, stdoutPath string, args ...string) *proc {
 	t.Helper()
+	return startProcIn(t, name, stdoutPath, nil, args...)
+}
+
+// startProcIn is startProc with stdin (nil: none).
+func startProcIn(t *testing.T, name, stdoutPath string, stdin io.Reader, args ...string) *proc {
+	t.Helper()
 	if outboxBin == "" {
 		t.Fatal("the outbox binary was not built (TestMain)")
 	}
@@ -100,7 +107,7 @@ func startProc(t *testing.T, name, stdoutPath string, args ...string) *proc {
 	}
 	p.cmd = exec.Command(outboxBin, args...)
 	p.cmd.Env = childEnv()
-	p.cmd.Stdout, p.cmd.Stderr = stdout, logFile
+	p.cmd.Stdin, p.cmd.Stdout, p.cmd.Stderr = stdin, stdout, logFile
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
