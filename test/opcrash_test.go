@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerline/outbox/internal/testdb"
+	"github.com/ledgerline/outbox/migrations"
 )
 
 // crashDB gives a crash test its database and the test's own pool on it.
@@ -291,4 +292,158 @@ func TestCrashEnqueueBatch(t *testing.T) {
 		t.Fatalf("%d instructions (%d keys) enqueued, want each of the %d lines once", v[0], v[1], n)
 	}
 	verifyNow(t, pool, "after enqueue ran again")
+}
+
+// schemaFingerprint describes what a schema holds (tables and their
+// columns, constraints, indexes and whether they are valid, functions
+// with their security and settings, triggers, policies, views, partition
+// bounds, privileges, the migration version), one line per object, sorted,
+// with the schema's name as S: two schemas migrated to the same version
+// have the same fingerprint.
+func schemaFingerprint(t *testing.T, pool *pgxpool.Pool, schema string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var fp string
+	if err := pool.QueryRow(ctx, `
+		WITH ns AS (SELECT oid FROM pg_namespace WHERE nspname = $1),
+		lines AS (
+		  SELECT format('rel %s %s %s persistence=%s options=%s acl=%s rls=%s bound=%s', c.relname, c.relkind,
+		                c.relispartition, c.relpersistence, c.reloptions, c.relacl, c.relrowsecurity,
+		                pg_get_expr(c.relpartbound, c.oid)) AS l
+		  FROM pg_class c WHERE c.relnamespace = (SELECT oid FROM ns)
+		  UNION ALL
+		  SELECT format('col %s.%s %s notnull=%s default=%s', c.relname, a.attname, format_type(a.atttypid, a.atttypmod),
+		                a.attnotnull, pg_get_expr(d.adbin, d.adrelid))
+		  FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+		  LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+		  WHERE c.relnamespace = (SELECT oid FROM ns) AND a.attnum > 0 AND NOT a.attisdropped
+		  UNION ALL
+		  SELECT format('con %s %s %s valid=%s', conrelid::regclass, conname, pg_get_constraintdef(oid), convalidated)
+		  FROM pg_constraint WHERE connamespace = (SELECT oid FROM ns)
+		  UNION ALL
+		  SELECT format('idx %s valid=%s', pg_get_indexdef(i.indexrelid), i.indisvalid)
+		  FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relnamespace = (SELECT oid FROM ns)
+		  UNION ALL
+		  SELECT format('fn %s secdef=%s config=%s acl=%s', pg_get_functiondef(p.oid), p.prosecdef, p.proconfig, p.proacl)
+		  FROM pg_proc p WHERE p.pronamespace = (SELECT oid FROM ns)
+		  UNION ALL
+		  SELECT format('trg %s enabled=%s', pg_get_triggerdef(g.oid), g.tgenabled)
+		  FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid WHERE c.relnamespace = (SELECT oid FROM ns) AND NOT g.tgisinternal
+		  UNION ALL
+		  SELECT format('pol %s.%s %s %s %s %s', tablename, policyname, cmd, roles, qual, with_check)
+		  FROM pg_policies WHERE schemaname = $1
+		  UNION ALL
+		  SELECT format('view %s %s', c.relname, pg_get_viewdef(c.oid))
+		  FROM pg_class c WHERE c.relnamespace = (SELECT oid FROM ns) AND c.relkind IN ('v', 'm')
+		)
+		SELECT coalesce(string_agg(replace(l, $1, 'S'), E'\n' ORDER BY replace(l, $1, 'S')), '') FROM lines`, schema).Scan(&fp); err != nil {
+		t.Fatalf("fingerprint of %s: %v", schema, err)
+	}
+	return fp + fmt.Sprintf("\nversion %d", schemaVersion(t, pool, schema))
+}
+
+// schemaVersion is a schema's migration version (0: none applied).
+func schemaVersion(t *testing.T, pool *pgxpool.Pool, schema string) int32 {
+	t.Helper()
+	st, err := migrations.GetStatus(context.Background(), pool, schema)
+	if err != nil {
+		t.Fatalf("status of %s: %v", schema, err)
+	}
+	return st.Current
+}
+
+// sameSchema fails unless schema holds what a schema migrated to the same
+// version without a crash holds (ref, migrated there now).
+func sameSchema(t *testing.T, pool *pgxpool.Pool, schema, ref string) {
+	t.Helper()
+	v := schemaVersion(t, pool, schema)
+	if v == 0 {
+		// Not even the first migration committed: the schema may exist,
+		// with tern's version table, and nothing else.
+		left := mustInts(t, pool, `SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			WHERE n.nspname = $1 AND c.relname NOT IN ('schema_version')`, schema)
+		if left[0] != 0 {
+			t.Fatalf("%s is at version 0 but holds %d relations", schema, left[0])
+		}
+		return
+	}
+	if err := migrations.MigrateWith(context.Background(), pool, migrations.Options{Schema: ref, TargetVersion: v}); err != nil {
+		t.Fatalf("migrate the reference %s to %d: %v", ref, v, err)
+	}
+	got, want := schemaFingerprint(t, pool, schema), schemaFingerprint(t, pool, ref)
+	if got != want {
+		t.Fatalf("%s at version %d differs from a schema migrated there without a crash:\n%s", schema, v, lineDiff(got, want))
+	}
+}
+
+// lineDiff lists the lines only in a (-) and only in b (+).
+func lineDiff(a, b string) string {
+	in := func(s string) map[string]bool {
+		m := map[string]bool{}
+		for _, l := range strings.Split(s, "\n") {
+			m[l] = true
+		}
+		return m
+	}
+	ma, mb := in(a), in(b)
+	var out []string
+	for l := range ma {
+		if !mb[l] {
+			out = append(out, "- "+l)
+		}
+	}
+	for l := range mb {
+		if !ma[l] {
+			out = append(out, "+ "+l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// TestCrashMigrate: `outbox migrate` killed while it brings a new schema
+// up (after random delays) and while it upgrades one from version 44 (held
+// at 045, whose index waits for the test's lock on dead_letters). After
+// each kill the schema is exactly what a migration to its recorded version
+// makes, the migration lock is not left held, and migrate run again
+// reaches the latest version, the same schema as one migrated without a
+// crash.
+func TestCrashMigrate(t *testing.T) {
+	dbURL, pool := crashDB(t)
+	const app = "outbox-migrate"
+	migrate := func(schema string) []string {
+		return []string{"migrate", "--database-url", dbURL, "--schema", schema}
+	}
+
+	// The upgrade, held at 045.
+	if err := migrations.MigrateWith(context.Background(), pool, migrations.Options{Schema: "crash_up", TargetVersion: 44}); err != nil {
+		t.Fatal(err)
+	}
+	release := holdTx(t, pool, `LOCK TABLE crash_up.dead_letters IN ROW EXCLUSIVE MODE`)
+	o := startOp(t, "migrate-held", "", migrate("crash_up")...)
+	waitLockWait(t, pool, o, app)
+	o.killSettled(t, pool, app)
+	release()
+	if v := schemaVersion(t, pool, "crash_up"); v != 44 {
+		t.Fatalf("the upgrade killed while 045 waited is at version %d, want 44", v)
+	}
+	sameSchema(t, pool, "crash_up", "crash_ref_up")
+
+	// A new schema, killed at random points.
+	rng := rand.New(rand.NewPCG(seedFor(t, 59), 2))
+	for round := range 4 {
+		o := startOp(t, fmt.Sprintf("migrate-%d", round), "", migrate("crash_new")...)
+		time.Sleep(time.Duration(rng.IntN(500)) * time.Millisecond)
+		o.killSettled(t, pool, app)
+		t.Logf("round %d: killed at version %d", round, schemaVersion(t, pool, "crash_new"))
+		sameSchema(t, pool, "crash_new", fmt.Sprintf("crash_ref_%d", round))
+	}
+
+	for _, schema := range []string{"crash_up", "crash_new"} {
+		code, stdout, stderr := runOutbox(t, "", migrate(schema)...)
+		if code != 0 || !strings.Contains(stdout, fmt.Sprintf("version %d of %d", migrations.Latest(), migrations.Latest())) {
+			t.Fatalf("migrate %s again: exit %d\n%s\n%s", schema, code, stdout, stderr)
+		}
+		sameSchema(t, pool, schema, "crash_ref_latest")
+	}
 }
