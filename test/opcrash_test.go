@@ -447,3 +447,135 @@ func TestCrashMigrate(t *testing.T) {
 		sameSchema(t, pool, schema, "crash_ref_latest")
 	}
 }
+
+// forgeOldMonths gives the archive the months 2020-01 to 2020-<months>,
+// each with perMonth cancelled instructions of participant old-p (keys
+// old-k1..., sequence ids 1..), written as `outbox cancel` writes them
+// (hashed, under their keys) but stamped in their month, and takes the
+// checkpoints that cover them: months a detach can move, whose keys it
+// retires. The archive's chain is made to begin before them.
+func forgeOldMonths(t *testing.T, pool *pgxpool.Pool, months, perMonth int) {
+	t.Helper()
+	ctx := context.Background()
+	stmts := []string{`UPDATE outbox.settings SET chained_since = '2019-12-01 00:00Z'`}
+	for m := 1; m <= months; m++ {
+		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE outbox.attempts_2020_%02d PARTITION OF outbox.attempts
+			FOR VALUES FROM ('2020-%02d-01 00:00Z') TO ('2020-%02d-01 00:00Z')`, m, m, m+1))
+	}
+	stmts = append(stmts, fmt.Sprintf(`
+		WITH g AS (
+		  SELECT g, ('00000000-0000-7000-8000-' || lpad(to_hex(g), 12, '0'))::uuid AS oid, gen_random_uuid() AS aid,
+		         make_timestamptz(2020, 1 + (g - 1) / %[1]d, 10, 0, 0, 0, 'UTC') + g * interval '1 second' AS at,
+		         '{"currency": "USD", "destination": "acct-1", "amount_minor": 100}'::jsonb AS payload
+		  FROM generate_series(1, %[1]d * %[2]d) g
+		), k AS (
+		  INSERT INTO outbox.idempotency_keys (instruction_id, idempotency_key, outbox_id, participant_id, sequence_id, payload_hash, created_at)
+		  SELECT 'old-' || g, 'old-k' || g, oid, 'old-p', g, sha256(payload::text::bytea), at FROM g
+		)
+		INSERT INTO outbox.attempts (attempt_id, outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type,
+		  tenant_id, correlation_id, payload, attempt_no, state, relayer_id, claimed_at, completed_at, error_message, created_at, hash)
+		SELECT aid, oid, 'old-' || g, 'old-p', g, 'old-k' || g, 'sandbox', '', '', payload, 1, 'CANCELLED', 'forged', at, at,
+		  'cancelled by forged: old', at + interval '1 ms',
+		  outbox.attempt_hash(NULL, aid, oid, 'old-' || g, 'old-p', g::bigint, 'old-k' || g, 'sandbox', '', '', payload, 1,
+		    'CANCELLED', 'forged', NULL, at, at, NULL, NULL, NULL, NULL, 'cancelled by forged: old', NULL, false, at + interval '1 ms')
+		FROM g`, perMonth, months),
+		fmt.Sprintf(`INSERT INTO outbox.sequences (participant_id, next_sequence_id, queued) VALUES ('old-p', %d, 0)`, months*perMonth+1))
+	for _, s := range stmts {
+		if _, err := pool.Exec(ctx, s); err != nil {
+			t.Fatalf("%s: %v", s, err)
+		}
+	}
+	time.Sleep(5 * time.Millisecond) // the checkpoint's period ends before now
+	if code, stdout, stderr := runOutbox(t, "", "audit", "--database-url", testdbURLOf(t, pool), "--settle", "1ms", "checkpoint"); code != 0 {
+		t.Fatalf("checkpoint: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	verifyNow(t, pool, "with the forged months")
+}
+
+// testdbURLOf is the URL of the pool's database.
+func testdbURLOf(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	return pool.Config().ConnString()
+}
+
+// archiveParents maps each of the archive's 2020 months to the table it
+// is a partition of (attempts or attempts_detached).
+func archiveParents(t *testing.T, pool *pgxpool.Pool) string {
+	t.Helper()
+	var s string
+	if err := pool.QueryRow(context.Background(), `SELECT string_agg(c.relname || '<' || p.relname, ' ' ORDER BY c.relname)
+		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent
+		WHERE c.relname LIKE 'attempts_2020_%' AND c.relkind = 'r'`).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestCrashArchiveDetach: `outbox archive detach` killed while the
+// second of three months waits for its lock (the first moved, the others
+// not, no key retired yet), then while the key retirement waits for a
+// transaction of the test's (the first month's digests committed, its
+// keys still live beside them: an enqueue of one is refused as retired).
+// Run again, it finishes: every month detached, every key retired once,
+// each month's pass recorded once.
+func TestCrashArchiveDetach(t *testing.T) {
+	dbURL, pool := crashDB(t)
+	const app, per = "outbox-audit", 200
+	forgeOldMonths(t, pool, 3, per)
+	detach := []string{"archive", "--database-url", dbURL, "--before", "2020-04", "--detach-lock-timeout", "30s", "detach"}
+	counts := func() []int64 {
+		return mustInts(t, pool, `SELECT (SELECT count(*) FROM outbox.idempotency_keys WHERE participant_id = 'old-p'),
+			(SELECT count(*) FROM outbox.retired_keys), (SELECT count(*) FROM outbox.key_retirements),
+			(SELECT coalesce(sum(retired_keys), 0) FROM outbox.key_retirements)`)
+	}
+
+	release := holdTx(t, pool, `LOCK TABLE outbox.attempts_2020_02 IN ACCESS SHARE MODE`)
+	o := startOp(t, "detach-held", "", detach...)
+	waitLockWait(t, pool, o, app)
+	o.killSettled(t, pool, app)
+	release()
+	if p := archiveParents(t, pool); p != "attempts_2020_01<attempts_detached attempts_2020_02<attempts attempts_2020_03<attempts" {
+		t.Fatalf("detach killed at the second month: %s", p)
+	}
+	if c := counts(); c[0] != 3*per || c[1] != 0 || c[2] != 0 {
+		t.Fatalf("detach killed before the keys' retirement: live keys, digests, passes: %v", c)
+	}
+	verifyNow(t, pool, "after detach was killed at the second month")
+
+	release = holdTx(t, pool, `SELECT 1`)
+	o = startOp(t, "detach-retiring", "", detach...)
+	waitFor(t, pool, o, "the first month's digests", `SELECT count(*) FROM outbox.retired_keys`)
+	o.killSettled(t, pool, app)
+	release()
+	if p := archiveParents(t, pool); p != "attempts_2020_01<attempts_detached attempts_2020_02<attempts_detached attempts_2020_03<attempts_detached" {
+		t.Fatalf("detach killed in the retirement: %s", p)
+	}
+	if c := counts(); c[0] != 3*per || c[1] != per || c[2] != 0 {
+		t.Fatalf("detach killed while the retirement waited: live keys, digests, passes: %v (want %d, %d, 0)", c, 3*per, per)
+	}
+	verifyNow(t, pool, "after detach was killed in the retirement")
+	line := `{"instruction_id":"old-1","participant_id":"old-p","idempotency_key":"old-k1","rail":"sandbox","amount_minor":100,"currency":"USD","destination":"acct-1"}`
+	if code, stdout, _ := runOutbox(t, line, "enqueue", "--database-url", dbURL); code != 1 || !strings.Contains(stdout, `"KEY_RETIRED"`) {
+		t.Fatalf("enqueue of a key whose digest committed beside it: exit %d %s, want KEY_RETIRED", code, stdout)
+	}
+
+	type result struct {
+		Detached    []string `json:"detached"`
+		RetiredKeys int64    `json:"retired_keys"`
+		OK          bool     `json:"ok"`
+	}
+	for i, want := range []int64{3 * per, 0} {
+		code, stdout, stderr := runOutbox(t, "", detach...)
+		var r result
+		if code != 0 || json.Unmarshal([]byte(stdout), &r) != nil || !r.OK || len(r.Detached) != 0 || r.RetiredKeys != want {
+			t.Fatalf("detach run again (%d): exit %d\n%s\n%s\nwant nothing left to move and %d keys retired", i, code, stdout, stderr, want)
+		}
+	}
+	if c := counts(); c[0] != 0 || c[1] != 3*per || c[2] != 3 || c[3] != 3*per {
+		t.Fatalf("after the detach finished: live keys, digests, passes, keys the passes count: %v", c)
+	}
+	verifyNow(t, pool, "after detach finished")
+	if v := mustInts(t, pool, `SELECT count(*) FROM outbox.pending`); v[0] != 0 {
+		t.Fatalf("%d instructions pending: the refused enqueue wrote one", v[0])
+	}
+}
