@@ -11,10 +11,13 @@ package test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -577,5 +580,119 @@ func TestCrashArchiveDetach(t *testing.T) {
 	verifyNow(t, pool, "after detach finished")
 	if v := mustInts(t, pool, `SELECT count(*) FROM outbox.pending`); v[0] != 0 {
 		t.Fatalf("%d instructions pending: the refused enqueue wrote one", v[0])
+	}
+}
+
+// readPair reads an export and its checksum file ("" for one absent).
+func readPair(t *testing.T, out string) (data, sum string) {
+	t.Helper()
+	read := func(p string) string {
+		b, err := os.ReadFile(p)
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	return read(out), read(out + ".sha256")
+}
+
+// checkPair fails if the checksum file beside an export is not the
+// export's own.
+func checkPair(t *testing.T, out, when string) (data, sum string) {
+	t.Helper()
+	data, sum = readPair(t, out)
+	h := sha256.Sum256([]byte(data))
+	if sum != "" && sum != hex.EncodeToString(h[:])+"  "+filepath.Base(out)+"\n" {
+		t.Fatalf("%s: the checksum file %q is not the export's (%d bytes)", when, sum, len(data))
+	}
+	return data, sum
+}
+
+// TestCrashArchiveExport: `outbox archive export` to a file that holds an
+// earlier export, killed while its query waits for the test's lock on the
+// month, and (under strace, which kills it at a system call) just before
+// it removes the earlier checksum, before it renames the export over the
+// earlier one, and before it renames the checksum: the file holds the
+// earlier export or the new one, whole, and a checksum beside it is
+// always its own (at worst it has none until a re-run). Run again, it
+// writes the export and its checksum. Needs strace for the three
+// system-call points (OUTBOX_REQUIRE_STRACE=1 makes its absence a
+// failure).
+func TestCrashArchiveExport(t *testing.T) {
+	dbURL, pool := crashDB(t)
+	const app = "outbox-audit"
+	forgeOldMonths(t, pool, 1, 2000)
+	out := filepath.Join(t.TempDir(), "month.csv")
+	exportOf := func(partition string) []string {
+		return []string{"archive", "--database-url", dbURL, "--partition", partition, "--out", out, "export"}
+	}
+	// The earlier export at --out: this month's (no rows), so that the
+	// earlier and the new export differ.
+	current := "attempts_" + dbNow(t, pool).UTC().Format("2006_01")
+	if code, stdout, stderr := runOutbox(t, "", exportOf(current)...); code != 0 {
+		t.Fatalf("the earlier export: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	earlier, earlierSum := checkPair(t, out, "the earlier export")
+	export := exportOf("attempts_2020_01")
+
+	release := holdTx(t, pool, `LOCK TABLE outbox.attempts_2020_01 IN ACCESS EXCLUSIVE MODE`)
+	o := startOp(t, "export-held", "", export...)
+	waitLockWait(t, pool, o, app)
+	o.killSettled(t, pool, app)
+	release()
+	if d, s := checkPair(t, out, "killed while its query waited"); d != earlier || s != earlierSum {
+		t.Fatalf("an export killed while its query waited changed the earlier one: %d bytes, checksum %q", len(d), s)
+	}
+
+	var states []string // what each kill under strace left: the data
+	strace, err := exec.LookPath("strace")
+	switch {
+	case err == nil:
+		for _, point := range []struct{ path, calls, what string }{
+			{out + ".sha256", "unlink,unlinkat", "the earlier checksum's removal"},
+			{out, "rename,renameat,renameat2", "the export's rename"},
+			{out + ".sha256", "rename,renameat,renameat2", "the checksum's rename"},
+		} {
+			cmd := exec.Command(strace, append([]string{"-f", "-qq", "-o", os.DevNull, "-P", point.path,
+				"-e", "trace=" + point.calls, "-e", "inject=" + point.calls + ":signal=KILL", "--", outboxBin}, export...)...)
+			cmd.Env = childEnv()
+			output, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("the export under strace was not killed at %s:\n%s", point.what, output)
+			}
+			d, s := checkPair(t, out, "killed at "+point.what)
+			if point.what == "the earlier checksum's removal" && (d != earlier || s != earlierSum) {
+				t.Fatalf("killed before %s, the earlier export changed (%d bytes, checksum %q)", point.what, len(d), s)
+			}
+			states = append(states, d)
+		}
+	case os.Getenv("OUTBOX_REQUIRE_STRACE") != "":
+		t.Fatal("strace is required (OUTBOX_REQUIRE_STRACE) but not found")
+	default:
+		t.Log("strace not found: the kills at the export's system calls are skipped")
+	}
+
+	code, stdout, stderr := runOutbox(t, "", export...)
+	if code != 0 {
+		t.Fatalf("export run again: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	data, sum := checkPair(t, out, "the export run again")
+	if sum == "" || data == earlier || strings.Count(data, "\n") != 2001 {
+		t.Fatalf("the export run again: %d lines, checksum %q", strings.Count(data, "\n"), sum)
+	}
+	for i, d := range states {
+		if d != earlier && d != data {
+			t.Fatalf("kill %d left a file that is neither the earlier export nor the new one, whole (%d bytes)", i, len(d))
+		}
+	}
+	// A killed export leaves its temporary files (docs/operations.md): hidden, never at --out.
+	entries, err := os.ReadDir(filepath.Dir(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if n := e.Name(); n != "month.csv" && n != "month.csv.sha256" && !(strings.HasPrefix(n, ".month.csv.") && strings.HasSuffix(n, ".tmp")) {
+			t.Fatalf("beside the export: %s", n)
+		}
 	}
 }
