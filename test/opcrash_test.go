@@ -23,8 +23,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gofrs/uuid/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/migrations"
 )
@@ -82,13 +84,20 @@ func (o *opRun) lines(t *testing.T) []string {
 	return strings.Split(s, "\n")
 }
 
-// killSettled kills the command and waits until the server has ended its
-// sessions (a session that was waiting for a lock ends once it notices),
-// then checks that it left nothing behind: no advisory lock, no prepared
-// transaction, no session of it.
-func (o *opRun) killSettled(t *testing.T, pool *pgxpool.Pool, app string) {
+// killSettled kills the command, then ends what held it (release: the
+// test's transaction, rolled back; nil for none), waits until the server
+// has ended the command's sessions, and checks that it left nothing
+// behind: no advisory lock, no prepared transaction, no session. Released
+// after the kill, a statement the command had sent goes on (PostgreSQL
+// notices a client gone only when it next reads from it): a statement
+// that is a whole action commits, one inside a transaction ends with the
+// transaction rolled back. What follows the kill must be whole either way.
+func (o *opRun) killSettled(t *testing.T, pool *pgxpool.Pool, app string, release func()) {
 	t.Helper()
 	o.kill(t)
+	if release != nil {
+		release()
+	}
 	waitBackendsGone(t, pool, app)
 	v := mustInts(t, pool, `SELECT
 		(SELECT count(*) FROM pg_locks l WHERE l.locktype = 'advisory'
@@ -99,10 +108,10 @@ func (o *opRun) killSettled(t *testing.T, pool *pgxpool.Pool, app string) {
 	}
 }
 
-// holdTx opens a transaction on a connection of its own, runs stmts in it
-// and keeps it open until release (or the test's end): what it locks
-// holds a command at a known point. release rolls it back.
-func holdTx(t *testing.T, pool *pgxpool.Pool, stmts ...string) (release func()) {
+// holdTx opens a transaction on a connection of its own, runs stmt (with
+// args) in it and keeps it open until release (or the test's end): what
+// it locks holds a command at a known point. release rolls it back.
+func holdTx(t *testing.T, pool *pgxpool.Pool, stmt string, args ...any) (release func()) {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := pool.Acquire(ctx)
@@ -114,12 +123,10 @@ func holdTx(t *testing.T, pool *pgxpool.Pool, stmts ...string) (release func()) 
 		conn.Release()
 		t.Fatal(err)
 	}
-	for _, s := range stmts {
-		if _, err := tx.Exec(ctx, s); err != nil {
-			_ = tx.Rollback(ctx)
-			conn.Release()
-			t.Fatalf("%s: %v", s, err)
-		}
+	if _, err := tx.Exec(ctx, stmt, args...); err != nil {
+		_ = tx.Rollback(ctx)
+		conn.Release()
+		t.Fatalf("%s: %v", stmt, err)
 	}
 	done := false
 	release = func() {
@@ -246,8 +253,7 @@ func TestCrashEnqueueBatch(t *testing.T) {
 		VALUES ('held', 'k-600', gen_random_uuid(), 'held', 1, '\x00')`)
 	o := startOp(t, "enqueue-held", input, args...)
 	waitLockWait(t, pool, o, app)
-	o.killSettled(t, pool, app)
-	release()
+	o.killSettled(t, pool, app, release)
 	printed := decodeReceipts(t, o.lines(t))
 	if len(printed) != 2*batch {
 		t.Fatalf("printed %d receipts before the held batch, want %d", len(printed), 2*batch)
@@ -265,7 +271,7 @@ func TestCrashEnqueueBatch(t *testing.T) {
 	for round := range 3 {
 		o := startOp(t, fmt.Sprintf("enqueue-%d", round), input, args...)
 		time.Sleep(time.Duration(50+rng.IntN(600)) * time.Millisecond)
-		o.killSettled(t, pool, app)
+		o.killSettled(t, pool, app, nil)
 		printed := decodeReceipts(t, o.lines(t))
 		checkReceiptsKept(t, pool, printed, batch)
 		for i, r := range printed {
@@ -425,8 +431,7 @@ func TestCrashMigrate(t *testing.T) {
 	release := holdTx(t, pool, `LOCK TABLE crash_up.dead_letters IN ROW EXCLUSIVE MODE`)
 	o := startOp(t, "migrate-held", "", migrate("crash_up")...)
 	waitLockWait(t, pool, o, app)
-	o.killSettled(t, pool, app)
-	release()
+	o.killSettled(t, pool, app, release)
 	if v := schemaVersion(t, pool, "crash_up"); v != 44 {
 		t.Fatalf("the upgrade killed while 045 waited is at version %d, want 44", v)
 	}
@@ -436,8 +441,14 @@ func TestCrashMigrate(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seedFor(t, 59), 2))
 	for round := range 4 {
 		o := startOp(t, fmt.Sprintf("migrate-%d", round), "", migrate("crash_new")...)
-		time.Sleep(time.Duration(rng.IntN(500)) * time.Millisecond)
-		o.killSettled(t, pool, app)
+		// From its first session on (the process's start takes a while on
+		// a busy machine): the whole migration takes about half a second.
+		poll(t, 30*time.Second, "the migration's session", func() (bool, string) {
+			v, err := queryInts(pool, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`, app)
+			return o.exited() || err == nil && v[0] > 0, fmt.Sprint(err)
+		})
+		time.Sleep(time.Duration(rng.IntN(400)) * time.Millisecond)
+		o.killSettled(t, pool, app, nil)
 		t.Logf("round %d: killed at version %d", round, schemaVersion(t, pool, "crash_new"))
 		sameSchema(t, pool, "crash_new", fmt.Sprintf("crash_ref_%d", round))
 	}
@@ -535,8 +546,7 @@ func TestCrashArchiveDetach(t *testing.T) {
 	release := holdTx(t, pool, `LOCK TABLE outbox.attempts_2020_02 IN ACCESS SHARE MODE`)
 	o := startOp(t, "detach-held", "", detach...)
 	waitLockWait(t, pool, o, app)
-	o.killSettled(t, pool, app)
-	release()
+	o.killSettled(t, pool, app, release)
 	if p := archiveParents(t, pool); p != "attempts_2020_01<attempts_detached attempts_2020_02<attempts attempts_2020_03<attempts" {
 		t.Fatalf("detach killed at the second month: %s", p)
 	}
@@ -548,8 +558,7 @@ func TestCrashArchiveDetach(t *testing.T) {
 	release = holdTx(t, pool, `SELECT 1`)
 	o = startOp(t, "detach-retiring", "", detach...)
 	waitFor(t, pool, o, "the first month's digests", `SELECT count(*) FROM outbox.retired_keys`)
-	o.killSettled(t, pool, app)
-	release()
+	o.killSettled(t, pool, app, release)
 	if p := archiveParents(t, pool); p != "attempts_2020_01<attempts_detached attempts_2020_02<attempts_detached attempts_2020_03<attempts_detached" {
 		t.Fatalf("detach killed in the retirement: %s", p)
 	}
@@ -638,8 +647,7 @@ func TestCrashArchiveExport(t *testing.T) {
 	release := holdTx(t, pool, `LOCK TABLE outbox.attempts_2020_01 IN ACCESS EXCLUSIVE MODE`)
 	o := startOp(t, "export-held", "", export...)
 	waitLockWait(t, pool, o, app)
-	o.killSettled(t, pool, app)
-	release()
+	o.killSettled(t, pool, app, release)
 	if d, s := checkPair(t, out, "killed while its query waited"); d != earlier || s != earlierSum {
 		t.Fatalf("an export killed while its query waited changed the earlier one: %d bytes, checksum %q", len(d), s)
 	}
@@ -695,4 +703,175 @@ func TestCrashArchiveExport(t *testing.T) {
 			t.Fatalf("beside the export: %s", n)
 		}
 	}
+}
+
+// enqueuedIDs enqueues lines k-from..k-to-1 of enqueueInput through
+// `outbox enqueue` and returns their outbox ids.
+func enqueuedIDs(t *testing.T, dbURL string, from, to int) []string {
+	t.Helper()
+	lines := strings.Split(enqueueInput(to), "\n")[from:to]
+	code, stdout, stderr := runOutbox(t, strings.Join(lines, "\n")+"\n", "enqueue", "--database-url", dbURL)
+	if code != 0 {
+		t.Fatalf("enqueue: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	var ids []string
+	for _, r := range decodeReceipts(t, strings.Split(strings.TrimSuffix(stdout, "\n"), "\n")) {
+		ids = append(ids, r.OutboxID)
+	}
+	return ids
+}
+
+// deadLetter makes the pending instructions ids dead letters: claimed by
+// relayer crash-test, failed RAIL_REJECTED.
+func deadLetter(t *testing.T, pool *pgxpool.Pool, ids []string) {
+	t.Helper()
+	ctx := context.Background()
+	st, err := store.New("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := st.Claim(ctx, pool, store.ClaimParams{RelayerID: "crash-test", Limit: len(ids), Leases: map[string]time.Duration{"sandbox": time.Hour}})
+	if err != nil || len(claimed) != len(ids) {
+		t.Fatalf("claim: %d claimed, %v (want %d)", len(claimed), err, len(ids))
+	}
+	outcomes := make([]store.Outcome, len(claimed))
+	for i, c := range claimed {
+		attempt, _ := uuid.NewV7()
+		outcomes[i] = store.Outcome{Identity: c.Identity, AttemptID: attempt, ClaimAttemptID: c.AttemptID, AttemptNo: c.AttemptNo,
+			RelayerID: "crash-test", ClaimedAt: c.ClaimedAt, State: store.Failed, ErrorCode: "RAIL_REJECTED", CountAttempt: true}
+	}
+	if _, _, err := st.Record(ctx, pool, outcomes, store.HandoffParams{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// actionOutput is one line of dlq replay or ack, or cancel.
+type actionOutput struct {
+	OutboxID string `json:"outbox_id"`
+	Done     bool   `json:"done"`
+}
+
+// crashAction runs an operator action on four ids, holds it at the third
+// (whose row lock the test holds with lockSQL), kills it there and lets
+// the third's statement go on: the first two are done once, the third
+// once or not at all, the fourth not (rows counts the archive rows of the
+// action's state an id has). Run again, it does what was not done (the
+// rest are reported not done: exit status 1), and each id has one row of
+// the action.
+func crashAction(t *testing.T, pool *pgxpool.Pool, name, app, lockSQL, state string, args, ids []string) {
+	t.Helper()
+	rows := func(id string) int64 {
+		return mustInts(t, pool, `SELECT count(*) FROM outbox.attempts WHERE outbox_id = $1 AND state = $2`, id, state)[0]
+	}
+	release := holdTx(t, pool, lockSQL, ids[2])
+	o := startOp(t, name, "", append(args, ids...)...)
+	waitLockWait(t, pool, o, app)
+	o.killSettled(t, pool, app, release)
+	lines := o.lines(t)
+	if len(lines) != 2 {
+		t.Fatalf("%s killed at the third id printed %d lines, want the two done:\n%s", name, len(lines), strings.Join(lines, "\n"))
+	}
+	done := make([]bool, len(ids))
+	for i, id := range ids {
+		n := rows(id)
+		if i < 2 {
+			var l actionOutput
+			if err := json.Unmarshal([]byte(lines[i]), &l); err != nil || l.OutboxID != id || !l.Done {
+				t.Fatalf("%s: line %d %q, want %s done", name, i, lines[i], id)
+			}
+		}
+		if n > 1 || i < 2 && n != 1 || i == 3 && n != 0 {
+			t.Fatalf("%s killed at the third id: id %d has %d %s rows", name, i, n, state)
+		}
+		done[i] = n == 1
+	}
+	verifyNow(t, pool, name+" killed")
+
+	code, stdout, stderr := runOutbox(t, "", append(args, ids...)...)
+	if code != 1 {
+		t.Fatalf("%s run again: exit %d, want 1 (the ids done before are not actionable any more)\n%s\n%s", name, code, stdout, stderr)
+	}
+	for i, line := range strings.Split(strings.TrimSuffix(stdout, "\n"), "\n") {
+		var l actionOutput
+		if err := json.Unmarshal([]byte(line), &l); err != nil || l.OutboxID != ids[i] || l.Done == done[i] {
+			t.Fatalf("%s run again: line %d %q, want done %v", name, i, line, !done[i])
+		}
+	}
+	for _, id := range ids {
+		if n := rows(id); n != 1 {
+			t.Fatalf("%s run again: %s has %d %s rows, want 1", name, id, n, state)
+		}
+	}
+	verifyNow(t, pool, name+" run again")
+}
+
+// TestCrashOperatorActions: `outbox dlq replay`, `dlq ack` and `cancel`
+// of four ids, each killed while the third waits for its row's lock, and
+// `rails pause` killed while it waits for the rail to go quiet (the pause
+// committed, its line not printed yet) and `rails resume` killed while it
+// waits for the pause's lock: the actions done before the kill are in the
+// archive once, the one under way not at all, and the same command run
+// again does the rest, none twice.
+func TestCrashOperatorActions(t *testing.T) {
+	dbURL, pool := crashDB(t)
+	dead := enqueuedIDs(t, dbURL, 0, 8)
+	deadLetter(t, pool, dead)
+	toCancel := enqueuedIDs(t, dbURL, 8, 12)
+	dlq := func(action string) []string {
+		return []string{"dlq", "--database-url", dbURL, "--operator", "crash-test", "--reason", "crash test", action}
+	}
+	const lockDeadLetter = `SELECT 1 FROM outbox.dead_letters WHERE outbox_id = $1 FOR UPDATE`
+	crashAction(t, pool, "dlq-replay", "outbox-dlq", lockDeadLetter, "REPLAYED", dlq("replay"), dead[:4])
+	crashAction(t, pool, "dlq-ack", "outbox-dlq", lockDeadLetter, "ACKNOWLEDGED", dlq("ack"), dead[4:])
+	crashAction(t, pool, "cancel", "outbox-cancel", `SELECT 1 FROM outbox.pending WHERE outbox_id = $1 FOR UPDATE`, "CANCELLED",
+		[]string{"cancel", "--database-url", dbURL, "--operator", "crash-test", "--reason", "crash test"}, toCancel)
+
+	const app = "outbox-rails"
+	rails := func(action string, extra ...string) []string {
+		return append([]string{"rails", "--database-url", dbURL, "--operator", "crash-test", "--reason", "crash test"}, append(extra, action, "sandbox")...)
+	}
+	events := func() string {
+		var s string
+		if err := pool.QueryRow(context.Background(), `SELECT coalesce(string_agg(action, ' ' ORDER BY at), '') FROM outbox.rail_pause_events`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	// A transaction that read the queue before the pause: the pause waits
+	// for it to end.
+	release := holdTx(t, pool, `SELECT count(*) FROM outbox.pending`)
+	o := startOp(t, "rails-pause", "", rails("pause", "--wait", "30s")...)
+	waitFor(t, pool, o, "the pause", `SELECT count(*) FROM outbox.rail_pauses`)
+	time.Sleep(200 * time.Millisecond) // in its wait
+	if o.exited() {
+		t.Fatalf("the pause did not wait:\n%s", o.tail(20))
+	}
+	o.killSettled(t, pool, app, release)
+	if e := events(); e != "PAUSED" {
+		t.Fatalf("rails pause killed in its wait: events %q, want one PAUSED", e)
+	}
+	if code, stdout, stderr := runOutbox(t, "", rails("pause", "--wait", "30s")...); code != 0 || !strings.Contains(stdout, `"done":false`) || !strings.Contains(stdout, `"quiet":true`) {
+		t.Fatalf("rails pause run again: exit %d\n%s\n%s\nwant already paused, quiet", code, stdout, stderr)
+	}
+	release = holdTx(t, pool, `SELECT 1 FROM outbox.rail_pauses WHERE rail_type = 'sandbox' FOR UPDATE`)
+	o = startOp(t, "rails-resume", "", rails("resume")...)
+	waitLockWait(t, pool, o, app)
+	o.killSettled(t, pool, app, release)
+	e, v := events(), mustInts(t, pool, `SELECT count(*) FROM outbox.rail_pauses`)
+	if !(e == "PAUSED" && v[0] == 1 || e == "PAUSED RESUMED" && v[0] == 0) {
+		t.Fatalf("rails resume killed at the pause's lock: events %q, %d pauses in force", e, v[0])
+	}
+	want := []int{0, 1} // resumed by the run again, then not paused
+	if e == "PAUSED RESUMED" {
+		want = want[1:]
+	}
+	for i, want := range want {
+		if code, stdout, stderr := runOutbox(t, "", rails("resume")...); code != want {
+			t.Fatalf("rails resume run again (%d): exit %d, want %d\n%s\n%s", i, code, want, stdout, stderr)
+		}
+	}
+	if e := events(); e != "PAUSED RESUMED" {
+		t.Fatalf("after the resume ran again: events %q, want PAUSED RESUMED", e)
+	}
+	verifyNow(t, pool, "after the operator actions")
 }
