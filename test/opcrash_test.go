@@ -467,12 +467,13 @@ func TestCrashMigrate(t *testing.T) {
 // old-k1..., sequence ids 1..), written as `outbox cancel` writes them
 // (hashed, under their keys) but stamped in their month, and takes the
 // checkpoints that cover them: months a detach can move, whose keys it
-// retires. The archive's chain is made to begin before them.
-func forgeOldMonths(t *testing.T, pool *pgxpool.Pool, months, perMonth int) {
+// retires. The archive's chain is made to begin before them. Without
+// partitions, their rows are in the default partition.
+func forgeOldMonths(t *testing.T, pool *pgxpool.Pool, months, perMonth int, partitions bool) {
 	t.Helper()
 	ctx := context.Background()
 	stmts := []string{`UPDATE outbox.settings SET chained_since = '2019-12-01 00:00Z'`}
-	for m := 1; m <= months; m++ {
+	for m := 1; m <= months && partitions; m++ {
 		stmts = append(stmts, fmt.Sprintf(`CREATE TABLE outbox.attempts_2020_%02d PARTITION OF outbox.attempts
 			FOR VALUES FROM ('2020-%02d-01 00:00Z') TO ('2020-%02d-01 00:00Z')`, m, m, m+1))
 	}
@@ -535,7 +536,7 @@ func archiveParents(t *testing.T, pool *pgxpool.Pool) string {
 func TestCrashArchiveDetach(t *testing.T) {
 	dbURL, pool := crashDB(t)
 	const app, per = "outbox-audit", 200
-	forgeOldMonths(t, pool, 3, per)
+	forgeOldMonths(t, pool, 3, per, true)
 	detach := []string{"archive", "--database-url", dbURL, "--before", "2020-04", "--detach-lock-timeout", "30s", "detach"}
 	counts := func() []int64 {
 		return mustInts(t, pool, `SELECT (SELECT count(*) FROM outbox.idempotency_keys WHERE participant_id = 'old-p'),
@@ -630,7 +631,7 @@ func checkPair(t *testing.T, out, when string) (data, sum string) {
 func TestCrashArchiveExport(t *testing.T) {
 	dbURL, pool := crashDB(t)
 	const app = "outbox-audit"
-	forgeOldMonths(t, pool, 1, 2000)
+	forgeOldMonths(t, pool, 1, 2000, true)
 	out := filepath.Join(t.TempDir(), "month.csv")
 	exportOf := func(partition string) []string {
 		return []string{"archive", "--database-url", dbURL, "--partition", partition, "--out", out, "export"}
@@ -874,4 +875,91 @@ func TestCrashOperatorActions(t *testing.T) {
 		t.Fatalf("after the resume ran again: events %q, want PAUSED RESUMED", e)
 	}
 	verifyNow(t, pool, "after the operator actions")
+}
+
+// TestCrashArchiveMoveDefault: `outbox archive move-default`, two months
+// in the default partition, killed while its transaction waits to attach
+// the first month's new partition (its rows copied in the transaction):
+// nothing moved, no partition made. Run again, it moves both months whole,
+// the archive verifying as before.
+func TestCrashArchiveMoveDefault(t *testing.T) {
+	dbURL, pool := crashDB(t)
+	const app, per = "outbox-audit", 300
+	forgeOldMonths(t, pool, 2, per, false)
+	move := []string{"archive", "--database-url", dbURL, "--detach-lock-timeout", "30s", "move-default"}
+	where := func() []int64 {
+		return mustInts(t, pool, `SELECT (SELECT count(*) FROM outbox.attempts_default),
+			(SELECT count(*) FROM pg_class WHERE relname LIKE 'attempts_2020_%' AND relkind = 'r'),
+			(SELECT count(*) FROM outbox.attempts WHERE participant_id = 'old-p')`)
+	}
+	release := holdTx(t, pool, `LOCK TABLE ONLY outbox.attempts IN SHARE UPDATE EXCLUSIVE MODE`)
+	o := startOp(t, "move-default", "", move...)
+	waitLockWait(t, pool, o, app)
+	o.killSettled(t, pool, app, release)
+	if w := where(); w[0] != 2*per || w[1] != 0 || w[2] != 2*per {
+		t.Fatalf("move-default killed in its transaction: %d rows in the default partition, %d months made, %d rows; want %d, 0, %d",
+			w[0], w[1], w[2], 2*per, 2*per)
+	}
+	verifyNow(t, pool, "after move-default was killed")
+
+	type month struct {
+		Partition string `json:"partition"`
+		Rows      int64  `json:"rows"`
+	}
+	var r struct {
+		Moved []month `json:"moved"`
+		OK    bool    `json:"ok"`
+	}
+	code, stdout, stderr := runOutbox(t, "", move...)
+	if code != 0 || json.Unmarshal([]byte(stdout), &r) != nil || !r.OK || len(r.Moved) != 2 || r.Moved[0].Rows != per || r.Moved[1].Rows != per {
+		t.Fatalf("move-default run again: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if w := where(); w[0] != 0 || w[1] != 2 || w[2] != 2*per {
+		t.Fatalf("after move-default: %d rows in the default partition, %d months made, %d rows", w[0], w[1], w[2])
+	}
+	verifyNow(t, pool, "after move-default ran again")
+}
+
+// TestCrashAuditCheckpoint: `outbox audit checkpoint` killed while the
+// checkpoint waits for a transaction that was running when it began (the
+// test's, which then ends: the checkpoint's statement goes on and commits
+// or not, whole). The archive verifies, and the command run again takes
+// the next checkpoint, chained to the last.
+func TestCrashAuditCheckpoint(t *testing.T) {
+	dbURL, pool := crashDB(t)
+	const app = "outbox-audit"
+	ids := enqueuedIDs(t, dbURL, 0, 5)
+	if code, stdout, stderr := runOutbox(t, "", append([]string{"cancel", "--database-url", dbURL, "--reason", "crash test"}, ids...)...); code != 0 {
+		t.Fatalf("cancel: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	time.Sleep(5 * time.Millisecond)
+	checkpoint := []string{"audit", "--database-url", dbURL, "--settle", "1ms", "checkpoint"}
+	// A transaction with an id and a lock on the archive, as a writer of
+	// it has: a checkpoint waits for it.
+	release := holdTx(t, pool, `SELECT pg_current_xact_id(), (SELECT count(*) FROM outbox.attempts)`)
+	o := startOp(t, "checkpoint", "", checkpoint...)
+	waitFor(t, pool, o, "the checkpoint to wait", `SELECT count(*) FROM pg_stat_activity
+		WHERE application_name = $1 AND datname = current_database() AND state = 'active'
+		  AND query LIKE '%take_checkpoint%' AND now() - query_start > interval '200 milliseconds'`, app)
+	o.killSettled(t, pool, app, release)
+	verifyNow(t, pool, "after checkpoint was killed")
+	taken := mustInts(t, pool, `SELECT count(*) FROM outbox.checkpoints`)[0]
+
+	// The archive's next rows, and the checkpoint run again.
+	more := enqueuedIDs(t, dbURL, 5, 6)
+	if code, stdout, stderr := runOutbox(t, "", "cancel", "--database-url", dbURL, "--reason", "crash test", more[0]); code != 0 {
+		t.Fatalf("cancel: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	time.Sleep(5 * time.Millisecond)
+	if code, stdout, stderr := runOutbox(t, "", checkpoint...); code != 0 || stdout == "" {
+		t.Fatalf("checkpoint run again: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	v := mustInts(t, pool, `SELECT count(*),
+		(SELECT count(*) FROM outbox.attempts WHERE created_at >= (SELECT min(period_start) FROM outbox.checkpoints)
+		   AND created_at < (SELECT max(period_end) FROM outbox.checkpoints)),
+		sum(row_count) FROM outbox.checkpoints`)
+	if v[0] <= taken || v[1] != 6 || v[2] != 6 {
+		t.Fatalf("after checkpoint ran again: %d checkpoints (%d before), covering %d archive rows and counting %d; want more, 6 and 6", v[0], taken, v[1], v[2])
+	}
+	verifyNow(t, pool, "after checkpoint ran again")
 }
