@@ -875,6 +875,71 @@ func TestCrashOperatorActions(t *testing.T) {
 		t.Fatalf("after the resume ran again: events %q, want PAUSED RESUMED", e)
 	}
 	verifyNow(t, pool, "after the operator actions")
+
+	// A long cancel killed at random points: every line printed done is
+	// cancelled, nothing twice, and a run again cancels the rest.
+	many := enqueuedIDs(t, dbURL, 12, 212)
+	cancel := append([]string{"cancel", "--database-url", dbURL, "--operator", "crash-test", "--reason", "crash test"}, many...)
+	cancelled := func() map[string]int64 {
+		rows, err := pool.Query(context.Background(), `SELECT outbox_id::text, count(*) FROM outbox.attempts
+			WHERE state = 'CANCELLED' AND outbox_id = ANY ($1::uuid[]) GROUP BY outbox_id`, many)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]int64{}
+		for rows.Next() {
+			var id string
+			var n int64
+			if err := rows.Scan(&id, &n); err != nil {
+				t.Fatal(err)
+			}
+			m[id] = n
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	rng := rand.New(rand.NewPCG(seedFor(t, 60), 3))
+	for round := range 2 {
+		o := startOp(t, fmt.Sprintf("cancel-%d", round), "", cancel...)
+		poll(t, 30*time.Second, "the cancel's session", func() (bool, string) {
+			v, err := queryInts(pool, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'outbox-cancel' AND datname = current_database()`)
+			return o.exited() || err == nil && v[0] > 0, fmt.Sprint(err)
+		})
+		time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
+		o.killSettled(t, pool, "outbox-cancel", nil)
+		done := cancelled()
+		for _, line := range o.lines(t) {
+			var l actionOutput
+			if err := json.Unmarshal([]byte(line), &l); err != nil {
+				t.Fatalf("cancel line %q: %v", line, err)
+			}
+			if l.Done && done[l.OutboxID] != 1 {
+				t.Fatalf("cancel printed %s done, but it has %d CANCELLED rows", l.OutboxID, done[l.OutboxID])
+			}
+		}
+		for id, n := range done {
+			if n != 1 {
+				t.Fatalf("%s has %d CANCELLED rows", id, n)
+			}
+		}
+		t.Logf("round %d: killed with %d of %d cancelled", round, len(done), len(many))
+		verifyNow(t, pool, fmt.Sprintf("after cancel was killed (round %d)", round))
+	}
+	if code, stdout, stderr := runOutbox(t, "", cancel...); code != 0 && code != 1 {
+		t.Fatalf("cancel run again: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if done := cancelled(); len(done) != len(many) {
+		t.Fatalf("cancel run again: %d of %d cancelled", len(done), len(many))
+	} else {
+		for id, n := range done {
+			if n != 1 {
+				t.Fatalf("%s has %d CANCELLED rows", id, n)
+			}
+		}
+	}
+	verifyNow(t, pool, "after the long cancel ran again")
 }
 
 // TestCrashArchiveMoveDefault: `outbox archive move-default`, two months
