@@ -468,8 +468,9 @@ func TestCrashMigrate(t *testing.T) {
 // (hashed, under their keys) but stamped in their month, and takes the
 // checkpoints that cover them: months a detach can move, whose keys it
 // retires. The archive's chain is made to begin before them. Without
-// partitions, their rows are in the default partition.
-func forgeOldMonths(t *testing.T, pool *pgxpool.Pool, months, perMonth int, partitions bool) {
+// partitions, their rows are in the default partition; without
+// checkpoint, the checkpoints are left to the test.
+func forgeOldMonths(t *testing.T, pool *pgxpool.Pool, months, perMonth int, partitions, checkpoint bool) {
 	t.Helper()
 	ctx := context.Background()
 	stmts := []string{`UPDATE outbox.settings SET chained_since = '2019-12-01 00:00Z'`}
@@ -499,6 +500,9 @@ func forgeOldMonths(t *testing.T, pool *pgxpool.Pool, months, perMonth int, part
 		if _, err := pool.Exec(ctx, s); err != nil {
 			t.Fatalf("%s: %v", s, err)
 		}
+	}
+	if !checkpoint {
+		return
 	}
 	time.Sleep(5 * time.Millisecond) // the checkpoint's period ends before now
 	if code, stdout, stderr := runOutbox(t, "", "audit", "--database-url", testdbURLOf(t, pool), "--settle", "1ms", "checkpoint"); code != 0 {
@@ -536,7 +540,7 @@ func archiveParents(t *testing.T, pool *pgxpool.Pool) string {
 func TestCrashArchiveDetach(t *testing.T) {
 	dbURL, pool := crashDB(t)
 	const app, per = "outbox-audit", 200
-	forgeOldMonths(t, pool, 3, per, true)
+	forgeOldMonths(t, pool, 3, per, true, true)
 	detach := []string{"archive", "--database-url", dbURL, "--before", "2020-04", "--detach-lock-timeout", "30s", "detach"}
 	counts := func() []int64 {
 		return mustInts(t, pool, `SELECT (SELECT count(*) FROM outbox.idempotency_keys WHERE participant_id = 'old-p'),
@@ -631,7 +635,7 @@ func checkPair(t *testing.T, out, when string) (data, sum string) {
 func TestCrashArchiveExport(t *testing.T) {
 	dbURL, pool := crashDB(t)
 	const app = "outbox-audit"
-	forgeOldMonths(t, pool, 1, 2000, true)
+	forgeOldMonths(t, pool, 1, 2000, true, true)
 	out := filepath.Join(t.TempDir(), "month.csv")
 	exportOf := func(partition string) []string {
 		return []string{"archive", "--database-url", dbURL, "--partition", partition, "--out", out, "export"}
@@ -950,7 +954,7 @@ func TestCrashOperatorActions(t *testing.T) {
 func TestCrashArchiveMoveDefault(t *testing.T) {
 	dbURL, pool := crashDB(t)
 	const app, per = "outbox-audit", 300
-	forgeOldMonths(t, pool, 2, per, false)
+	forgeOldMonths(t, pool, 2, per, false, true)
 	move := []string{"archive", "--database-url", dbURL, "--detach-lock-timeout", "30s", "move-default"}
 	where := func() []int64 {
 		return mustInts(t, pool, `SELECT (SELECT count(*) FROM outbox.attempts_default),
@@ -985,14 +989,34 @@ func TestCrashArchiveMoveDefault(t *testing.T) {
 	verifyNow(t, pool, "after move-default ran again")
 }
 
-// TestCrashAuditCheckpoint: `outbox audit checkpoint` killed while the
-// checkpoint waits for a transaction that was running when it began (the
-// test's, which then ends: the checkpoint's statement goes on and commits
-// or not, whole). The archive verifies, and the command run again takes
-// the next checkpoint, chained to the last.
+// TestCrashAuditCheckpoint: `outbox audit checkpoint` killed at random
+// points of a backlog (a checkpoint a month since 2019-12, each its own
+// statement), and while the checkpoint waits for a transaction that was
+// running when it began (the test's, which then ends: the checkpoint's
+// statement goes on and commits or not, whole). The archive verifies
+// after each kill, and the command run again takes the next checkpoints,
+// chained to the last, covering every archive row once.
 func TestCrashAuditCheckpoint(t *testing.T) {
 	dbURL, pool := crashDB(t)
 	const app = "outbox-audit"
+	forgeOldMonths(t, pool, 2, 100, true, false)
+	// A longer backlog: a checkpoint for every month since 2000.
+	if _, err := pool.Exec(context.Background(), `UPDATE outbox.settings SET chained_since = '2000-01-01 00:00Z'`); err != nil {
+		t.Fatal(err)
+	}
+	backlog := []string{"audit", "--database-url", dbURL, "--settle", "1ms", "checkpoint"}
+	rng := rand.New(rand.NewPCG(seedFor(t, 61), 4))
+	for round := range 3 {
+		o := startOp(t, fmt.Sprintf("checkpoint-backlog-%d", round), "", backlog...)
+		poll(t, 30*time.Second, "the checkpoint's session", func() (bool, string) {
+			v, err := queryInts(pool, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`, app)
+			return o.exited() || err == nil && v[0] > 0, fmt.Sprint(err)
+		})
+		time.Sleep(time.Duration(rng.IntN(100)) * time.Millisecond)
+		o.killSettled(t, pool, app, nil)
+		t.Logf("round %d: killed with %d checkpoints taken", round, mustInts(t, pool, `SELECT count(*) FROM outbox.checkpoints`)[0])
+		verifyNow(t, pool, fmt.Sprintf("after checkpoint was killed in a backlog (round %d)", round))
+	}
 	ids := enqueuedIDs(t, dbURL, 0, 5)
 	if code, stdout, stderr := runOutbox(t, "", append([]string{"cancel", "--database-url", dbURL, "--reason", "crash test"}, ids...)...); code != 0 {
 		t.Fatalf("cancel: exit %d\n%s\n%s", code, stdout, stderr)
@@ -1023,8 +1047,8 @@ func TestCrashAuditCheckpoint(t *testing.T) {
 		(SELECT count(*) FROM outbox.attempts WHERE created_at >= (SELECT min(period_start) FROM outbox.checkpoints)
 		   AND created_at < (SELECT max(period_end) FROM outbox.checkpoints)),
 		sum(row_count) FROM outbox.checkpoints`)
-	if v[0] <= taken || v[1] != 6 || v[2] != 6 {
-		t.Fatalf("after checkpoint ran again: %d checkpoints (%d before), covering %d archive rows and counting %d; want more, 6 and 6", v[0], taken, v[1], v[2])
+	if v[0] <= taken || v[1] != 206 || v[2] != 206 {
+		t.Fatalf("after checkpoint ran again: %d checkpoints (%d before), covering %d archive rows and counting %d; want more, 206 and 206", v[0], taken, v[1], v[2])
 	}
 	verifyNow(t, pool, "after checkpoint ran again")
 }
