@@ -532,7 +532,8 @@ func archiveParents(t *testing.T, pool *pgxpool.Pool) string {
 
 // TestCrashArchiveDetach: `outbox archive detach` killed while the
 // second of three months waits for its lock (the first moved, the others
-// not, no key retired yet), then while the key retirement waits for a
+// not, no key retired yet), then in that month's move (taken out of
+// attempts, not yet into attempts_detached), then while the key retirement waits for a
 // transaction of the test's (the first month's digests committed, its
 // keys still live beside them: an enqueue of one is refused as retired).
 // Run again, it finishes: every month detached, every key retired once,
@@ -559,6 +560,19 @@ func TestCrashArchiveDetach(t *testing.T) {
 		t.Fatalf("detach killed before the keys' retirement: live keys, digests, passes: %v", c)
 	}
 	verifyNow(t, pool, "after detach was killed at the second month")
+
+	// Again, held in the second month's move (its bounds, which the
+	// statement let go on after the kill added, are there now): the move's
+	// transaction waits to take it out of attempts.
+	release = holdTx(t, pool, `LOCK TABLE outbox.attempts_2020_02 IN ACCESS SHARE MODE`)
+	o = startOp(t, "detach-moving", "", detach...)
+	waitFor(t, pool, o, "the move of the second month", `SELECT count(*) FROM pg_stat_activity
+		WHERE application_name = $1 AND datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%DETACH PARTITION%'`, app)
+	o.killSettled(t, pool, app, release)
+	if p := archiveParents(t, pool); p != "attempts_2020_01<attempts_detached attempts_2020_02<attempts attempts_2020_03<attempts" {
+		t.Fatalf("detach killed in the second month's move: %s", p)
+	}
+	verifyNow(t, pool, "after detach was killed in a month's move")
 
 	release = holdTx(t, pool, `SELECT 1`)
 	o = startOp(t, "detach-retiring", "", detach...)
