@@ -2,7 +2,9 @@
 // suite kills real relayer processes, restarts PostgreSQL, fails it over to
 // its standby (directly and behind PgBouncer), kills PgBouncer, cuts and
 // black-holes database connections and hangs the rail, then proves that nothing was lost, nothing was paid twice and every
-// attempt the rail received is in the archive.
+// attempt the rail received is in the archive. It also kills the
+// operator's and the producer's commands in the middle of their work
+// (opcrash_test.go).
 //
 // Knobs (environment): OUTBOX_FAULT_ROUNDS (kill -9 drains, default 5),
 // OUTBOX_FAULT_INSTRUCTIONS (instructions per kill -9 drain and of the

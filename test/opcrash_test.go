@@ -470,7 +470,7 @@ func TestCrashMigrate(t *testing.T) {
 // retires. The archive's chain is made to begin before them. Without
 // partitions, their rows are in the default partition; without
 // checkpoint, the checkpoints are left to the test.
-func forgeOldMonths(t *testing.T, pool *pgxpool.Pool, months, perMonth int, partitions, checkpoint bool) {
+func forgeOldMonths(t *testing.T, dbURL string, pool *pgxpool.Pool, months, perMonth int, partitions, checkpoint bool) {
 	t.Helper()
 	ctx := context.Background()
 	stmts := []string{`UPDATE outbox.settings SET chained_since = '2019-12-01 00:00Z'`}
@@ -505,16 +505,10 @@ func forgeOldMonths(t *testing.T, pool *pgxpool.Pool, months, perMonth int, part
 		return
 	}
 	time.Sleep(5 * time.Millisecond) // the checkpoint's period ends before now
-	if code, stdout, stderr := runOutbox(t, "", "audit", "--database-url", testdbURLOf(t, pool), "--settle", "1ms", "checkpoint"); code != 0 {
+	if code, stdout, stderr := runOutbox(t, "", "audit", "--database-url", dbURL, "--settle", "1ms", "checkpoint"); code != 0 {
 		t.Fatalf("checkpoint: exit %d\n%s\n%s", code, stdout, stderr)
 	}
 	verifyNow(t, pool, "with the forged months")
-}
-
-// testdbURLOf is the URL of the pool's database.
-func testdbURLOf(t *testing.T, pool *pgxpool.Pool) string {
-	t.Helper()
-	return pool.Config().ConnString()
 }
 
 // archiveParents maps each of the archive's 2020 months to the table it
@@ -541,7 +535,7 @@ func archiveParents(t *testing.T, pool *pgxpool.Pool) string {
 func TestCrashArchiveDetach(t *testing.T) {
 	dbURL, pool := crashDB(t)
 	const app, per = "outbox-audit", 200
-	forgeOldMonths(t, pool, 3, per, true, true)
+	forgeOldMonths(t, dbURL, pool, 3, per, true, true)
 	detach := []string{"archive", "--database-url", dbURL, "--before", "2020-04", "--detach-lock-timeout", "30s", "detach"}
 	counts := func() []int64 {
 		return mustInts(t, pool, `SELECT (SELECT count(*) FROM outbox.idempotency_keys WHERE participant_id = 'old-p'),
@@ -649,7 +643,7 @@ func checkPair(t *testing.T, out, when string) (data, sum string) {
 func TestCrashArchiveExport(t *testing.T) {
 	dbURL, pool := crashDB(t)
 	const app = "outbox-audit"
-	forgeOldMonths(t, pool, 1, 2000, true, true)
+	forgeOldMonths(t, dbURL, pool, 1, 2000, true, true)
 	out := filepath.Join(t.TempDir(), "month.csv")
 	exportOf := func(partition string) []string {
 		return []string{"archive", "--database-url", dbURL, "--partition", partition, "--out", out, "export"}
@@ -968,7 +962,7 @@ func TestCrashOperatorActions(t *testing.T) {
 func TestCrashArchiveMoveDefault(t *testing.T) {
 	dbURL, pool := crashDB(t)
 	const app, per = "outbox-audit", 300
-	forgeOldMonths(t, pool, 2, per, false, true)
+	forgeOldMonths(t, dbURL, pool, 2, per, false, true)
 	move := []string{"archive", "--database-url", dbURL, "--detach-lock-timeout", "30s", "move-default"}
 	where := func() []int64 {
 		return mustInts(t, pool, `SELECT (SELECT count(*) FROM outbox.attempts_default),
@@ -1013,7 +1007,7 @@ func TestCrashArchiveMoveDefault(t *testing.T) {
 func TestCrashAuditCheckpoint(t *testing.T) {
 	dbURL, pool := crashDB(t)
 	const app = "outbox-audit"
-	forgeOldMonths(t, pool, 2, 100, true, false)
+	forgeOldMonths(t, dbURL, pool, 2, 100, true, false)
 	// A longer backlog: a checkpoint for every month since 2000.
 	if _, err := pool.Exec(context.Background(), `UPDATE outbox.settings SET chained_since = '2000-01-01 00:00Z'`); err != nil {
 		t.Fatal(err)
