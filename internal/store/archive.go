@@ -327,6 +327,17 @@ func quoteTime(t time.Time) string {
 // against 138 ms by key, and more with every key enqueued since. An
 // instruction's rows are read whole (the page ends at a row, not at an
 // instruction).
+//
+// Its third column counts the batch's instructions whose key is already
+// gone, retired since the last pass that finished (key_retirements): the
+// keys a run of this pass that was cut short (killed after it removed
+// them, before the pass was recorded) had retired. The pass counts them
+// with the keys it moves itself; before, the run that finished the pass
+// recorded only its own, and `archive list` showed a month whose keys had
+// all been retired with 0. Digests written by an earlier month's pass
+// are older than its record, so they are not counted again. The digest
+// is looked up only for an instruction whose key is gone, by its archive
+// row's identity.
 const retireKeysSQL = `
 WITH ids AS (
   SELECT DISTINCT outbox_id FROM (
@@ -358,8 +369,18 @@ WITH ids AS (
   FROM {schema}.idempotency_keys k
   WHERE k.ctid = ANY (ARRAY(SELECT row FROM targets WHERE dead IS NULL OR outbox_id IN (SELECT outbox_id FROM settled)))
   ON CONFLICT (digest) DO NOTHING
+), gone AS (
+  SELECT count(*) AS n FROM ids i
+  LEFT JOIN LATERAL (SELECT 1 AS live FROM {schema}.idempotency_keys k WHERE k.outbox_id = i.outbox_id LIMIT 1) l ON true
+  CROSS JOIN LATERAL (
+    SELECT 1 FROM %[1]s a
+    JOIN {schema}.retired_keys r ON r.digest = {schema}.key_digest(coalesce(a.tenant_id, ''), a.instruction_id, a.idempotency_key)
+    WHERE a.outbox_id = i.outbox_id AND r.outbox_id = i.outbox_id
+      AND r.retired_at >= (SELECT coalesce(max(finished_at), '-infinity') FROM {schema}.key_retirements)
+    LIMIT 1) g
+  WHERE l.live IS NULL
 )
-SELECT (SELECT outbox_id FROM ids ORDER BY outbox_id DESC LIMIT 1), ARRAY(SELECT outbox_id FROM ids)`
+SELECT (SELECT outbox_id FROM ids ORDER BY outbox_id DESC LIMIT 1), ARRAY(SELECT outbox_id FROM ids), (SELECT n FROM gone)`
 
 // dropRetiredKeysSQL removes the live keys, among the outbox ids $1 (a
 // batch of retireKeysSQL), whose digest is retired, by outbox id (its
@@ -412,24 +433,28 @@ func (s *Store) RetireKeys(ctx context.Context, db Querier, partition string, ba
 	if err := s.checkPartition(ctx, db, partition); err != nil {
 		return 0, err
 	}
-	return s.retireKeys(ctx, db, partition, batch)
+	moved, _, err := s.retireKeys(ctx, db, partition, batch)
+	return moved, err
 }
 
-// retireKeys is RetireKeys for a partition the catalog has just listed.
-func (s *Store) retireKeys(ctx context.Context, db Querier, partition string, batch int) (int64, error) {
+// retireKeys is RetireKeys for a partition the catalog has just listed;
+// earlier is how many of the partition's keys were already gone, retired
+// since the last pass that finished (see retireKeysSQL).
+func (s *Store) retireKeys(ctx context.Context, db Querier, partition string, batch int) (total, earlier int64, err error) {
 	if batch <= 0 {
 		batch = 10_000
 	}
 	q := s.RetireKeysSQL(partition)
-	var total int64
 	for after := uuid.Nil; ; {
 		var last *uuid.UUID
 		var ids []uuid.UUID
-		if err := db.QueryRow(ctx, q, after, batch).Scan(&last, &ids); err != nil {
-			return total, fmt.Errorf("retire keys of %s after %s: %w", partition, after, err)
+		var gone int64
+		if err := db.QueryRow(ctx, q, after, batch).Scan(&last, &ids, &gone); err != nil {
+			return total, earlier, fmt.Errorf("retire keys of %s after %s: %w", partition, after, err)
 		}
+		earlier += gone
 		if last == nil {
-			return total, nil
+			return total, earlier, nil
 		}
 		// The digests are committed, the keys still live. A transaction
 		// that reads from one snapshot (REPEATABLE READ, SERIALIZABLE)
@@ -442,11 +467,11 @@ func (s *Store) retireKeys(ctx context.Context, db Querier, partition string, ba
 		// live beside their digests, which is safe, and the next run
 		// removes them (their digests are found again).
 		if err := s.waitForRunningTransactions(ctx, db, retiredKeysWait); err != nil {
-			return total, fmt.Errorf("retire keys of %s after %s: %w", partition, after, err)
+			return total, earlier, fmt.Errorf("retire keys of %s after %s: %w", partition, after, err)
 		}
 		var n int64
 		if err := db.QueryRow(ctx, s.sql.dropRetiredKeys, ids).Scan(&n); err != nil {
-			return total, fmt.Errorf("retire keys of %s after %s: %w", partition, after, err)
+			return total, earlier, fmt.Errorf("retire keys of %s after %s: %w", partition, after, err)
 		}
 		total += n
 		after = *last
@@ -500,14 +525,15 @@ func (s *Store) RetireDetachedKeys(ctx context.Context, db Querier, batch int) (
 		if p.State != "detached" || !p.KeysRetired.IsZero() {
 			continue
 		}
-		n, err := s.retireKeys(ctx, db, p.Name, batch)
+		n, earlier, err := s.retireKeys(ctx, db, p.Name, batch)
 		total += n
 		if err != nil {
 			return total, err
 		}
 		// Two runs at once both finish the pass (the keys' row locks keep
-		// them from moving a key twice); the first to record it wins.
-		if _, err := db.Exec(ctx, s.sql.keysRetired, p.Name, n); err != nil {
+		// them from moving a key twice); the first to record it wins. The
+		// pass's count has the keys a run cut short had retired.
+		if _, err := db.Exec(ctx, s.sql.keysRetired, p.Name, n+earlier); err != nil {
 			return total, fmt.Errorf("retire keys of %s: record the pass: %w", p.Name, err)
 		}
 	}

@@ -339,6 +339,38 @@ func TestRetireDetachedKeysOncePerPartition(t *testing.T) {
 	b.verifyOK(t)
 }
 
+// TestRetireDetachedKeysCountsARunCutShort: a month's pass cut short
+// after it removed keys (a detach killed before the pass was recorded;
+// here, RetireKeys, which records nothing) and finished by the next run
+// counts those keys too: `archive list` showed the month with 0 retired
+// keys, all of them retired (test.TestCrashArchiveDetach kills the
+// command there).
+func TestRetireDetachedKeysCountsARunCutShort(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	boundary := time.Now().Add(time.Second).Truncate(time.Millisecond)
+	old, _ := splitCurrentMonth(t, b.pool, boundary)
+	for i := range 3 {
+		b.enqueue(t, fmt.Sprintf("p%d", i), fmt.Sprintf("old-%d", i))
+		b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched))
+	}
+	time.Sleep(time.Until(boundary) + 50*time.Millisecond)
+	b.checkpoint(t)
+	if detached, err := b.st.DetachArchive(b.ctx, b.pool, boundary, time.Second); err != nil || len(detached) != 1 {
+		t.Fatalf("detach: %v %v", detached, err)
+	}
+	if n, err := b.st.RetireKeys(b.ctx, b.pool, old, 2); err != nil || n != 3 {
+		t.Fatalf("the run cut short: %d %v, want 3 keys moved", n, err)
+	}
+	if n, err := b.st.RetireDetachedKeys(b.ctx, b.pool, 0); err != nil || n != 0 {
+		t.Fatalf("the run that finishes the pass: %d %v, want nothing left to move", n, err)
+	}
+	if p := partitionStates(t, b)[old]; p.KeysRetired.IsZero() || p.RetiredKeys != 3 {
+		t.Fatalf("%s after its pass: %+v, want it recorded with its 3 keys", old, p)
+	}
+	b.verifyOK(t)
+}
+
 // TestRetiredKeyRace: a key retired while an enqueue of it waits on the
 // old row's lock is refused (the enqueue's transaction fails) and never
 // enqueued twice.
