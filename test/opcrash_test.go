@@ -157,8 +157,8 @@ func waitLockWait(t *testing.T, pool *pgxpool.Pool, o *opRun, app string) {
 	})
 }
 
-// waitFor polls cond (a count query) until it returns more than zero,
-// failing if the command ended first.
+// waitFor polls query (a count) until it returns more than zero, failing
+// if the command ended first.
 func waitFor(t *testing.T, pool *pgxpool.Pool, o *opRun, what, query string, args ...any) {
 	t.Helper()
 	poll(t, 30*time.Second, what, func() (bool, string) {
@@ -189,11 +189,9 @@ type enqueueReceipt struct {
 	OutboxID   string `json:"outbox_id"`
 	SequenceID int64  `json:"sequence_id"`
 	Duplicate  bool   `json:"duplicate"`
-	Error      *struct {
-		Code string `json:"code"`
-	} `json:"error"`
 }
 
+// decodeReceipts decodes output lines that must all be receipts.
 func decodeReceipts(t *testing.T, lines []string) []enqueueReceipt {
 	t.Helper()
 	out := make([]enqueueReceipt, len(lines))
