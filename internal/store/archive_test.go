@@ -53,6 +53,37 @@ func splitCurrentMonth(t *testing.T, pool *pgxpool.Pool, at time.Time) (string, 
 	return first, second
 }
 
+// historyBefore sets up a test whose history must be written before a
+// partition boundary: a fresh bundle, its current month split
+// (splitCurrentMonth) at a boundary window from now, then write. On a
+// loaded machine write can outlast a fixed window, its last rows landing
+// after the boundary, and the test then failed on what it checks (3 runs
+// in 15 of TestRetireDetachedKeysOncePerPartition under load: "retire: 2
+// <nil>, 1 keys left"). So the boundary must still be ahead, on the
+// database's clock, once write has returned; if it is not, the scenario
+// starts over on a fresh database with twice the window, at most 5 times.
+// write must set up its state anew on each call.
+func historyBefore(t *testing.T, window time.Duration, write func(b *recordBundle)) (b *recordBundle, boundary time.Time, old, current string) {
+	t.Helper()
+	for range 5 {
+		b = setupRecord(t)
+		boundary = time.Now().Add(window).Truncate(time.Millisecond)
+		old, current = splitCurrentMonth(t, b.pool, boundary)
+		write(b)
+		var ahead bool
+		if err := b.pool.QueryRow(b.ctx, `SELECT clock_timestamp() < $1`, boundary).Scan(&ahead); err != nil {
+			t.Fatal(err)
+		}
+		if ahead {
+			return b, boundary, old, current
+		}
+		t.Logf("the history before the boundary took longer than %v to write; again with %v", window, 2*window)
+		window *= 2
+	}
+	t.Fatalf("the history before the boundary took longer than %v to write, 5 times", window/2)
+	return nil, time.Time{}, "", ""
+}
+
 // partitionStates maps each archive partition to its state.
 func partitionStates(t *testing.T, b *recordBundle) map[string]store.Partition {
 	t.Helper()
@@ -77,51 +108,54 @@ func partitionStates(t *testing.T, b *recordBundle) map[string]store.Partition {
 // partition exported to CSV, and finally dropped, which verify reports.
 func TestArchiveDetachRetireExport(t *testing.T) {
 	t.Parallel()
-	b := setupRecord(t)
-	boundary := time.Now().Add(1500 * time.Millisecond).Truncate(time.Millisecond)
-	old, current := splitCurrentMonth(t, b.pool, boundary)
-
-	// Before the boundary: three dispatched on p1, a dead letter on p2, one
-	// left in flight on p3.
-	var dispatched []uuid.UUID
-	for i := range 3 {
-		dispatched = append(dispatched, b.enqueue(t, "p1", fmt.Sprintf("old-%d", i)))
-		b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched))
-	}
-	b.enqueue(t, "p2", "old-dead")
-	b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Failed))
-	b.enqueue(t, "p3", "old-inflight")
-	b.claimOne(t, "r1", longLease)
-	cancelled := b.enqueue(t, "p4", "old-cancelled")
-	if ok, err := b.st.Cancel(b.ctx, b.pool, cancelled, "olga", "recalled"); err != nil || !ok {
-		t.Fatalf("cancel: %v %v", ok, err)
-	}
-	// Dead letters: one acknowledged (it leaves with its key), one
-	// acknowledged only after the boundary (in the month still attached:
-	// it stays), one acknowledged, replayed and dispatched after the
-	// boundary (it did not end in the old month: its key stays).
-	deadLetter := func(participant, key string) uuid.UUID {
-		t.Helper()
-		id := b.enqueue(t, participant, key)
-		b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Failed))
-		return id
-	}
-	acknowledge := func(id uuid.UUID) {
+	var (
+		dispatched                                  []uuid.UUID
+		cancelled, acked, ackedLater, ackedReplayed uuid.UUID
+	)
+	acknowledge := func(b *recordBundle, id uuid.UUID) {
 		t.Helper()
 		if ok, err := b.st.Acknowledge(b.ctx, b.pool, id, "olga", "refunded by hand"); err != nil || !ok {
 			t.Fatalf("acknowledge: %v %v", ok, err)
 		}
 	}
-	acked := deadLetter("p5", "old-acked")
-	acknowledge(acked)
-	ackedLater := deadLetter("p7", "old-acked-later")
-	ackedReplayed := deadLetter("p6", "old-acked-replayed")
-	acknowledge(ackedReplayed)
-	if ok, err := b.st.Replay(b.ctx, b.pool, ackedReplayed, "olga", "sent after all"); err != nil || !ok {
-		t.Fatalf("replay: %v %v", ok, err)
-	}
+	b, boundary, old, current := historyBefore(t, 1500*time.Millisecond, func(b *recordBundle) {
+		// Before the boundary: three dispatched on p1, a dead letter on p2,
+		// one left in flight on p3.
+		dispatched = nil
+		for i := range 3 {
+			dispatched = append(dispatched, b.enqueue(t, "p1", fmt.Sprintf("old-%d", i)))
+			b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched))
+		}
+		b.enqueue(t, "p2", "old-dead")
+		b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Failed))
+		b.enqueue(t, "p3", "old-inflight")
+		b.claimOne(t, "r1", longLease)
+		cancelled = b.enqueue(t, "p4", "old-cancelled")
+		if ok, err := b.st.Cancel(b.ctx, b.pool, cancelled, "olga", "recalled"); err != nil || !ok {
+			t.Fatalf("cancel: %v %v", ok, err)
+		}
+		// Dead letters: one acknowledged (it leaves with its key), one
+		// acknowledged only after the boundary (in the month still
+		// attached: it stays), one acknowledged, replayed and dispatched
+		// after the boundary (it did not end in the old month: its key
+		// stays).
+		deadLetter := func(participant, key string) uuid.UUID {
+			t.Helper()
+			id := b.enqueue(t, participant, key)
+			b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Failed))
+			return id
+		}
+		acked = deadLetter("p5", "old-acked")
+		acknowledge(b, acked)
+		ackedLater = deadLetter("p7", "old-acked-later")
+		ackedReplayed = deadLetter("p6", "old-acked-replayed")
+		acknowledge(b, ackedReplayed)
+		if ok, err := b.st.Replay(b.ctx, b.pool, ackedReplayed, "olga", "sent after all"); err != nil || !ok {
+			t.Fatalf("replay: %v %v", ok, err)
+		}
+	})
 	time.Sleep(time.Until(boundary) + 50*time.Millisecond)
-	acknowledge(ackedLater)
+	acknowledge(b, ackedLater)
 	if c := b.claimOne(t, "r1", longLease); c.OutboxID != ackedReplayed {
 		t.Fatalf("claimed %s, want the replayed %s", c.OutboxID, ackedReplayed)
 	} else {
@@ -284,14 +318,14 @@ func TestArchiveDetachRetireExport(t *testing.T) {
 // done by the next call.
 func TestRetireDetachedKeysOncePerPartition(t *testing.T) {
 	t.Parallel()
-	b := setupRecord(t)
-	boundary := time.Now().Add(time.Second).Truncate(time.Millisecond)
-	old, current := splitCurrentMonth(t, b.pool, boundary)
 	var dispatched []uuid.UUID
-	for i := range 3 {
-		dispatched = append(dispatched, b.enqueue(t, fmt.Sprintf("p%d", i), fmt.Sprintf("old-%d", i)))
-		b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched))
-	}
+	b, boundary, old, current := historyBefore(t, time.Second, func(b *recordBundle) {
+		dispatched = nil
+		for i := range 3 {
+			dispatched = append(dispatched, b.enqueue(t, fmt.Sprintf("p%d", i), fmt.Sprintf("old-%d", i)))
+			b.record(t, recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched))
+		}
+	})
 	time.Sleep(time.Until(boundary) + 50*time.Millisecond)
 	b.checkpoint(t)
 	if detached, err := b.st.DetachArchive(b.ctx, b.pool, boundary, time.Second); err != nil || len(detached) != 1 {
@@ -802,12 +836,12 @@ func TestRetiredKeyRefusedToAnOlderSnapshot(t *testing.T) {
 // id twice, its claim closed twice).
 func TestResentOutcomeOfADetachedMonth(t *testing.T) {
 	t.Parallel()
-	b := setupRecord(t)
-	boundary := time.Now().Add(time.Second).Truncate(time.Millisecond)
-	splitCurrentMonth(t, b.pool, boundary)
-	b.enqueue(t, "p1", "k-resent")
-	o := recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched)
-	b.record(t, o)
+	var o store.Outcome
+	b, boundary, _, _ := historyBefore(t, time.Second, func(b *recordBundle) {
+		b.enqueue(t, "p1", "k-resent")
+		o = recordOutcome(t, b.claimOne(t, "r1", longLease), "r1", store.Dispatched)
+		b.record(t, o)
+	})
 	time.Sleep(time.Until(boundary) + 50*time.Millisecond)
 	b.checkpoint(t)
 	if d, err := b.st.DetachArchive(b.ctx, b.pool, boundary, time.Second); err != nil || len(d) != 1 {
