@@ -23,10 +23,11 @@ type HoldingProxy struct {
 	ln     net.Listener
 	target string
 
-	mu     sync.Mutex
-	conns  map[*heldConn]struct{}
-	closed chan struct{}
-	wg     sync.WaitGroup
+	mu        sync.Mutex
+	conns     map[*heldConn]struct{}
+	closed    chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
 	// cutAfter, if not empty, arms CutReplyAfter (CutRepliesAfter): the
 	// next client message holding cutAfter[0] makes its connection's reply
 	// the one that is cut, and arms the next marker.
@@ -93,6 +94,10 @@ func NewProxied(t TB, maxConns int32, open int) (direct, proxied *pgxpool.Pool, 
 		t.Fatalf("testdb: %v", err)
 	}
 	t.Cleanup(proxied.Close)
+	// The proxy closes before the pool does: a pool's Close waits for its
+	// connections, and one the proxy holds would answer only to TCP's own
+	// give-up (each of them costing the test up to pgxpool's 15 s).
+	t.Cleanup(proxy.close)
 	var conns []*pgxpool.Conn
 	for range open {
 		c, err := proxied.Acquire(ctx)
@@ -167,7 +172,13 @@ func (p *HoldingProxy) HoldExisting() int {
 	return len(p.conns)
 }
 
+// close ends every connection and the listener; a second call does
+// nothing.
 func (p *HoldingProxy) close() {
+	p.closeOnce.Do(p.closeNow)
+}
+
+func (p *HoldingProxy) closeNow() {
 	close(p.closed)
 	p.ln.Close()
 	p.mu.Lock()
