@@ -63,8 +63,13 @@ func TestClaimLoopSurvivesBlackHoledConnections(t *testing.T) {
 	time.Sleep(3 * deadline)
 	enqueue(1)
 	// Each silent connection costs a statement deadline at most, the claim
-	// loop's backoff a few seconds more.
-	within := 10*deadline + 10*time.Second
+	// loop's backoff a few seconds more (claimBackoffCap, 5 s), and its
+	// pool slot 15 s more: pgx closes a connection whose statement timed
+	// out in the background, reading it until the server's close or 15 s,
+	// and the pool opens no connection in its place until then (with all
+	// four silent, the instruction waited 13-17 s under load, of the 20 s
+	// this allowed before).
+	within := 10*deadline + 10*time.Second + 15*time.Second
 	start := time.Now()
 	for r.Stats().Dispatched < 2 {
 		if time.Since(start) > within {
