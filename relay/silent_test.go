@@ -57,7 +57,7 @@ func TestStopWhileTheDatabaseIsSilentKeepsItsBound(t *testing.T) {
 		}
 	})
 	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: transport,
-		Codes: rails.SandboxCodes, Timeout: 30 * time.Second})
+		Codes: rails.SandboxCodes, Timeout: 3 * time.Minute}) // past the waits below
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +103,20 @@ func TestStopWhileTheDatabaseIsSilentKeepsItsBound(t *testing.T) {
 			t.Fatalf("not claimed, or the claim loop not idle: %+v", svc.Relayer().Stats())
 		}
 	}
-	time.Sleep(100 * time.Millisecond)
+	// Registered, it may still be at work, and a claim in flight at the
+	// black hole (or begun before Stop) holds Stop for its own 30 s: its
+	// registration's look for writers that might have enqueued without
+	// notifying polls the database every 50 ms at most while any writer of
+	// the cluster (the test cluster is shared) runs, for up to the poll
+	// interval, and claims now and then (1 run in 8 under load took 40 s).
+	// No statement in flight and none for 200 ms: it waits for its next
+	// refresh, IdleRefresh (3 s) after its wait began.
+	for deadline := time.Now().Add(90 * time.Second); !proxy.QuietFor(200 * time.Millisecond); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the relayer's statements never paused for 200 ms: %+v", svc.Relayer().Stats())
+		}
+	}
+	idle := svc.Relayer().Stats()
 	t.Logf("black-holed %d connections", proxy.HoldExisting())
 	close(release) // the rail answers; its outcome cannot be recorded
 	// The outcome reaches the recorder, whose write (with a hand-off: the
@@ -115,9 +128,15 @@ func TestStopWhileTheDatabaseIsSilentKeepsItsBound(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 	defer cancel()
 	started := time.Now()
+	before := svc.Relayer().Stats()
 	err = svc.Stop(ctx)
 	took := time.Since(started)
 	t.Logf("Stop returned after %v: %v", took.Round(time.Millisecond), err)
+	// wakes counts the claim loop's wakeups (each one a claim).
+	wakes := func(st engine.Stats) int64 { return st.Polls + st.HotPolls + st.Notifications }
+	after := svc.Relayer().Stats()
+	t.Logf("since the black hole: claim loop wakes %d before Stop, %d once it returned; claims %d, %d",
+		wakes(before)-wakes(idle), wakes(after)-wakes(idle), before.Claims-idle.Claims, after.Claims-idle.Claims)
 	if bound := stopTimeout + engine.StopRecordTimeout + 2*time.Second; took > bound {
 		t.Errorf("Stop took %v, past the documented bound of the stop timeout and %v more (%v with slack)",
 			took.Round(time.Millisecond), engine.StopRecordTimeout, bound)

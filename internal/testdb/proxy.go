@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -28,6 +29,8 @@ type HoldingProxy struct {
 	closed    chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
+	// lastActive is when bytes last passed either way (Unix nanoseconds).
+	lastActive atomic.Int64
 	// cutAfter, if not empty, arms CutReplyAfter (CutRepliesAfter): the
 	// next client message holding cutAfter[0] makes its connection's reply
 	// the one that is cut, and arms the next marker.
@@ -49,6 +52,7 @@ type heldConn struct {
 	mu             sync.Mutex
 	held           bool
 	cut            bool // the next reply is dropped and the connection closed
+	awaiting       bool // the client spoke last: a reply is due
 }
 
 // StartHoldingProxy listens on a free loopback port and forwards to
@@ -159,6 +163,23 @@ func (p *HoldingProxy) refusing() bool {
 // Addr is the proxy's host:port.
 func (p *HoldingProxy) Addr() string { return p.ln.Addr().String() }
 
+// QuietFor reports whether nothing has passed through the proxy for d and
+// no connection waits for a reply (its client spoke last): a program whose
+// statements go through it is between them, none in flight.
+func (p *HoldingProxy) QuietFor(d time.Duration) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		c.mu.Lock()
+		awaiting := c.awaiting
+		c.mu.Unlock()
+		if awaiting {
+			return false
+		}
+	}
+	return time.Since(time.Unix(0, p.lastActive.Load())) >= d
+}
+
 // HoldExisting black-holes every connection open now, for good, and
 // returns how many there were.
 func (p *HoldingProxy) HoldExisting() int {
@@ -223,6 +244,12 @@ func (p *HoldingProxy) pipe(c *heldConn, dst, src net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if n > 0 || err != nil {
+			p.lastActive.Store(time.Now().UnixNano())
+			c.mu.Lock()
+			c.awaiting = err == nil && src == c.client
+			c.mu.Unlock()
+		}
 		if err != nil {
 			if !c.isHeld() {
 				dst.Close()
