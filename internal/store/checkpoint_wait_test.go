@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -51,7 +52,25 @@ func TestCheckpointWaitsOnlyForArchiveWriters(t *testing.T) {
 	time.Sleep(5 * time.Millisecond)
 	committed := make(chan error, 1)
 	go func() {
-		time.Sleep(500 * time.Millisecond)
+		// Commit once the checkpoint waits for the writer (take_checkpoint
+		// polls the locks, sleeping between looks), not after a fixed
+		// time: a commit that landed before the checkpoint began to wait
+		// would let the test pass without showing the wait.
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			var waiting bool
+			if err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event = 'PgSleep' AND query LIKE '%take_checkpoint%')`).Scan(&waiting); err != nil {
+				committed <- err
+				return
+			}
+			if waiting {
+				break
+			}
+			if time.Now().After(deadline) {
+				committed <- errors.New("the checkpoint never waited for the uncommitted archive writer")
+				return
+			}
+		}
 		committed <- writer.Commit(b.ctx)
 	}()
 	cp, err = b.st.TakeCheckpoint(b.ctx, b.pool, time.Millisecond, 0)
