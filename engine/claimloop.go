@@ -267,8 +267,12 @@ func (r *run) waitForWork(ctx context.Context, w wait) bool {
 // primary that died without resetting its connections) nothing else ends
 // the wait before TCP gives up, about 15 minutes on Linux, and
 // PostgreSQL's statement_timeout cannot help a server that is not there.
-// The context's deadline makes pgx drop the connection, so the next
-// statement takes a fresh one.
+// The context's deadline makes pgx give the connection up, so the next
+// statement takes a fresh one. pgx closes it in the background, reading
+// it for up to 15 s more, and the pool frees its slot only then: a pool
+// whose every connection went silent at once waits that much longer for
+// a fresh one (engine.TestClaimLoopSurvivesBlackHoledConnections allows for
+// it).
 const defaultRoundTripDeadline = 30 * time.Second
 
 // roundTripDeadline is defaultRoundTripDeadline, or what a test set.
