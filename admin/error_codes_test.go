@@ -2,6 +2,7 @@ package admin_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -59,19 +60,7 @@ func TestEveryErrorAnswerHasACode(t *testing.T) {
 			}
 			rd = bytes.NewReader(data)
 		}
-		req, err := http.NewRequestWithContext(b.ctx, c.method, b.url+c.path, rd)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if c.secret != "" {
-			req.Header.Set("Authorization", "Bearer "+c.secret)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		resp, data := sendAPI(t, b.ctx, c.method, b.url+c.path, c.secret, rd)
 		var body map[string]any
 		if err := json.Unmarshal(data, &body); err != nil || resp.StatusCode != c.status {
 			t.Errorf("%s %s: %d %s (%v), want %d and JSON", c.method, c.path, resp.StatusCode, data, err, c.status)
@@ -103,4 +92,24 @@ func TestEveryErrorAnswerHasACode(t *testing.T) {
 	if code := b.call(t, "GET", "/api/v1/overview", auditorSecret, nil, &body); code != 429 || body["code"] != "TOO_MANY_FAILURES" || body["error"] == "" {
 		t.Errorf("a throttled request: %d %v", code, body)
 	}
+}
+
+// sendAPI sends an API request, with secret as its bearer token unless
+// empty, and returns the answer with its body read and closed.
+func sendAPI(t *testing.T, ctx context.Context, method, url, secret string, body io.Reader) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, method, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if secret != "" {
+		req.Header.Set("Authorization", "Bearer "+secret)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, data
 }

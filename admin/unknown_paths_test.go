@@ -2,7 +2,6 @@ package admin_test
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -43,19 +42,7 @@ func TestUnknownAPIPathsAnswerJSONCodes(t *testing.T) {
 		{"DELETE", "/api/v1/overview", "", 401, admin.Unauthorized, ""},
 		{"GET", "/api/v1/dead-letters/" + id + "/replay", "", 401, admin.Unauthorized, ""},
 	} {
-		req, err := http.NewRequestWithContext(b.ctx, c.method, b.url+c.path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if c.secret != "" {
-			req.Header.Set("Authorization", "Bearer "+c.secret)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		resp, data := sendAPI(t, b.ctx, c.method, b.url+c.path, c.secret, nil)
 		var body map[string]any
 		if err := json.Unmarshal(data, &body); err != nil || resp.StatusCode != c.status {
 			t.Errorf("%s %s: %d %q (%v), want %d and JSON", c.method, c.path, resp.StatusCode, data, err, c.status)
