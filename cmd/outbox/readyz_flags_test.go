@@ -9,9 +9,10 @@ import (
 // --horizon-degraded-after set the thresholds of /readyz, which only the
 // admin address serves; without --admin-addr they were taken and ignored,
 // so a deployment that meant to tune its probes had none. Set on the
-// command line or through their variable, they are refused (exit 2,
-// naming the flag) before anything is opened; left at their defaults they
-// are no trouble.
+// command line, they are refused (exit 2, naming the flag) before
+// anything is opened; through their variable (an environment other
+// processes share), warned of; left at their defaults they are no
+// trouble.
 func TestRelayRefusesReadinessFlagsWithoutAdminAddress(t *testing.T) {
 	t.Parallel()
 	// A database nobody listens at, and --max-conns out of range, which
@@ -27,12 +28,19 @@ func TestRelayRefusesReadinessFlagsWithoutAdminAddress(t *testing.T) {
 	}{
 		{nil, []string{"--degraded-after", "2m"}, "--degraded-after"},
 		{nil, []string{"--horizon-degraded-after=10m"}, "--horizon-degraded-after"},
-		{map[string]string{"OUTBOX_DEGRADED_AFTER": "2m"}, nil, "OUTBOX_DEGRADED_AFTER"},
-		{map[string]string{"OUTBOX_HORIZON_DEGRADED_AFTER": "10m"}, nil, "OUTBOX_HORIZON_DEGRADED_AFTER"},
 	} {
 		r := invokeCLI(t, c.vars, "", append([]string{"relay", "--database-url", nowhere, "--max-conns", "-1"}, c.args...)...)
 		if r.code != 2 || !strings.Contains(r.stderr, c.flag) || !strings.Contains(r.stderr, "--admin-addr") {
 			t.Errorf("%v %q: %s\nwant exit 2 naming %s and --admin-addr", c.vars, c.args, r, c.flag)
+		}
+	}
+	// Set through their variables (an environment several processes
+	// share), they are warned of, not refused: the relay goes on to
+	// --max-conns.
+	for name, value := range map[string]string{"OUTBOX_DEGRADED_AFTER": "2m", "OUTBOX_HORIZON_DEGRADED_AFTER": "10m"} {
+		r := invokeCLI(t, map[string]string{name: value}, "", "relay", "--database-url", nowhere, "--max-conns", "-1")
+		if r.code != 2 || !strings.Contains(r.stderr, "--max-conns") || !strings.Contains(r.stderr, name) || !strings.Contains(r.stderr, "--admin-addr") {
+			t.Errorf("%s=%s: %s\nwant a warning naming %s and --admin-addr, then the refusal of --max-conns", name, value, r, name)
 		}
 	}
 	// Without either, or with --admin-addr, they are no trouble: the

@@ -217,27 +217,30 @@ func (f *relayFlags) checkAdmin() error {
 // readinessFlags are the flags only the admin address's /readyz reads.
 var readinessFlags = [...]string{"degraded-after", "horizon-degraded-after"}
 
-// checkReadinessFlags refuses a readiness threshold set (on the command
-// line or through its variable) without --admin-addr: nothing would read
-// it, and a deployment that meant to tune its probes would have none
-// without a word.
-func (f *relayFlags) checkReadinessFlags(fs *flag.FlagSet, onCommandLine map[string]bool) error {
+// checkReadinessFlags refuses a readiness threshold given on the command
+// line without --admin-addr: nothing would read it, and a deployment that
+// meant to tune its probes would have none without a word. Set through
+// its variable, it is warned of instead (warning): an environment shared
+// by several processes may set it for the one relayer that serves the
+// admin address, and an upgrade must not stop the others from starting.
+func (f *relayFlags) checkReadinessFlags(fs *flag.FlagSet, onCommandLine map[string]bool) (warning string, err error) {
 	if f.adminAddr != "" {
-		return nil
+		return "", nil
 	}
-	var err error
 	// Visit sees the flags parseFlags set from their variables too.
 	fs.Visit(func(fl *flag.Flag) {
 		if err != nil || !slices.Contains(readinessFlags[:], fl.Name) {
 			return
 		}
-		given := "--" + fl.Name
 		if !onCommandLine[fl.Name] {
-			given = envName(fl.Name) + " (--" + fl.Name + ")"
+			if warning == "" {
+				warning = envName(fl.Name) + " (--" + fl.Name + ") is a threshold of /readyz, which only the admin address serves: without --admin-addr nothing reads it"
+			}
+			return
 		}
-		err = fmt.Errorf("%w: %s is a threshold of /readyz, which only the admin address serves: it needs --admin-addr", errUsage, given)
+		err = fmt.Errorf("%w: --%s is a threshold of /readyz, which only the admin address serves: it needs --admin-addr", errUsage, fl.Name)
 	})
-	return err
+	return warning, err
 }
 
 // errTrustedProxies marks an --admin-trusted-proxies entry that is
@@ -304,12 +307,16 @@ func runRelay(ctx context.Context, env *environment, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
-	if err := rf.checkReadinessFlags(fs, onCommandLine); err != nil {
+	unread, err := rf.checkReadinessFlags(fs, onCommandLine)
+	if err != nil {
 		return err
 	}
 	log, err := newLogger(env.stderr, *logFormat, *logLevel)
 	if err != nil {
 		return err
+	}
+	if unread != "" {
+		log.Warn(unread)
 	}
 	if rf.secretCheck <= 0 {
 		return fmt.Errorf("%w: --secret-check-interval must be positive", errUsage)
