@@ -105,22 +105,7 @@ func (b *bundle) call(t *testing.T, method, path, secret string, body any, out a
 		}
 		rd = bytes.NewReader(data)
 	}
-	req, err := http.NewRequestWithContext(b.ctx, method, b.url+path, rd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if secret != "" {
-		req.Header.Set("Authorization", "Bearer "+secret)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp, data := sendAPI(t, b.ctx, method, b.url+path, secret, rd)
 	if out != nil {
 		if err := json.Unmarshal(data, out); err != nil {
 			t.Fatalf("%s %s: %d %q: %v", method, path, resp.StatusCode, data, err)

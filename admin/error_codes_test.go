@@ -109,7 +109,10 @@ func sendAPI(t *testing.T, ctx context.Context, method, url, secret string, body
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return resp, data
 }

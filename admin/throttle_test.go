@@ -50,18 +50,7 @@ func throttleServer(t *testing.T, cfg admin.Config) (base string, srv *admin.Ser
 // bearer makes a request of path with the credential secret ("": none).
 func bearer(t *testing.T, base, path, secret string) *http.Response {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), "GET", base+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if secret != "" {
-		req.Header.Set("Authorization", "Bearer "+secret)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	resp, _ := sendAPI(t, t.Context(), "GET", base+path, secret, nil)
 	return resp
 }
 
