@@ -626,15 +626,16 @@ func (s *Server) pageAct(w http.ResponseWriter, r *http.Request, p *page) {
 	failed, ferr := strconv.ParseInt(r.PostFormValue("failed"), 10, 64)
 	shown := time.UnixMicro(failed)
 	d := deadLettersPage{Participant: r.PostFormValue("participant")}
+	// Checked before the dead letter is read: an id that is no open dead
+	// letter read as "already replayed" for a reason never accepted.
+	refused := CheckOperatorAction(p.Who.Name, reason)
 	switch {
 	case ferr != nil:
 		p.Error = "The form does not say which failure it was shown with: reload the page."
 	case reason == "":
 		p.Error = "A reason is required: it is recorded in the archive with your name."
-	case CheckOperatorAction(p.Who.Name, reason) != nil:
-		// Before the dead letter is read: an id that is no open dead
-		// letter read as "already replayed" for a reason never accepted.
-		p.Error = operatorRefusal(CheckOperatorAction(p.Who.Name, reason))
+	case refused != nil:
+		p.Error = operatorRefusal(refused)
 	default:
 		of, err := s.store.DeadLetter(r.Context(), s.cfg.Pool, id)
 		if err != nil {
