@@ -113,7 +113,8 @@ type statements struct {
 	countOpenDeadLetters, countAllDeadLetters             string
 	countParticipantOpenDeadLetters                       string
 	countParticipantAllDeadLetters                        string
-	listPending                                           string
+	listPending, listPendingByInstruction                 string
+	listPendingByParticipant, listPendingByRail           string
 	snapshot, idleRelayers, dueOlderThan, archiveHealth   string
 	vacuumHorizon                                         string
 	verifyCounts                                          string
@@ -173,6 +174,9 @@ func renderStatements(schema string) statements {
 		countParticipantOpenDeadLetters: q(countParticipantOpenDeadLettersSQL),
 		countParticipantAllDeadLetters:  q(countParticipantAllDeadLettersSQL),
 		listPending:                     q(listPendingSQL),
+		listPendingByInstruction:        q(listPendingByInstructionSQL),
+		listPendingByParticipant:        q(listPendingByParticipantSQL),
+		listPendingByRail:               q(listPendingByRailSQL),
 		snapshot:                        q(snapshotSQL),
 		idleRelayers:                    q(idleRelayersSQL),
 		archiveHealth:                   q(archiveHealthSQL),
