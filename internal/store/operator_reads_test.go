@@ -1,7 +1,9 @@
 package store_test
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -95,6 +97,59 @@ func TestListPendingReadsItsRows(t *testing.T) {
 				if limit := int64(2*c.want + 8); read > limit {
 					t.Fatalf("%s, %+v: read %d rows or index entries of pending for %d rows (at most %d): it reads pending, not its rows",
 						mode, c.f, read, c.want, limit)
+				}
+			}
+		}
+	}
+}
+
+// TestRailPendingReadsTheRailsRows: what `rails pause` tells of the
+// instructions a pause holds (RailHasPending, and RailQuiet's count of
+// them) reads the rail's range of the due index, not pending: a misspelt
+// rail reads nothing, on custom and on generic plans, 20,000 instructions
+// of another rail pending. With every rail (*) asked in the same
+// statement as one rail, the generic plan read pending whole.
+func TestRailPendingReadsTheRailsRows(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	execAll(t, b.pool, otherBacklogSQL,
+		`INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload, next_attempt_at)
+		 SELECT outbox.uuidv7(), 'rare-' || g, 'rare-' || g, 1, 'rare-' || g, 'rare', '{}', now() FROM generate_series(1, 4) g`,
+		`VACUUM ANALYZE outbox.pending`)
+	conn := b.conn(t)
+	for _, mode := range planModes {
+		setPlans(t, conn, mode)
+		for _, c := range []struct {
+			rail string
+			held int64
+			// most is the rows or index entries of pending each may read.
+			most int64
+		}{{"rare", 4, 16}, {"nosuch", 0, 8}, {store.AllRails, 20004, 20004 + 8}} {
+			for range 6 {
+				before := tuplesRead(t, conn, "pending")
+				has, err := b.st.RailHasPending(b.ctx, conn, c.rail)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if has != (c.held > 0) {
+					t.Fatalf("%s: rail %s has pending: %v, want %v", mode, c.rail, has, c.held > 0)
+				}
+				if read := tuplesRead(t, conn, "pending") - before; read > 8 {
+					t.Fatalf("%s: whether rail %s has pending read %d rows or index entries of pending, want 8 at most", mode, c.rail, read)
+				}
+				ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+				before = tuplesRead(t, conn, "pending")
+				q, err := b.st.RailQuiet(ctx, conn, c.rail, time.Millisecond)
+				cancel()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if q.Held != c.held {
+					t.Fatalf("%s: rail %s holds %d, want %d", mode, c.rail, q.Held, c.held)
+				}
+				if read := tuplesRead(t, conn, "pending") - before; read > c.most {
+					t.Fatalf("%s: rail %s's quiet read %d rows or index entries of pending for %d held, want %d at most",
+						mode, c.rail, read, c.held, c.most)
 				}
 			}
 		}
