@@ -1,9 +1,13 @@
 package store_test
 
 import (
+	"bytes"
 	"context"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/gofrs/uuid/v5"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -151,6 +155,102 @@ func TestRailPendingReadsTheRailsRows(t *testing.T) {
 					t.Fatalf("%s: rail %s's quiet read %d rows or index entries of pending for %d held, want %d at most",
 						mode, c.rail, read, c.held, c.most)
 				}
+			}
+		}
+	}
+}
+
+// TestListQueuedByRailReadsItsPage: the console's and the API's list of
+// pending instructions filtered by rail reads a page of that rail's rows
+// (the index by rail and outbox id, migration 049), not pending in outbox
+// id order until a page of the rail turns up: on custom and on generic
+// plans, with pending analyzed or with the vacuumed empty table's
+// statistics, for a rail of 4 instructions behind 20,000 of another and
+// for that other rail; the pages together are the rail's instructions in
+// outbox id order, each once. With the rail an optional filter of the
+// primary key's walk, the plans read all 20,004 rows for the 4.
+func TestListQueuedByRailReadsItsPage(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	statisticsOfEmpty(t, b.pool, "pending")
+	execAll(t, b.pool, otherBacklogSQL,
+		`INSERT INTO outbox.pending (outbox_id, instruction_id, participant_id, sequence_id, idempotency_key, rail_type, payload, next_attempt_at)
+		 SELECT outbox.uuidv7(), 'rare-' || g, 'rare-' || g, 1, 'rare-' || g, 'rare', '{}', now() FROM generate_series(1, 4) g`)
+	wantStatisticsOfEmpty(t, b.pool, "pending")
+	conn := b.conn(t)
+	for round, plans := range []string{"force_custom_plan", "force_generic_plan", "analyze", "force_custom_plan", "force_generic_plan"} {
+		if plans == "analyze" {
+			execAll(t, b.pool, `ANALYZE outbox.pending`)
+			continue
+		}
+		setPlans(t, conn, plans)
+		for _, c := range []struct {
+			rail        string
+			want, limit int
+		}{{"rare", 4, 3}, {"sandbox", 20000, 500}, {"nosuch", 0, 50}} {
+			var (
+				listed []uuid.UUID
+				after  store.Cursor
+			)
+			for page := 0; ; page++ {
+				before := tuplesRead(t, conn, "pending")
+				items, err := b.st.ListQueued(b.ctx, conn, store.QueuedFilter{Rail: c.rail, After: after, Limit: c.limit})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if read := tuplesRead(t, conn, "pending") - before; read > int64(c.limit+1) {
+					t.Fatalf("round %d (%s), rail %s, page %d: read %d rows or index entries of pending for a page of %d",
+						round, plans, c.rail, page, read, c.limit)
+				}
+				for _, q := range items {
+					if q.RailType != c.rail {
+						t.Fatalf("rail %s listed an instruction of rail %s", c.rail, q.RailType)
+					}
+					listed = append(listed, q.OutboxID)
+				}
+				if len(items) < c.limit {
+					break
+				}
+				after = store.Cursor{ID: items[len(items)-1].OutboxID}
+			}
+			if len(listed) != c.want {
+				t.Fatalf("round %d: rail %s: the pages listed %d instructions, want %d", round, c.rail, len(listed), c.want)
+			}
+			if !slices.IsSortedFunc(listed, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) }) ||
+				len(slices.Compact(slices.Clone(listed))) != len(listed) {
+				t.Fatalf("round %d: rail %s: the pages are not in outbox id order, each once", round, c.rail)
+			}
+		}
+	}
+}
+
+// TestRailPauseEventsReadTheirPage: `rails list`'s history and the
+// console's rails page read the newest events through the index by time
+// (migration 049), not the whole record sorted: 5,000 events, a page of
+// 20, on custom and on generic plans. Without the index every listing read
+// and sorted every pause and resume ever made.
+func TestRailPauseEventsReadTheirPage(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	execAll(t, b.pool, `INSERT INTO outbox.rail_pause_events (rail_type, action, operator, reason, at)
+		SELECT 'rail-' || (n % 20), CASE WHEN (n / 20) % 2 = 0 THEN 'PAUSED' ELSE 'RESUMED' END, 'olga', 'maintenance',
+		       now() - interval '1 year' + n * interval '1 hour'
+		FROM generate_series(1, 5000) n`,
+		`ANALYZE outbox.rail_pause_events`)
+	conn := b.conn(t)
+	for _, mode := range planModes {
+		setPlans(t, conn, mode)
+		for range 6 {
+			before := tuplesRead(t, conn, "rail_pause_events")
+			events, err := b.st.RailPauseEvents(b.ctx, conn, 20)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if read := tuplesRead(t, conn, "rail_pause_events") - before; read > 21 {
+				t.Fatalf("%s: the newest 20 pause events read %d rows or index entries of 5,000", mode, read)
+			}
+			if len(events) != 20 || !events[0].At.After(events[19].At) || events[0].RailType != "rail-0" {
+				t.Fatalf("%s: listed %d events, newest %v (%s), want the 20 newest, newest first", mode, len(events), events[0].At, events[0].RailType)
 			}
 		}
 	}

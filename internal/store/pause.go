@@ -175,7 +175,9 @@ func (s *Store) RailPauses(ctx context.Context, db Querier) ([]RailPause, error)
 }
 
 // RailPauseEvents returns the newest limit lines of the record of pauses,
-// newest first.
+// newest first, through the index by time (migration 049): a page of it,
+// however many pauses and resumes were ever recorded (without it, all of
+// them were read and sorted).
 func (s *Store) RailPauseEvents(ctx context.Context, db Querier, limit int) ([]RailPauseEvent, error) {
 	// database_role through to_jsonb: a schema before migration 035 has no
 	// such column, and its events have no role (NULL).

@@ -147,16 +147,19 @@ func (s *Store) DueOlderThan(ctx context.Context, db Querier, age time.Duration)
 // dueOlderThanSQL asks, rail by rail, for the first match in the due
 // index's order, which only that index gives without a sort; the rail types
 // are found by skipping through the index's leading column (one probe per
-// rail type). Asked as an EXISTS over the whole table, the planner read
+// rail type), asked in the whole index's order so that the probes read
+// that index too, which every claim keeps in memory, not pending's other
+// index that leads with the rail type (migration 049's, for the listings). Asked as an EXISTS over the whole table, the planner read
 // pending whole once it had statistics (TestDueOlderThanReadsOnlyDue): it
 // expected an old, due row among the first few rows (it takes the two
 // conditions for independent, while the old rows were mostly the ones not
 // due), and where there is none that reads every row.
 const dueOlderThanSQL = `
 WITH RECURSIVE rails AS (
-  (SELECT rail_type FROM {schema}.pending ORDER BY rail_type LIMIT 1)
+  (SELECT rail_type FROM {schema}.pending ORDER BY rail_type, next_attempt_at, created_at LIMIT 1)
   UNION ALL
-  SELECT (SELECT p.rail_type FROM {schema}.pending p WHERE p.rail_type > r.rail_type ORDER BY p.rail_type LIMIT 1)
+  SELECT (SELECT p.rail_type FROM {schema}.pending p WHERE p.rail_type > r.rail_type
+          ORDER BY p.rail_type, p.next_attempt_at, p.created_at LIMIT 1)
   FROM rails r WHERE r.rail_type IS NOT NULL
 )
 SELECT EXISTS (

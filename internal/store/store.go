@@ -126,7 +126,7 @@ type statements struct {
 	keysRetired                                           string
 	dropRetiredKeys                                       string
 	partitions                                            string
-	listQueued, listQueuedOf                              string
+	listQueued, listQueuedOf, listQueuedOfRail            string
 	listInFlight, listInFlightOf, participant             string
 	participantHead, lastError                            string
 	railActivity, liveRelayers, deadLetter                string
@@ -194,6 +194,7 @@ func renderStatements(schema string) statements {
 		partitions:                      q(partitionsSQL),
 		listQueued:                      q(queuedPageSQL(queuedPendingColumns, "pending", false)),
 		listQueuedOf:                    q(queuedPageSQL(queuedPendingColumns, "pending", true)),
+		listQueuedOfRail:                q(listQueuedOfRailSQL),
 		listInFlight:                    q(queuedPageSQL(queuedInFlightColumns, "inflight", false)),
 		listInFlightOf:                  q(queuedPageSQL(queuedInFlightColumns, "inflight", true)),
 		participant:                     q(participantSQL),
