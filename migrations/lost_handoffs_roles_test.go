@@ -21,3 +21,16 @@ func TestLostHandoffsAsRelayerRole(t *testing.T) {
 		t.Fatalf("lost hand-offs as %s: %+v, %v", migrations.RoleRelayer, lost, err)
 	}
 }
+
+// TestLostClaimsAsRelayerRole: the look a relayer makes after a claim's
+// commit reply was lost (store.LostClaims: the in-flight table's and the
+// archive's xmin) is allowed to outbox_relayer.
+func TestLostClaimsAsRelayerRole(t *testing.T) {
+	t.Parallel()
+	b := setupRoles(t)
+	relayer := b.as(t, migrations.RoleRelayer, "")
+	lost, err := b.st.LostClaims(b.ctx, relayer, "r-1", time.Now().Add(-time.Hour), nil)
+	if err != nil || len(lost) != 0 {
+		t.Fatalf("lost claims as %s: %+v, %v", migrations.RoleRelayer, lost, err)
+	}
+}

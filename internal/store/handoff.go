@@ -204,3 +204,73 @@ WHERE i.relayer_id = $1
   AND i.xmin = (SELECT a.xmin FROM {schema}.attempts a
                 WHERE a.attempt_id = $2 AND a.created_at >= $3::timestamptz - interval '1 day' LIMIT 1)
 ORDER BY i.claimed_at, i.participant_id, i.sequence_id`
+
+// LostClaims returns the claims, still in flight, that a claim statement
+// of relayerID made when it committed but its reply was lost (the
+// connection broke after the commit): the relayer never learned of them,
+// so nothing dispatches them, and until this they waited for their leases
+// to end and for the reaper, which counted each a zombie, and with
+// ordering on held their participants' queues for as long.
+//
+// after is the latest claimed_at of the claims the relayer did learn of
+// since it started (its claims are made one after the other, so the lost
+// one began after every one of those), and known the attempt ids it holds
+// of the same call (a probe claimed before the claim that was lost). The
+// rows returned are those of relayerID claimed after after, not in
+// known, in one transaction that archived nothing but its claims'
+// DISPATCHING rows: a hand-off claims for the relayer too, in the
+// transaction that archives the outcomes whose slots it takes, and the
+// relayer holds those (or the recorder hands them back, LostHandoffs). A
+// transaction's rows share its id (xmin), and neither archive nor
+// in-flight rows are ever updated; an outcome's row is archived after its
+// write began (claimed_at of the write's hand-offs) and before the
+// hand-off's own DISPATCHING rows, so the look for one reads the
+// archive's rows of that span only (one transaction at a time, LATERAL
+// ... LIMIT 1, through the BRIN index on created_at: joined, the planner
+// hashed every partition's rows). If the rows that are left come from
+// more than one transaction (another process claims under the same
+// relayer id), none is returned: the relayer cannot tell which are its
+// own, and they stay for the reaper. None is returned either when the
+// lost claim did not commit. Only a relayer recovering from a claim whose
+// reply was lost calls it: a read of the in-flight table.
+func (s *Store) LostClaims(ctx context.Context, db Querier, relayerID string, after time.Time, known []uuid.UUID) ([]Claimed, error) {
+	ids := make([]pgtype.UUID, len(known))
+	for i, id := range known {
+		ids[i] = pgtype.UUID{Bytes: id, Valid: true}
+	}
+	rows, err := db.Query(ctx, s.sql.lostClaims, relayerID, after, ids)
+	if err != nil {
+		return nil, fmt.Errorf("lost claims: %w", err)
+	}
+	claimed, err := collectClaimed(rows)
+	if err != nil {
+		return nil, fmt.Errorf("lost claims: %w", err)
+	}
+	return claimed, nil
+}
+
+// lostClaimsSQL: see LostClaims. $1 relayer id, $2 the latest claimed_at
+// the relayer knows of, $3 the attempt ids it holds of the same call.
+// Same columns as claimTailSQL.
+const lostClaimsSQL = `
+WITH candidates AS (
+  SELECT i.*, i.xmin AS tx FROM {schema}.inflight i
+  WHERE i.relayer_id = $1 AND i.claimed_at > $2 AND i.attempt_id <> ALL ($3::uuid[])
+), claims AS (
+  SELECT g.tx FROM (
+    SELECT c.tx, min(c.claimed_at) AS claimed_at, (array_agg(c.attempt_id))[1] AS attempt_id
+    FROM candidates c GROUP BY c.tx) g
+  CROSS JOIN LATERAL (
+    SELECT d.created_at FROM {schema}.attempts d
+    WHERE d.attempt_id = g.attempt_id AND d.created_at >= g.claimed_at LIMIT 1) d
+  LEFT JOIN LATERAL (
+    SELECT true AS wrote FROM {schema}.attempts a
+    WHERE a.created_at >= g.claimed_at AND a.created_at <= d.created_at
+      AND a.xmin = g.tx AND a.state <> 'DISPATCHING' LIMIT 1) o ON true
+  WHERE o.wrote IS NULL
+)
+SELECT c.outbox_id, c.attempt_id, c.attempt_no, c.instruction_id, c.participant_id, c.sequence_id, c.idempotency_key,
+       c.rail_type, c.tenant_id, c.correlation_id, c.payload, c.claimed_at, c.lease_until, c.created_at
+FROM candidates c
+WHERE c.tx IN (SELECT tx FROM claims) AND (SELECT count(*) FROM claims) = 1
+ORDER BY c.claimed_at, c.participant_id, c.sequence_id`

@@ -104,7 +104,7 @@ type statements struct {
 	handoffSuccessors, recordLate                         string
 	handoffFenced, handoffFencedSuccessors                string
 	record, recordDispatched, withdraw, settlePoison      string
-	lockParticipants, lostHandoffs                        string
+	lockParticipants, lostHandoffs, lostClaims            string
 	reap, reapLock                                        string
 	replay, acknowledge, cancel                           string
 	trailByOutbox, trailByInstruction                     string
@@ -156,6 +156,7 @@ func renderStatements(schema string) statements {
 		settlePoison:            q(settlePoisonSQL),
 		lockParticipants:        q(lockParticipantsSQL),
 		lostHandoffs:            q(lostHandoffsSQL),
+		lostClaims:              q(lostClaimsSQL),
 		reap:                    q(reapSQL),
 		reapLock:                q(reapLockSQL),
 		replay:                  q(replaySQL),

@@ -1,0 +1,131 @@
+package store_test
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/gofrs/uuid/v5"
+
+	"github.com/ledgerline/outbox/internal/store"
+)
+
+// lostOutboxIDs are the outbox ids of claims, sorted.
+func lostOutboxIDs(claims []store.Claimed) []uuid.UUID {
+	ids := make([]uuid.UUID, len(claims))
+	for i, c := range claims {
+		ids[i] = c.OutboxID
+	}
+	slices.SortFunc(ids, func(a, b uuid.UUID) int { return slices.Compare(a[:], b[:]) })
+	return ids
+}
+
+// TestLostClaimsAreTheLostClaimsOwn: LostClaims returns exactly the rows
+// of the one claim a relayer made after the last it knows of: not the
+// claims it knows (claimed before, or named as held), not what an outcome
+// write's hand-off claimed for it after (the relayer holds those), not
+// another relayer's, and nothing at all when two claims' rows are left
+// (it cannot tell its own) or when the lost claim took nothing.
+func TestLostClaimsAreTheLostClaimsOwn(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	b.enqueue(t, "pa", "ka1")
+	b.enqueue(t, "pb", "kb1")
+	b.enqueue(t, "pc", "kc1")
+	successor := b.enqueue(t, "pa", "ka2")
+	b.enqueue(t, "pd", "kd1")
+	b.enqueue(t, "pe", "ke1")
+	leases := map[string]time.Duration{"sandbox": longLease}
+
+	known := b.claimOne(t, "r1", longLease) // pa's first: the last claim r1 heard of
+	lost, err := b.st.Claim(b.ctx, b.pool, store.ClaimParams{RelayerID: "r1", Limit: 2, Leases: leases})
+	if err != nil || len(lost) != 2 {
+		t.Fatalf("claimed %+v, %v: want pb's and pc's", lost, err)
+	}
+	other := b.claimOne(t, "r2", longLease) // pd's: another relayer's, after
+	// An outcome write of r1 hands pa's successor off to r1, after the
+	// lost claim: r1 holds it.
+	o := recordOutcome(t, known, "r1", store.Dispatched)
+	if _, handed, err := b.st.Record(b.ctx, b.pool, []store.Outcome{o},
+		store.HandoffParams{RelayerID: "r1", Limit: 1, Leases: leases}); err != nil || len(handed) != 1 || handed[0].OutboxID != successor {
+		t.Fatalf("hand-off %+v, %v: want %s", handed, err, successor)
+	}
+
+	got, err := b.st.LostClaims(b.ctx, b.pool, "r1", known.ClaimedAt, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(lostOutboxIDs(got), lostOutboxIDs(lost)) || got[0].LeaseUntil.IsZero() || len(got[0].Payload) == 0 {
+		t.Fatalf("lost claims %+v, want the two of the lost claim %+v", got, lost)
+	}
+	for _, c := range []struct {
+		name  string
+		after time.Time
+		known []uuid.UUID
+	}{
+		{"the lost claim known by its time", lost[0].ClaimedAt, nil},
+		{"the lost claim known by its ids", known.ClaimedAt, []uuid.UUID{lost[0].AttemptID, lost[1].AttemptID}},
+	} {
+		if got, err := b.st.LostClaims(b.ctx, b.pool, "r1", c.after, c.known); err != nil || len(got) != 0 {
+			t.Fatalf("%s: lost claims %+v, %v; want none", c.name, got, err)
+		}
+	}
+	if got, err := b.st.LostClaims(b.ctx, b.pool, "r2", other.ClaimedAt, nil); err != nil || len(got) != 0 {
+		t.Fatalf("r2's lost claims after its own: %+v, %v; want none", got, err)
+	}
+
+	// A second claim of r1 after the lost one: two transactions' rows, of
+	// which r1 could know one; none is returned.
+	b.claimOne(t, "r1", longLease)
+	if got, err := b.st.LostClaims(b.ctx, b.pool, "r1", known.ClaimedAt, nil); err != nil || len(got) != 0 {
+		t.Fatalf("lost claims among two claims' rows: %+v, %v; want none", got, err)
+	}
+}
+
+// TestLostClaimsUnderTheReaper: the reaper requeues a lost claim's rows
+// between the relayer's look and its write of their RELEASED outcomes.
+// The outcomes are then late (archived, the requeued copies left
+// pending and due), each claim is closed once by the reaper with one late
+// row after it (audit verify passes), and a look made after the reaper's
+// finds nothing.
+func TestLostClaimsUnderTheReaper(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	b.enqueue(t, "pa", "ka1")
+	b.enqueue(t, "pb", "kb1")
+	b.enqueue(t, "pc", "kc1")
+	known := b.claimOne(t, "r1", longLease)
+	lost, err := b.st.Claim(b.ctx, b.pool, store.ClaimParams{RelayerID: "r1", Limit: 2,
+		Leases: map[string]time.Duration{"sandbox": shortLease}})
+	if err != nil || len(lost) != 2 {
+		t.Fatalf("claimed %+v, %v: want pb's and pc's", lost, err)
+	}
+	found, err := b.st.LostClaims(b.ctx, b.pool, "r1", known.ClaimedAt, nil)
+	if err != nil || len(found) != 2 {
+		t.Fatalf("lost claims %+v, %v: want 2", found, err)
+	}
+	b.waitExpired(t, lost...)
+	if requeued, err := b.reaper.RunOnce(b.ctx); err != nil || len(requeued) != 2 {
+		t.Fatalf("reaper requeued %+v, %v: want the lost claim's 2", requeued, err)
+	}
+	outcomes := make([]store.Outcome, len(found))
+	for i, c := range found {
+		outcomes[i] = recordOutcome(t, c, "r1", store.Retryable)
+		outcomes[i].ErrorCode, outcomes[i].ErrorMessage, outcomes[i].CountAttempt = "RELEASED", "released", false
+	}
+	for _, r := range b.record(t, outcomes...) {
+		if !r.Late {
+			t.Errorf("%+v: want late", r)
+		}
+	}
+	for _, c := range found {
+		if w := b.where(t, c.OutboxID); !w.pending || w.inflight != nil {
+			t.Errorf("%s: %+v, want its requeued copy pending", c.OutboxID, w)
+		}
+	}
+	if got, err := b.st.LostClaims(b.ctx, b.pool, "r1", known.ClaimedAt, nil); err != nil || len(got) != 0 {
+		t.Fatalf("lost claims after the reaper's: %+v, %v; want none", got, err)
+	}
+	b.record(t, recordOutcome(t, known, "r1", store.Dispatched))
+	b.verifyOK(t)
+}
