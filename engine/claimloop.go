@@ -311,8 +311,15 @@ func (r *run) sleep(ctx context.Context, d time.Duration) bool {
 // claims up to that many instructions and starts their dispatches. A slot
 // is held from the claim until the outcome is recorded (see recorder), so
 // slots come back in outcome batches and claims stay large. full reports
-// that every slot asked for was filled.
+// that every slot asked for was filled. After a claim that failed without
+// the server's answer, it first hands back what that claim took if it
+// committed (releaseLostClaim).
 func (r *run) claimOnce(ctx context.Context) (n int, full bool, err error) {
+	if r.lost.claim || len(r.lost.released) > 0 {
+		if err := r.releaseLostClaim(ctx); err != nil {
+			return 0, false, err
+		}
+	}
 	if r.isolating.Load() || r.suspectsDue {
 		r.suspectsDue = false
 		return r.claimSuspect(ctx)
@@ -343,6 +350,7 @@ func (r *run) claimOnce(ctx context.Context) (n int, full bool, err error) {
 		return 0, false, err
 	}
 	r.stats.claimBatches.Add(1)
+	r.lost.heard(claimed)
 	r.startDispatches(claimed, claimStart, 0)
 	return len(claimed), len(claimed) == want, nil
 }
@@ -392,6 +400,7 @@ func (r *run) claimSuspect(ctx context.Context) (int, bool, error) {
 		claimed, err = r.store.Claim(claimCtx, r.pool, store.ClaimParams{RelayerID: r.cfg.RelayerID, Limit: 1,
 			Leases: r.leases(closed), Suspects: true})
 		cancel()
+		r.lost.failed(err, nil)
 	}
 	r.slots.Release(all - int64(len(claimed)))
 	if err != nil || len(claimed) == 0 {
@@ -399,6 +408,7 @@ func (r *run) claimSuspect(ctx context.Context) (int, bool, error) {
 		return 0, false, err
 	}
 	r.stats.claimBatches.Add(1)
+	r.lost.heard(claimed)
 	r.log.Info("dispatching a suspect alone (its relayer died twice while it was in flight)", "outbox_id", claimed[0].OutboxID,
 		"instruction_id", claimed[0].InstructionID, "participant", claimed[0].ParticipantID, "attempt_no", claimed[0].AttemptNo)
 	r.startDispatches(claimed, claimStart, 0)
@@ -417,6 +427,7 @@ func (r *run) claim(ctx context.Context, db store.Batcher, limit int) ([]store.C
 		r.stats.claims.Add(1)
 		probe, err := r.store.Claim(ctx, db, p)
 		if err != nil {
+			r.lost.failed(err, nil)
 			return nil, err
 		}
 		// In flight from its claim, not its call: a claim made before
@@ -433,6 +444,7 @@ func (r *run) claim(ctx context.Context, db store.Batcher, limit int) ([]store.C
 		r.stats.claims.Add(1)
 		more, due, err := r.store.ClaimAsking(ctx, db, p, r.suspectRails())
 		if err != nil {
+			r.lost.failed(err, out)
 			return out, joinClaimErr(out, err)
 		}
 		r.suspectsDue = due

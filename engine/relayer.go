@@ -370,6 +370,9 @@ type run struct {
 	// claim is then a suspect's (claimOnce). Both the claim loop's own.
 	lastSuspectCheck time.Time
 	suspectsDue      bool
+	// lost is what the claim loop knows of a claim whose reply was lost
+	// (lostclaim.go). The claim loop's own.
+	lost lostClaim
 	// handoffMu orders hand-offs before Stop's wait for dispatches.
 	handoffMu sync.RWMutex
 

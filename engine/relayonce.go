@@ -25,7 +25,14 @@ type Batcher = store.Batcher
 // claim statements (Claims). While a rail's breaker is half-open, a pass
 // claims one instruction of that rail, its probe, as a relayer does. Its
 // first pass checks the schema, as Start does: on one behind this build
-// it returns a [*migrations.SchemaError] and claims nothing.
+// it returns a [*migrations.SchemaError] and claims nothing. A pass whose
+// claim fails without the server's answer returns the error; in a
+// transaction the claim goes with it, but through a pool it may have
+// committed, and what it took then waits in flight for the reaper: a
+// running relayer's claim loop looks for such claims and hands them back
+// (docs/architecture.md), bounded by the claims it heard of, which
+// passes, each its own, do not keep, and a look bounded otherwise could
+// take the claims a running relayer of the same id dispatches.
 func (r *Relayer) RelayOnce(ctx context.Context, db Batcher) ([]Recorded, error) {
 	if !r.onceSchemaChecked.Load() {
 		// As Start: on a schema behind this build, a claim could reach
