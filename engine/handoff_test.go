@@ -151,11 +151,12 @@ func TestLostCommitReplyToTheResendToo(t *testing.T) {
 	l := setupLostReply(t, "twice", "cut-the-reply-to-this-write-and-its-resend", "")
 	// Once the first write's reply is cut, cut the reply to the resend
 	// that reads the archive (only the resend's statement for outcomes
-	// already archived names archived_attempt). Armed together: armed by
+	// already archived names late_outcome_prior, migration 050; before it,
+	// archived_attempt). Armed together: armed by
 	// the test once it saw the first write committed, the second cut came
 	// after the resend on a loaded machine (the resend follows within
 	// milliseconds), and the test failed.
-	l.proxy.CutRepliesAfter([]byte(l.marker), []byte("archived_attempt("))
+	l.proxy.CutRepliesAfter([]byte(l.marker), []byte("late_outcome_prior("))
 	var logs lockedBuffer
 	r := l.start(t, "r-lost-twice", slog.New(slog.NewTextHandler(&logs, nil)))
 

@@ -814,6 +814,13 @@ func (rc *recorder) afterFlush(batch []pendingOutcome, recorded []store.Recorded
 		r.stats.count(res)
 		switch res {
 		case ResultLate:
+			if rec.Absorbed {
+				// Its claim had an outcome already (migration 050): this
+				// one was not archived.
+				r.log.Error("outcome not recorded: its claim has an outcome already", "outbox_id", o.OutboxID,
+					"instruction_id", o.InstructionID, "participant", o.ParticipantID, "attempt_no", o.AttemptNo, "state", o.State)
+				break
+			}
 			r.log.Warn("late outcome: lease was reaped", "outbox_id", o.OutboxID, "instruction_id", o.InstructionID,
 				"participant", o.ParticipantID, "attempt_no", o.AttemptNo, "state", o.State, "withdrew_requeued_copy", rec.Withdrew)
 		case ResultDead:

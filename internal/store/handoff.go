@@ -29,6 +29,19 @@ type HandoffParams struct {
 	Refill bool
 }
 
+// lockParticipantsLateSQL is lockParticipantsSQL for the writes that send
+// recordLateSQL, with ordering on or off: a late outcome's
+// late_outcome_prior (migration 050) locks its participant's row before it
+// looks for another outcome of its claim, and taken here first, in
+// participant order, those locks cannot deadlock two late writes, nor a
+// late write and a producer. Only after a reaped lease or a lost commit
+// reply.
+const lockParticipantsLateSQL = `
+SELECT 1 FROM {schema}.sequences
+WHERE participant_id = ANY($1::text[])
+ORDER BY participant_id
+FOR UPDATE`
+
 // lockParticipantsSQL locks the sequences rows of the participants whose
 // outcomes are terminal or retryable, in participant order (as producers
 // lock them, so the two cannot deadlock), before the outcome statement

@@ -74,6 +74,10 @@ type Recorded struct {
 	// Withdrew is true when a late DISPATCHED/FAILED outcome removed the
 	// requeued copy that nobody had claimed yet.
 	Withdrew bool
+	// Absorbed is true (with Late) when the claim had an outcome already,
+	// recorded on time or late under another outcome id: this one was not
+	// archived and changed nothing (migration 050).
+	Absorbed bool
 	// NextAttemptAt is when a Retryable instruction's backoff ends (with
 	// ordering on, it waits longer behind a lower sequence of its
 	// participant that an operator replayed meanwhile: see requeuedSQL).
@@ -117,7 +121,10 @@ type Recorded struct {
 // Record is idempotent per outcome (keyed by Outcome.AttemptID): a caller
 // that lost the reply of a commit may send the same outcomes again, and an
 // outcome already archived is reported as it was recorded the first time
-// instead of being archived twice.
+// instead of being archived twice. A claim has one outcome: a late outcome
+// of a claim that has one already under another outcome id (recorded on
+// time, or late) is absorbed (Recorded.Absorbed, Late too): not archived,
+// nothing withdrawn (migration 050).
 func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h HandoffParams) ([]Recorded, []Claimed, error) {
 	if len(outcomes) == 0 {
 		return nil, nil, nil
@@ -158,7 +165,7 @@ func (s *Store) Record(ctx context.Context, db Batcher, outcomes []Outcome, h Ha
 	}
 	var lateTerminal []Outcome
 	for _, r := range recorded {
-		if o := byClaim[r.ClaimAttemptID]; r.Late && (o.State == Dispatched || o.State == Failed) {
+		if o := byClaim[r.ClaimAttemptID]; r.Late && !r.Absorbed && (o.State == Dispatched || o.State == Failed) {
 			lateTerminal = append(lateTerminal, o)
 		}
 	}
@@ -187,7 +194,14 @@ func (s *Store) write(ctx context.Context, db Batcher, record string, late bool,
 	railTypes, leaseMS := leaseArrays(h.Leases)
 	b := &pgx.Batch{}
 	generic := queueGenericPlans(b, db, genericPlansSQL)
-	b.Queue(s.sql.lockParticipants, locked)
+	lock := s.sql.lockParticipants
+	if late {
+		// Ordering on or off: late_outcome_prior (migration 050) locks
+		// each late outcome's participant; taken here first, in
+		// participant order, two late writes cannot deadlock.
+		lock = s.sql.lockParticipantsLate
+	}
+	b.Queue(lock, locked)
 	b.Queue(record, args...)
 	var handoff string
 	switch {
@@ -292,6 +306,9 @@ func readRecordBatch(br pgx.BatchResults, generic bool) ([]Recorded, []Claimed, 
 	}
 	recorded, err := pgx.CollectRows(rows, func(cr pgx.CollectableRow) (Recorded, error) {
 		var r Recorded
+		if len(cr.FieldDescriptions()) > 4 { // recordLateSQL's
+			return r, cr.Scan(scanUUID(&r.OutboxID), scanUUID(&r.ClaimAttemptID), &r.Late, &r.NextAttemptAt, &r.Absorbed)
+		}
 		err := cr.Scan(scanUUID(&r.OutboxID), scanUUID(&r.ClaimAttemptID), &r.Late, &r.NextAttemptAt)
 		return r, err
 	})
@@ -351,13 +368,16 @@ var recordDispatchedSQL = recordWith("", false)
 
 // recordLateSQL is recordSQL that also takes outcomes that are not fenced.
 // Those (unfenced) are late, or repeats of outcomes already archived (a
-// resend after a lost commit reply): only they read the archive, by
-// primary key and in recent partitions (archived_attempt, migration 012:
-// a function, so that the plan of this statement holds none of the
-// archive's partitions), and prior_late says how the first one was
-// recorded. Only fresh ones (prior_late NULL) are archived, with what
-// they repeat of their claim read from its archive row (archived_claim,
-// migration 024). Same parameters.
+// resend after a lost commit reply): only they read the archive, by key
+// and in recent partitions (late_outcome_prior, migration 050, which asks
+// archived_attempt, migration 012: functions, so that the plan of this
+// statement holds none of the archive's partitions), and prior_late says
+// how the first one was recorded; absorbed, that the claim has another
+// outcome already (one claim, one outcome: its participant's row locked,
+// lockParticipantsLateSQL, then looked for). Only fresh ones (prior_late
+// NULL, not absorbed) are archived, with what they repeat of their claim
+// read from its archive row (archived_claim, migration 024). Same
+// parameters; a fifth column, absorbed.
 var recordLateSQL = recordWith(requeuedSQL+deadSQL, true)
 
 // requeuedSQL and deadSQL are recordSQL's retries, back to pending with
@@ -411,9 +431,9 @@ FROM (SELECT cardinality($1::uuid[]) - count(*) AS n FROM fenced) c WHERE c.n > 
   SELECT ` + lateValues + `, archived_at, claim_hash, hash
   FROM late
 )
-SELECT outbox_id, attempt_id, false, due FROM fenced
+SELECT outbox_id, attempt_id, false, due, false FROM fenced
 UNION ALL
-SELECT outbox_id, claim_attempt_id, coalesce(prior_late, true), NULL FROM unfenced`
+SELECT outbox_id, claim_attempt_id, coalesce(prior_late, true), NULL, absorbed FROM unfenced`
 }
 
 // recordFenced, recordUnfenced and recordFinished are the parts of
@@ -442,8 +462,10 @@ WITH input AS (
   SELECT f.*, ` + attemptHash("f.chain_head", outcomeValues, "f.archived_at") + ` AS hash FROM fenced f`
 	recordUnfenced = `
 ), unfenced AS (
-  SELECT o.*, ({schema}.archived_attempt(o.attempt_id, o.claimed_at - interval '1 day')).late AS prior_late
+  SELECT o.*, p.late AS prior_late, p.absorbed
   FROM input o
+  CROSS JOIN LATERAL {schema}.late_outcome_prior(o.attempt_id, o.claim_attempt_id, o.outbox_id,
+                                                 o.claimed_at - interval '1 day') p
   WHERE o.claim_attempt_id NOT IN (SELECT attempt_id FROM fenced)
 ), late AS (
   -- A late outcome follows its claim's DISPATCHING row in the chain (the
@@ -457,7 +479,7 @@ WITH input AS (
                c.hash AS claim_hash, clock_timestamp() AS archived_at
         FROM unfenced o
         CROSS JOIN LATERAL {schema}.archived_claim(o.claim_attempt_id, o.claimed_at - interval '1 day') c
-        WHERE o.prior_late IS NULL) u`
+        WHERE o.prior_late IS NULL AND NOT o.absorbed) u`
 	recordFinished = `
 ), finished AS (
   UPDATE {schema}.sequences s SET queued = s.queued - t.n

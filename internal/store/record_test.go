@@ -1009,8 +1009,8 @@ func TestRecordLateWithdrawIsFenced(t *testing.T) {
 
 // TestRecordReadsArchiveByKeyOnly: an outcome recorded on time reads
 // nothing of the archive (the outcome statement's plan only inserts into
-// it); a resent or late outcome reads it in archived_attempt, by primary
-// key. With a large archive neither may scan it, or every flush would slow
+// it); a resent or late outcome reads it in late_outcome_prior
+// (archived_attempt, by primary key; the outbox index since 050). With a large archive neither may scan it, or every flush would slow
 // down as the archive grows.
 func TestRecordReadsArchiveByKeyOnly(t *testing.T) {
 	t.Parallel()

@@ -104,7 +104,8 @@ type statements struct {
 	handoffSuccessors, recordLate                         string
 	handoffFenced, handoffFencedSuccessors                string
 	record, recordDispatched, withdraw, settlePoison      string
-	lockParticipants, lostHandoffs, lostClaims            string
+	lockParticipants, lockParticipantsLate                string
+	lostHandoffs, lostClaims                              string
 	reap, reapLock                                        string
 	replay, acknowledge, cancel                           string
 	trailByOutbox, trailByInstruction                     string
@@ -155,6 +156,7 @@ func renderStatements(schema string) statements {
 		withdraw:                q(withdrawSQL),
 		settlePoison:            q(settlePoisonSQL),
 		lockParticipants:        q(lockParticipantsSQL),
+		lockParticipantsLate:    q(lockParticipantsLateSQL),
 		lostHandoffs:            q(lostHandoffsSQL),
 		lostClaims:              q(lostClaimsSQL),
 		reap:                    q(reapSQL),
