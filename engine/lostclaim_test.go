@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"log/slog"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -29,6 +31,8 @@ type lostClaimScene struct {
 	r       *Relayer
 	id      string
 	release chan struct{}
+
+	logs lockedBuffer // the relayer's log
 
 	mu    sync.Mutex
 	calls map[string]int // rail calls by idempotency key
@@ -59,6 +63,7 @@ func setupLostClaim(t *testing.T, id string) *lostClaimScene {
 	// and enqueues within a moment of the relayer going quiet, so the
 	// claim the notification prompts is the next to send its id.
 	cfg.PollInterval, cfg.IdleRefresh = time.Hour, 5*time.Second
+	cfg.Logger = slog.New(slog.NewTextHandler(&s.logs, nil))
 	r, err := New(proxied, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -121,8 +126,7 @@ func (s *lostClaimScene) waitDispatched(t *testing.T, n int64) {
 	}
 }
 
-// counts are the archive's RELEASED rows, zombie requeues and the closing
-// rows of keys' claims.
+// counts are the archive's RELEASED rows and zombie requeues.
 func (s *lostClaimScene) counts(t *testing.T) (released, zombies int) {
 	t.Helper()
 	if err := s.direct.QueryRow(s.b.ctx, `SELECT count(*) FILTER (WHERE error_code = 'RELEASED'),
@@ -208,6 +212,14 @@ CREATE TRIGGER refuse_claim BEFORE INSERT ON outbox.inflight FOR EACH ROW
 		if time.Now().After(deadline) {
 			t.Fatalf("health %+v: no claim refused by the trigger", s.r.Health())
 		}
+	}
+	// The cut landed on that claim: the claim loop's first failure was
+	// the broken connection, not the trigger's refusal.
+	if !regexp.MustCompile(`msg="claim failing; retrying with backoff[^\n]*unexpected EOF`).MatchString(s.logs.String()) {
+		t.Fatalf("no claim failed on the cut connection; logs:\n%s", s.logs.String())
+	}
+	if strings.Contains(s.logs.String(), "before this run heard of any claim") {
+		t.Fatalf("the relayer did not look (it had heard of the held claim); logs:\n%s", s.logs.String())
 	}
 	if _, err := s.direct.Exec(s.b.ctx, `DROP TRIGGER refuse_claim ON outbox.inflight`); err != nil {
 		t.Fatal(err)
