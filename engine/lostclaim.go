@@ -77,7 +77,8 @@ const releasedLostClaim = "released without calling the rail: claimed by a claim
 // the look is not made, and what the lost claim took, if it committed,
 // waits for the reaper as before. So does what a claim took that
 // committed only after the look (a server that went on while the
-// relayer's deadline passed). A cold path.
+// relayer's deadline passed), and what one took that was lost as the
+// relayer stopped (no claim follows). A cold path.
 //
 //go:noinline
 func (r *run) releaseLostClaim(ctx context.Context) error {
