@@ -5,7 +5,11 @@ package store
 const (
 	GenericPlansSQL = genericPlansSQL
 	ClaimPlansSQL   = claimPlansSQL
+	NoJITSQL        = noJITSQL
 )
+
+// QueryNoJIT is queryNoJIT, for tests of what it plans with.
+var QueryNoJIT = queryNoJIT
 
 // BeginVerify is beginVerify, for tests of the snapshot a verify's
 // workers share.

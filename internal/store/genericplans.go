@@ -1,6 +1,10 @@
 package store
 
-import "github.com/jackc/pgx/v5"
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
 
 // genericPlansSQL makes the statements after it in the same implicit
 // transaction (one pipelined batch) use their prepared statement's generic
@@ -61,4 +65,62 @@ func skipGenericPlans(br pgx.BatchResults, queued bool) error {
 	}
 	_, err := br.Exec()
 	return err
+}
+
+// noJITSQL turns JIT compilation off for the statements after it in the
+// same implicit transaction, for the operators' reads of the archive's
+// recent rows (queryNoJIT). Their plans cost every attached month's
+// partition (pruned only when they run, now() being known then), so as
+// the months add up they cross jit_above_cost and PostgreSQL compiled
+// them with LLVM at every read: 185-218 ms of a 160-500 ms overview read
+// that touched a few hundred buffers, every 5 s while a console is open.
+const noJITSQL = `SELECT set_config('jit', 'off', true)`
+
+// queryNoJIT is db.Query(sql, args...) planned without JIT (noJITSQL), in
+// one pipelined batch. In a caller's transaction, which the setting would
+// outlive into, or on a db that cannot pipeline, it is db.Query.
+func queryNoJIT(ctx context.Context, db Querier, sql string, args ...any) (pgx.Rows, error) {
+	b, ok := db.(Batcher)
+	if !ok || inCallersTx(db) {
+		return db.Query(ctx, sql, args...)
+	}
+	batch := &pgx.Batch{}
+	batch.Queue(noJITSQL)
+	batch.Queue(sql, args...)
+	br := b.SendBatch(ctx, batch)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return nil, err
+	}
+	return &batchRows{Rows: rows, br: br}, nil
+}
+
+// batchRows are the rows of a batch's last statement: closing them also
+// ends the batch, which frees its connection.
+type batchRows struct {
+	pgx.Rows
+	br  pgx.BatchResults
+	err error
+}
+
+func (r *batchRows) Close() {
+	r.Rows.Close()
+	if r.br != nil {
+		if err := r.br.Close(); err != nil && r.err == nil {
+			r.err = err
+		}
+		r.br = nil
+	}
+}
+
+func (r *batchRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.err
 }

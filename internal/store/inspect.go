@@ -247,7 +247,7 @@ GROUP BY 1, 2, 3`
 // RailActivity counts each rail's outcomes over the last `window` (a read
 // of that stretch of the current partition, found by its BRIN index).
 func (s *Store) RailActivity(ctx context.Context, db Querier, window time.Duration) ([]RailActivity, error) {
-	rows, err := db.Query(ctx, s.sql.railActivity, window)
+	rows, err := queryNoJIT(ctx, db, s.sql.railActivity, window)
 	if err != nil {
 		return nil, fmt.Errorf("rail activity: %w", err)
 	}
@@ -327,7 +327,7 @@ SELECT relayer_id, max(at), sum(n)::bigint, sum(expired)::bigint, max(lease_unti
 // within `window` or hold claims in flight (live or expired leases);
 // operators' actions do not count.
 func (s *Store) LiveRelayers(ctx context.Context, db Querier, window time.Duration) ([]LiveRelayer, error) {
-	rows, err := db.Query(ctx, s.sql.liveRelayers, window)
+	rows, err := queryNoJIT(ctx, db, s.sql.liveRelayers, window)
 	if err != nil {
 		return nil, fmt.Errorf("live relayers: %w", err)
 	}

@@ -1,9 +1,15 @@
 package store_test
 
 import (
+	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerline/outbox/internal/store"
 	"github.com/ledgerline/outbox/internal/testdb"
@@ -120,5 +126,101 @@ func TestClaimReadsTheDueIndexInOrder(t *testing.T) {
 	}
 	if p := plan(store.ClaimPlansSQL); strings.Contains(p, bitmap) || !strings.Contains(p, `"Index Name": "pending_rail_due_idx"`) {
 		t.Fatalf("after the store's settings the claim does not read the due index in order\n%s", p)
+	}
+}
+
+// batchRecorder records the statements of every batch its pool sends.
+type batchRecorder struct {
+	mu      sync.Mutex
+	batches [][]string
+}
+
+func (r *batchRecorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (r *batchRecorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (r *batchRecorder) TraceBatchStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	var sqls []string
+	for _, q := range data.Batch.QueuedQueries {
+		sqls = append(sqls, q.SQL)
+	}
+	r.mu.Lock()
+	r.batches = append(r.batches, sqls)
+	r.mu.Unlock()
+	return ctx
+}
+
+func (r *batchRecorder) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (r *batchRecorder) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// TestOverviewReadsPlanWithoutJIT: the overview's reads of the archive's
+// last minutes (RailActivity, LiveRelayers) cost every attached month's
+// partition in their plans, which at a year's size crossed jit_above_cost:
+// PostgreSQL compiled them with LLVM at each read, about 200 ms of a read
+// of a few hundred buffers. Each is now sent after a setting that turns
+// JIT off for it alone (same batch, same implicit transaction), which this
+// test sees, on a pool that would compile every statement otherwise; and
+// the setting is shown to keep a plan from being compiled.
+func TestOverviewReadsPlanWithoutJIT(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	var available bool
+	if err := b.pool.QueryRow(b.ctx, `SELECT pg_jit_available()`).Scan(&available); err != nil {
+		t.Fatal(err)
+	}
+	if !available {
+		t.Skip("this server cannot compile with JIT: nothing to turn off")
+	}
+	rec := &batchRecorder{}
+	cfg := b.pool.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["jit"] = "on"
+	cfg.ConnConfig.RuntimeParams["jit_above_cost"] = "0"
+	cfg.ConnConfig.Tracer = rec
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+
+	if _, err := b.st.RailActivity(b.ctx, pool, 5*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.st.LiveRelayers(b.ctx, pool, 5*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	batches := rec.batches
+	rec.mu.Unlock()
+	if len(batches) != 2 {
+		t.Fatalf("batches sent %q: want one for each read", batches)
+	}
+	for i, sqls := range batches {
+		if len(sqls) != 2 || sqls[0] != store.NoJITSQL || !strings.Contains(sqls[1], ".attempts") {
+			t.Errorf("read %d sent %q: want the JIT setting, then the read of the archive", i, sqls)
+		}
+	}
+
+	// What the setting does, on the same pool: the read of the archive's
+	// recent rows compiled without it, not with it.
+	const explain = `EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) FROM outbox.attempts WHERE created_at > now() - interval '5 minutes'`
+	compiled := func(rows pgx.Rows, err error) bool {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Contains(plan, `"JIT"`)
+	}
+	if !compiled(pool.Query(b.ctx, explain)) {
+		t.Fatal("the pool's plain read was not compiled: this test shows nothing")
+	}
+	if compiled(store.QueryNoJIT(b.ctx, pool, explain)) {
+		t.Fatal("the read after the setting was compiled with JIT")
 	}
 }
