@@ -149,7 +149,8 @@ func (s *Store) DueOlderThan(ctx context.Context, db Querier, age time.Duration)
 // are found by skipping through the index's leading column (one probe per
 // rail type), asked in the whole index's order so that the probes read
 // that index too, which every claim keeps in memory, not pending's other
-// index that leads with the rail type (migration 049's, for the listings). Asked as an EXISTS over the whole table, the planner read
+// index that leads with the rail type (migration 049's, for the
+// listings). Asked as an EXISTS over the whole table, the planner read
 // pending whole once it had statistics (TestDueOlderThanReadsOnlyDue): it
 // expected an old, due row among the first few rows (it takes the two
 // conditions for independent, while the old rows were mostly the ones not
