@@ -1444,3 +1444,49 @@ func TestRecordCapsALatencyPastTheArchiveColumn(t *testing.T) {
 		}
 	}
 }
+
+// TestRecordTakesTheLockOfARetrysParticipant: a write of a terminal and a
+// retryable outcome takes the locks of both participants (a retry may
+// change who is its participant's head, requeuedSQL), not only the
+// terminal one's. Held by another transaction (a replay or cancel of the
+// retry's participant), the lock makes the write wait; a write that took
+// only the terminal participants' locks whenever it had one went ahead.
+func TestRecordTakesTheLockOfARetrysParticipant(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	done, retried := b.enqueue(t, "p-done", "k-done"), b.enqueue(t, "p-retry", "k-retry")
+	c1, c2 := b.claimOne(t, "r1", longLease), b.claimOne(t, "r1", longLease)
+	if c1.OutboxID != done || c2.OutboxID != retried {
+		t.Fatalf("claimed %s and %s, want %s then %s", c1.OutboxID, c2.OutboxID, done, retried)
+	}
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	execAll(t, tx, `SELECT 1 FROM outbox.sequences WHERE participant_id = 'p-retry' FOR UPDATE`)
+
+	conn := b.conn(t)
+	written := make(chan error, 1)
+	outcomes := []store.Outcome{recordOutcome(t, c1, "r1", store.Dispatched), recordOutcome(t, c2, "r1", store.Retryable)}
+	go func() {
+		_, _, err := b.st.Record(b.ctx, conn, outcomes, store.HandoffParams{})
+		written <- err
+	}()
+	b.waitForLock(t, conn.Conn().PgConn().PID(), written)
+	select {
+	case err := <-written:
+		t.Fatalf("the write ended (%v) while the retried instruction's participant was locked elsewhere", err)
+	default:
+	}
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-written; err != nil {
+		t.Fatal(err)
+	}
+	if w := b.where(t, retried); !w.pending {
+		t.Fatalf("retried instruction: %+v, want pending", w)
+	}
+	b.verifyOK(t)
+}
