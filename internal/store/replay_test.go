@@ -320,3 +320,37 @@ func TestNotADeadLetterRacingItsFailure(t *testing.T) {
 		b.verifyOK(t)
 	}
 }
+
+// TestTwoReplaysBehindARetryComeInOrder guards the retry's look for a
+// lower pending sequence (behindSQL) with two of them: dead letters 1 and
+// 2, both replayed while 3 is in flight, wait; when 3's attempt ends
+// RETRYABLE, the lowest of them, 1, is made due, and the participant's
+// instructions then go 1, 2, 3. Making the highest lower one due (2)
+// dispatched it before 1.
+func TestTwoReplaysBehindARetryComeInOrder(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	first, second, third := b.enqueue(t, "p1", "k1"), b.enqueue(t, "p1", "k2"), b.enqueue(t, "p1", "k3")
+	for _, want := range []uuid.UUID{first, second} {
+		c := b.claimOne(t, "r1", longLease)
+		if c.OutboxID != want {
+			t.Fatalf("claimed %s, want %s", c.OutboxID, want)
+		}
+		b.record(t, recordOutcome(t, c, "r1", store.Failed))
+	}
+	held := b.claimOne(t, "r1", longLease)
+	if held.OutboxID != third {
+		t.Fatalf("claimed %s, want %s", held.OutboxID, third)
+	}
+	b.replay(t, first)
+	b.replay(t, second)
+	retry := recordOutcome(t, held, "r1", store.Retryable)
+	retry.RetryDelay = 0
+	b.record(t, retry)
+	if !b.due(t, first) || b.due(t, second) || b.due(t, third) {
+		t.Fatalf("after the retry: due %v %v %v, want only the first replayed instruction due",
+			b.due(t, first), b.due(t, second), b.due(t, third))
+	}
+	b.verifyOK(t)
+	b.wantHeadThenRest(t, first, second, third)
+}
