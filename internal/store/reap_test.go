@@ -215,3 +215,97 @@ func (b *recordBundle) waitBlockedBy(t *testing.T, pid, blocker uint32, done cha
 		}
 	}
 }
+
+// TestReapSkipsARowAnotherTransactionHolds: a pass skips an expired
+// in-flight row that another transaction holds (another reaper's pass,
+// an outcome write deleting it), requeues the others and returns, rather
+// than waiting for that transaction. With ordering off, so that no
+// participant's lock is in the way. Without SKIP LOCKED, the pass waited.
+func TestReapSkipsARowAnotherTransactionHolds(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	if err := b.st.SetOrdered(b.ctx, b.pool, false); err != nil {
+		t.Fatal(err)
+	}
+	held, free := b.enqueue(t, "p1", "k1"), b.enqueue(t, "p2", "k2")
+	c1, c2 := b.claimOne(t, "dead", shortLease), b.claimOne(t, "dead", shortLease)
+	if c1.OutboxID != held || c2.OutboxID != free {
+		t.Fatalf("claimed %s and %s, want %s then %s", c1.OutboxID, c2.OutboxID, held, free)
+	}
+	b.waitExpired(t, c1, c2)
+	holder := b.ownConn(t)
+	tx, err := holder.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	if _, err := tx.Exec(b.ctx, `SELECT 1 FROM outbox.inflight WHERE outbox_id = $1 FOR UPDATE`, held); err != nil {
+		t.Fatal(err)
+	}
+
+	conn := b.conn(t)
+	type reaped struct {
+		requeued []store.Requeued
+		err      error
+	}
+	done := make(chan reaped, 1)
+	go func() {
+		requeued, err := b.st.Reap(b.ctx, conn, 10, "test-reaper", 0)
+		done <- reaped{requeued, err}
+	}()
+	// The pass either ends or waits for the held row; polled, since a
+	// pass that skips has nothing to wait for.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		select {
+		case r := <-done:
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			if len(r.requeued) != 1 || r.requeued[0].OutboxID != free {
+				t.Fatalf("requeued %+v, want %s alone", r.requeued, free)
+			}
+			return
+		default:
+		}
+		var waiting bool
+		if err := b.pool.QueryRow(b.ctx, `SELECT $2::int = ANY (pg_blocking_pids($1))`,
+			int64(conn.Conn().PgConn().PID()), int64(holder.PgConn().PID())).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			_ = tx.Rollback(b.ctx)
+			<-done
+			t.Fatal("the pass waited for an in-flight row another transaction holds")
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("timed out waiting for the pass")
+		}
+	}
+}
+
+// TestReapTakesTheOldestLeasesFirst: a pass that finds more expired
+// leases than its limit requeues the oldest first, wherever their rows
+// lie in the table (the row of the lease that ended first here lies last,
+// moved by an update). Without the pass's ORDER BY it took the rows in the
+// table's order.
+func TestReapTakesTheOldestLeasesFirst(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	var claims []store.Claimed
+	for _, p := range []string{"p1", "p2", "p3"} {
+		b.enqueue(t, p, "k-"+p)
+		claims = append(claims, b.claimOne(t, "dead", shortLease))
+	}
+	b.waitExpired(t, claims...)
+	oldest := claims[2]
+	if _, err := b.pool.Exec(b.ctx, `UPDATE outbox.inflight SET lease_until = now() - interval '1 hour' WHERE outbox_id = $1`, oldest.OutboxID); err != nil {
+		t.Fatal(err)
+	}
+	requeued, err := b.st.Reap(b.ctx, b.pool, 1, "test-reaper", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(requeued) != 1 || requeued[0].OutboxID != oldest.OutboxID {
+		t.Fatalf("requeued %+v, want %s (its lease ended an hour ago)", requeued, oldest.OutboxID)
+	}
+}
