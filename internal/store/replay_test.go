@@ -354,3 +354,32 @@ func TestTwoReplaysBehindARetryComeInOrder(t *testing.T) {
 	b.verifyOK(t)
 	b.wantHeadThenRest(t, first, second, third)
 }
+
+// TestReplaysOfTwoDeadLettersKeepOneHead: with nothing in flight, a
+// replayed dead letter is its participant's head only if no lower
+// sequence is pending. Dead letters 1 and 2 replayed in that order: 1 is
+// the head (3, due until then, waits behind it), and 2 waits behind 1.
+// Without the replay's look for a lower pending sequence, 2 was made due
+// beside 1: two heads.
+func TestReplaysOfTwoDeadLettersKeepOneHead(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	first, second, third := b.enqueue(t, "p1", "k1"), b.enqueue(t, "p1", "k2"), b.enqueue(t, "p1", "k3")
+	for _, want := range []uuid.UUID{first, second} {
+		c := b.claimOne(t, "r1", longLease)
+		if c.OutboxID != want {
+			t.Fatalf("claimed %s, want %s", c.OutboxID, want)
+		}
+		b.record(t, recordOutcome(t, c, "r1", store.Failed))
+	}
+	if !b.due(t, third) {
+		t.Fatal("the third instruction is not due after the first two failed")
+	}
+	b.replay(t, first)
+	b.replay(t, second)
+	if !b.due(t, first) || b.due(t, second) || b.due(t, third) {
+		t.Fatalf("after the replays: due %v %v %v, want only the first due", b.due(t, first), b.due(t, second), b.due(t, third))
+	}
+	b.verifyOK(t)
+	b.wantHeadThenRest(t, first, second, third)
+}
