@@ -467,6 +467,18 @@ var corruptions = []corruption{
 		},
 	},
 	{
+		// A retired key and a live key hold the same sequence of one
+		// participant: none is missing, and one is there twice, which
+		// only the count of the participant's keys shows.
+		name: "sequence taken twice", invariant: 2, check: "gap-free sequences",
+		build: func(t *testing.T, b *verifyBundle) {
+			id := b.enqueue(t, "p1", "k1")
+			b.exec(t, `INSERT INTO outbox.retired_keys (digest, outbox_id, participant_id, sequence_id, created_at)
+				SELECT sha256(outbox_id::text::bytea), gen_random_uuid(), participant_id, sequence_id, created_at
+				FROM outbox.idempotency_keys WHERE outbox_id = $1`, id)
+		},
+	},
+	{
 		name: "dead letter with the wrong sequence", invariant: 3, check: "one key one identity",
 		build: func(t *testing.T, b *verifyBundle) {
 			id := b.enqueue(t, "p1", "k1")
@@ -479,6 +491,13 @@ var corruptions = []corruption{
 		build: func(t *testing.T, b *verifyBundle) {
 			id := b.enqueue(t, "p1", "k1")
 			b.exec(t, "UPDATE outbox.pending SET idempotency_key = 'k-other' WHERE outbox_id = $1", id)
+		},
+	},
+	{
+		name: "pending row with another participant", invariant: 3, check: "one key one identity", also: []string{"queued counts"},
+		build: func(t *testing.T, b *verifyBundle) {
+			id := b.enqueue(t, "p1", "k1")
+			b.exec(t, "UPDATE outbox.pending SET participant_id = 'p-other' WHERE outbox_id = $1", id)
 		},
 	},
 	{
