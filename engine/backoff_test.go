@@ -76,3 +76,34 @@ func TestBackoffDelayOfTheLongestCap(t *testing.T) {
 		t.Errorf("Bound(100) = %v, want the cap", b.Bound(100))
 	}
 }
+
+// TestBackoffBoundIsTheCapForABaseAboveIt: Bound is min(Cap,
+// Base·2^(n-1)) also for the first retry, whose base alone may exceed
+// the cap (a Backoff built by hand; the relayer's configuration refuses
+// one). The first retry's bound was the base.
+func TestBackoffBoundIsTheCapForABaseAboveIt(t *testing.T) {
+	t.Parallel()
+	b := Backoff{Base: 10 * time.Second, Cap: 5 * time.Second}
+	for _, n := range []int{0, 1, 2, 30} {
+		if got := b.Bound(n); got != b.Cap {
+			t.Errorf("Bound(%d) = %v, want the cap %v", n, got, b.Cap)
+		}
+	}
+}
+
+// TestBackoffDelayReachesItsBound: the delay is drawn from [0, bound],
+// the bound included. With a bound of 1ns a draw is 0 or 1ns, and 64
+// draws of a fixed seed include both; a draw from [0, bound) gave 0
+// every time.
+func TestBackoffDelayReachesItsBound(t *testing.T) {
+	t.Parallel()
+	b := Backoff{Base: time.Nanosecond, Cap: time.Nanosecond}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	seen := map[time.Duration]bool{}
+	for range 64 {
+		seen[b.Delay(1, rnd)] = true
+	}
+	if len(seen) != 2 || !seen[0] || !seen[time.Nanosecond] {
+		t.Fatalf("delays drawn %v, want 0 and 1ns", seen)
+	}
+}
