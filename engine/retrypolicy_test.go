@@ -82,3 +82,49 @@ func TestMinRetryDelayIsAFloorUnderEveryRetry(t *testing.T) {
 		t.Fatal("a negative MinRetryDelay was accepted")
 	}
 }
+
+// TestOutcomeOfDecisionsThatSpendNoBudget: without a floor, an uncounted
+// failure that is neither a release nor a cut-off (the breaker open, a
+// rail not configured) waits a fixed second, not zero (a relayer would
+// claim it again at once, over and over); a call cut off at stop waits
+// until its claim's lease ends, counted from the claim (the lease less
+// the call's latency: the outcome is recorded when the call ended); and a
+// dispatched outcome keeps no error message, whatever the rail's answer
+// said.
+func TestOutcomeOfDecisionsThatSpendNoBudget(t *testing.T) {
+	t.Parallel()
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: rails.NewSandbox(rails.SandboxOptions{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(nil, Config{Rails: set, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claimedAt := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	c := store.Claimed{AttemptNo: 1, ClaimedAt: claimedAt, LeaseUntil: claimedAt.Add(30 * time.Second)}
+	for _, tt := range []struct {
+		name    string
+		d       rails.Decision
+		latency time.Duration
+		state   store.State
+		delay   time.Duration
+	}{
+		{"breaker open", rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeCircuitOpen}, 0, store.Retryable, time.Second},
+		{"rail not configured", rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeRailNotConfigured}, 0, store.Retryable, time.Second},
+		{"cut off at stop", rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeCutOffAtStop, RailCalled: true},
+			10 * time.Second, store.Retryable, 20 * time.Second},
+		{"cut off past its lease", rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeCutOffAtStop, RailCalled: true},
+			time.Minute, store.Retryable, 0},
+		{"dispatched with a message", rails.Decision{Outcome: rails.Dispatched, RailCalled: true, Reference: "ref-1", Message: "accepted, note 7"},
+			time.Millisecond, store.Dispatched, 0},
+	} {
+		o := r.outcome(c, tt.d, tt.latency)
+		if o.State != tt.state || o.RetryDelay != tt.delay {
+			t.Errorf("%s: %s after %v, want %s after %v", tt.name, o.State, o.RetryDelay, tt.state, tt.delay)
+		}
+		if o.State == store.Dispatched && o.ErrorMessage != "" {
+			t.Errorf("%s: dispatched with error message %q", tt.name, o.ErrorMessage)
+		}
+	}
+}
