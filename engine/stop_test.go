@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -337,5 +338,36 @@ func TestStopWhileConnectingReleases(t *testing.T) {
 	if state != "RETRYABLE" || errorCode != string(rails.CodeReleased) || pendingRows != 1 || dead != 0 {
 		t.Fatalf("recorded %s %s, %d pending, %d dead letters: want RETRYABLE %s, 1 pending, none dead",
 			state, errorCode, pendingRows, dead, rails.CodeReleased)
+	}
+}
+
+// TestDispatchAfterStopBeganCallsNoRail: a dispatch that starts once Stop
+// has begun (its claim made just before) hands the instruction back
+// (released) without calling the rail. Without that check (send's
+// isStopping) the rail was called after the stop began.
+func TestDispatchAfterStopBeganCallsNoRail(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	tr := funcTransport(func(_ context.Context, ins payment.Instruction) (rails.Result, error) {
+		calls.Add(1)
+		return rails.Result{Code: rails.SandboxAccepted, Reference: "ref-" + ins.IdempotencyKey}, nil
+	})
+	set, err := rails.NewSet(rails.Options{Type: "sandbox", Profile: payment.Generic{}, Transport: tr, Codes: rails.SandboxCodes,
+		Breaker: rails.BreakerOptions{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := New(nil, Config{Rails: set, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rn := &run{Relayer: rel, stopping: make(chan struct{}), dispatchCtx: t.Context(), slotWait: t.Context()}
+	close(rn.stopping)
+	c := store.Claimed{Identity: store.Identity{InstructionID: "i-1", ParticipantID: "p1", SequenceID: 1, IdempotencyKey: "k-1", RailType: "sandbox"},
+		AttemptNo: 1, Payload: []byte(`{"amount_minor": 100, "currency": "USD", "destination": "acct-1"}`)}
+	var d rails.Decision
+	rn.send(&c, &d, time.Now().Add(time.Minute))
+	if d.ErrorCode != rails.CodeReleased || calls.Load() != 0 {
+		t.Fatalf("decision %s %s after %d rail calls, want released without a call", d.Outcome, d.ErrorCode, calls.Load())
 	}
 }
