@@ -88,7 +88,8 @@ func TestMinRetryDelayIsAFloorUnderEveryRetry(t *testing.T) {
 // rail not configured) waits a fixed second, not zero (a relayer would
 // claim it again at once, over and over); a call cut off at stop waits
 // until its claim's lease ends, counted from the claim (the lease less
-// the call's latency: the outcome is recorded when the call ended); and a
+// the call's latency: the outcome is recorded when the call ended), its
+// outcome unknown (the rail may have acted on it); and a
 // dispatched outcome keeps no error message, whatever the rail's answer
 // said.
 func TestOutcomeOfDecisionsThatSpendNoBudget(t *testing.T) {
@@ -109,19 +110,23 @@ func TestOutcomeOfDecisionsThatSpendNoBudget(t *testing.T) {
 		latency time.Duration
 		state   store.State
 		delay   time.Duration
+		unknown bool
 	}{
-		{"breaker open", rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeCircuitOpen}, 0, store.Retryable, time.Second},
-		{"rail not configured", rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeRailNotConfigured}, 0, store.Retryable, time.Second},
+		{"breaker open", rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeCircuitOpen}, 0, store.Retryable, time.Second, false},
+		{"rail not configured", rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeRailNotConfigured}, 0, store.Retryable, time.Second, false},
 		{"cut off at stop", rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeCutOffAtStop, RailCalled: true},
-			10 * time.Second, store.Retryable, 20 * time.Second},
+			10 * time.Second, store.Retryable, 20 * time.Second, true},
 		{"cut off past its lease", rails.Decision{Outcome: rails.Retryable, ErrorCode: rails.CodeCutOffAtStop, RailCalled: true},
-			time.Minute, store.Retryable, 0},
+			time.Minute, store.Retryable, 0, true},
 		{"dispatched with a message", rails.Decision{Outcome: rails.Dispatched, RailCalled: true, Reference: "ref-1", Message: "accepted, note 7"},
-			time.Millisecond, store.Dispatched, 0},
+			time.Millisecond, store.Dispatched, 0, false},
 	} {
 		o := r.outcome(c, tt.d, tt.latency)
 		if o.State != tt.state || o.RetryDelay != tt.delay {
 			t.Errorf("%s: %s after %v, want %s after %v", tt.name, o.State, o.RetryDelay, tt.state, tt.delay)
+		}
+		if o.OutcomeUnknown != tt.unknown {
+			t.Errorf("%s: outcome unknown %v, want %v", tt.name, o.OutcomeUnknown, tt.unknown)
 		}
 		if o.State == store.Dispatched && o.ErrorMessage != "" {
 			t.Errorf("%s: dispatched with error message %q", tt.name, o.ErrorMessage)
