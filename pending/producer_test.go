@@ -298,6 +298,40 @@ func TestEnqueueTenantScopesKeys(t *testing.T) {
 	}
 }
 
+// TestEnqueueBatchTenantScopesKeys is TestEnqueueTenantScopesKeys for
+// batches, whose statements read keys on a path of their own: a key is
+// looked up in its line's tenant only. Looked up by key alone, the second
+// tenant's line found the first tenant's key and was refused as a
+// mismatch.
+func TestEnqueueBatchTenantScopesKeys(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	batch := func(tenant string) []pending.Receipt {
+		t.Helper()
+		lines := []pending.Instruction{payout("p1", "k1"), payout("p1", "k2")}
+		for i := range lines {
+			lines[i].TenantID = tenant
+		}
+		r, err := b.producer.EnqueueBatch(b.ctx, b.pool, lines)
+		if err != nil {
+			t.Fatalf("batch of %q: %v", tenant, err)
+		}
+		return r
+	}
+	ra, rb := batch("tenant-a"), batch("tenant-b")
+	for i := range ra {
+		if ra[i].Duplicate || rb[i].Duplicate || ra[i].OutboxID == rb[i].OutboxID {
+			t.Fatalf("line %d: receipts %+v and %+v: tenants must not share keys", i, ra[i], rb[i])
+		}
+	}
+	again := batch("tenant-b")
+	for i := range again {
+		if !again[i].Duplicate || again[i].OutboxID != rb[i].OutboxID {
+			t.Fatalf("line %d: repeat in tenant-b = %+v, want a duplicate of %+v", i, again[i], rb[i])
+		}
+	}
+}
+
 func TestEnqueueValidationWritesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
