@@ -105,7 +105,13 @@ type Config struct {
 	// Schema holding the outbox tables; "" means the default.
 	Schema string
 	// RelayerID names this relayer in attempt rows and logs; default
-	// host-pid-random.
+	// host-pid-random. It must name one running relayer: after a claim
+	// whose commit reply was lost, the relayer takes its id's in-flight
+	// rows of one claim transaction after the last claim it heard of for
+	// that claim's and records them RELEASED (store.LostClaims), and the
+	// claim of another process running under the same id (or a RelayOnce
+	// pass under it) looks the same: its instructions would be sent again
+	// while that process sends them.
 	RelayerID string
 	// Rails are the rails this relayer dispatches to (required). Only
 	// instructions of these rail types are claimed.

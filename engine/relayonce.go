@@ -32,7 +32,10 @@ type Batcher = store.Batcher
 // running relayer's claim loop looks for such claims and hands them back
 // (docs/architecture.md), bounded by the claims it heard of, which
 // passes, each its own, do not keep, and a look bounded otherwise could
-// take the claims a running relayer of the same id dispatches.
+// take the claims a running relayer of the same id dispatches. For the
+// same reason, do not run passes under the id of a running relayer
+// (Config.RelayerID): that relayer's look after a lost claim of its own
+// could take a pass's claim while the pass sends it.
 func (r *Relayer) RelayOnce(ctx context.Context, db Batcher) ([]Recorded, error) {
 	if !r.onceSchemaChecked.Load() {
 		// As Start: on a schema behind this build, a claim could reach

@@ -243,8 +243,13 @@ ORDER BY i.claimed_at, i.participant_id, i.sequence_id`
 // hashed every partition's rows). If the rows that are left come from
 // more than one transaction (another process claims under the same
 // relayer id), none is returned: the relayer cannot tell which are its
-// own, and they stay for the reaper. None is returned either when the
-// lost claim did not commit. Only a relayer recovering from a claim whose
+// own, and they stay for the reaper. But when the lost claim did not
+// commit and another process of the same id claimed once since, that
+// claim is the one transaction left and is returned, though that process
+// dispatches it: nothing in its rows tells the two apart, so relayer ids
+// must name one running relayer (engine.Config.RelayerID). With unique
+// ids, none is returned when the lost claim did not commit. Only a
+// relayer recovering from a claim whose
 // reply was lost calls it: a read of the in-flight table.
 func (s *Store) LostClaims(ctx context.Context, db Querier, relayerID string, after time.Time, known []uuid.UUID) ([]Claimed, error) {
 	ids := make([]pgtype.UUID, len(known))

@@ -129,3 +129,30 @@ func TestLostClaimsUnderTheReaper(t *testing.T) {
 	b.record(t, recordOutcome(t, known, "r1", store.Dispatched))
 	b.verifyOK(t)
 }
+
+// TestLostClaimsCannotTellAnotherProcessOfTheSameID: the look's bound is
+// the claims of one run, so it cannot tell the lost claim's transaction
+// from a claim another process made under the same relayer id after it.
+// When the lost claim did not commit, the other process's claim is the one
+// transaction left, and LostClaims returns it while that process
+// dispatches it: its RELEASED rows would send those instructions again.
+// That is why a relayer id must name one running relayer (Config.RelayerID,
+// docs/operations.md); this pins the boundary the docs state.
+func TestLostClaimsCannotTellAnotherProcessOfTheSameID(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	b.enqueue(t, "pa", "ka1")
+	b.enqueue(t, "pb", "kb1")
+	known := b.claimOne(t, "r1", longLease) // the last claim this run of r1 heard of
+	// This run's next claim fails without the server's answer and did
+	// not commit: nothing of it is in flight. Another process started
+	// with the same id claims meanwhile, and dispatches what it took.
+	sibling := b.claimOne(t, "r1", longLease)
+	got, err := b.st.LostClaims(b.ctx, b.pool, "r1", known.ClaimedAt, []uuid.UUID{known.AttemptID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].AttemptID != sibling.AttemptID {
+		t.Fatalf("lost claims %+v: want the sibling's claim %s (the look cannot tell it from the lost one)", got, sibling.AttemptID)
+	}
+}
