@@ -144,3 +144,99 @@ func TestLateOutcomeAfterTheOnTimeOneIsAbsorbed(t *testing.T) {
 	}
 	b.verifyOK(t)
 }
+
+// TestLateOutcomeRacingTheOnTimeOneUnorderedIsAbsorbed: with ordering off
+// the on-time outcome's write takes no participant lock, so nothing but
+// the in-flight row serializes it with a second outcome of the same claim
+// sent straight to the late statement (a caller's transaction). The
+// on-time write is held after its delete of the in-flight row (a trigger
+// on the archive waits for an advisory lock the test holds) while the
+// second write's statement waits on that row. late_outcome_prior must run
+// after that wait, as it does because the statement reads its fenced
+// outcomes (the delete, and its wait) before the others: called first, it
+// missed the uncommitted on-time outcome and the second was archived too
+// (checked by calling it first: "want late and absorbed").
+func TestLateOutcomeRacingTheOnTimeOneUnorderedIsAbsorbed(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	if err := b.st.SetOrdered(b.ctx, b.pool, false); err != nil {
+		t.Fatal(err)
+	}
+	b.enqueue(t, "p1", "k1")
+	c := b.claimOne(t, "r1", longLease)
+	onTime := recordOutcome(t, c, "r1", store.Dispatched)
+	second := recordOutcome(t, c, "r1", store.Retryable)
+
+	const lockKey = 5059 // the trigger's
+	if _, err := b.pool.Exec(b.ctx, `
+		CREATE FUNCTION public.hold_archive() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_advisory_xact_lock_shared(5059); RETURN NEW; END $$;
+		CREATE TRIGGER hold_archive BEFORE INSERT ON outbox.attempts FOR EACH ROW EXECUTE FUNCTION public.hold_archive()`); err != nil {
+		t.Fatal(err)
+	}
+	holder := b.conn(t)
+	if _, err := holder.Exec(b.ctx, `SELECT pg_advisory_lock($1)`, lockKey); err != nil {
+		t.Fatal(err)
+	}
+	waiting := func(event string, n int) {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			var got int
+			if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = $1`, event).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d sessions wait on %s, want %d", got, event, n)
+			}
+		}
+	}
+	type result struct {
+		rec []store.Recorded
+		err error
+	}
+	first := make(chan result, 1)
+	go func() {
+		rec, _, err := b.st.Record(b.ctx, b.pool, []store.Outcome{onTime}, store.HandoffParams{})
+		first <- result{rec, err}
+	}()
+	waiting("advisory", 1) // the on-time write deleted the in-flight row and waits to archive
+
+	tx, err := b.pool.Begin(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(b.ctx) //nolint:errcheck // committed below
+	late := make(chan result, 1)
+	go func() {
+		rec, _, err := b.st.Record(b.ctx, tx, []store.Outcome{second}, store.HandoffParams{})
+		late <- result{rec, err}
+	}()
+	waiting("transactionid", 1) // the second write waits on the on-time write's delete
+	if _, err := holder.Exec(b.ctx, `SELECT pg_advisory_unlock($1)`, lockKey); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-first; r.err != nil || len(r.rec) != 1 || r.rec[0].Late {
+		t.Fatalf("on-time write: %+v, %v", r.rec, r.err)
+	}
+	r := <-late
+	if r.err != nil || len(r.rec) != 1 {
+		t.Fatalf("second write: %+v, %v", r.rec, r.err)
+	}
+	if err := tx.Commit(b.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !r.rec[0].Late || !r.rec[0].Absorbed {
+		t.Errorf("second outcome recorded %+v: want late and absorbed", r.rec[0])
+	}
+	if _, outcomes := b.closers(t, c); outcomes != 1 {
+		t.Fatalf("claim closed by %d outcomes, want 1", outcomes)
+	}
+	if _, err := b.pool.Exec(b.ctx, `DROP TRIGGER hold_archive ON outbox.attempts`); err != nil {
+		t.Fatal(err)
+	}
+	b.verifyOK(t)
+}
