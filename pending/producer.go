@@ -173,10 +173,13 @@ func EnqueueBatch(ctx context.Context, tx DBTX, ins []Instruction) ([]Receipt, e
 //
 // The participant's sequence row stays locked until tx ends (that is what
 // keeps sequences gap-free), so a transaction that enqueues for several
-// participants should do so in a consistent order, or use EnqueueBatch,
+// participants should do so in participant order, or use EnqueueBatch,
 // which claims keys in key order and locks participants in participant
-// order, whatever the input order; otherwise two such transactions can
-// deadlock.
+// order, whatever the input order; otherwise it can deadlock with another
+// such transaction, or with a relayer's outcome write, which locks its
+// participants' rows in participant order (with ordering off, only a
+// write of late outcomes does): PostgreSQL then rolls one of them back
+// (SQLSTATE 40P01).
 func (p *Producer) Enqueue(ctx context.Context, tx DBTX, in Instruction) (Receipt, error) {
 	rs, err := p.EnqueueBatch(ctx, tx, []Instruction{in})
 	if err != nil {

@@ -34,8 +34,12 @@ type HandoffParams struct {
 // late_outcome_prior (migration 050) locks its participant's row before it
 // looks for another outcome of its claim, and taken here first, in
 // participant order, those locks cannot deadlock two late writes, nor a
-// late write and a producer. Only after a reaped lease or a lost commit
-// reply.
+// late write and a producer that locks in participant order
+// (EnqueueBatch). A transaction that enqueues for several participants
+// in another order can deadlock with it, ordering on or off (one of the
+// two is rolled back, 40P01; the relayer writes again), as with any
+// outcome write when ordering is on. Only after a reaped lease or a lost
+// commit reply.
 const lockParticipantsLateSQL = `
 SELECT 1 FROM {schema}.sequences
 WHERE participant_id = ANY($1::text[])
