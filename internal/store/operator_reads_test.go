@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/gofrs/uuid/v5"
-
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ledgerline/outbox/internal/store"
@@ -37,6 +37,32 @@ func tuplesRead(t *testing.T, conn *pgxpool.Conn, table string) int64 {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// readIn runs read in a transaction on conn and returns the rows of
+// outbox.table it read: sequential scans' rows plus the rows index scans
+// fetched, as this transaction's own statistics count them
+// (pg_stat_xact_user_tables). The table-wide statistics (tuplesRead) also
+// take in whatever another backend flushes late, such as the setup's
+// connections; these are this read's alone.
+func readIn(t *testing.T, conn *pgxpool.Conn, table string, read func(tx pgx.Tx)) int64 {
+	t.Helper()
+	tx, err := conn.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(t.Context())
+	count := func() int64 {
+		var n int64
+		if err := tx.QueryRow(t.Context(), `SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)
+  FROM pg_stat_xact_user_tables WHERE schemaname = 'outbox' AND relname = $1`, table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := count()
+	read(tx)
+	return count() - before
 }
 
 // setPlans sets conn's plan_cache_mode for the rest of the test.
@@ -91,12 +117,13 @@ func TestListPendingReadsItsRows(t *testing.T) {
 			// Six times: from the sixth, a statement left to choose may
 			// run its generic plan.
 			for range 6 {
-				before := tuplesRead(t, conn, "pending")
-				rows, err := b.st.ListPending(b.ctx, conn, c.f)
-				if err != nil {
-					t.Fatal(err)
-				}
-				read := tuplesRead(t, conn, "pending") - before
+				var rows []store.PendingRow
+				read := readIn(t, conn, "pending", func(tx pgx.Tx) {
+					var err error
+					if rows, err = b.st.ListPending(b.ctx, tx, c.f); err != nil {
+						t.Fatal(err)
+					}
+				})
 				if len(rows) != c.want {
 					t.Fatalf("%s, %+v: %d rows, want %d", mode, c.f, len(rows), c.want)
 				}
@@ -202,12 +229,14 @@ func TestListQueuedByRailReadsItsPage(t *testing.T) {
 				after  store.Cursor
 			)
 			for page := 0; ; page++ {
-				before := tuplesRead(t, conn, "pending")
-				items, err := b.st.ListQueued(b.ctx, conn, store.QueuedFilter{Rail: c.rail, After: after, Limit: c.limit})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if read := tuplesRead(t, conn, "pending") - before; read > int64(c.limit+1) {
+				var items []store.Queued
+				read := readIn(t, conn, "pending", func(tx pgx.Tx) {
+					var err error
+					if items, err = b.st.ListQueued(b.ctx, tx, store.QueuedFilter{Rail: c.rail, After: after, Limit: c.limit}); err != nil {
+						t.Fatal(err)
+					}
+				})
+				if read > int64(c.limit+1) {
 					t.Fatalf("round %d (%s), rail %s, page %d: read %d rows or index entries of pending for a page of %d",
 						round, plans, c.rail, page, read, c.limit)
 				}
@@ -250,12 +279,14 @@ func TestRailPauseEventsReadTheirPage(t *testing.T) {
 	for _, mode := range planModes {
 		setPlans(t, conn, mode)
 		for range 6 {
-			before := tuplesRead(t, conn, "rail_pause_events")
-			events, err := b.st.RailPauseEvents(b.ctx, conn, 20)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if read := tuplesRead(t, conn, "rail_pause_events") - before; read > 21 {
+			var events []store.RailPauseEvent
+			read := readIn(t, conn, "rail_pause_events", func(tx pgx.Tx) {
+				var err error
+				if events, err = b.st.RailPauseEvents(b.ctx, tx, 20); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if read > 21 {
 				t.Fatalf("%s: the newest 20 pause events read %d rows or index entries of 5,000", mode, read)
 			}
 			if len(events) != 20 || !events[0].At.After(events[19].At) || events[0].RailType != "rail-0" {
