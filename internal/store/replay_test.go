@@ -321,6 +321,22 @@ func TestNotADeadLetterRacingItsFailure(t *testing.T) {
 	}
 }
 
+// twoDeadLettersBeforeAThird enqueues three instructions of participant
+// p1 and dead-letters the first two (claimed and FAILED by r1, in order):
+// the third is then p1's head.
+func (b *recordBundle) twoDeadLettersBeforeAThird(t *testing.T) (first, second, third uuid.UUID) {
+	t.Helper()
+	first, second, third = b.enqueue(t, "p1", "k1"), b.enqueue(t, "p1", "k2"), b.enqueue(t, "p1", "k3")
+	for _, want := range []uuid.UUID{first, second} {
+		c := b.claimOne(t, "r1", longLease)
+		if c.OutboxID != want {
+			t.Fatalf("claimed %s, want %s", c.OutboxID, want)
+		}
+		b.record(t, recordOutcome(t, c, "r1", store.Failed))
+	}
+	return first, second, third
+}
+
 // TestTwoReplaysBehindARetryComeInOrder guards the retry's look for a
 // lower pending sequence (behindSQL) with two of them: dead letters 1 and
 // 2, both replayed while 3 is in flight, wait; when 3's attempt ends
@@ -330,14 +346,7 @@ func TestNotADeadLetterRacingItsFailure(t *testing.T) {
 func TestTwoReplaysBehindARetryComeInOrder(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
-	first, second, third := b.enqueue(t, "p1", "k1"), b.enqueue(t, "p1", "k2"), b.enqueue(t, "p1", "k3")
-	for _, want := range []uuid.UUID{first, second} {
-		c := b.claimOne(t, "r1", longLease)
-		if c.OutboxID != want {
-			t.Fatalf("claimed %s, want %s", c.OutboxID, want)
-		}
-		b.record(t, recordOutcome(t, c, "r1", store.Failed))
-	}
+	first, second, third := b.twoDeadLettersBeforeAThird(t)
 	held := b.claimOne(t, "r1", longLease)
 	if held.OutboxID != third {
 		t.Fatalf("claimed %s, want %s", held.OutboxID, third)
@@ -364,14 +373,7 @@ func TestTwoReplaysBehindARetryComeInOrder(t *testing.T) {
 func TestReplaysOfTwoDeadLettersKeepOneHead(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
-	first, second, third := b.enqueue(t, "p1", "k1"), b.enqueue(t, "p1", "k2"), b.enqueue(t, "p1", "k3")
-	for _, want := range []uuid.UUID{first, second} {
-		c := b.claimOne(t, "r1", longLease)
-		if c.OutboxID != want {
-			t.Fatalf("claimed %s, want %s", c.OutboxID, want)
-		}
-		b.record(t, recordOutcome(t, c, "r1", store.Failed))
-	}
+	first, second, third := b.twoDeadLettersBeforeAThird(t)
 	if !b.due(t, third) {
 		t.Fatal("the third instruction is not due after the first two failed")
 	}
