@@ -138,6 +138,22 @@ func (s *lostClaimScene) counts(t *testing.T) (released, zombies int) {
 	return released, zombies
 }
 
+// eachSentOnce checks that the rail was called once for each instruction
+// and that audit verify passes with dispatched instructions dispatched.
+func (s *lostClaimScene) eachSentOnce(t *testing.T, dispatched int64) {
+	t.Helper()
+	s.mu.Lock()
+	for key, n := range s.calls {
+		if n != 1 {
+			t.Errorf("%s sent %d times, want once", key, n)
+		}
+	}
+	s.mu.Unlock()
+	if rep := s.b.verify(t, true); rep.Dispatched != dispatched {
+		t.Fatalf("report %+v: want %d dispatched", rep, dispatched)
+	}
+}
+
 // TestLostClaimReplyReleasesItsClaims: a claim commits and its reply is
 // lost (the connection breaks after the commit). What it claimed is in
 // flight under the relayer's id, which never learned of it: before the
@@ -177,16 +193,7 @@ func TestLostClaimReplyReleasesItsClaims(t *testing.T) {
 	if released, zombies := s.counts(t); released != 2 || zombies != 0 {
 		t.Fatalf("%d RELEASED rows and %d zombie requeues: want the lost claim's 2 released and no zombie", released, zombies)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for key, n := range s.calls {
-		if n != 1 {
-			t.Errorf("%s sent %d times, want once", key, n)
-		}
-	}
-	if rep := s.b.verify(t, true); rep.Dispatched != dispatched {
-		t.Fatalf("report %+v: want %d dispatched", rep, dispatched)
-	}
+	s.eachSentOnce(t, dispatched)
 }
 
 // TestLostClaimReplyOfAClaimThatDidNotCommit: the reply of a claim that
@@ -249,14 +256,5 @@ CREATE TRIGGER refuse_claim BEFORE INSERT ON outbox.inflight FOR EACH ROW
 	if released, zombies := s.counts(t); released != 0 || zombies != 0 {
 		t.Fatalf("%d RELEASED rows and %d zombie requeues: want none", released, zombies)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for key, n := range s.calls {
-		if n != 1 {
-			t.Errorf("%s sent %d times, want once", key, n)
-		}
-	}
-	if rep := s.b.verify(t, true); rep.Dispatched != 2 {
-		t.Fatalf("report %+v: want 2 dispatched", rep)
-	}
+	s.eachSentOnce(t, 2)
 }
