@@ -40,11 +40,7 @@ type HandoffParams struct {
 // two is rolled back, 40P01; the relayer writes again), as with any
 // outcome write when ordering is on. Only after a reaped lease or a lost
 // commit reply.
-const lockParticipantsLateSQL = `
-SELECT 1 FROM {schema}.sequences
-WHERE participant_id = ANY($1::text[])
-ORDER BY participant_id
-FOR UPDATE`
+const lockParticipantsLateSQL = lockSequencesSQL + lockInOrderSQL
 
 // lockParticipantsSQL locks the sequences rows of the participants whose
 // outcomes are terminal or retryable, in participant order (as producers
@@ -53,11 +49,18 @@ FOR UPDATE`
 // replayed instruction the head: requeuedSQL). Replays and cancels take
 // the same lock, so each sees the other's rows. With ordering off it locks
 // nothing. $1 participants.
-const lockParticipantsSQL = `
+const lockParticipantsSQL = lockSequencesSQL + ` AND ` + orderedSQL + lockInOrderSQL
+
+// lockSequencesSQL and lockInOrderSQL are the two locks' head and tail:
+// the participants $1's sequences rows, locked in participant order.
+const (
+	lockSequencesSQL = `
 SELECT 1 FROM {schema}.sequences
-WHERE participant_id = ANY($1::text[]) AND ` + orderedSQL + `
+WHERE participant_id = ANY($1::text[])`
+	lockInOrderSQL = `
 ORDER BY participant_id
 FOR UPDATE`
+)
 
 // handoffSQL runs after an outcome statement, in its transaction, for the
 // participants of its terminal outcomes ($5). It is a statement of its own
@@ -253,8 +256,8 @@ ORDER BY i.claimed_at, i.participant_id, i.sequence_id`
 // dispatches it: nothing in its rows tells the two apart, so relayer ids
 // must name one running relayer (engine.Config.RelayerID). With unique
 // ids, none is returned when the lost claim did not commit. Only a
-// relayer recovering from a claim whose
-// reply was lost calls it: a read of the in-flight table.
+// relayer recovering from a claim whose reply was lost calls it: a read
+// of the in-flight table.
 func (s *Store) LostClaims(ctx context.Context, db Querier, relayerID string, after time.Time, known []uuid.UUID) ([]Claimed, error) {
 	ids := make([]pgtype.UUID, len(known))
 	for i, id := range known {
