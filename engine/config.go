@@ -221,6 +221,10 @@ type Recorded struct {
 	// Late is true when the lease had been reaped before the outcome was
 	// recorded.
 	Late bool
+	// Absorbed is true (with Late) when the outcome was not archived: its
+	// claim had an outcome already, under another outcome id (migration
+	// 050). The relayer logs it at Error; nothing of the queue changed.
+	Absorbed bool
 }
 
 // Result is what a recorded outcome meant for its instruction, as the

@@ -806,7 +806,7 @@ func (rc *recorder) afterFlush(batch []pendingOutcome, recorded []store.Recorded
 	for _, p := range batch {
 		o := p.Outcome
 		rec, isLate := late[o.ClaimAttemptID]
-		obs := Recorded{Outcome: o, EnqueuedAt: p.enqueuedAt, RecordedAt: now, Late: isLate}
+		obs := Recorded{Outcome: o, EnqueuedAt: p.enqueuedAt, RecordedAt: now, Late: isLate, Absorbed: rec.Absorbed}
 		if observed != nil {
 			observed = append(observed, obs)
 		}
@@ -814,9 +814,10 @@ func (rc *recorder) afterFlush(batch []pendingOutcome, recorded []store.Recorded
 		r.stats.count(res)
 		switch res {
 		case ResultLate:
-			if rec.Absorbed {
+			if obs.Absorbed {
 				// Its claim had an outcome already (migration 050): this
 				// one was not archived.
+				r.stats.absorbed.Add(1)
 				r.log.Error("outcome not recorded: its claim has an outcome already", "outbox_id", o.OutboxID,
 					"instruction_id", o.InstructionID, "participant", o.ParticipantID, "attempt_no", o.AttemptNo, "state", o.State)
 				break

@@ -41,6 +41,7 @@ type Stats struct {
 	Dead             int64 // FAILED outcomes (dead letters)
 	Released         int64 // handed back without calling the rail
 	Late             int64 // outcomes recorded after the lease was reaped
+	Absorbed         int64 // late outcomes not archived: their claim had one already (counted in Late too)
 	LeftInFlight     int64 // unrecordable, or not recorded by the end of a stop: left for the reaper
 	Notifications    int64 // wakeups by NOTIFY
 	Polls            int64 // wakeups by the fallback poll timer
@@ -48,7 +49,7 @@ type Stats struct {
 }
 
 type counters struct {
-	claims, claimBatches, claimed, handoffs, outcomeWrites, dispatched, retried, dead, released, late, leftInFlight, notifications, polls, hotPolls atomic.Int64
+	claims, claimBatches, claimed, handoffs, outcomeWrites, dispatched, retried, dead, released, late, absorbed, leftInFlight, notifications, polls, hotPolls atomic.Int64
 	// outcomeWriteTime is in nanoseconds.
 	outcomeWriteTime atomic.Int64
 }
@@ -241,7 +242,7 @@ func (r *Relayer) Stats() Stats {
 	s := &r.stats
 	return Stats{
 		Claims: s.claims.Load(), ClaimBatches: s.claimBatches.Load(), Claimed: s.claimed.Load(), Handoffs: s.handoffs.Load(), OutcomeWrites: s.outcomeWrites.Load(), Dispatched: s.dispatched.Load(),
-		Retried: s.retried.Load(), Dead: s.dead.Load(), Released: s.released.Load(), Late: s.late.Load(),
+		Retried: s.retried.Load(), Dead: s.dead.Load(), Released: s.released.Load(), Late: s.late.Load(), Absorbed: s.absorbed.Load(),
 		LeftInFlight: s.leftInFlight.Load(), Notifications: s.notifications.Load(), Polls: s.polls.Load(),
 		HotPolls: s.hotPolls.Load(), OutcomeWriteTime: time.Duration(s.outcomeWriteTime.Load()),
 	}
