@@ -8,6 +8,7 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -57,7 +58,13 @@ func (f docFinding) String() string {
 // is itself reported.
 type docException struct{ file, kind, name, why string }
 
-var docExceptions = []docException{}
+var docExceptions = []docException{
+	{"internal/pglocal/pglocal.go", "outside", "/tmp/outbox-pg/<pid>-<random>/",
+		"where the package puts the clusters it starts (a place it makes, not a document elsewhere)"},
+}
+
+// usedExceptions holds the docExceptions some document needed.
+var usedExceptions sync.Map
 
 // repoIndex is what the documents' names are checked against.
 type repoIndex struct {
@@ -72,6 +79,13 @@ type repoIndex struct {
 	notMetrics map[string]bool // outbox_* names that are not metrics: roles, JSON fields, the NOTIFY channel
 	sqlstates  map[string]bool // SQLSTATEs the code or the migrations name
 	headings   map[string][]docHeading
+	basenames  map[string]bool   // every file's name
+	envVars    map[string]bool   // OUTBOX_* variables: the flags' and those the code or the Makefile reads
+	usages     map[string]string // command -> its usage line (its subcommands)
+	makeTarget map[string]bool
+	helps      map[string]string // "outbox <command> --help" -> what it prints
+	pkgDocs    map[string]string // file -> its package doc comment, at its lines
+	paths      *regexp.Regexp    // a repository path: one of the root's entries, then a path's characters
 }
 
 // docHeading is a Markdown heading: its text and its anchor.
@@ -85,7 +99,11 @@ func indexRepo(root string) (*repoIndex, error) {
 		funcDirs: map[string][]string{}, migrations: map[int]string{}, flags: map[string]map[string]bool{},
 		allFlags: map[string]bool{}, metrics: map[string]bool{}, notMetrics: map[string]bool{},
 		sqlstates: map[string]bool{}, headings: map[string][]docHeading{},
+		basenames: map[string]bool{}, envVars: map[string]bool{}, usages: map[string]string{}, makeTarget: map[string]bool{},
+		helps: map[string]string{}, pkgDocs: map[string]string{},
 	}
+	envVar := regexp.MustCompile(`\bOUTBOX_[A-Z0-9_]+`)
+	makeTarget := regexp.MustCompile(`(?m)^([a-z][a-z0-9-]*):`)
 	fset := token.NewFileSet()
 	jsonTag := regexp.MustCompile(`json:"(outbox_[a-z0-9_]+)`)
 	sqlRole := regexp.MustCompile(`\boutbox_[a-z0-9_]+`)
@@ -106,17 +124,41 @@ func indexRepo(root string) (*repoIndex, error) {
 		if d.IsDir() {
 			return nil
 		}
+		ix.basenames[d.Name()] = true
+		// This file's stale examples name nothing.
+		self := rel == "cmd/outbox/docs_test.go"
+		if !self && (strings.HasSuffix(rel, ".go") || strings.HasSuffix(rel, ".sh") || rel == "Makefile") {
+			src, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			for _, m := range envVar.FindAll(src, -1) {
+				ix.envVars[string(m)] = true
+			}
+			if rel == "Makefile" {
+				for _, m := range makeTarget.FindAllSubmatch(src, -1) {
+					ix.makeTarget[string(m[1])] = true
+				}
+			}
+		}
 		switch {
 		case strings.HasSuffix(rel, ".go"):
 			src, err := os.ReadFile(p)
 			if err != nil {
 				return err
 			}
-			f, err := parser.ParseFile(fset, p, src, parser.SkipObjectResolution)
+			f, err := parser.ParseFile(fset, p, src, parser.SkipObjectResolution|parser.ParseComments)
 			if err != nil {
 				return err
 			}
+			if f.Doc != nil && !strings.HasSuffix(rel, "_test.go") {
+				// Blank lines before it keep the file's line numbers.
+				ix.pkgDocs[rel] = strings.Repeat("\n", fset.Position(f.Doc.Pos()).Line-1) + f.Doc.Text()
+			}
 			ix.addGoFile(path.Dir(rel), f)
+			if self {
+				return nil
+			}
 			for _, m := range jsonTag.FindAllSubmatch(src, -1) {
 				ix.notMetrics[string(m[1])] = true
 			}
@@ -152,6 +194,7 @@ func indexRepo(root string) (*repoIndex, error) {
 		return nil, err
 	}
 	ix.notMetrics[migrations.NotifyChannel] = true
+	ix.paths = ix.pathPattern()
 	if err := ix.addFlags(); err != nil {
 		return nil, err
 	}
@@ -251,15 +294,25 @@ func (ix *repoIndex) addFlags() error {
 		}
 		set := map[string]bool{"help": true} // the flag package's own
 		ix.allFlags["help"] = true
-		for _, m := range helpFlag.FindAllStringSubmatch(stderr.String()+stdout.String(), -1) {
+		help := stderr.String() + stdout.String()
+		for _, m := range helpFlag.FindAllStringSubmatch(help, -1) {
 			set[m[1]] = true
 			ix.allFlags[m[1]] = true
+			ix.envVars[envName(m[1])] = true
 		}
+		ix.usages[c.name], _, _ = strings.Cut(help, "\n")
+		ix.helps["outbox "+strings.Join(args, " ")] = help
 		if len(set) == 0 {
 			return fmt.Errorf("outbox %s lists no flags", strings.Join(args, " "))
 		}
 		ix.flags[c.name] = set
 	}
+	var stdout bytes.Buffer
+	env := &environment{stdin: strings.NewReader(""), stdout: &stdout, stderr: &stdout, getenv: func(string) string { return "" }}
+	if err := run(context.Background(), env, []string{"--help"}); err != nil {
+		return fmt.Errorf("outbox --help: %w", err)
+	}
+	ix.helps["outbox --help"] = stdout.String()
 	return nil
 }
 
@@ -357,11 +410,18 @@ var (
 	reSQLSTATE  = regexp.MustCompile(`\bSQLSTATEs?\s+((?:[0-9A-Z]{5}(?:,\s*|\s+or\s+|\s+and\s+|/)?)+)`)
 	reOutside   = regexp.MustCompile(`(?:^|[\s(\x60"'\[])((?:/work|/tmp|/home|/root|/Users)/\S*|\.\./shared\S*|file://\S*|https?://(?:www\.)?github\.com/ledgerline/\S*)`)
 	reIssue     = regexp.MustCompile(`\b(?:[Ii]ssue|PR|[Pp]ull request)\s+#?\d+|(?:^|\s)#\d{2,}\b`)
+	reBasename  = regexp.MustCompile(`(?:^|[^/A-Za-z0-9_.-])([A-Za-z0-9_-]+\.(?:go|sql))(?:[^A-Za-z0-9_.]|\.(?:\s|$)|$)`)
+	reEnv       = regexp.MustCompile(`\bOUTBOX_[A-Z0-9_]+`)
+	reMake      = regexp.MustCompile(`\bmake\s+([a-z][a-z0-9-]*)`)
 	reGoPath    = regexp.MustCompile(`(?:^|[\s\x60(])\./([A-Za-z0-9_][A-Za-z0-9_/.-]*)`)
 )
 
 // docKinds are the kinds of reference, in the order the counts are shown.
-var docKinds = []string{"test", "identifier", "path", "link", "section", "migration", "flag", "metric", "sqlstate", "outside"}
+var docKinds = []string{"test", "identifier", "path", "link", "section", "migration", "command", "flag", "env", "make", "metric", "sqlstate", "outside"}
+
+// subcommandWord is what a subcommand looks like (a flag, an id or a
+// placeholder does not).
+var subcommandWord = regexp.MustCompile(`^[a-z][a-z-]*$`)
 
 // otherTools start a command whose flags are not outbox's.
 var otherTools = map[string]bool{"go": true, "make": true, "psql": true, "pgbench": true, "pg_dump": true, "pg_restore": true,
@@ -381,6 +441,7 @@ func (ix *repoIndex) checkDoc(file, text string, count map[string]int) []docFind
 		for _, e := range docExceptions {
 			if e.file == file && e.kind == kind && e.name == name {
 				count["exception"]++
+				usedExceptions.Store(e, true)
 				return
 			}
 		}
@@ -445,7 +506,7 @@ func (ix *repoIndex) checkDoc(file, text string, count map[string]int) []docFind
 	}
 
 	// (b) repository paths in the text, and Go package paths of commands.
-	for _, m := range ix.pathPattern().FindAllStringSubmatchIndex(flat, -1) {
+	for _, m := range ix.paths.FindAllStringSubmatchIndex(flat, -1) {
 		p := strings.TrimRight(flat[m[2]:m[3]], ".,:;")
 		if i := strings.LastIndexByte(p, '.'); i > 0 && isTestName(p[i+1:]) && ix.files[p[:i]] {
 			continue // cmd/outbox.TestX: a test, checked above
@@ -465,6 +526,18 @@ func (ix *repoIndex) checkDoc(file, text string, count map[string]int) []docFind
 		count["path"]++
 		if !ix.files[strings.TrimSuffix(p, "/")] {
 			report(m[2], "path", "./"+p, "./%s: no such file or directory in the repository", p)
+		}
+	}
+
+	// Source files by name alone (record.go): somewhere in the repository.
+	for _, m := range reBasename.FindAllStringSubmatchIndex(flat, -1) {
+		name := flat[m[2]:m[3]]
+		if reMigFile.MatchString(name) {
+			continue // a migration's file: checked below
+		}
+		count["path"]++
+		if !ix.basenames[name] {
+			report(m[2], "path", name, "%s: no file of this name in the repository", name)
 		}
 	}
 
@@ -544,6 +617,20 @@ func (ix *repoIndex) checkDoc(file, text string, count map[string]int) []docFind
 			switch {
 			case tok == "outbox" && i+1 < len(toks) && ix.flags[strings.Trim(toks[i+1], "`'\",.;:)")] != nil:
 				current = strings.Trim(toks[i+1], "`'\",.;:)")
+				count["command"]++
+				// The word after the command, when it is one, is a
+				// subcommand its usage names.
+				if i+2 < len(toks) {
+					sub := strings.Trim(toks[i+2], "`'\",.;:)")
+					if subcommandWord.MatchString(sub) && current != "bench" && !strings.Contains(ix.usages[current], sub) {
+						report(seg.off, "command", "outbox "+current+" "+sub, "outbox %s %s: its usage names no %s (%s)", current, sub, sub, ix.usages[current])
+					}
+				}
+			case tok == "outbox" && i+1 < len(toks) && subcommandWord.MatchString(toks[i+1]) && toks[i+1] == strings.Trim(toks[i+1], "`'\",.;:)"):
+				count["command"]++
+				if toks[i+1] != "help" {
+					report(seg.off, "command", "outbox "+toks[i+1], "outbox %s: no such command", toks[i+1])
+				}
 			case tok == "|" || tok == "&&" || tok == ";" || tok == "||":
 				current = ""
 			case i == 0 && otherTools[tok] || i > 0 && (toks[i-1] == "|" || toks[i-1] == "&&" || toks[i-1] == "$") && otherTools[tok]:
@@ -578,6 +665,24 @@ func (ix *repoIndex) checkDoc(file, text string, count map[string]int) []docFind
 		report(m[2], "flag", "--"+name, "--%s: no outbox command has this flag", name)
 	}
 
+	// OUTBOX_* variables: a flag's, or one the code or the Makefile reads.
+	for _, m := range reEnv.FindAllStringIndex(flat, -1) {
+		name := flat[m[0]:m[1]]
+		count["env"]++
+		if !ix.envVars[name] {
+			report(m[0], "env", name, "%s: no flag has this variable, and neither the code nor the Makefile reads it", name)
+		}
+	}
+	// make targets, in code.
+	for _, seg := range codeSegments(text) {
+		for _, m := range reMake.FindAllStringSubmatch(seg.text, -1) {
+			count["make"]++
+			if !ix.makeTarget[m[1]] {
+				report(seg.off, "make", m[1], "make %s: no such target in the Makefile", m[1])
+			}
+		}
+	}
+
 	// (e) metrics.
 	for _, m := range reMetric.FindAllStringIndex(flat, -1) {
 		name := flat[m[0]:m[1]]
@@ -601,11 +706,18 @@ func (ix *repoIndex) checkDoc(file, text string, count map[string]int) []docFind
 	}
 
 	// (f) nothing outside the repository.
-	for _, re := range []*regexp.Regexp{reOutside, reIssue} {
-		for _, m := range re.FindAllStringIndex(flat, -1) {
-			count["outside"]++
-			report(m[0], "outside", strings.TrimSpace(flat[m[0]:m[1]]), "%q points outside the repository", strings.TrimSpace(flat[m[0]:m[1]]))
+	for _, m := range reOutside.FindAllStringSubmatchIndex(flat, -1) {
+		count["outside"]++
+		name := strings.TrimRight(flat[m[2]:m[3]], "`'\".,;:)")
+		if m[2] >= 2 && flat[m[2]-2:m[2]] == "](" {
+			continue // a link's target: reported with the links
 		}
+		report(m[2], "outside", name, "%s points outside the repository", name)
+	}
+	for _, m := range reIssue.FindAllStringIndex(flat, -1) {
+		count["outside"]++
+		name := strings.TrimSpace(flat[m[0]:m[1]])
+		report(m[0], "outside", name, "%q points outside the repository (an issue tracker)", name)
 	}
 	return out
 }
@@ -810,8 +922,9 @@ func theDocs(t *testing.T) []string {
 }
 
 // TestDocsReferencesExist: every test, identifier, path, link, section,
-// migration, flag, metric and SQLSTATE that README.md and docs/*.md name
-// exists, and nothing they name is outside the repository.
+// migration, command, flag, variable, make target, metric and SQLSTATE
+// that README.md, docs/*.md, the package doc comments and the commands'
+// --help name exists, and nothing they name is outside the repository.
 func TestDocsReferencesExist(t *testing.T) {
 	t.Parallel()
 	ix, err := loadRepoIndex()
@@ -828,6 +941,15 @@ func TestDocsReferencesExist(t *testing.T) {
 			t.Error(f)
 		}
 	}
+	// The package doc comments and every command's --help are checked
+	// alike (a help text's lines are its output's).
+	for _, docs := range []map[string]string{ix.pkgDocs, ix.helps} {
+		for _, name := range slices.Sorted(maps.Keys(docs)) {
+			for _, f := range ix.checkDoc(name, docs[name], count) {
+				t.Error(f)
+			}
+		}
+	}
 	var counts []string
 	for _, k := range append(docKinds, "exception") {
 		counts = append(counts, fmt.Sprintf("%s %d", k, count[k]))
@@ -836,8 +958,10 @@ func TestDocsReferencesExist(t *testing.T) {
 	for _, e := range docExceptions {
 		t.Logf("not checked: %s %s in %s: %s", e.kind, e.name, e.file, e.why)
 	}
-	if count["exception"] != len(docExceptions) {
-		t.Errorf("%d exceptions in docExceptions, %d used: remove the ones no document needs", len(docExceptions), count["exception"])
+	for _, e := range docExceptions {
+		if _, ok := usedExceptions.Load(e); !ok {
+			t.Errorf("docExceptions: %s %s in %s is in no document any more: remove it", e.kind, e.name, e.file)
+		}
 	}
 }
 
@@ -873,12 +997,19 @@ func TestDocsCheckerFindsStale(t *testing.T) {
 		"  --no-such-dlq-flag", // 21
 		"```",                  // 22
 		"`./no/such/pkg`",      // 23
+		"`OUTBOX_NO_SUCH_VARIABLE`, but `OUTBOX_LOCK_TRY` and `OUTBOX_TEST_DATABASE_URL`", // 24
+		"`make nosuch`, but `make demo`",                                              // 25
+		"`outbox frobnicate`, but `outbox help` and `outbox dlq replay ID`",           // 26
+		"`outbox dlq frob`",                                                           // 27
+		"`nosuch_file.go`, but `record.go`",                                           // 28
+		"Issue #123 and [the tracker](https://github.com/ledgerline/outbox/issues/1)", // 29
 	}, "\n") + "\n"
 	want := map[int][]string{
 		6: {"test"}, 7: {"test"}, 8: {"test"}, 9: {"identifier", "identifier"}, 10: {"path", "path"},
 		11: {"link", "link"}, 12: {"section"}, 13: {"migration", "migration", "migration"},
 		14: {"flag", "flag"}, 15: {"flag"}, 16: {"metric"}, 17: {"sqlstate"}, 18: {"outside", "outside", "outside"},
-		20: {"flag"}, 23: {"path"},
+		20: {"flag"}, 23: {"path"}, 24: {"env"}, 25: {"make"}, 26: {"command"}, 27: {"command"}, 28: {"path"},
+		29: {"outside", "outside"},
 	}
 	got := map[int][]string{}
 	for _, f := range ix.checkDoc("docs/checker.md", doc, map[string]int{}) {
@@ -890,7 +1021,7 @@ func TestDocsCheckerFindsStale(t *testing.T) {
 			sort.Strings(kinds)
 		}
 	}
-	for line := 1; line <= 23; line++ {
+	for line := 1; line <= 29; line++ {
 		if !slices.Equal(got[line], want[line]) {
 			t.Errorf("line %d: found %v, want %v", line, got[line], want[line])
 		}

@@ -178,7 +178,8 @@ func TestReplayKeepsTheRetryTimeOfTheHeadItPutsBehind(t *testing.T) {
 	}
 }
 
-// TestOrderingSwitchKeepsRetryTimes guards `outbox ordering`: switching
+// TestOrderingSwitchKeepsRetryTimes guards `outbox migrate ordering-off`
+// and `ordering-on`: switching
 // ordering off makes waiting rows due, a retry kept behind a replay at
 // its retry time; switching it on again puts rows behind their head, a
 // retry among them keeping its time.
