@@ -72,6 +72,7 @@ type repoIndex struct {
 	declsByDir map[string]map[string]bool // package directory -> top-level names, Type.Method and Type.Field
 	dirsByName map[string][]string        // package name (and directory) -> package directories
 	funcDirs   map[string][]string        // function name -> directories that declare it
+	members    map[string]bool            // Type.Method and Type.Field, of any package
 	migrations map[int]string             // migration number -> file name
 	flags      map[string]map[string]bool // command -> its flags
 	allFlags   map[string]bool
@@ -96,7 +97,7 @@ var loadRepoIndex = sync.OnceValues(func() (*repoIndex, error) { return indexRep
 func indexRepo(root string) (*repoIndex, error) {
 	ix := &repoIndex{
 		files: map[string]bool{}, declsByDir: map[string]map[string]bool{}, dirsByName: map[string][]string{},
-		funcDirs: map[string][]string{}, migrations: map[int]string{}, flags: map[string]map[string]bool{},
+		funcDirs: map[string][]string{}, members: map[string]bool{}, migrations: map[int]string{}, flags: map[string]map[string]bool{},
 		allFlags: map[string]bool{}, metrics: map[string]bool{}, notMetrics: map[string]bool{},
 		sqlstates: map[string]bool{}, headings: map[string][]docHeading{},
 		basenames: map[string]bool{}, envVars: map[string]bool{}, usages: map[string]string{}, makeTarget: map[string]bool{},
@@ -222,6 +223,7 @@ func (ix *repoIndex) addGoFile(dir string, f *ast.File) {
 			if d.Recv != nil && len(d.Recv.List) > 0 {
 				decls["*."+n] = true // pkg.Method, as the documents write a method of the package's type
 				n = recvName(d.Recv.List[0].Type) + "." + n
+				ix.members[n] = true
 			} else {
 				ix.funcDirs[n] = append(ix.funcDirs[n], dir)
 			}
@@ -235,6 +237,7 @@ func (ix *repoIndex) addGoFile(dir string, f *ast.File) {
 						for _, fl := range st.Fields.List {
 							for _, fn := range fl.Names {
 								decls[s.Name.Name+"."+fn.Name] = true
+								ix.members[s.Name.Name+"."+fn.Name] = true
 							}
 							if len(fl.Names) == 0 { // embedded: its name is its type's
 								decls[s.Name.Name+"."+recvName(fl.Type)] = true
@@ -245,6 +248,7 @@ func (ix *repoIndex) addGoFile(dir string, f *ast.File) {
 						for _, m := range it.Methods.List {
 							for _, mn := range m.Names {
 								decls[s.Name.Name+"."+mn.Name] = true
+								ix.members[s.Name.Name+"."+mn.Name] = true
 							}
 						}
 					}
@@ -401,6 +405,7 @@ var boldTitle = regexp.MustCompile(`^(?:- )?\*\*([^*]+?)\.?\*\*`)
 var (
 	reTestName  = regexp.MustCompile(`(?:\b([a-z][a-z0-9]*(?:/[a-z0-9]+)*)\.)?\b((?:Test|Fuzz|Example|Benchmark)(?:[A-Z_(][A-Za-z0-9_()]*)?)\b`)
 	reQualified = regexp.MustCompile(`\b([a-z][a-z0-9]*)\.([A-Z][A-Za-z0-9_]*)(?:\.([A-Z][A-Za-z0-9_]*))?`)
+	reMember    = regexp.MustCompile(`\b([A-Z][A-Za-z0-9]*)\.([A-Z][A-Za-z0-9_]*)\b`)
 	reLink      = regexp.MustCompile(`\]\(([^)\s]+)\)`)
 	reSection   = regexp.MustCompile(`\b((?:docs/)?[a-z-]+\.md)\)?,\s+"([^"]+)"`)
 	reMigration = regexp.MustCompile(`\b[Mm]igrations?\s+(\d{1,3})\b((?:(?:\s*(?:,|and|or|/|–|to)\s*|-)\d{1,3}\b)*)`)
@@ -502,6 +507,18 @@ func (ix *repoIndex) checkDoc(file, text string, count map[string]int) []docFind
 			if !slices.ContainsFunc(dirs, func(d string) bool { return ix.declsByDir[d][sel] }) {
 				report(m[0], "identifier", qual+"."+sel, "%s.%s: no such method or field in %s", qual, sel, strings.Join(dirs, ", "))
 			}
+		}
+	}
+
+	// Type.Member without a package: some package's type has it.
+	for _, m := range reMember.FindAllStringSubmatchIndex(flat, -1) {
+		if m[2] > 0 && (flat[m[2]-1] == '.' || flat[m[2]-1] == '*' && m[2] > 1 && flat[m[2]-2] == '.') {
+			continue // pkg.Type.Member: checked above
+		}
+		name := flat[m[2]:m[3]] + "." + flat[m[4]:m[5]]
+		count["identifier"]++
+		if !ix.members[name] {
+			report(m[2], "identifier", name, "%s: no type of the repository has this method or field", name)
 		}
 	}
 
@@ -998,18 +1015,19 @@ func TestDocsCheckerFindsStale(t *testing.T) {
 		"```",                  // 22
 		"`./no/such/pkg`",      // 23
 		"`OUTBOX_NO_SUCH_VARIABLE`, but `OUTBOX_LOCK_TRY` and `OUTBOX_TEST_DATABASE_URL`", // 24
-		"`make nosuch`, but `make demo`",                                              // 25
-		"`outbox frobnicate`, but `outbox help` and `outbox dlq replay ID`",           // 26
-		"`outbox dlq frob`",                                                           // 27
-		"`nosuch_file.go`, but `record.go`",                                           // 28
-		"Issue #123 and [the tracker](https://github.com/ledgerline/outbox/issues/1)", // 29
+		"`make nosuch`, but `make demo`",                                                // 25
+		"`outbox frobnicate`, but `outbox help` and `outbox dlq replay ID`",             // 26
+		"`outbox dlq frob`",                                                             // 27
+		"`nosuch_file.go`, but `record.go`",                                             // 28
+		"Issue #123 and [the tracker](https://github.com/ledgerline/outbox/issues/1)",   // 29
+		"`Settings.NoSuchMethod`, but `Settings.Validate` and `relay.Config.HealBound`", // 30
 	}, "\n") + "\n"
 	want := map[int][]string{
 		6: {"test"}, 7: {"test"}, 8: {"test"}, 9: {"identifier", "identifier"}, 10: {"path", "path"},
 		11: {"link", "link"}, 12: {"section"}, 13: {"migration", "migration", "migration"},
 		14: {"flag", "flag"}, 15: {"flag"}, 16: {"metric"}, 17: {"sqlstate"}, 18: {"outside", "outside", "outside"},
 		20: {"flag"}, 23: {"path"}, 24: {"env"}, 25: {"make"}, 26: {"command"}, 27: {"command"}, 28: {"path"},
-		29: {"outside", "outside"},
+		29: {"outside", "outside"}, 30: {"identifier"},
 	}
 	got := map[int][]string{}
 	for _, f := range ix.checkDoc("docs/checker.md", doc, map[string]int{}) {
@@ -1021,7 +1039,7 @@ func TestDocsCheckerFindsStale(t *testing.T) {
 			sort.Strings(kinds)
 		}
 	}
-	for line := 1; line <= 29; line++ {
+	for line := 1; line <= 30; line++ {
 		if !slices.Equal(got[line], want[line]) {
 			t.Errorf("line %d: found %v, want %v", line, got[line], want[line])
 		}

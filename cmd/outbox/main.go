@@ -39,7 +39,7 @@ var commands = []command{
 	{"relay", "run a relayer (and the zombie reaper): claim, dispatch to rails, record outcomes [role: outbox_relayer]", runRelay},
 	{"bench", "benchmarks: drain (ordering on/off), steady-rate latency, enqueue, the pgbench ceiling of the same statements, NOTIFY on/off, soak", runBench},
 	{"sandbox", "sandbox serve: the sandbox rail as an HTTP server (webhook protocol), for crash tests and demos", runSandbox},
-	{"stats", "queue state: pending, due, oldest due age, in flight, stuck, DLQ depth, paused rails, the archive's upkeep, what holds back vacuum (JSON) [role: outbox_auditor or outbox_operator]", runStats},
+	{"stats", "queue state: pending, due, oldest due age, in flight, stuck, DLQ depth, idle relayers, paused rails, the archive's upkeep, what holds back vacuum (JSON) [role: outbox_auditor or outbox_operator]", runStats},
 	{"dlq", "dead letters: list, replay, ack [role: outbox_operator]", runDLQ},
 	{"cancel", "cancel pending instructions: never sent, a CANCELLED row archives who and why [role: outbox_operator]", runCancel},
 	{"rails", "pause and resume dispatch to a rail (or every rail) across the relayer fleet; list the pauses and their history [role: outbox_operator; outbox_auditor for list]", runRails},
