@@ -86,6 +86,7 @@ type repoIndex struct {
 	makeTarget map[string]bool
 	helps      map[string]string // "outbox <command> --help" -> what it prints
 	pkgDocs    map[string]string // file -> its package doc comment, at its lines
+	docCites   map[string]string // file -> its string literals that cite a document (messages, help), at their lines
 	paths      *regexp.Regexp    // a repository path: one of the root's entries, then a path's characters
 }
 
@@ -101,7 +102,7 @@ func indexRepo(root string) (*repoIndex, error) {
 		allFlags: map[string]bool{}, metrics: map[string]bool{}, notMetrics: map[string]bool{},
 		sqlstates: map[string]bool{}, headings: map[string][]docHeading{},
 		basenames: map[string]bool{}, envVars: map[string]bool{}, usages: map[string]string{}, makeTarget: map[string]bool{},
-		helps: map[string]string{}, pkgDocs: map[string]string{},
+		helps: map[string]string{}, pkgDocs: map[string]string{}, docCites: map[string]string{},
 	}
 	envVar := regexp.MustCompile(`\bOUTBOX_[A-Z0-9_]+`)
 	makeTarget := regexp.MustCompile(`(?m)^([a-z][a-z0-9-]*):`)
@@ -157,6 +158,11 @@ func indexRepo(root string) (*repoIndex, error) {
 				ix.pkgDocs[rel] = strings.Repeat("\n", fset.Position(f.Doc.Pos()).Line-1) + f.Doc.Text()
 			}
 			ix.addGoFile(path.Dir(rel), f)
+			if !strings.HasSuffix(rel, "_test.go") {
+				if text := citingLiterals(fset, f); text != "" {
+					ix.docCites[rel] = text
+				}
+			}
 			if self {
 				return nil
 			}
@@ -260,6 +266,31 @@ func (ix *repoIndex) addGoFile(dir string, f *ast.File) {
 			}
 		}
 	}
+}
+
+// citingLiterals returns a file's string literals that name a document
+// (the messages and help texts that send an operator to a section), each
+// at its line.
+func citingLiterals(fset *token.FileSet, f *ast.File) string {
+	var b strings.Builder
+	line := 1
+	ast.Inspect(f, func(n ast.Node) bool {
+		lit, ok := n.(*ast.BasicLit)
+		if !ok || lit.Kind != token.STRING || !strings.Contains(lit.Value, ".md") {
+			return true
+		}
+		s, err := strconv.Unquote(lit.Value)
+		if err != nil {
+			return true
+		}
+		at := fset.Position(lit.Pos()).Line
+		for ; line < at; line++ {
+			b.WriteByte('\n')
+		}
+		b.WriteString(strings.ReplaceAll(s, "\n", " ") + " ")
+		return true
+	})
+	return b.String()
 }
 
 // recvName is a receiver's or embedded field's type name, without
@@ -940,8 +971,9 @@ func theDocs(t *testing.T) []string {
 
 // TestDocsReferencesExist: every test, identifier, path, link, section,
 // migration, command, flag, variable, make target, metric and SQLSTATE
-// that README.md, docs/*.md, the package doc comments and the commands'
-// --help name exists, and nothing they name is outside the repository.
+// that README.md, docs/*.md, the package doc comments, the commands'
+// --help, the messages citing a document and the alert rules name exists,
+// and nothing they name is outside the repository.
 func TestDocsReferencesExist(t *testing.T) {
 	t.Parallel()
 	ix, err := loadRepoIndex()
@@ -958,9 +990,14 @@ func TestDocsReferencesExist(t *testing.T) {
 			t.Error(f)
 		}
 	}
-	// The package doc comments and every command's --help are checked
-	// alike (a help text's lines are its output's).
-	for _, docs := range []map[string]string{ix.pkgDocs, ix.helps} {
+	// The package doc comments, every command's --help, the messages that
+	// cite a document and the alert rules' runbook lines are checked alike
+	// (a help text's lines are its output's).
+	rules, err := os.ReadFile(filepath.Join(repoRoot, "deploy", "prometheus", "outbox-rules.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, docs := range []map[string]string{ix.pkgDocs, ix.helps, ix.docCites, {"deploy/prometheus/outbox-rules.yml": string(rules)}} {
 		for _, name := range slices.Sorted(maps.Keys(docs)) {
 			for _, f := range ix.checkDoc(name, docs[name], count) {
 				t.Error(f)
