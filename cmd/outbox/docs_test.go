@@ -84,6 +84,7 @@ type repoIndex struct {
 	envVars    map[string]bool   // OUTBOX_* variables: the flags' and those the code or the Makefile reads
 	usages     map[string]string // command -> its usage line (its subcommands)
 	makeTarget map[string]bool
+	codes      map[string]bool   // UPPER_CASE words of the program's sources (error codes, states, settings)
 	helps      map[string]string // "outbox <command> --help" -> what it prints
 	pkgDocs    map[string]string // file -> its package doc comment, at its lines
 	docCites   map[string]string // file -> its string literals that cite a document (messages, help), at their lines
@@ -101,7 +102,7 @@ func indexRepo(root string) (*repoIndex, error) {
 		funcDirs: map[string][]string{}, members: map[string]bool{}, migrations: map[int]string{}, flags: map[string]map[string]bool{},
 		allFlags: map[string]bool{}, metrics: map[string]bool{}, notMetrics: map[string]bool{},
 		sqlstates: map[string]bool{}, headings: map[string][]docHeading{},
-		basenames: map[string]bool{}, envVars: map[string]bool{}, usages: map[string]string{}, makeTarget: map[string]bool{},
+		basenames: map[string]bool{}, envVars: map[string]bool{}, usages: map[string]string{}, makeTarget: map[string]bool{}, codes: map[string]bool{},
 		helps: map[string]string{}, pkgDocs: map[string]string{}, docCites: map[string]string{},
 	}
 	envVar := regexp.MustCompile(`\bOUTBOX_[A-Z0-9_]+`)
@@ -127,6 +128,19 @@ func indexRepo(root string) (*repoIndex, error) {
 			return nil
 		}
 		ix.basenames[d.Name()] = true
+		switch path.Ext(rel) {
+		case ".go", ".sql", ".html", ".tmpl", ".js", ".css", ".yml":
+			if strings.HasSuffix(rel, "_test.go") {
+				break
+			}
+			src, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			for _, m := range upperWord.FindAll(src, -1) {
+				ix.codes[string(m)] = true
+			}
+		}
 		// This file's stale examples name nothing.
 		self := rel == "cmd/outbox/docs_test.go"
 		if !self && (strings.HasSuffix(rel, ".go") || strings.HasSuffix(rel, ".sh") || rel == "Makefile") {
@@ -437,6 +451,8 @@ var (
 	reTestName  = regexp.MustCompile(`(?:\b([a-z][a-z0-9]*(?:/[a-z0-9]+)*)\.)?\b((?:Test|Fuzz|Example|Benchmark)(?:[A-Z_(][A-Za-z0-9_()]*)?)\b`)
 	reQualified = regexp.MustCompile(`\b([a-z][a-z0-9]*)\.([A-Z][A-Za-z0-9_]*)(?:\.([A-Z][A-Za-z0-9_]*))?`)
 	reMember    = regexp.MustCompile(`\b([A-Z][A-Za-z0-9]*)\.([A-Z][A-Za-z0-9_]*)\b`)
+	reCode      = regexp.MustCompile("[`\"]([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)[`\"]")
+	upperWord   = regexp.MustCompile(`\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b`)
 	reLink      = regexp.MustCompile(`\]\(([^)\s]+)\)`)
 	reSection   = regexp.MustCompile(`\b((?:docs/)?[a-z-]+\.md)\)?,\s+"([^"]+)"`)
 	reMigration = regexp.MustCompile(`\b[Mm]igrations?\s+(\d{1,3})\b((?:(?:\s*(?:,|and|or|/|–|to)\s*|-)\d{1,3}\b)*)`)
@@ -453,7 +469,7 @@ var (
 )
 
 // docKinds are the kinds of reference, in the order the counts are shown.
-var docKinds = []string{"test", "identifier", "path", "link", "section", "migration", "command", "flag", "env", "make", "metric", "sqlstate", "outside"}
+var docKinds = []string{"test", "identifier", "path", "link", "section", "migration", "command", "flag", "env", "code", "make", "metric", "sqlstate", "outside"}
 
 // subcommandWord is what a subcommand looks like (a flag, an id or a
 // placeholder does not).
@@ -711,6 +727,19 @@ func (ix *repoIndex) checkDoc(file, text string, count map[string]int) []docFind
 			continue
 		}
 		report(m[2], "flag", "--"+name, "--%s: no outbox command has this flag", name)
+	}
+
+	// Error codes, states and other UPPER_CASE names quoted: the program
+	// says them (in Go, SQL or the console's assets), not only its tests.
+	for _, m := range reCode.FindAllStringSubmatchIndex(flat, -1) {
+		name := flat[m[2]:m[3]]
+		if strings.HasPrefix(name, "OUTBOX_") {
+			continue // a variable: checked below
+		}
+		count["code"]++
+		if !ix.codes[name] {
+			report(m[2], "code", name, "%s: the program's sources never say it", name)
+		}
 	}
 
 	// OUTBOX_* variables: a flag's, or one the code or the Makefile reads.
@@ -1052,19 +1081,20 @@ func TestDocsCheckerFindsStale(t *testing.T) {
 		"```",                  // 22
 		"`./no/such/pkg`",      // 23
 		"`OUTBOX_NO_SUCH_VARIABLE`, but `OUTBOX_LOCK_TRY` and `OUTBOX_TEST_DATABASE_URL`", // 24
-		"`make nosuch`, but `make demo`",                                                // 25
-		"`outbox frobnicate`, but `outbox help` and `outbox dlq replay ID`",             // 26
-		"`outbox dlq frob`",                                                             // 27
-		"`nosuch_file.go`, but `record.go`",                                             // 28
-		"Issue #123 and [the tracker](https://github.com/ledgerline/outbox/issues/1)",   // 29
-		"`Settings.NoSuchMethod`, but `Settings.Validate` and `relay.Config.HealBound`", // 30
+		"`make nosuch`, but `make demo`",                                                         // 25
+		"`outbox frobnicate`, but `outbox help` and `outbox dlq replay ID`",                      // 26
+		"`outbox dlq frob`",                                                                      // 27
+		"`nosuch_file.go`, but `record.go`",                                                      // 28
+		"Issue #123 and [the tracker](https://github.com/ledgerline/outbox/issues/1)",            // 29
+		"`Settings.NoSuchMethod`, but `Settings.Validate` and `relay.Config.HealBound`",          // 30
+		"`\"error\": \"NO_SUCH_CODE\"`, but `\"error\": \"COMMIT_UNKNOWN\"` and `RAIL_REJECTED`", // 31
 	}, "\n") + "\n"
 	want := map[int][]string{
 		6: {"test"}, 7: {"test"}, 8: {"test"}, 9: {"identifier", "identifier"}, 10: {"path", "path"},
 		11: {"link", "link"}, 12: {"section"}, 13: {"migration", "migration", "migration"},
 		14: {"flag", "flag"}, 15: {"flag"}, 16: {"metric"}, 17: {"sqlstate"}, 18: {"outside", "outside", "outside"},
 		20: {"flag"}, 23: {"path"}, 24: {"env"}, 25: {"make"}, 26: {"command"}, 27: {"command"}, 28: {"path"},
-		29: {"outside", "outside"}, 30: {"identifier"},
+		29: {"outside", "outside"}, 30: {"identifier"}, 31: {"code"},
 	}
 	got := map[int][]string{}
 	for _, f := range ix.checkDoc("docs/checker.md", doc, map[string]int{}) {
@@ -1076,7 +1106,7 @@ func TestDocsCheckerFindsStale(t *testing.T) {
 			sort.Strings(kinds)
 		}
 	}
-	for line := 1; line <= 30; line++ {
+	for line := 1; line <= 31; line++ {
 		if !slices.Equal(got[line], want[line]) {
 			t.Errorf("line %d: found %v, want %v", line, got[line], want[line])
 		}
