@@ -31,11 +31,16 @@ import (
 	"github.com/ledgerline/outbox/relay"
 )
 
-// The documents (README.md, docs/*.md) name tests, Go identifiers,
-// repository paths, sections, migrations, CLI flags, metrics and SQLSTATEs.
-// An operator follows them at 3 a.m.: TestDocsReferencesExist checks that
-// each one names something that exists, and TestDocsCheckerFindsStale
-// that the checker reports each kind of stale name with its file and line.
+// The documents (README.md, docs/*.md, the package doc comments, the
+// commands' --help, the messages that cite a section, the alert rules) name
+// tests, Go identifiers, repository paths, sections, migrations, commands,
+// flags, variables, make targets, error codes, metrics and SQLSTATEs. An
+// operator follows them at 3 a.m.: TestDocsReferencesExist checks that
+// each one names something that exists (and nothing outside the
+// repository), and TestDocsCheckerFindsStale that the checker reports each
+// kind of stale name with its file and line. Everything is read from the
+// checkout and the binary's own flag sets and collectors: no database, no
+// network.
 
 // repoRoot is the repository's top directory, seen from cmd/outbox.
 var repoRoot = filepath.Join("..", "..")
