@@ -54,7 +54,7 @@ func (s *Store) cancel(ctx context.Context, db Querier, outboxID uuid.UUID, oper
 		if until, ok := railMayStillAct(err); ok {
 			return false, &RailMayStillActError{OutboxID: outboxID, Until: until, err: err}
 		}
-		return false, fmt.Errorf("cancel %s: %w", outboxID, err)
+		return false, fmt.Errorf("cancel %s: %w", outboxID, refusedInput(err))
 	}
 	if n == cancelInFlight {
 		return false, &CancelInFlightError{OutboxID: outboxID}

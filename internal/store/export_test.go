@@ -30,3 +30,7 @@ func WithNotThere(s *Store, f func()) *Store {
 	c.notThere = f
 	return &c
 }
+
+// RefusedInput is refusedInput, for tests of how the database's refusals
+// of an operator action's input read in Go.
+var RefusedInput = refusedInput

@@ -9,6 +9,8 @@ import (
 
 	"github.com/gofrs/uuid/v5"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/ledgerline/outbox/payment"
 )
 
 // AllRails is the rail type of a pause of every rail.
@@ -39,8 +41,15 @@ type RailPauseEvent struct {
 	DatabaseRole *string `json:"database_role,omitempty"`
 }
 
-// ErrRailType is returned for a pause or resume without a rail type.
+// ErrRailType is returned for a pause or resume without a rail type, and
+// for a pause of a rail type no instruction may name (more than
+// maxRailTypeBytes, or a control or format character: payment.ValidateText),
+// refused by the database alike (migration 051).
 var ErrRailType = errors.New("a pause needs a rail type (or * for every rail)")
+
+// maxRailTypeBytes bounds a paused rail type as the validators bound an
+// instruction's.
+const maxRailTypeBytes = 200
 
 // claimableRails is the claim's rail types ($3) less the paused ones: an
 // uncorrelated subquery, so an init plan read once per statement (the
@@ -130,6 +139,13 @@ func (s *Store) pauseAction(ctx context.Context, db Querier, fn, railType, opera
 	if strings.TrimSpace(railType) == "" {
 		return false, ErrRailType
 	}
+	// A pause names a rail as an instruction does; a resume takes any
+	// name, so that a pause made before the check can still be ended.
+	if fn == "pause_rail" {
+		if err := payment.ValidateText("rail", railType, maxRailTypeBytes); err != nil {
+			return false, fmt.Errorf("%w: %v", ErrRailType, err)
+		}
+	}
 	if err := CheckOperator(operator, reason); err != nil {
 		return false, err
 	}
@@ -151,7 +167,7 @@ func (s *Store) pauseAction(ctx context.Context, db Querier, fn, railType, opera
 		return mine, err
 	})
 	if err != nil {
-		return false, fmt.Errorf("%s %s: %w", strings.ReplaceAll(strings.TrimSuffix(fn, "_shown"), "_", " "), railType, err)
+		return false, fmt.Errorf("%s %s: %w", strings.ReplaceAll(strings.TrimSuffix(fn, "_shown"), "_", " "), railType, refusedInput(err))
 	}
 	return done, nil
 }

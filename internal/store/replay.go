@@ -47,7 +47,7 @@ func (s *Store) actOnDeadLetter(ctx context.Context, db Querier, query, action s
 	for range 3 {
 		var n int64
 		if err := db.QueryRow(ctx, query, outboxID, operator, reason).Scan(&n); err != nil {
-			return false, fmt.Errorf("%s %s: %w", action, outboxID, err)
+			return false, fmt.Errorf("%s %s: %w", action, outboxID, refusedInput(err))
 		}
 		if n == 1 {
 			return true, nil
@@ -86,8 +86,22 @@ const replaySQL = `SELECT {schema}.replay_dead_letter($1, $2, $3)`
 // ran the action after the name (migration 035), and a name must not be
 // able to pass for it; or with a name or a reason holding a control or
 // format character (payment.ControlRune), which would change how the
-// archive reads where it is shown.
+// archive reads where it is shown; or with a name longer than
+// MaxOperatorNameBytes or a reason longer than MaxReasonBytes. The
+// database refuses the same (migration 051) for a caller without the
+// store.
 var ErrOperatorAction = errors.New("an operator action needs the operator's name and a reason")
+
+// MaxOperatorNameBytes and MaxReasonBytes bound an operator action's name
+// and reason (bytes of UTF-8), here and in the database (migration 051):
+// both are archived with every action, in the hash chain, and shown on
+// the console, in `outbox audit` and in logs; a name is a person or a
+// service, a reason a few sentences, and a reason of megabytes would be
+// kept for ever in every row that names it.
+const (
+	MaxOperatorNameBytes = 256
+	MaxReasonBytes       = 4096
+)
 
 // roleMark opens the database role in an operator action's archived
 // message ("cancelled by alice (database role ops_1): why").
@@ -106,6 +120,10 @@ func CheckOperator(operator, reason string) error {
 		return fmt.Errorf("%w: no reason", ErrOperatorAction)
 	case strings.Contains(strings.ToLower(operator), roleMark):
 		return fmt.Errorf("%w: the operator's name %q contains %q, which the archive keeps for the database role", ErrOperatorAction, operator, roleMark)
+	case len(operator) > MaxOperatorNameBytes:
+		return fmt.Errorf("%w: the operator's name is %d bytes, more than %d", ErrOperatorAction, len(operator), MaxOperatorNameBytes)
+	case len(reason) > MaxReasonBytes:
+		return fmt.Errorf("%w: the reason is %d bytes, more than %d", ErrOperatorAction, len(reason), MaxReasonBytes)
 	}
 	// Both are archived and read on the console, in `outbox audit` and in
 	// logs: a line break starts a new line there, a bidi override reverses
@@ -118,6 +136,30 @@ func CheckOperator(operator, reason string) error {
 		}
 	}
 	return nil
+}
+
+// invalidParameterValue is the SQLSTATE of the operator functions'
+// refusals of their input.
+const invalidParameterValue = "22023"
+
+// refusedInput is err, or, where it is the database's refusal of an
+// operator action's input (SQLSTATE 22023 naming the parameter:
+// operator_check and pause_rail, migration 051), that refusal as the
+// store's own error for it (ErrOperatorAction, ErrRailType), for input
+// the store's checks let through: they are the same checks, so only a
+// drift between the two would reach it.
+func refusedInput(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != invalidParameterValue {
+		return err
+	}
+	switch pgErr.ColumnName {
+	case "operator", "reason":
+		return fmt.Errorf("%w: the database refused it: %w", ErrOperatorAction, err)
+	case "rail_type":
+		return fmt.Errorf("%w: the database refused it: %w", ErrRailType, err)
+	}
+	return err
 }
 
 // ErrDeadLetterChanged is returned by ReplayShown and AcknowledgeShown when
@@ -218,7 +260,7 @@ func (s *Store) actOnShown(ctx context.Context, db TxBeginner, query, state stri
 		return done, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("dead letter %s: %w", outboxID, err)
+		return false, fmt.Errorf("dead letter %s: %w", outboxID, refusedInput(err))
 	}
 	return done, nil
 }
