@@ -748,8 +748,10 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, who Token) {
 // (attempts.ErrOperatorAction) when an operator action (a replay, an
 // acknowledgement, a cancel, a pause, a resume) as operator for reason
 // would be refused for its input: no name or no reason, a name holding
-// "(database role", or a control or format character in either
-// (payment.ControlRune). It is the store's own check, which an action
+// "(database role", a control or format character in either
+// (payment.ControlRune), or a name or reason past its bound
+// (attempts.MaxOperatorNameBytes, attempts.MaxReasonBytes). It is the
+// store's own check, which an action
 // makes only once it acts, after its instruction was looked up; made
 // first, bad input is answered as such (400, exit status 2) whatever the
 // id names.

@@ -48,8 +48,19 @@ const (
 // ErrOperatorAction is returned by Replay, Acknowledge, Cancel, PauseRail
 // and ResumeRail without an operator's name or a reason (both are archived
 // with the action), or with one holding a control or format character
-// (payment.ControlRune: a line break, a bidi override).
+// (payment.ControlRune: a line break, a bidi override), or with a name
+// longer than MaxOperatorNameBytes or a reason longer than
+// MaxReasonBytes. The database's functions refuse the same (migration
+// 051), for a caller that runs them without this package.
 var ErrOperatorAction = store.ErrOperatorAction
+
+// MaxOperatorNameBytes and MaxReasonBytes bound an operator action's name
+// and reason, in bytes of UTF-8: both are archived with the action, for
+// good, and shown wherever it is read.
+const (
+	MaxOperatorNameBytes = store.MaxOperatorNameBytes
+	MaxReasonBytes       = store.MaxReasonBytes
+)
 
 // ErrRailMayStillAct is returned by Cancel for an instruction whose rail
 // call a relayer's stop cut off (CUT_OFF_AT_STOP), while the rail may
@@ -302,7 +313,9 @@ const AllRails = store.AllRails
 // Quiet is what may still reach a paused rail (see [Archive.RailQuiet]).
 type Quiet = store.Quiet
 
-// ErrRailType is returned by PauseRail and ResumeRail without a rail type.
+// ErrRailType is returned by PauseRail and ResumeRail without a rail type,
+// and by PauseRail for a rail type no instruction may name (more than 200
+// bytes, a control or format character).
 var ErrRailType = store.ErrRailType
 
 // ErrNotQuiet is returned by RailQuiet when its context ends first.

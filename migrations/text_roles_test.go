@@ -173,8 +173,8 @@ func TestRolesCannotWriteTextGoRefuses(t *testing.T) {
 }
 
 // TestTextChecksMatchGo: the database's text checks (migration 051) are
-// payment.ControlRune and unicode.IsSpace (strings.TrimSpace), code point
-// for code point, so that the last line refuses what Go refuses and
+// payment.ControlRune, unicode.IsSpace (strings.TrimSpace) and
+// payment.ValidateText, code point for code point, so that the last line refuses what Go refuses and
 // nothing else: every code point PostgreSQL's text can hold (U+0001 to
 // U+10FFFF but the surrogates) is asked of both. A Go release whose
 // Unicode tables change fails it: the SQL's classes then need a
@@ -190,6 +190,10 @@ func TestTextChecksMatchGo(t *testing.T) {
 		  WHERE (c < 55296 OR c > 57343) AND NOT outbox.text_free_of_controls(chr(c))`, payment.ControlRune},
 		{`SELECT coalesce(array_agg(c ORDER BY c), '{}') FROM generate_series(1, 1114111) c
 		  WHERE (c < 55296 OR c > 57343) AND outbox.text_is_blank(chr(c))`, unicode.IsSpace},
+		// One character is an identifier unless Go refuses it either way.
+		{`SELECT coalesce(array_agg(c ORDER BY c), '{}') FROM generate_series(1, 1114111) c
+		  WHERE (c < 55296 OR c > 57343) AND NOT outbox.text_is_identifier(chr(c), 4)`,
+			func(r rune) bool { return payment.ValidateText("id", string(r), 4) != nil }},
 	} {
 		var got []int32
 		if err := b.pool.QueryRow(b.ctx, f.sql).Scan(&got); err != nil {
@@ -206,24 +210,32 @@ func TestTextChecksMatchGo(t *testing.T) {
 		}
 	}
 	// Whole strings, as the functions read them.
-	for s, want := range map[string][2]bool{ // free of controls, blank
-		"":               {true, true},
-		"alice":          {true, false},
-		" \u00a0\u3000 ": {true, true},
-		" a ":            {true, false},
-		"a\u202eb":       {false, false},
-		"\t":             {false, true},
-		"日本\U0001F600":   {true, false},
+	for s, want := range map[string][3]bool{ // free of controls, blank, an identifier of at most 8 bytes
+		"":                        {true, true, false},
+		"alice":                   {true, false, true},
+		" \u00a0\u3000 ":          {true, true, false},
+		" a ":                     {true, false, true},
+		"\u3000a\u00a0":           {true, false, true},
+		"a\u202eb":                {false, false, false},
+		"a\nb":                    {false, false, false},
+		"\t":                      {false, true, false},
+		"a\t":                     {false, false, false},
+		"日本\U0001F600":            {true, false, false}, // 10 bytes
+		"日本":                      {true, false, true},
+		"abcdefghi":               {true, false, false},
+		"\u200b\u200b\u200b":      {false, false, false}, // not a space: a format character
+		"\U000e0001tag\U000e007f": {false, false, false},
 	} {
-		var free, blank bool
-		if err := b.pool.QueryRow(b.ctx, `SELECT outbox.text_free_of_controls($1), outbox.text_is_blank($1)`, s).Scan(&free, &blank); err != nil {
+		var free, blank, id bool
+		if err := b.pool.QueryRow(b.ctx, `SELECT outbox.text_free_of_controls($1), outbox.text_is_blank($1), outbox.text_is_identifier($1, 8)`, s).Scan(&free, &blank, &id); err != nil {
 			t.Fatal(err)
 		}
-		if free != want[0] || blank != want[1] {
-			t.Errorf("%q: free of controls %v, blank %v; want %v", s, free, blank, want)
+		if free != want[0] || blank != want[1] || id != want[2] {
+			t.Errorf("%q: free of controls %v, blank %v, an identifier %v; want %v", s, free, blank, id, want)
 		}
-		if goFree, goBlank := strings.IndexFunc(s, payment.ControlRune) < 0, strings.TrimSpace(s) == ""; goFree != want[0] || goBlank != want[1] {
-			t.Errorf("%q: Go says free of controls %v, blank %v; want %v", s, goFree, goBlank, want)
+		goFree, goBlank, goID := strings.IndexFunc(s, payment.ControlRune) < 0, strings.TrimSpace(s) == "", payment.ValidateText("id", s, 8) == nil
+		if goFree != want[0] || goBlank != want[1] || goID != want[2] {
+			t.Errorf("%q: Go says free of controls %v, blank %v, an identifier %v; want %v", s, goFree, goBlank, goID, want)
 		}
 	}
 }
