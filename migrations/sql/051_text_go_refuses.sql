@@ -47,8 +47,8 @@
 --   updated ones are (an enqueue of a key written before that breaks them
 --   is refused). docs/operations.md ("Upgrading", 051) has the VALIDATE to
 --   run afterwards, which lets enqueues go on, and the query that lists
---   the rows it would refuse. They cost an enqueue about a microsecond
---   (docs/performance.md); pending, inflight and the archive, which every
+--   the rows it would refuse. What they cost an enqueue is in
+--   docs/performance.md; pending, inflight and the archive, which every
 --   claim and outcome write, get no check: their text comes from the key
 --   row and the enqueue's arguments, checked here, or from the operator
 --   functions and relayers.
