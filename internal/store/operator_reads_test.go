@@ -19,32 +19,51 @@ import (
 // pool's connection may settle on after five executions of a statement.
 var planModes = []string{"force_custom_plan", "force_generic_plan"}
 
-// tuplesRead is the rows sequential scans of outbox.table read plus the
-// entries its indexes returned, as the statistics say once conn's own
-// counts are flushed (a statement that runs in a transaction of its own,
-// as RailHasPending's, leaves nothing in a transaction's counters).
-func tuplesRead(t *testing.T, conn *pgxpool.Conn, table string) int64 {
+// entriesReadIn runs read in a read-only transaction on conn and returns
+// the rows sequential scans of outbox.table read plus the entries its
+// indexes returned, as this transaction's own statistics count them
+// (pg_stat_get_xact_tuples_returned of the table and of each index). An
+// index-only scan fetches no row, so readIn's count would miss one that
+// read a whole index; and the table-wide statistics also take in whatever
+// another backend flushes late. read gets a TxBeginner whose transactions
+// are savepoints of this one, for statements that begin their own (as
+// RailHasPending's): their reads are counted here too.
+func entriesReadIn(t *testing.T, conn *pgxpool.Conn, table string, read func(db store.TxBeginner)) int64 {
 	t.Helper()
-	// Flushed at the end of each statement, this one's too.
-	for range 2 {
-		if _, err := conn.Exec(t.Context(), `SELECT pg_stat_force_next_flush()`); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var n int64
-	if err := conn.QueryRow(t.Context(), `SELECT coalesce(t.seq_tup_read, 0) + coalesce((SELECT sum(i.idx_tup_read) FROM pg_stat_user_indexes i WHERE i.relid = t.relid), 0)
-  FROM pg_stat_user_tables t WHERE t.schemaname = 'outbox' AND t.relname = $1`, table).Scan(&n); err != nil {
+	tx, err := conn.BeginTx(t.Context(), pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
 		t.Fatal(err)
 	}
-	return n
+	defer tx.Rollback(t.Context())
+	count := func() int64 {
+		var n int64
+		if err := tx.QueryRow(t.Context(), `SELECT pg_stat_get_xact_tuples_returned(c.oid)
+       + coalesce((SELECT sum(pg_stat_get_xact_tuples_returned(i.indexrelid)) FROM pg_index i WHERE i.indrelid = c.oid), 0)
+  FROM pg_class c WHERE c.oid = to_regclass('outbox.' || $1)`, table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := count()
+	read(savepoints{tx})
+	return count() - before
+}
+
+// savepoints begins each transaction as a savepoint of tx (whose access
+// mode it keeps: the options are not a savepoint's).
+type savepoints struct{ tx pgx.Tx }
+
+// BeginTx begins a savepoint of s.tx.
+func (s savepoints) BeginTx(ctx context.Context, _ pgx.TxOptions) (pgx.Tx, error) {
+	return s.tx.Begin(ctx)
 }
 
 // readIn runs read in a transaction on conn and returns the rows of
 // outbox.table it read: sequential scans' rows plus the rows index scans
 // fetched, as this transaction's own statistics count them
-// (pg_stat_xact_user_tables). The table-wide statistics (tuplesRead) also
-// take in whatever another backend flushes late, such as the setup's
-// connections; these are this read's alone.
+// (pg_stat_xact_user_tables). The table-wide statistics also take in
+// whatever another backend flushes late, such as the setup's connections;
+// these are this read's alone.
 func readIn(t *testing.T, conn *pgxpool.Conn, table string, read func(tx pgx.Tx)) int64 {
 	t.Helper()
 	tx, err := conn.Begin(t.Context())
@@ -166,28 +185,32 @@ func TestRailPendingReadsTheRailsRows(t *testing.T) {
 			most int64
 		}{{"rare", 4, 16}, {"nosuch", 0, 8}, {store.AllRails, 20004, 20004 + 8}} {
 			for range 6 {
-				before := tuplesRead(t, conn, "pending")
-				has, err := b.st.RailHasPending(b.ctx, conn, c.rail)
-				if err != nil {
-					t.Fatal(err)
-				}
+				var has bool
+				read := entriesReadIn(t, conn, "pending", func(db store.TxBeginner) {
+					var err error
+					if has, err = b.st.RailHasPending(b.ctx, db, c.rail); err != nil {
+						t.Fatal(err)
+					}
+				})
 				if has != (c.held > 0) {
 					t.Fatalf("%s: rail %s has pending: %v, want %v", mode, c.rail, has, c.held > 0)
 				}
-				if read := tuplesRead(t, conn, "pending") - before; read > 8 {
+				if read > 8 {
 					t.Fatalf("%s: whether rail %s has pending read %d rows or index entries of pending, want 8 at most", mode, c.rail, read)
 				}
-				ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
-				before = tuplesRead(t, conn, "pending")
-				q, err := b.st.RailQuiet(ctx, conn, c.rail, time.Millisecond)
-				cancel()
-				if err != nil {
-					t.Fatal(err)
-				}
+				var q store.Quiet
+				read = entriesReadIn(t, conn, "pending", func(db store.TxBeginner) {
+					ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+					defer cancel()
+					var err error
+					if q, err = b.st.RailQuiet(ctx, db, c.rail, time.Millisecond); err != nil {
+						t.Fatal(err)
+					}
+				})
 				if q.Held != c.held {
 					t.Fatalf("%s: rail %s holds %d, want %d", mode, c.rail, q.Held, c.held)
 				}
-				if read := tuplesRead(t, conn, "pending") - before; read > c.most {
+				if read > c.most {
 					t.Fatalf("%s: rail %s's quiet read %d rows or index entries of pending for %d held, want %d at most",
 						mode, c.rail, read, c.held, c.most)
 				}
