@@ -36,7 +36,7 @@ func TestIDsStayWhole(t *testing.T) {
 	})`
 	for _, width := range []int64{1280, 800} {
 		for _, path := range []string{"/console/dead-letters", "/console/instructions?state=pending"} {
-			if err := chromedp.Do(ctx, chromedp.EmulateViewport(width, 900), chromedp.Navigate(b.url+path), waitVisible("table")); err != nil {
+			if err := do(ctx, chromedp.EmulateViewport(width, 900), chromedp.Navigate(b.url+path), waitVisible("table")); err != nil {
 				t.Fatal(err)
 			}
 			shown := ids[:4] // the dead letters'
@@ -44,7 +44,7 @@ func TestIDsStayWhole(t *testing.T) {
 				shown = ids[4:]
 			}
 			args := `["` + strings.Join(shown, `","`) + `"]`
-			got, err := chromedp.Run(ctx, chromedp.Evaluate[[]int](`(`+lines+`)(`+args+`)`))
+			got, err := run(ctx, chromedp.Evaluate[[]int](`(`+lines+`)(`+args+`)`))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -53,7 +53,7 @@ func TestIDsStayWhole(t *testing.T) {
 					t.Errorf("%s at %d px: %s takes %d lines", path, width, shown[i], n)
 				}
 			}
-			over, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.documentElement.scrollWidth - window.innerWidth`))
+			over, err := run(ctx, chromedp.Evaluate[int](`document.documentElement.scrollWidth - window.innerWidth`))
 			if err != nil {
 				t.Fatal(err)
 			}

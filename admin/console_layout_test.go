@@ -45,7 +45,7 @@ func (b *bundle) longIDs(t *testing.T) []string {
 func (b *bundle) signedIn(t *testing.T, bin, secret string) context.Context {
 	t.Helper()
 	ctx := browser(t, bin)
-	if err := chromedp.Do(ctx, chromedp.Navigate(b.url+"/console/"), waitVisible("#token"), sendKeys("#token", secret),
+	if err := do(ctx, chromedp.Navigate(b.url+"/console/"), waitVisible("#token"), sendKeys("#token", secret),
 		submit("#token"), waitVisible(".tiles")); err != nil {
 		t.Fatal(err)
 	}
@@ -75,16 +75,16 @@ func TestDeadLetterFormsDiffer(t *testing.T) {
 	b := setup(t, admin.Config{})
 	b.longIDs(t)
 	ctx := b.signedIn(t, bin, operatorSecret)
-	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1280, 900), chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {
+	if err := do(ctx, chromedp.EmulateViewport(1280, 900), chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {
 		t.Fatal(err)
 	}
 	// Folded: each row is short, its two actions one line each that name
 	// their action and look unlike; opening one shows its form only.
 	for _, width := range []int64{1280, 800} {
-		if err := chromedp.Do(ctx, chromedp.EmulateViewport(width, 900), chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {
+		if err := do(ctx, chromedp.EmulateViewport(width, 900), chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {
 			t.Fatal(err)
 		}
-		folded, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]any](`(() => {
+		folded, err := run(ctx, chromedp.Evaluate[map[string]any](`(() => {
 		  const row = document.querySelector("table.dead tbody tr");
 		  const shown = el => !!el && el.checkVisibility() && el.getBoundingClientRect().height > 0;
 		  const toggle = action => row.querySelector('details[class~="act-' + action + '"] > summary');
@@ -118,14 +118,14 @@ func TestDeadLetterFormsDiffer(t *testing.T) {
 		}
 	}
 	// Both opened.
-	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1280, 900), chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {
+	if err := do(ctx, chromedp.EmulateViewport(1280, 900), chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => { const row = document.querySelector("table.dead tbody tr");
+	if _, err := run(ctx, chromedp.Evaluate[bool](`(() => { const row = document.querySelector("table.dead tbody tr");
 	  row.querySelectorAll("details").forEach(d => d.open = true); return true; })()`)); err != nil {
 		t.Fatal(err)
 	}
-	forms, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]deadLetterForm](`(() => {
+	forms, err := run(ctx, chromedp.Evaluate[map[string]deadLetterForm](`(() => {
 	  const row = document.querySelector("table.dead tbody tr");
 	  const info = action => {
 	    const form = row.querySelector('form[action$="/' + action + '"]');

@@ -43,10 +43,10 @@ func TestDeadLettersScrollSidewaysInView(t *testing.T) {
 	b.oldDeadLetters(t, "acme-payroll-eu-west-000017", 60)
 	ctx := b.signedIn(t, bin, operatorSecret)
 	for _, path := range []string{"/console/dead-letters", "/console/instructions?state=pending"} {
-		if err := chromedp.Do(ctx, chromedp.EmulateViewport(800, 700), chromedp.Navigate(b.url+path), waitVisible(".table-scroll")); err != nil {
+		if err := do(ctx, chromedp.EmulateViewport(800, 700), chromedp.Navigate(b.url+path), waitVisible(".table-scroll")); err != nil {
 			t.Fatal(err)
 		}
-		got, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]float64](`(() => {
+		got, err := run(ctx, chromedp.Evaluate[map[string]float64](`(() => {
 		  const box = document.querySelector(".table-scroll");
 		  window.scrollTo(0, box.getBoundingClientRect().top + window.scrollY);
 		  const r = box.getBoundingClientRect();
@@ -76,10 +76,10 @@ func TestFilterBoxesHoldLongIDs(t *testing.T) {
 	long := "acme-payroll-eu-west-000017-" + uuid.Must(uuid.NewV4()).String()[:12] // 40 characters
 	for _, width := range []int64{1280, 800} {
 		for _, path := range []string{"/console/dead-letters", "/console/instructions", "/console/participant", "/console/trail"} {
-			if err := chromedp.Do(ctx, chromedp.EmulateViewport(width, 900), chromedp.Navigate(b.url+path), waitVisible("form.filters")); err != nil {
+			if err := do(ctx, chromedp.EmulateViewport(width, 900), chromedp.Navigate(b.url+path), waitVisible("form.filters")); err != nil {
 				t.Fatal(err)
 			}
-			cut, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`(id => [...document.querySelectorAll("form.filters input:not([type=hidden]):not([name=rail])")].
+			cut, err := run(ctx, chromedp.Evaluate[[]string](`(id => [...document.querySelectorAll("form.filters input:not([type=hidden]):not([name=rail])")].
 			  filter(i => { i.value = id; return i.scrollWidth > i.clientWidth; }).map(i => i.name + " " + i.clientWidth + "px"))("`+long+`")`))
 			if err != nil {
 				t.Fatal(err)
@@ -102,7 +102,7 @@ func TestTrailLinkLandsOnItsDeadLetter(t *testing.T) {
 	dead := b.enqueue(t, "p1", "k1")
 	b.record(t, b.claim(t, "r1", time.Hour), store.Failed, "RAIL_REJECTED", 0)
 	ctx := b.signedIn(t, bin, auditorSecret)
-	if err := chromedp.Do(ctx,
+	if err := do(ctx,
 		chromedp.Navigate(b.url+"/console/trail?id="+dead.String()),
 		waitVisible("a.dead-letter"),
 		click("a.dead-letter"),
@@ -110,7 +110,7 @@ func TestTrailLinkLandsOnItsDeadLetter(t *testing.T) {
 	); err != nil {
 		t.Fatal(err)
 	}
-	got, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]any](fmt.Sprintf(`(() => {
+	got, err := run(ctx, chromedp.Evaluate[map[string]any](fmt.Sprintf(`(() => {
 	  const row = document.getElementById("dl-%s");
 	  const first = [...document.querySelectorAll("a")].find(a => /first page/i.test(a.innerText));
 	  return {row: !!row, target: !!row && row.matches(":target"),
@@ -141,10 +141,10 @@ func TestPendingRowsAreShort(t *testing.T) {
 	b.longIDs(t)
 	ctx := b.signedIn(t, bin, operatorSecret)
 	for _, width := range []int64{1280, 800} {
-		if err := chromedp.Do(ctx, chromedp.EmulateViewport(width, 900), chromedp.Navigate(b.url+"/console/instructions?state=pending"), waitVisible("table")); err != nil {
+		if err := do(ctx, chromedp.EmulateViewport(width, 900), chromedp.Navigate(b.url+"/console/instructions?state=pending"), waitVisible("table")); err != nil {
 			t.Fatal(err)
 		}
-		got, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]any](`(() => {
+		got, err := run(ctx, chromedp.Evaluate[map[string]any](`(() => {
 		  const row = document.querySelector("table tbody tr");
 		  const shown = el => !!el && el.checkVisibility() && el.getBoundingClientRect().height > 0;
 		  const reason = () => row.querySelector('form[action$="/cancel"] input[name="reason"]');
@@ -181,10 +181,10 @@ func TestNumberHeadersAlignWithTheirNumbers(t *testing.T) {
 	b.relayWith(t, rails.SandboxOptions{})() // a relayer seen: the overview lists it
 	ctx := b.signedIn(t, bin, operatorSecret)
 	for _, path := range []string{"/console/", "/console/instructions?state=pending", "/console/dead-letters"} {
-		if err := chromedp.Do(ctx, chromedp.EmulateViewport(1280, 900), chromedp.Navigate(b.url+path), waitVisible("table")); err != nil {
+		if err := do(ctx, chromedp.EmulateViewport(1280, 900), chromedp.Navigate(b.url+path), waitVisible("table")); err != nil {
 			t.Fatal(err)
 		}
-		off, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("table")].flatMap(table => {
+		off, err := run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("table")].flatMap(table => {
 		  const row = table.querySelector("tbody tr"), heads = table.querySelectorAll("thead th");
 		  if (!row) return [];
 		  return [...row.cells].flatMap((td, i) => td.classList.contains("num") && heads[i] &&
@@ -211,10 +211,10 @@ func TestActionsInViewWhenTheListScrolls(t *testing.T) {
 	b.longIDs(t)
 	ctx := b.signedIn(t, bin, operatorSecret)
 	for _, path := range []string{"/console/dead-letters", "/console/instructions?state=pending"} {
-		if err := chromedp.Do(ctx, chromedp.EmulateViewport(800, 900), chromedp.Navigate(b.url+path), waitVisible(".table-scroll")); err != nil {
+		if err := do(ctx, chromedp.EmulateViewport(800, 900), chromedp.Navigate(b.url+path), waitVisible(".table-scroll")); err != nil {
 			t.Fatal(err)
 		}
-		got, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]any](`(() => {
+		got, err := run(ctx, chromedp.Evaluate[map[string]any](`(() => {
 		  const box = document.querySelector(".table-scroll");
 		  const out = {wider: box.scrollWidth - box.clientWidth, window: window.innerWidth, off: []};
 		  for (const s of box.querySelectorAll("tbody details > summary")) {
@@ -239,7 +239,7 @@ func TestActionsInViewWhenTheListScrolls(t *testing.T) {
 		if off, _ := got["off"].([]any); len(off) > 0 {
 			t.Errorf("%s at 800 px: actions out of view until the list is scrolled sideways: %v", path, off)
 		}
-		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		png, err := run(ctx, chromedp.FullScreenshot(100))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -261,25 +261,25 @@ func TestPauseReasonSurvivesTheRefresh(t *testing.T) {
 	b := setup(t, admin.Config{})
 	ctx := b.signedIn(t, bin, operatorSecret)
 	const typed = "beneficiary bank's maintenance"
-	if err := chromedp.Do(ctx, chromedp.Navigate(b.url+"/console/"), waitVisible(".tiles")); err != nil {
+	if err := do(ctx, chromedp.Navigate(b.url+"/console/"), waitVisible(".tiles")); err != nil {
 		t.Fatal(err)
 	}
 	// A link to pause, if the overview has one, else its own form.
-	if _, err := chromedp.Run(ctx, chromedp.Evaluate[bool](`(() => {
+	if _, err := run(ctx, chromedp.Evaluate[bool](`(() => {
 	  const a = [...document.querySelectorAll("main a")].find(a => /pause/i.test(a.innerText));
 	  if (a) a.click();
 	  return !!a;
 	})()`)); err != nil {
 		t.Fatal(err)
 	}
-	if err := chromedp.Do(ctx,
+	if err := do(ctx,
 		waitVisible(`form[action="/console/rails/pause"] input[name="reason"]`),
 		sendKeys(`form[action="/console/rails/pause"] input[name="reason"]`, typed),
 		chromedp.Sleep(6*time.Second),
 	); err != nil {
 		t.Fatal(err)
 	}
-	got, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(document.querySelector('form[action="/console/rails/pause"] input[name="reason"]') || {value: "(no form)"}).value`))
+	got, err := run(ctx, chromedp.Evaluate[string](`(document.querySelector('form[action="/console/rails/pause"] input[name="reason"]') || {value: "(no form)"}).value`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +299,7 @@ func TestParticipantIDSurvivesTheRefresh(t *testing.T) {
 	b.enqueue(t, "acme", "k1")
 	ctx := b.signedIn(t, bin, operatorSecret)
 	const typed = "globex-treasury-settlements"
-	if err := chromedp.Do(ctx,
+	if err := do(ctx,
 		chromedp.Navigate(b.url+"/console/participant?id=acme"),
 		waitVisible("section.card"),
 		chromedp.Clear(`form.filters input[name="id"]`, css(`form.filters input[name="id"]`)),
@@ -308,24 +308,24 @@ func TestParticipantIDSurvivesTheRefresh(t *testing.T) {
 	); err != nil {
 		t.Fatal(err)
 	}
-	got, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('form.filters input[name="id"]').value`))
+	got, err := run(ctx, chromedp.Evaluate[string](`document.querySelector('form.filters input[name="id"]').value`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got != typed {
 		t.Errorf("6 s after typing a participant id the box holds %q, want %q", got, typed)
 	}
-	watch, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(() => { const a = [...document.querySelectorAll("main a")].find(a => /refresh/i.test(a.innerText)); return a ? a.getAttribute("href") : ""; })()`))
+	watch, err := run(ctx, chromedp.Evaluate[string](`(() => { const a = [...document.querySelectorAll("main a")].find(a => /refresh/i.test(a.innerText)); return a ? a.getAttribute("href") : ""; })()`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if watch == "" {
 		t.Fatal("the participant's page has no link to watch it (refresh itself)")
 	}
-	if err := chromedp.Do(ctx, chromedp.Navigate(b.url+watch), waitVisible("section.card")); err != nil {
+	if err := do(ctx, chromedp.Navigate(b.url+watch), waitVisible("section.card")); err != nil {
 		t.Fatal(err)
 	}
-	refresh, err := chromedp.Run(ctx, chromedp.Evaluate[string](`(document.querySelector('meta[http-equiv="refresh"]') || {content: ""}).content`))
+	refresh, err := run(ctx, chromedp.Evaluate[string](`(document.querySelector('meta[http-equiv="refresh"]') || {content: ""}).content`))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,10 +22,10 @@ import (
 func shoot(t *testing.T, ctx context.Context, dir, name string) {
 	t.Helper()
 	for _, width := range []int64{800, 1280} {
-		if err := chromedp.Do(ctx, chromedp.EmulateViewport(width, 900)); err != nil {
+		if err := do(ctx, chromedp.EmulateViewport(width, 900)); err != nil {
 			t.Fatal(err)
 		}
-		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		png, err := run(ctx, chromedp.FullScreenshot(100))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -60,10 +60,10 @@ func TestDeadRelayerStandsOutInBrowser(t *testing.T) {
 	time.Sleep(150 * time.Millisecond)
 	ctx := b.signedIn(t, bin, operatorSecret)
 	for _, width := range []int64{1280, 800} {
-		if err := chromedp.Do(ctx, chromedp.EmulateViewport(width, 900), chromedp.Navigate(b.url+"/console/"), waitVisible("table.relayers")); err != nil {
+		if err := do(ctx, chromedp.EmulateViewport(width, 900), chromedp.Navigate(b.url+"/console/"), waitVisible("table.relayers")); err != nil {
 			t.Fatal(err)
 		}
-		rows, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]string](`Object.fromEntries([...document.querySelectorAll("table.relayers tbody tr")].map(r =>
+		rows, err := run(ctx, chromedp.Evaluate[map[string]string](`Object.fromEntries([...document.querySelectorAll("table.relayers tbody tr")].map(r =>
 		  [r.cells[0].innerText, getComputedStyle(r.cells[2]).backgroundColor + " | " + r.innerText.replace(/\s+/g, " ")]))`))
 		if err != nil {
 			t.Fatal(err)
@@ -75,10 +75,10 @@ func TestDeadRelayerStandsOutInBrowser(t *testing.T) {
 		}
 	}
 	shoot(t, ctx, shots, "overview-dead-relayer")
-	if err := chromedp.Do(ctx, chromedp.Navigate(b.url+"/console/instructions?state=pending"), waitVisible("table")); err != nil {
+	if err := do(ctx, chromedp.Navigate(b.url+"/console/instructions?state=pending"), waitVisible("table")); err != nil {
 		t.Fatal(err)
 	}
-	badges, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("td > span.badge[class*=st-]")].map(s => s.innerText + " / " + s.title)`))
+	badges, err := run(ctx, chromedp.Evaluate[[]string](`[...document.querySelectorAll("td > span.badge[class*=st-]")].map(s => s.innerText + " / " + s.title)`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,15 +86,15 @@ func TestDeadRelayerStandsOutInBrowser(t *testing.T) {
 		t.Errorf("the pending instructions' badges: %s", got)
 	}
 	shoot(t, ctx, shots, "instructions-words")
-	if err := chromedp.Do(ctx, chromedp.Navigate(b.url+"/console/instructions?state=in_flight"), waitVisible("table")); err != nil {
+	if err := do(ctx, chromedp.Navigate(b.url+"/console/instructions?state=in_flight"), waitVisible("table")); err != nil {
 		t.Fatal(err)
 	}
 	shoot(t, ctx, shots, "instructions-in-flight")
-	if err := chromedp.Do(ctx, chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {
+	if err := do(ctx, chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {
 		t.Fatal(err)
 	}
 	shoot(t, ctx, shots, "dead-letters-order")
-	if err := chromedp.Do(ctx, chromedp.Navigate(b.url+"/console/participant?id=globex"), waitVisible("section.card")); err != nil {
+	if err := do(ctx, chromedp.Navigate(b.url+"/console/participant?id=globex"), waitVisible("section.card")); err != nil {
 		t.Fatal(err)
 	}
 	shoot(t, ctx, shots, "participant-words")
@@ -135,10 +135,10 @@ func TestStandbyConsoleInBrowser(t *testing.T) {
 	for name, path := range map[string]string{"standby-overview": "/console/", "standby-dead-letters": "/console/dead-letters",
 		"standby-instructions": "/console/instructions", "standby-rails": "/console/rails"} {
 		for _, width := range []int64{1280, 800} {
-			if err := chromedp.Do(ctx, chromedp.EmulateViewport(width, 900), chromedp.Navigate(b.url+path), waitVisible("p.standby")); err != nil {
+			if err := do(ctx, chromedp.EmulateViewport(width, 900), chromedp.Navigate(b.url+path), waitVisible("p.standby")); err != nil {
 				t.Fatalf("%s at %d px: %v", path, width, err)
 			}
-			got, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]any](`(() => {
+			got, err := run(ctx, chromedp.Evaluate[map[string]any](`(() => {
 			  const line = document.querySelector("p.standby"), r = line.getBoundingClientRect();
 			  return {text: line.innerText, inView: r.top >= 0 && r.bottom <= innerHeight && r.right <= innerWidth,
 			    forms: document.querySelectorAll('form[action*="/dead-letters/"], form[action*="/instructions/"], form[action*="/rails/"], a[href="/console/rails"]').length};

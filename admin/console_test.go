@@ -39,11 +39,12 @@ func chromium(t *testing.T) string {
 }
 
 // browser starts a headless Chromium of its own (its own cookies) and
-// returns a context that drives it. On a busy machine, with other tests'
-// browsers starting beside it, Chromium now and then exits before it
-// listens ("chrome failed to start", with nothing but its usual warnings
-// printed): that start is tried again, twice at most, so the tests fail
-// for what the console does, not for a browser that never came up.
+// returns a context that drives it, through do and run. On a busy
+// machine, with other tests' browsers starting beside it, Chromium now and
+// then exits before it listens ("chrome failed to start", with nothing but
+// its usual warnings printed): that start is tried again, twice at most,
+// so the tests fail for what the console does, not for a browser that
+// never came up.
 func browser(t *testing.T, bin string) context.Context {
 	t.Helper()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(bin), chromedp.NoSandbox,
@@ -54,8 +55,6 @@ func browser(t *testing.T, bin string) context.Context {
 		err := chromedp.Do(ctx) // starts the browser
 		if err == nil {
 			t.Cleanup(func() { cancel(); cancelAlloc() })
-			ctx, cancelTimeout := context.WithTimeout(ctx, 90*time.Second)
-			t.Cleanup(cancelTimeout)
 			return ctx
 		}
 		cancel()
@@ -65,6 +64,29 @@ func browser(t *testing.T, bin string) context.Context {
 		}
 		t.Logf("%s exited before it listened (attempt %d of 3): %v", bin, attempt, err)
 	}
+}
+
+// stepTimeout bounds each call to the browser (do, run), so that a browser
+// that stops answering fails its test. It bounds a call, not the session:
+// a session of many pages takes longer the busier the machine, and the
+// one deadline over TestConsoleInBrowser's whole session (90 s from the
+// browser's start) ran out on a loaded 2-core machine between two calls
+// that each answered in time.
+const stepTimeout = 90 * time.Second
+
+// do runs steps in the browser of ctx within stepTimeout.
+func do(ctx context.Context, steps ...chromedp.Action[chromedp.Void]) error {
+	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
+	defer cancel()
+	return chromedp.Do(ctx, steps...)
+}
+
+// run runs a in the browser of ctx within stepTimeout and returns its
+// value.
+func run[T any](ctx context.Context, a chromedp.Action[T]) (T, error) {
+	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
+	defer cancel()
+	return chromedp.Run(ctx, a)
 }
 
 // css makes an element query use a CSS selector (querySelectorAll)
@@ -146,10 +168,10 @@ func TestConsoleInBrowser(t *testing.T) {
 	shot := func(ctx context.Context, name string) {
 		t.Helper()
 		for _, width := range []int64{800, 1280} {
-			if err := chromedp.Do(ctx, chromedp.EmulateViewport(width, 900)); err != nil {
+			if err := do(ctx, chromedp.EmulateViewport(width, 900)); err != nil {
 				t.Fatal(err)
 			}
-			png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+			png, err := run(ctx, chromedp.FullScreenshot(100))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -160,7 +182,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	text := func(ctx context.Context) string {
 		t.Helper()
-		s, err := chromedp.Run(ctx, chromedp.Text("body", css("body")))
+		s, err := run(ctx, chromedp.Text("body", css("body")))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -168,7 +190,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	signIn := func(ctx context.Context, secret string) {
 		t.Helper()
-		if err := chromedp.Do(ctx,
+		if err := do(ctx,
 			chromedp.Navigate(b.url+"/console/"),
 			waitVisible("#token"), // not signed in: the sign-in page
 			sendKeys("#token", secret),
@@ -180,7 +202,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 
 	op := browser(t, bin)
-	if err := chromedp.Do(op, chromedp.Navigate(b.url+"/console/signin"), waitVisible("#token")); err != nil {
+	if err := do(op, chromedp.Navigate(b.url+"/console/signin"), waitVisible("#token")); err != nil {
 		t.Fatal(err)
 	}
 	shot(op, "signin")
@@ -189,21 +211,21 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("overview:\n%s", s)
 	}
 	shot(op, "overview")
-	if err := chromedp.Do(op, chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {
+	if err := do(op, chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {
 		t.Fatal(err)
 	}
 	if s := text(op); !strings.Contains(s, "RAIL_REJECTED") || !strings.Contains(s, "acme-payroll") {
 		t.Fatalf("dead letters page:\n%s", s)
 	}
 	shot(op, "dead-letters")
-	if _, err := chromedp.Run(op, chromedp.Evaluate[bool](`(() => { document.querySelectorAll("table.dead tbody tr:first-child details").forEach(d => d.open = true); return true; })()`)); err != nil {
+	if _, err := run(op, chromedp.Evaluate[bool](`(() => { document.querySelectorAll("table.dead tbody tr:first-child details").forEach(d => d.open = true); return true; })()`)); err != nil {
 		t.Fatal(err)
 	}
 	shot(op, "dead-letters-forms-opened")
 
 	// From a participant's page, its count of open dead letters leads to
 	// its own dead letters only: globex's one, not acme-payroll's.
-	if err := chromedp.Do(op,
+	if err := do(op,
 		chromedp.Navigate(b.url+"/console/participant?id=globex"),
 		waitVisible("section.card"),
 		click(`section.card a[href^="/console/dead-letters"]`),
@@ -211,7 +233,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	); err != nil {
 		t.Fatal(err)
 	}
-	landed, err := chromedp.Run(op, chromedp.Evaluate[[]string](
+	landed, err := run(op, chromedp.Evaluate[[]string](
 		`[...document.querySelectorAll("table.dead tbody tr")].map(r => r.id + " " + (r.cells[2] ? r.cells[2].innerText : r.innerText))`))
 	if err != nil {
 		t.Fatal(err)
@@ -224,11 +246,11 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	shot(op, "dead-letters-of-globex")
 
-	if err := chromedp.Do(op, chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {
+	if err := do(op, chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {
 		t.Fatal(err)
 	}
 	form := `form[action="/console/dead-letters/` + first.String() + `/replay"]`
-	if err := chromedp.Do(op,
+	if err := do(op,
 		click(`tr[id="dl-`+first.String()+`"] details.act-replay > summary`), // the forms are folded
 		sendKeys(form+` input[name="reason"]`, "beneficiary bank fixed the account"),
 		click(form+` button`),
@@ -243,14 +265,14 @@ func TestConsoleInBrowser(t *testing.T) {
 
 	// Before any relayer runs again: initech's head is due, the rest of
 	// its instructions queued behind it.
-	if err := chromedp.Do(op, chromedp.Navigate(b.url+"/console/participant?id=initech"), waitVisible("section.card")); err != nil {
+	if err := do(op, chromedp.Navigate(b.url+"/console/participant?id=initech"), waitVisible("section.card")); err != nil {
 		t.Fatal(err)
 	}
 	if s := text(op); !strings.Contains(s, "waiting for a relayer") {
 		t.Fatalf("participant view:\n%s", s)
 	}
 	shot(op, "participant")
-	if err := chromedp.Do(op, chromedp.Navigate(b.url+"/console/instructions?state=pending"), waitVisible("table")); err != nil {
+	if err := do(op, chromedp.Navigate(b.url+"/console/instructions?state=pending"), waitVisible("table")); err != nil {
 		t.Fatal(err)
 	}
 	if s := text(op); !strings.Contains(s, "queued") || !strings.Contains(s, "due") {
@@ -265,7 +287,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		_ = b.pool.QueryRow(b.ctx, "SELECT count(*) FROM outbox.attempts WHERE outbox_id = $1 AND state = 'DISPATCHED'", first).Scan(&n)
 		return n == 1
 	})
-	if err := chromedp.Do(op, chromedp.Navigate(b.url+"/console/trail?id="+first.String()), waitVisible("ol.timeline")); err != nil {
+	if err := do(op, chromedp.Navigate(b.url+"/console/trail?id="+first.String()), waitVisible("ol.timeline")); err != nil {
 		t.Fatal(err)
 	}
 	s := text(op)
@@ -278,7 +300,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("trail out of order:\n%s", s)
 	}
 	shot(op, "trail")
-	if err := chromedp.Do(op, chromedp.Navigate(b.url+"/console/"), waitVisible("form.inline"), click("form.inline button"), waitVisible("section.card")); err != nil {
+	if err := do(op, chromedp.Navigate(b.url+"/console/"), waitVisible("form.inline"), click("form.inline button"), waitVisible("section.card")); err != nil {
 		t.Fatal(err)
 	}
 	shot(op, "verify")
@@ -287,7 +309,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	// see the banner (and the rail held), resume it from the banner's
 	// link.
 	pause := `form.pause`
-	if err := chromedp.Do(op,
+	if err := do(op,
 		chromedp.Navigate(b.url+"/console/"),
 		click(`a.pause`), // the forms' page, which does not refresh itself
 		waitVisible(pause),
@@ -304,7 +326,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	shot(op, "overview-paused")
 	held := b.enqueue(t, "initech", "k6")
-	if err := chromedp.Do(op,
+	if err := do(op,
 		click(`div.paused a.resume`),
 		waitVisible(`div.paused input[name="reason"]`),
 		sendKeys(`div.paused input[name="reason"]`, "maintenance over"),
@@ -325,10 +347,10 @@ func TestConsoleInBrowser(t *testing.T) {
 
 	au := browser(t, bin)
 	signIn(au, auditorSecret)
-	if err := chromedp.Do(au, chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {
+	if err := do(au, chromedp.Navigate(b.url+"/console/dead-letters"), waitVisible("table.dead")); err != nil {
 		t.Fatal(err)
 	}
-	buttons, err := chromedp.Run(au, chromedp.Evaluate[int](`document.querySelectorAll("button.replay, button.ack").length`))
+	buttons, err := run(au, chromedp.Evaluate[int](`document.querySelectorAll("button.replay, button.ack").length`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +358,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("the auditor's dead letters page: %d action buttons\n%s", buttons, s)
 	}
 	shot(au, "dead-letters-auditor")
-	status, err := chromedp.Run(au, chromedp.Evaluate[int](`fetch("/console/dead-letters/`+second.String()+`/replay",
+	status, err := run(au, chromedp.Evaluate[int](`fetch("/console/dead-letters/`+second.String()+`/replay",
 		{method: "POST", headers: {"Content-Type": "application/x-www-form-urlencoded"}, body: "reason=because&csrf=guess"}).then(r => r.status)`,
 		chromedp.EvalAwaitPromise))
 	if err != nil {
