@@ -163,7 +163,13 @@ func AsAdmin(t TB, dbURL string) string {
 func OwnCluster(t TB) (*pglocal.Cluster, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
-	c, err := pglocal.Start(ctx, pglocal.Options{Ephemeral: true, TCP: true})
+	// The shared cluster's two minutes (AdminURL), not pglocal's default
+	// 30 s: with other tests' clusters and race-built tests beside it, a
+	// loaded 2-core machine took longer than that to initdb and start one
+	// (initdb killed in its post-bootstrap step, or pg_ctl given 1 s left).
+	starting, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	c, err := pglocal.Start(starting, pglocal.Options{Ephemeral: true, TCP: true})
 	if err != nil {
 		t.Fatalf("testdb: start a cluster: %v", err)
 	}
