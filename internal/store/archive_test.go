@@ -29,7 +29,10 @@ import (
 // splitCurrentMonth replaces the current month's archive partition (empty:
 // the database is new) by two that meet at `at`, so that a partition
 // boundary, what a new month is to the archive, falls inside the test.
-// It returns the two partitions' names.
+// It returns the two partitions' names. One transaction: a reaper
+// running beside it (TestFleetThroughPartitionBoundary's) would otherwise
+// recreate the whole month's partition (ensure_attempt_partitions) between
+// the drop and the creates.
 func splitCurrentMonth(t *testing.T, pool *pgxpool.Pool, at time.Time) (string, string) {
 	t.Helper()
 	ctx := t.Context()
@@ -44,12 +47,17 @@ func splitCurrentMonth(t *testing.T, pool *pgxpool.Pool, at time.Time) (string, 
 	first := "attempts_" + start.UTC().Format("2006_01")
 	second := first + "_b"
 	lit := func(tm time.Time) string { return "'" + tm.UTC().Format(time.RFC3339Nano) + "'" }
-	execAll(t, pool,
-		"ALTER TABLE outbox.attempts DETACH PARTITION outbox."+first,
-		"DROP TABLE outbox."+first,
-		fmt.Sprintf("CREATE TABLE outbox.%s PARTITION OF outbox.attempts FOR VALUES FROM (%s) TO (%s)", first, lit(start), lit(at)),
-		fmt.Sprintf("CREATE TABLE outbox.%s PARTITION OF outbox.attempts FOR VALUES FROM (%s) TO (%s)", second, lit(at), lit(end)),
-	)
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		execAll(t, tx,
+			"ALTER TABLE outbox.attempts DETACH PARTITION outbox."+first,
+			"DROP TABLE outbox."+first,
+			fmt.Sprintf("CREATE TABLE outbox.%s PARTITION OF outbox.attempts FOR VALUES FROM (%s) TO (%s)", first, lit(start), lit(at)),
+			fmt.Sprintf("CREATE TABLE outbox.%s PARTITION OF outbox.attempts FOR VALUES FROM (%s) TO (%s)", second, lit(at), lit(end)),
+		)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	return first, second
 }
 
@@ -533,8 +541,6 @@ func TestInstructionIDAfterRetirement(t *testing.T) {
 func TestFleetThroughPartitionBoundary(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
-	boundary := time.Now().Add(2 * time.Second).Truncate(time.Millisecond)
-	old, current := splitCurrentMonth(t, b.pool, boundary)
 
 	// Retries without a breaker: five retryable answers in a row (likely
 	// over thousands of calls) would otherwise pause the rail for its
@@ -557,6 +563,13 @@ func TestFleetThroughPartitionBoundary(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = svc.Stop(context.Background()) })
 	}
+	// The boundary is set once the fleet runs (nothing archived yet: the
+	// split drops the month's partition): set before the three services
+	// started, on a loaded machine their start took all of its 2 s, the
+	// producers began past it, and nothing was archived before it ("the
+	// run did not cross the boundary", with 41 instructions).
+	boundary := time.Now().Add(2 * time.Second).Truncate(time.Millisecond)
+	old, current := splitCurrentMonth(t, b.pool, boundary)
 	var wg sync.WaitGroup
 	var enqueued atomic.Int64
 	stopAt := boundary.Add(2 * time.Second)
