@@ -30,7 +30,7 @@ func TestLostCommitReplyReleasesItsHandoffs(t *testing.T) {
 	t.Parallel()
 	l := setupLostReply(t, "lost", "cut-the-reply-to-this-write", "")
 	r := l.start(t, "r-lost-reply", nil)
-	// Both dispatched, before the successor's lease (2 s) could end: no
+	// Both dispatched, before the successor's lease (11 s) could end: no
 	// reaper runs here, so only the relayer itself can move it.
 	l.waitBothDispatched(t, r)
 	l.wantReleasedOnce(t)
@@ -241,17 +241,23 @@ func setupLostReply(t *testing.T, prefix, marker, prepare string) *lostReply {
 	return &lostReply{b: b, direct: direct, proxied: proxied, proxy: proxy, marker: marker}
 }
 
-// start starts relayer id through the proxy, its leases ending a second
-// after the rail's timeout and no claim but the first (the successor
-// comes by hand-off only), logging to logger if not nil; it is stopped
-// when the test ends.
+// start starts relayer id through the proxy, its leases ending 10 s
+// after the rail's timeout (1 s) and no claim but the first (the
+// successor comes by hand-off only), logging to logger if not nil; it is
+// stopped when the test ends. The leases are short enough that a hand-off
+// left for its lease ends within waitBothDispatched's 30 s, and long
+// enough for a loaded machine: with a second after the timeout, the first
+// claim waited past half its lease for its dispatch, which then handed it
+// back RELEASED without calling the rail (its lease would end before the
+// rail's timeout: a second RELEASED row), and the recovery from the lost
+// reply outlasted the hand-off's lease.
 func (l *lostReply) start(t *testing.T, id string, logger *slog.Logger) *Relayer {
 	t.Helper()
 	cfg := l.b.config(id)
 	if logger != nil {
 		cfg.Logger = logger
 	}
-	cfg.LeaseGrace = time.Second
+	cfg.LeaseGrace = 10 * time.Second
 	cfg.PollInterval = time.Hour
 	r, err := New(l.proxied, cfg)
 	if err != nil {
