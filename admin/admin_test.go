@@ -696,7 +696,9 @@ func TestOverviewReadsAreShared(t *testing.T) {
 // of it; both end with the test.
 func startStandby(t *testing.T, primary *pglocal.Cluster) *pgxpool.Pool {
 	t.Helper()
-	standby, err := primary.StartReplica(t.Context(), pglocal.Options{TCP: true})
+	starting, cancel := testdb.Starting(t.Context())
+	defer cancel()
+	standby, err := primary.StartReplica(starting, pglocal.Options{TCP: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -222,7 +222,9 @@ func TestVacuumHorizonNamesAStandbysSlot(t *testing.T) {
 	if _, err := b.pool.Exec(ctx, `SELECT pg_create_physical_replication_slot('auditors')`); err != nil {
 		t.Fatal(err)
 	}
-	standby, err := primary.StartReplica(ctx, pglocal.Options{TCP: true, Settings: map[string]string{
+	starting, cancel := testdb.Starting(ctx)
+	defer cancel()
+	standby, err := primary.StartReplica(starting, pglocal.Options{TCP: true, Settings: map[string]string{
 		"primary_slot_name": "auditors", "hot_standby_feedback": "on", "wal_receiver_status_interval": "1s"}})
 	if err != nil {
 		t.Fatal(err)

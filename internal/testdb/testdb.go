@@ -156,6 +156,16 @@ func AsAdmin(t TB, dbURL string) string {
 	return u.String()
 }
 
+// Starting bounds the start of a throwaway cluster, or of a standby of
+// one (pglocal's StartReplica), by the shared cluster's two minutes
+// (AdminURL), not pglocal's default 30 s: with other tests' clusters and
+// race-built tests beside it, a loaded 2-core machine took longer than
+// that (initdb killed in its post-bootstrap step, pg_ctl given 1 s left,
+// pg_basebackup killed).
+func Starting(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, 2*time.Minute)
+}
+
 // OwnCluster starts a throwaway cluster for this test alone (for one it
 // replicates from, crashes or reconfigures), stopped when the test ends,
 // and returns it with a pool on its migrated postgres database, as the
@@ -163,11 +173,7 @@ func AsAdmin(t TB, dbURL string) string {
 func OwnCluster(t TB) (*pglocal.Cluster, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
-	// The shared cluster's two minutes (AdminURL), not pglocal's default
-	// 30 s: with other tests' clusters and race-built tests beside it, a
-	// loaded 2-core machine took longer than that to initdb and start one
-	// (initdb killed in its post-bootstrap step, or pg_ctl given 1 s left).
-	starting, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	starting, cancel := Starting(ctx)
 	defer cancel()
 	c, err := pglocal.Start(starting, pglocal.Options{Ephemeral: true, TCP: true})
 	if err != nil {
