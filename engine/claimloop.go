@@ -334,8 +334,12 @@ func (r *run) claimOnce(ctx context.Context) (n int, full bool, err error) {
 	// The claim itself must not be cancelled by Stop: a claim that commits
 	// while its caller gives up would leave instructions in flight that
 	// nobody dispatches (until the reaper). It is short, so it gets its own
-	// timeout instead.
-	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.roundTripDeadline())
+	// timeout instead, which the run's registration covers.
+	claimCtx, cancel, err := r.claimContext(ctx)
+	if err != nil {
+		r.slots.Release(int64(want))
+		return 0, false, err
+	}
 	// Taken before the claim, so it is no later than the database's claim
 	// time: leases measured from it by this process's clock end no later
 	// than the database's, however the two clocks disagree.
@@ -395,7 +399,14 @@ func (r *run) claimSuspect(ctx context.Context) (int, bool, error) {
 	var err error
 	claimStart := time.Now()
 	if len(closed) > 0 {
-		claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.roundTripDeadline())
+		var claimCtx context.Context
+		var cancel context.CancelFunc
+		claimCtx, cancel, err = r.claimContext(ctx)
+		if err != nil {
+			r.slots.Release(all)
+			r.isolating.Store(false)
+			return 0, false, err
+		}
 		r.stats.claims.Add(1)
 		claimed, err = r.store.Claim(claimCtx, r.pool, store.ClaimParams{RelayerID: r.cfg.RelayerID, Limit: 1,
 			Leases: r.leases(closed), Suspects: true})

@@ -89,7 +89,7 @@ func (r *run) releaseLostClaim(ctx context.Context) error {
 	}
 	if l.claim {
 		lookCtx, cancel := r.bounded(ctx)
-		lost, err := r.store.LostClaims(lookCtx, r.pool, r.cfg.RelayerID, l.after, l.known)
+		lost, err := r.store.LostClaims(lookCtx, r.pool, r.cfg.RelayerID, r.reg.id, l.after, l.known)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("look for the claims of a claim whose reply was lost: %w", err)

@@ -46,10 +46,15 @@ type Stats struct {
 	Notifications    int64 // wakeups by NOTIFY
 	Polls            int64 // wakeups by the fallback poll timer
 	HotPolls         int64 // wakeups by a hot poll (shortly after a claim found work)
+	// IDConflicts counts the refreshes of this relayer's run registration
+	// that found another run of its relayer id live (refreshing its own):
+	// two processes under one id (Config.RelayerID).
+	IDConflicts int64
 }
 
 type counters struct {
 	claims, claimBatches, claimed, handoffs, outcomeWrites, dispatched, retried, dead, released, late, absorbed, leftInFlight, notifications, polls, hotPolls atomic.Int64
+	idConflicts                                                                                                                                               atomic.Int64
 	// outcomeWriteTime is in nanoseconds.
 	outcomeWriteTime atomic.Int64
 }
@@ -114,6 +119,8 @@ type Relayer struct {
 		// and retryLogTick the constant of that name.
 		retryLogNow  func() time.Time
 		retryLogTick time.Duration
+		// runRefresh replaces runRefreshInterval.
+		runRefresh time.Duration
 	}
 }
 
@@ -222,6 +229,12 @@ type Health struct {
 	// slot is held by an outcome waiting to be written the claim loop
 	// does not claim, so ClaimError alone would not tell.
 	RecordError error
+	// SharedID names the other runs of this relayer's id that its last
+	// registration refresh found live ("" if none): another process runs
+	// under the same relayer id, which must name one running relayer
+	// (Config.RelayerID). The relayer goes on; the readiness probe says
+	// degraded.
+	SharedID string
 }
 
 // Health reports whether the relayer runs and whether its listener is
@@ -233,6 +246,9 @@ func (r *Relayer) Health() Health {
 		h.ReadOnly = run.readOnly.Load()
 		h.ClaimError = run.claimFailure.get()
 		h.RecordError = run.rec.lastFailure()
+		if s := run.reg.shared.Load(); s != nil {
+			h.SharedID = *s
+		}
 	}
 	return h
 }
@@ -242,7 +258,7 @@ func (r *Relayer) Stats() Stats {
 	s := &r.stats
 	return Stats{
 		Claims: s.claims.Load(), ClaimBatches: s.claimBatches.Load(), Claimed: s.claimed.Load(), Handoffs: s.handoffs.Load(), OutcomeWrites: s.outcomeWrites.Load(), Dispatched: s.dispatched.Load(),
-		Retried: s.retried.Load(), Dead: s.dead.Load(), Released: s.released.Load(), Late: s.late.Load(), Absorbed: s.absorbed.Load(),
+		Retried: s.retried.Load(), Dead: s.dead.Load(), Released: s.released.Load(), Late: s.late.Load(), Absorbed: s.absorbed.Load(), IDConflicts: s.idConflicts.Load(),
 		LeftInFlight: s.leftInFlight.Load(), Notifications: s.notifications.Load(), Polls: s.polls.Load(),
 		HotPolls: s.hotPolls.Load(), OutcomeWriteTime: time.Duration(s.outcomeWriteTime.Load()),
 	}
@@ -281,6 +297,11 @@ func (r *Relayer) start(ctx context.Context) (<-chan struct{}, error) {
 		}
 		ru := r.newRun()
 		ru.schemaChecked.Store(checked)
+		// Before the first claim (registration.go); if the database is
+		// out of reach, the claim loop registers before it claims.
+		if err := ru.register(ctx); err != nil {
+			r.log.Warn("could not register this run; it is registered before its first claim", "err", err)
+		}
 		ru.start(context.WithoutCancel(ctx))
 		r.current.Store(ru)
 		r.log.Info("relayer started", "rails", r.cfg.Rails.Types(),
@@ -374,6 +395,13 @@ type run struct {
 	// lost is what the claim loop knows of a claim whose reply was lost
 	// (lostclaim.go). The claim loop's own.
 	lost lostClaim
+	// reg is the run's registration (registration.go), refreshed by
+	// refreshLoop until regDone. Nil for RelayOnce.
+	reg     *registration
+	regDone chan struct{}
+	// leftAtStart is Stats.LeftInFlight when the run began: more at its
+	// stop, and it leaves claims in flight that its registration covers.
+	leftAtStart int64
 	// handoffMu orders hand-offs before Stop's wait for dispatches.
 	handoffMu sync.RWMutex
 
@@ -415,6 +443,9 @@ func (r *Relayer) newRun() *run {
 		loopDone:     make(chan struct{}),
 		listenDone:   make(chan struct{}),
 		retryLogDone: make(chan struct{}),
+		reg:          newRegistration(),
+		regDone:      make(chan struct{}),
+		leftAtStart:  r.stats.leftInFlight.Load(),
 	}
 	ru.railLoad = make(map[string]*atomic.Int64)
 	for _, t := range r.cfg.Rails.Types() {
@@ -426,8 +457,8 @@ func (r *Relayer) newRun() *run {
 	return ru
 }
 
-// start launches the listener, the recorder, the claim loop and the retry
-// log's tick.
+// start launches the listener, the recorder, the claim loop, the retry
+// log's tick and the registration's refresh.
 func (r *run) start(ctx context.Context) {
 	if r.cfg.PollOnly {
 		close(r.listenDone)
@@ -439,6 +470,7 @@ func (r *run) start(ctx context.Context) {
 	go r.rec.loop()
 	go r.claimLoop(ctx)
 	go r.retryLogTicks()
+	go r.refreshLoop()
 }
 
 // stop is the run's part of Relayer.Stop.
@@ -507,6 +539,8 @@ func (r *run) stop(ctx context.Context) error {
 	if err := r.unregisterIdle(cleanup); err != nil {
 		r.log.Warn("could not unregister idle relayer", "err", err)
 	}
+	<-r.regDone
+	r.endRegistration(cleanup, stragglers || r.stats.leftInFlight.Load() > r.leftAtStart)
 	cancel()
 	if r.listenCancel != nil {
 		r.listenCancel()

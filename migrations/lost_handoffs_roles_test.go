@@ -29,7 +29,7 @@ func TestLostClaimsAsRelayerRole(t *testing.T) {
 	t.Parallel()
 	b := setupRoles(t)
 	relayer := b.as(t, migrations.RoleRelayer, "")
-	lost, err := b.st.LostClaims(b.ctx, relayer, "r-1", time.Now().Add(-time.Hour), nil)
+	lost, err := b.st.LostClaims(b.ctx, relayer, "r-1", uuid.Must(uuid.NewV4()), time.Now().Add(-time.Hour), nil)
 	if err != nil || len(lost) != 0 {
 		t.Fatalf("lost claims as %s: %+v, %v", migrations.RoleRelayer, lost, err)
 	}

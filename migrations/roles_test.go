@@ -1497,7 +1497,7 @@ func TestRolesHoldExactlyTheirPrivileges(t *testing.T) {
 	}
 	var want []string
 	readable := []string{"archive", "attempts", "attempts_detached", "checkpoints", "dead_letters", "idempotency_keys", "inflight",
-		"key_retirements", "pending", "rail_pause_events", "rail_pauses", "relayer_idle", "retired_keys", "schema_version", "sequences", "settings",
+		"key_retirements", "pending", "rail_pause_events", "rail_pauses", "relayer_idle", "relayer_runs", "retired_keys", "schema_version", "sequences", "settings",
 		"tenant_bindings"}
 	for _, role := range []string{migrations.RoleAuditor, migrations.RoleOperator} {
 		for _, table := range readable {
@@ -1526,7 +1526,9 @@ func TestRolesHoldExactlyTheirPrivileges(t *testing.T) {
 		"outbox_relayer inflight DELETE", "outbox_relayer inflight INSERT", "outbox_relayer inflight SELECT", "outbox_relayer inflight(lease_until) UPDATE",
 		"outbox_relayer pending DELETE", "outbox_relayer pending INSERT", "outbox_relayer pending SELECT", "outbox_relayer pending(next_attempt_at,retry_at) UPDATE",
 		"outbox_relayer rail_pauses SELECT", "outbox_relayer relayer_idle DELETE", "outbox_relayer relayer_idle INSERT",
-		"outbox_relayer relayer_idle SELECT", "outbox_relayer relayer_idle UPDATE", "outbox_relayer schema_version SELECT",
+		"outbox_relayer relayer_idle SELECT", "outbox_relayer relayer_idle UPDATE",
+		"outbox_relayer relayer_runs DELETE", "outbox_relayer relayer_runs INSERT", "outbox_relayer relayer_runs SELECT", "outbox_relayer relayer_runs UPDATE",
+		"outbox_relayer schema_version SELECT",
 		"outbox_relayer sequences SELECT", "outbox_relayer sequences(queued) UPDATE", "outbox_relayer settings SELECT",
 		"outbox_relayer settle_poison_dead_letters() EXECUTE", "outbox_relayer take_checkpoint() EXECUTE", "outbox_relayer vacuum_horizon() EXECUTE",
 	)

@@ -250,20 +250,25 @@ ORDER BY i.claimed_at, i.participant_id, i.sequence_id`
 // hashed every partition's rows). If the rows that are left come from
 // more than one transaction (another process claims under the same
 // relayer id), none is returned: the relayer cannot tell which are its
-// own, and they stay for the reaper. But when the lost claim did not
-// commit and another process of the same id claimed once since, that
-// claim is the one transaction left and is returned, though that process
-// dispatches it: nothing in its rows tells the two apart, so relayer ids
-// must name one running relayer (engine.Config.RelayerID). With unique
-// ids, none is returned when the lost claim did not commit. Only a
-// relayer recovering from a claim whose reply was lost calls it: a read
-// of the in-flight table.
-func (s *Store) LostClaims(ctx context.Context, db Querier, relayerID string, after time.Time, known []uuid.UUID) ([]Claimed, error) {
+// own, and they stay for the reaper. When the lost claim did not commit
+// and another process of the same id claimed once since, that claim is
+// the one transaction left, and nothing in its rows tells it from the
+// lost one; so none is returned either while another run of relayerID
+// than runID, the caller's (RegisterRun), is registered with a
+// ClaimsUntil after after: a claim that run dispatches may be among the
+// rows, and they stay for the reaper, as before the look existed. The
+// check is part of the statement, so a claim the look sees is one whose
+// run's registration it sees too. A run registered before the caller and
+// killed (its ClaimsUntil before after) does not stop the look: every
+// claim it dispatched began before after, and none of them is looked at.
+// Only a relayer recovering from a claim whose reply was lost calls it:
+// a read of the in-flight table.
+func (s *Store) LostClaims(ctx context.Context, db Querier, relayerID string, runID uuid.UUID, after time.Time, known []uuid.UUID) ([]Claimed, error) {
 	ids := make([]pgtype.UUID, len(known))
 	for i, id := range known {
 		ids[i] = pgtype.UUID{Bytes: id, Valid: true}
 	}
-	rows, err := db.Query(ctx, s.sql.lostClaims, relayerID, after, ids)
+	rows, err := db.Query(ctx, s.sql.lostClaims, relayerID, after, ids, pgtype.UUID{Bytes: runID, Valid: true})
 	if err != nil {
 		return nil, fmt.Errorf("lost claims: %w", err)
 	}
@@ -275,8 +280,8 @@ func (s *Store) LostClaims(ctx context.Context, db Querier, relayerID string, af
 }
 
 // lostClaimsSQL: see LostClaims. $1 relayer id, $2 the latest claimed_at
-// the relayer knows of, $3 the attempt ids it holds of the same call.
-// Same columns as claimTailSQL.
+// the relayer knows of, $3 the attempt ids it holds of the same call, $4
+// its run id. Same columns as claimTailSQL.
 const lostClaimsSQL = `
 WITH candidates AS (
   SELECT i.*, i.xmin AS tx FROM {schema}.inflight i
@@ -298,4 +303,6 @@ SELECT c.outbox_id, c.attempt_id, c.attempt_no, c.instruction_id, c.participant_
        c.rail_type, c.tenant_id, c.correlation_id, c.payload, c.claimed_at, c.lease_until, c.created_at
 FROM candidates c
 WHERE c.tx IN (SELECT tx FROM claims) AND (SELECT count(*) FROM claims) = 1
+  AND NOT EXISTS (SELECT 1 FROM {schema}.relayer_runs r
+                  WHERE r.relayer_id = $1 AND r.run_id <> $4 AND r.claims_until > $2)
 ORDER BY c.claimed_at, c.participant_id, c.sequence_id`

@@ -10,6 +10,10 @@ import (
 	"github.com/ledgerline/outbox/internal/store"
 )
 
+// thisRun is the run id of the looking relayer in the tests that
+// register no run.
+var thisRun = uuid.Must(uuid.NewV4())
+
 // lostOutboxIDs are the outbox ids of claims, sorted.
 func lostOutboxIDs(claims []store.Claimed) []uuid.UUID {
 	ids := make([]uuid.UUID, len(claims))
@@ -51,7 +55,7 @@ func TestLostClaimsAreTheLostClaimsOwn(t *testing.T) {
 		t.Fatalf("hand-off %+v, %v: want %s", handed, err, successor)
 	}
 
-	got, err := b.st.LostClaims(b.ctx, b.pool, "r1", known.ClaimedAt, nil)
+	got, err := b.st.LostClaims(b.ctx, b.pool, "r1", thisRun, known.ClaimedAt, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,18 +70,18 @@ func TestLostClaimsAreTheLostClaimsOwn(t *testing.T) {
 		{"the lost claim known by its time", lost[0].ClaimedAt, nil},
 		{"the lost claim known by its ids", known.ClaimedAt, []uuid.UUID{lost[0].AttemptID, lost[1].AttemptID}},
 	} {
-		if got, err := b.st.LostClaims(b.ctx, b.pool, "r1", c.after, c.known); err != nil || len(got) != 0 {
+		if got, err := b.st.LostClaims(b.ctx, b.pool, "r1", thisRun, c.after, c.known); err != nil || len(got) != 0 {
 			t.Fatalf("%s: lost claims %+v, %v; want none", c.name, got, err)
 		}
 	}
-	if got, err := b.st.LostClaims(b.ctx, b.pool, "r2", other.ClaimedAt, nil); err != nil || len(got) != 0 {
+	if got, err := b.st.LostClaims(b.ctx, b.pool, "r2", thisRun, other.ClaimedAt, nil); err != nil || len(got) != 0 {
 		t.Fatalf("r2's lost claims after its own: %+v, %v; want none", got, err)
 	}
 
 	// A second claim of r1 after the lost one: two transactions' rows, of
 	// which r1 could know one; none is returned.
 	b.claimOne(t, "r1", longLease)
-	if got, err := b.st.LostClaims(b.ctx, b.pool, "r1", known.ClaimedAt, nil); err != nil || len(got) != 0 {
+	if got, err := b.st.LostClaims(b.ctx, b.pool, "r1", thisRun, known.ClaimedAt, nil); err != nil || len(got) != 0 {
 		t.Fatalf("lost claims among two claims' rows: %+v, %v; want none", got, err)
 	}
 }
@@ -100,7 +104,7 @@ func TestLostClaimsUnderTheReaper(t *testing.T) {
 	if err != nil || len(lost) != 2 {
 		t.Fatalf("claimed %+v, %v: want pb's and pc's", lost, err)
 	}
-	found, err := b.st.LostClaims(b.ctx, b.pool, "r1", known.ClaimedAt, nil)
+	found, err := b.st.LostClaims(b.ctx, b.pool, "r1", thisRun, known.ClaimedAt, nil)
 	if err != nil || len(found) != 2 {
 		t.Fatalf("lost claims %+v, %v: want 2", found, err)
 	}
@@ -123,36 +127,81 @@ func TestLostClaimsUnderTheReaper(t *testing.T) {
 			t.Errorf("%s: %+v, want its requeued copy pending", c.OutboxID, w)
 		}
 	}
-	if got, err := b.st.LostClaims(b.ctx, b.pool, "r1", known.ClaimedAt, nil); err != nil || len(got) != 0 {
+	if got, err := b.st.LostClaims(b.ctx, b.pool, "r1", thisRun, known.ClaimedAt, nil); err != nil || len(got) != 0 {
 		t.Fatalf("lost claims after the reaper's: %+v, %v; want none", got, err)
 	}
 	b.record(t, recordOutcome(t, known, "r1", store.Dispatched))
 	b.verifyOK(t)
 }
 
-// TestLostClaimsCannotTellAnotherProcessOfTheSameID: the look's bound is
-// the claims of one run, so it cannot tell the lost claim's transaction
-// from a claim another process made under the same relayer id after it.
-// When the lost claim did not commit, the other process's claim is the one
-// transaction left, and LostClaims returns it while that process
-// dispatches it: its RELEASED rows would send those instructions again.
-// That is why a relayer id must name one running relayer (Config.RelayerID,
-// docs/operations.md); this pins the boundary the docs state.
-func TestLostClaimsCannotTellAnotherProcessOfTheSameID(t *testing.T) {
+// registerRun registers a run of relayerID whose claims the
+// registration covers for claimsFor.
+func (b *recordBundle) registerRun(t *testing.T, relayerID string, claimsFor time.Duration) store.Run {
+	t.Helper()
+	self, _, err := b.st.RegisterRun(b.ctx, b.pool, store.RunParams{RunID: uuid.Must(uuid.NewV7()), RelayerID: relayerID,
+		Host: "test-host", PID: 1, ClaimsFor: claimsFor})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return self
+}
+
+// TestLostClaimsLeaveAnotherRunsClaims: the look's bound is the claims of
+// one run, and nothing in the in-flight rows tells the lost claim's
+// transaction from a claim another process made under the same relayer
+// id after it. When the lost claim did not commit and the other process
+// claimed meanwhile, its claim is the one transaction left; before
+// migration 051 LostClaims returned it while that process dispatched it,
+// and its RELEASED rows sent those instructions again. Now each run is
+// registered (relayer_runs), and while another run of the id is, its
+// claims covered past the last claim this run heard of, the look returns
+// nothing: the rows are left to the reaper. Without the registration (the
+// other run ended it) the rows are what they were: the look returns the
+// claim again, which is why a run keeps its registration while a claim it
+// dispatches is in flight.
+func TestLostClaimsLeaveAnotherRunsClaims(t *testing.T) {
 	t.Parallel()
 	b := setupRecord(t)
 	b.enqueue(t, "pa", "ka1")
 	b.enqueue(t, "pb", "kb1")
-	known := b.claimOne(t, "r1", longLease) // the last claim this run of r1 heard of
+	me := b.registerRun(t, "r1", time.Hour)      // this run
+	sibling := b.registerRun(t, "r1", time.Hour) // another process started with the same id
+	known := b.claimOne(t, "r1", longLease)      // the last claim this run heard of
 	// This run's next claim fails without the server's answer and did
-	// not commit: nothing of it is in flight. Another process started
-	// with the same id claims meanwhile, and dispatches what it took.
-	sibling := b.claimOne(t, "r1", longLease)
-	got, err := b.st.LostClaims(b.ctx, b.pool, "r1", known.ClaimedAt, []uuid.UUID{known.AttemptID})
+	// not commit: nothing of it is in flight. The other process claims
+	// meanwhile, and dispatches what it took.
+	siblings := b.claimOne(t, "r1", longLease)
+	got, err := b.st.LostClaims(b.ctx, b.pool, "r1", me.RunID, known.ClaimedAt, []uuid.UUID{known.AttemptID})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 1 || got[0].AttemptID != sibling.AttemptID {
-		t.Fatalf("lost claims %+v: want the sibling's claim %s (the look cannot tell it from the lost one)", got, sibling.AttemptID)
+	if len(got) != 0 {
+		t.Fatalf("lost claims %+v: want none while another run of r1 is registered (its claim %s would be sent twice)", got, siblings.AttemptID)
+	}
+	if err := b.st.EndRun(b.ctx, b.pool, sibling.RunID); err != nil {
+		t.Fatal(err)
+	}
+	got, err = b.st.LostClaims(b.ctx, b.pool, "r1", me.RunID, known.ClaimedAt, []uuid.UUID{known.AttemptID})
+	if err != nil || len(got) != 1 || got[0].AttemptID != siblings.AttemptID {
+		t.Fatalf("lost claims %+v, %v: want the other run's claim %s once its registration is gone (nothing else tells)", got, err, siblings.AttemptID)
+	}
+}
+
+// TestLostClaimsAfterAKilledRunOfTheSameID: a run of the same relayer id
+// killed before this run heard of its first claim (a restart under a fixed
+// id) left its registration, whose claims ended before that claim: it does
+// not stop the look, which returns the lost claim's rows.
+func TestLostClaimsAfterAKilledRunOfTheSameID(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	b.enqueue(t, "pa", "ka1")
+	b.enqueue(t, "pb", "kb1")
+	b.registerRun(t, "r1", 0) // killed: its claims ended when it last refreshed
+	me := b.registerRun(t, "r1", time.Hour)
+	known := b.claimOne(t, "r1", longLease)
+	lost := b.claimOne(t, "r1", longLease) // committed, its reply lost
+	got, err := b.st.LostClaims(b.ctx, b.pool, "r1", me.RunID, known.ClaimedAt, []uuid.UUID{known.AttemptID})
+	if err != nil || len(got) != 1 || got[0].AttemptID != lost.AttemptID {
+		t.Fatalf("lost claims %+v, %v: want the lost claim %s", got, err, lost.AttemptID)
 	}
 }

@@ -121,6 +121,7 @@ type statements struct {
 	verifyCounts                                          string
 	verifyChecks                                          []string
 	registerIdle, unregisterIdle, forgetStaleIdle         string
+	registerRun, endRun, forgetEndedRuns, runs            string
 	ensurePartitions                                      string
 	takeCheckpoint, checkpoints                           string
 	retireKeys                                            string
@@ -189,6 +190,10 @@ func renderStatements(schema string) statements {
 		registerIdle:                    q(registerIdleSQL),
 		unregisterIdle:                  q(unregisterIdleSQL),
 		forgetStaleIdle:                 q(forgetStaleIdleSQL),
+		registerRun:                     q(registerRunSQL),
+		endRun:                          q(endRunSQL),
+		forgetEndedRuns:                 q(forgetEndedRunsSQL),
+		runs:                            q(runsSQL),
 		ensurePartitions:                q(ensurePartitionsSQL),
 		takeCheckpoint:                  q(takeCheckpointSQL),
 		retireKeys:                      q(retireKeysSQL),
