@@ -201,8 +201,10 @@ func (s *Server) Readiness(ctx context.Context) Readiness {
 	} else {
 		add("schema", fmt.Errorf("not checked: the database is unreachable"), "")
 	}
+	sharedID := "" // the relayer's other live runs of its id
 	if rl := s.cfg.Relayer; rl != nil {
 		h := rl.Health()
+		sharedID = h.SharedID
 		var err error
 		public := ""
 		switch {
@@ -250,6 +252,13 @@ func (s *Server) Readiness(ctx context.Context) Readiness {
 	}
 	if reads.horizon != "" {
 		degraded(reads.horizon, reads.horizonKey, "a transaction or replication slot holds back vacuum")
+	}
+	if sharedID != "" {
+		// Degraded, not not-ready: the relayer sends nothing twice on its
+		// own account (a lost claim's rows are left to the reaper), and
+		// taking both processes out would stop the work.
+		degraded(fmt.Sprintf("another relayer is running under this relayer's id (%s): give each its own --relayer-id", sharedID),
+			"another relayer is running under this relayer's id", "another relayer is running under this relayer's id")
 	}
 	if set := s.cfg.Rails; set != nil {
 		for _, t := range set.Types() {

@@ -32,10 +32,14 @@ type Batcher = store.Batcher
 // running relayer's claim loop looks for such claims and hands them back
 // (docs/architecture.md), bounded by the claims it heard of, which
 // passes, each its own, do not keep, and a look bounded otherwise could
-// take the claims a running relayer of the same id dispatches. For the
-// same reason, do not run passes under the id of a running relayer
-// (Config.RelayerID): that relayer's look after a lost claim of its own
-// could take a pass's claim while the pass sends it.
+// take the claims a running relayer of the same id dispatches.
+//
+// Each pass registers as a run of the relayer id through db before it
+// claims, and removes the registration once its outcomes are recorded (in
+// a transaction, both go with it): a running relayer of the same id
+// leaves the pass's claims alone while the pass sends them, and reports
+// the pass as another run of its id if it sees it. Do not run passes
+// under the id of a running relayer all the same (Config.RelayerID).
 func (r *Relayer) RelayOnce(ctx context.Context, db Batcher) ([]Recorded, error) {
 	if !r.onceSchemaChecked.Load() {
 		// As Start: on a schema behind this build, a claim could reach
@@ -51,16 +55,28 @@ func (r *Relayer) RelayOnce(ctx context.Context, db Batcher) ([]Recorded, error)
 		return nil, nil
 	}
 	ru := &run{Relayer: r, dispatchCtx: ctx, slotWait: ctx}
+	// The pass's registration covers its claims as a run's does
+	// (registration.go): they must be sent before its claims_until.
+	pass := newRegistration()
 	claimStart := time.Now()
+	if _, _, err := r.store.RegisterRun(ctx, db, store.RunParams{RunID: pass.id, RelayerID: r.cfg.RelayerID,
+		Host: pass.host, PID: pass.pid, ClaimsFor: runClaimsFor}); err != nil {
+		return nil, fmt.Errorf("engine: relay once: %w", err)
+	}
+	claimCtx, cancel := context.WithDeadline(ctx, claimStart.Add(runClaimsFor))
 	// As a running relayer claims: a half-open rail gets one instruction,
 	// its probe (the breaker would refuse the rest as CIRCUIT_OPEN).
-	claimed, err := ru.claim(ctx, db, r.cfg.BatchSize)
+	claimed, err := ru.claim(claimCtx, db, r.cfg.BatchSize)
 	if err == nil && len(claimed) == 0 {
 		// Nothing else due: one suspect, alone (see store.ClaimParams).
-		claimed, err = r.store.Claim(ctx, db, store.ClaimParams{RelayerID: r.cfg.RelayerID, Limit: 1,
+		claimed, err = r.store.Claim(claimCtx, db, store.ClaimParams{RelayerID: r.cfg.RelayerID, Limit: 1,
 			Leases: ru.leases(types), Suspects: true})
 	}
+	cancel()
 	if err != nil {
+		// The pass sends nothing: its registration covers no claim it
+		// dispatches (a claim that committed unheard is nobody's).
+		_ = r.store.EndRun(ctx, db, pass.id)
 		return nil, fmt.Errorf("engine: relay once: %w", err)
 	}
 	if len(claimed) > 0 {
@@ -84,7 +100,12 @@ func (r *Relayer) RelayOnce(ctx context.Context, db Batcher) ([]Recorded, error)
 	// finds the successors the outcomes made due.
 	recorded, _, err := r.store.Record(ctx, db, outcomes, store.HandoffParams{RelayerID: r.cfg.RelayerID})
 	if err != nil {
+		// The registration stays, covering the claims left in flight,
+		// until the reaper removes it.
 		return nil, fmt.Errorf("engine: relay once: %w", err)
+	}
+	if err := r.store.EndRun(ctx, db, pass.id); err != nil {
+		r.log.Warn("could not remove a pass's registration; the reaper's pass removes it", "run_id", pass.id, "err", err)
 	}
 	late := make(map[string]bool)
 	for _, rec := range recorded {

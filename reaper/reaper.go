@@ -71,6 +71,13 @@ const (
 	// pending trigger ignores rows older than 10 s), and killed relayers'
 	// rows would otherwise stay for good (store.ForgetStaleIdle).
 	staleIdleAfter = time.Hour
+	// endedRunsAfter is how long past its claims_until a relayer run's
+	// registration (relayer_runs) stays before a background pass removes
+	// it, once no claim in flight may be one it covers
+	// (store.ForgetEndedRuns): its run was killed, or stopped leaving
+	// claims in flight, and runs under ids no relayer takes again would
+	// otherwise stay for good.
+	endedRunsAfter = time.Hour
 	// checkpointDeadline bounds a checkpoint, which first waits up to 30 s
 	// for the transactions running when it began, then digests its period.
 	checkpointDeadline = 2 * time.Minute
@@ -521,7 +528,7 @@ func (r *Reaper) pass(ctx context.Context, failures *retry.Loop) {
 	perr := r.store.EnsurePartitions(pctx, r.pool, partitionMonthsAhead)
 	cancel()
 	_, err := r.RunOnce(ctx)
-	err = errors.Join(err, perr, r.forgetStaleIdle(ctx))
+	err = errors.Join(err, perr, r.forgetStaleIdle(ctx), r.forgetEndedRuns(ctx))
 	switch {
 	case ctx.Err() != nil:
 	case err != nil:
@@ -542,6 +549,21 @@ func (r *Reaper) forgetStaleIdle(ctx context.Context) error {
 	}
 	if n > 0 {
 		r.log.Info("removed the idle registrations of relayers gone without removing them", "count", n, "unrefreshed_for", staleIdleAfter)
+	}
+	return nil
+}
+
+// forgetEndedRuns removes the registrations of relayer runs that ended
+// without removing them (see endedRunsAfter).
+func (r *Reaper) forgetEndedRuns(ctx context.Context) error {
+	ctx, cancel := r.bounded(ctx, roundTripDeadline)
+	defer cancel()
+	n, err := r.store.ForgetEndedRuns(ctx, r.pool, endedRunsAfter)
+	if err != nil {
+		return fmt.Errorf("reaper: %w", err)
+	}
+	if n > 0 {
+		r.log.Info("removed the registrations of relayer runs that ended without removing them", "count", n, "claims_ended_more_than", endedRunsAfter)
 	}
 	return nil
 }

@@ -39,6 +39,7 @@ import (
 //	outbox_claim_batches_total, outbox_claimed_total, outbox_handoffs_total, outbox_notify_wakeups_total,
 //	outbox_poll_wakeups_total, outbox_hot_poll_wakeups_total, outbox_late_outcomes_total
 //	outbox_absorbed_outcomes_total             late outcomes of a claim that had one already, not archived
+//	outbox_relayer_id_conflicts_total          registration refreshes that found another process under this relayer id
 //	outbox_reaper_requeues_total               (with a reaper)
 //	outbox_reaper_poison_total                 poison instructions dead-lettered (with a reaper)
 type Metrics struct {
@@ -124,6 +125,7 @@ func newMetrics(pool *pgxpool.Pool, r *engine.Relayer, rp *reaper.Reaper, svc Co
 	counter("outbox_poll_wakeups_total", "Wakeups by the fallback poll.", func(s engine.Stats) int64 { return s.Polls })
 	counter("outbox_hot_poll_wakeups_total", "Wakeups by a hot poll (shortly after a claim found work).", func(s engine.Stats) int64 { return s.HotPolls })
 	counter("outbox_late_outcomes_total", "Outcomes recorded after the lease was reaped.", func(s engine.Stats) int64 { return s.Late })
+	counter("outbox_relayer_id_conflicts_total", "Refreshes of this relayer's run registration that found another process running under its relayer id (which must name one running relayer).", func(s engine.Stats) int64 { return s.IDConflicts })
 	counter("outbox_absorbed_outcomes_total", "Late outcomes not archived because their claim had an outcome already (a second outcome of one claim: two processes under one relayer id?).", func(s engine.Stats) int64 { return s.Absorbed })
 	states := prometheus.NewDesc("outbox_attempts_total", "Attempt outcomes recorded by this relayer, by state.", []string{"state"}, nil)
 	m.all = append(m.all, funcCollector{desc: states, collect: func(ch chan<- prometheus.Metric) {

@@ -205,3 +205,26 @@ func TestLostClaimsAfterAKilledRunOfTheSameID(t *testing.T) {
 		t.Fatalf("lost claims %+v, %v: want the lost claim %s", got, err, lost.AttemptID)
 	}
 }
+
+// TestForgetEndedRunsKeepsWhatCoversAClaimInFlight: the reaper's removal
+// of ended runs' registrations leaves one while a claim of its relayer id
+// that it may cover (claimed before its claims_until) is in flight, and
+// removes it once that claim has its outcome.
+func TestForgetEndedRunsKeepsWhatCoversAClaimInFlight(t *testing.T) {
+	t.Parallel()
+	b := setupRecord(t)
+	b.enqueue(t, "pa", "ka1")
+	c := b.claimOne(t, "r1", longLease)
+	covering := b.registerRun(t, "r1", 0) // claims_until after c's claim
+	b.registerRun(t, "r2", 0)             // nothing of r2 in flight
+	if n, err := b.st.ForgetEndedRuns(b.ctx, b.pool, 0); err != nil || n != 1 {
+		t.Fatalf("forgot %d, %v: want r2's run alone", n, err)
+	}
+	if runs, err := b.st.Runs(b.ctx, b.pool); err != nil || len(runs) != 1 || runs[0].RunID != covering.RunID {
+		t.Fatalf("runs %+v, %v: want r1's, which covers a claim in flight", runs, err)
+	}
+	b.record(t, recordOutcome(t, c, "r1", store.Dispatched))
+	if n, err := b.st.ForgetEndedRuns(b.ctx, b.pool, 0); err != nil || n != 1 {
+		t.Fatalf("forgot %d, %v: want r1's run once its claim has its outcome", n, err)
+	}
+}
