@@ -110,8 +110,12 @@ type Config struct {
 	// rows of one claim transaction after the last claim it heard of for
 	// that claim's and records them RELEASED (store.LostClaims), and the
 	// claim of another process running under the same id (or a RelayOnce
-	// pass under it) looks the same: its instructions would be sent again
-	// while that process sends them.
+	// pass under it) looks the same. Each run registers under its id
+	// (relayer_runs), so the look leaves the rows to the reaper while
+	// another run of the id may have made them, and a relayer that finds
+	// another live run of its id says so: an ERROR line naming both,
+	// Stats.IDConflicts, Health.SharedID. It still starts (a restart
+	// under a fixed id finds the killed run's registration).
 	RelayerID string
 	// Rails are the rails this relayer dispatches to (required). Only
 	// instructions of these rail types are claimed.

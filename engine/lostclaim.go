@@ -65,8 +65,9 @@ const releasedLostClaim = "released without calling the rail: claimed by a claim
 
 // releaseLostClaim looks, after a claim whose reply was lost, for what it
 // claimed (store.LostClaims: this relayer's rows of the one claim
-// transaction after the last claim it heard of, none of a hand-off's)
-// and records them RELEASED: no rail call, no attempt counted, due again
+// transaction after the last claim it heard of, none of a hand-off's,
+// and none while another run of its relayer id is registered with claims
+// after that one: registration.go) and records them RELEASED: no rail call, no attempt counted, due again
 // at once, and with ordering on still their participants' heads. A row
 // the reaper requeued meanwhile gets its RELEASED row as a late outcome
 // (the copy stays pending); a claim that did not commit left nothing to

@@ -79,7 +79,7 @@ type relayFlags struct {
 // register registers every flag of `outbox relay`.
 func (f *relayFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.railsConfig, "rails-config", "", "rail configuration file (JSON, see docs/relay-config.md); empty: the sandbox and event rails on the sandbox transport")
-	fs.StringVar(&f.relayerID, "relayer-id", "", "relayer id in attempt rows and logs, one per running relayer (default host-pid-random)")
+	fs.StringVar(&f.relayerID, "relayer-id", "", "relayer id in attempt rows and logs, one per running relayer: two processes under one id are reported (an ERROR line, outbox_relayer_id_conflicts_total, /readyz degraded) (default host-pid-random)")
 	fs.DurationVar(&f.secretCheck, "secret-check-interval", DefaultSecretCheckInterval, "how often webhook secret files are read again, a changed secret taking effect without a restart (SIGHUP: at once; docs/relay-config.md)")
 	f.registerShared(fs)
 	fs.StringVar(&f.adminAuditURL, "admin-audit-database-url", "", "where the console's and the API's audit verify runs: a hot standby (empty: the admin address's connection; on the primary its snapshot holds back vacuum while it runs)")
