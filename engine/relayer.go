@@ -53,8 +53,7 @@ type Stats struct {
 }
 
 type counters struct {
-	claims, claimBatches, claimed, handoffs, outcomeWrites, dispatched, retried, dead, released, late, absorbed, leftInFlight, notifications, polls, hotPolls atomic.Int64
-	idConflicts                                                                                                                                               atomic.Int64
+	claims, claimBatches, claimed, handoffs, outcomeWrites, dispatched, retried, dead, released, late, absorbed, leftInFlight, notifications, polls, hotPolls, idConflicts atomic.Int64
 	// outcomeWriteTime is in nanoseconds.
 	outcomeWriteTime atomic.Int64
 }
