@@ -73,9 +73,7 @@ type registration struct {
 	mu sync.Mutex // one refresh at a time (the timer's, the claim loop's)
 	// startedAt is the database's time of the first registration.
 	startedAt time.Time
-	// seen is each other run's seen_at as the last refresh found it, and
-	// logged when it was last named in an ERROR line.
-	seen   map[uuid.UUID]time.Time
+	// logged is when each other run was last named in an ERROR line.
 	logged map[uuid.UUID]time.Time
 	// shared describes the other live runs the last refresh found ("":
 	// none), for Health.SharedID.
@@ -90,7 +88,7 @@ func newRegistration() *registration {
 		host = "unknown"
 	}
 	return &registration{id: uuid.Must(uuid.NewV7()), host: host, pid: os.Getpid(), base: time.Now(),
-		seen: make(map[uuid.UUID]time.Time), logged: make(map[uuid.UUID]time.Time)}
+		logged: make(map[uuid.UUID]time.Time)}
 }
 
 // covers reports whether the last refresh heard back from covers a claim
@@ -147,26 +145,24 @@ func (r *run) register(ctx context.Context) error {
 // found. At the first, a registration not past its claims_until may be a
 // run killed moments ago (a restart under a fixed id) or a live one: it
 // is named at WARN, and reported as live only if it refreshes. Later, a
-// run is live if it refreshed since this run registered and since the
-// refresh before; a run killed or stopped leaves its row unrefreshed.
+// run is live if it refreshed since this run registered, within the last
+// runClaimsFor (by the database's clock): a run killed before this one
+// started never is, one killed since is for that long, and one stopped
+// gracefully removed its row. The window is long against the refresh
+// interval, so two runs whose refreshes drift apart do not flap.
 func (r *run) noteOthers(self store.Run, others []store.Run, first bool) {
 	g := r.reg
 	var live []store.Run
 	now := time.Now()
 	for _, o := range others {
-		prev, known := g.seen[o.RunID]
 		switch {
 		case first && o.ClaimsUntil.After(self.SeenAt):
 			r.log.Warn("another run of this relayer id is registered and was seen recently: a run killed moments ago, or another relayer running under this id (reported at ERROR if it refreshes its registration)",
 				"run_id", g.id, "host", g.host, "pid", g.pid,
 				"other_run_id", o.RunID, "other_host", o.Host, "other_pid", o.PID, "other_started_at", o.StartedAt, "other_seen_at", o.SeenAt)
-		case !first && o.SeenAt.After(g.startedAt) && (!known || o.SeenAt.After(prev)):
+		case !first && o.SeenAt.After(g.startedAt) && o.SeenAt.After(self.SeenAt.Add(-runClaimsFor)):
 			live = append(live, o)
 		}
-	}
-	clear(g.seen)
-	for _, o := range others {
-		g.seen[o.RunID] = o.SeenAt
 	}
 	if len(live) == 0 {
 		if g.shared.Load() != nil {
