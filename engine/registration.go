@@ -18,7 +18,7 @@ import (
 // Each run of a relayer (each Start) registers in relayer_runs under its
 // relayer id with a run id of its own, refreshes the registration every
 // runRefreshInterval on a timer of its own (never per claim), and removes
-// it when it stops gracefully (store.RegisterRun, migration 051). Two
+// it when it stops gracefully (store.RegisterRun, migration 052). Two
 // things rest on it:
 //
 //   - The look for a lost claim's rows (releaseLostClaim) tells this run's

@@ -20,7 +20,7 @@ import (
 // had it: without resume_rail_shown's lines.
 func rolesBefore047(sql string) string {
 	var lines []string
-	for _, line := range strings.Split(rolesBefore051(sql), "\n") {
+	for _, line := range strings.Split(rolesBefore052(sql), "\n") {
 		if !strings.Contains(line, "resume_rail_shown") && !strings.Contains(line, "migration 047") {
 			lines = append(lines, line)
 		}

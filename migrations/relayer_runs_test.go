@@ -11,12 +11,12 @@ import (
 	"github.com/ledgerline/outbox/migrations"
 )
 
-// rolesBefore051 is the roles script as the builds before migration 051
+// rolesBefore052 is the roles script as the builds before migration 052
 // had it: no relayer_runs.
-func rolesBefore051(sql string) string {
+func rolesBefore052(sql string) string {
 	var lines []string
 	for _, line := range strings.Split(sql, "\n") {
-		if !strings.Contains(line, "relayer_runs") && !strings.Contains(line, "migration 051") {
+		if !strings.Contains(line, "relayer_runs") && !strings.Contains(line, "migration 052") {
 			lines = append(lines, line)
 		}
 	}
@@ -33,15 +33,15 @@ func TestRelayerRunsAsEachRole(t *testing.T) {
 	t.Parallel()
 	b := setupRoles(t)
 	const upgraded = "runs_upgrade"
-	if err := migrations.MigrateWith(b.ctx, b.admin, migrations.Options{Schema: upgraded, TargetVersion: 50}); err != nil {
+	if err := migrations.MigrateWith(b.ctx, b.admin, migrations.Options{Schema: upgraded, TargetVersion: 51}); err != nil {
 		t.Fatal(err)
 	}
 	sql, err := migrations.RolesSQL(upgraded)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.admin.Exec(b.ctx, rolesBefore051(sql)); err != nil {
-		t.Fatalf("roles at version 50: %v", err)
+	if _, err := b.admin.Exec(b.ctx, rolesBefore052(sql)); err != nil {
+		t.Fatalf("roles at version 51: %v", err)
 	}
 	if err := migrations.MigrateWith(b.ctx, b.as(t, migrations.RoleOwner, ""), migrations.Options{Schema: upgraded}); err != nil {
 		t.Fatalf("upgrade as the owner: %v", err)

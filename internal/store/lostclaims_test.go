@@ -151,7 +151,7 @@ func (b *recordBundle) registerRun(t *testing.T, relayerID string, claimsFor tim
 // transaction from a claim another process made under the same relayer
 // id after it. When the lost claim did not commit and the other process
 // claimed meanwhile, its claim is the one transaction left; before
-// migration 051 LostClaims returned it while that process dispatched it,
+// migration 052 LostClaims returned it while that process dispatched it,
 // and its RELEASED rows sent those instructions again. Now each run is
 // registered (relayer_runs), and while another run of the id is, its
 // claims covered past the last claim this run heard of, the look returns

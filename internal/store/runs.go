@@ -11,7 +11,7 @@ import (
 )
 
 // Run is one run of a relayer (a Start, a RelayOnce pass) as registered
-// in relayer_runs (migration 051).
+// in relayer_runs (migration 052).
 type Run struct {
 	RunID     uuid.UUID
 	RelayerID string

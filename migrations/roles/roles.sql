@@ -146,7 +146,7 @@ GRANT SELECT, INSERT ON {{schema}}.attempts, {{schema}}.dead_letters TO outbox_r
 GRANT SELECT ON {{schema}}.checkpoints TO outbox_relayer;
 GRANT EXECUTE ON FUNCTION {{schema}}.take_checkpoint(timestamptz, interval, interval) TO outbox_relayer;
 GRANT SELECT, INSERT, UPDATE, DELETE ON {{schema}}.relayer_idle TO outbox_relayer;
--- Each run's registration under its relayer id (migration 051).
+-- Each run's registration under its relayer id (migration 052).
 GRANT SELECT, INSERT, UPDATE, DELETE ON {{schema}}.relayer_runs TO outbox_relayer;
 GRANT EXECUTE ON FUNCTION {{schema}}.ensure_attempt_partitions(int) TO outbox_relayer;
 GRANT EXECUTE ON FUNCTION {{schema}}.settle_poison_dead_letters(uuid[]) TO outbox_relayer;

@@ -1,4 +1,4 @@
--- Each running relayer registers under its relayer id, migration 051.
+-- Each running relayer registers under its relayer id, migration 052.
 --
 -- A relayer that lost a claim's commit reply looks for what that claim
 -- took (LostClaims in internal/store/handoff.go) and hands it back
