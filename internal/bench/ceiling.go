@@ -281,11 +281,7 @@ func (r *runner) ceilingEnqueue(ctx context.Context, bin, dir string, clients in
 		return Result{}, err
 	}
 	defer drop()
-	// At least long enough for each client to run, at the rate, four
-	// times the transactions readTxLogs leaves out: a test's short run (32
-	// clients at 200/s for a second) on a busy machine once gave no client
-	// a transaction past its warm-up, and so had no figure.
-	secs := max(1, int(r.cfg.Duration.Seconds()/2), int(math.Ceil(float64(4*warmTransactions*clients)/float64(max(r.cfg.Rate, 1)))))
+	secs := r.pgbenchSeconds(clients)
 	script, err := r.enqueueScript(st)
 	if err != nil {
 		return Result{}, err
@@ -365,7 +361,7 @@ func (r *runner) ceilingAtRate(ctx context.Context, bin, dir, statements string)
 		}
 	}
 	clients := max(r.cfg.Producers, latencyProducers)
-	secs := max(1, int(r.cfg.Duration.Seconds()/2))
+	secs := r.pgbenchSeconds(clients)
 	prefix := filepath.Join(dir, fmt.Sprintf("txlog-%x", rand.Uint32()))
 	run, err := r.runPgBench(ctx, bin, dir, script, clients,
 		[]string{"-T", strconv.Itoa(secs), "-R", strconv.Itoa(r.cfg.Rate), "-l", "--log-prefix", prefix})
@@ -381,6 +377,16 @@ func (r *runner) ceilingAtRate(ctx context.Context, bin, dir, statements string)
 		MsgsPerSec: run.tps, Rate: ptr(float64(r.cfg.Rate)), AchievedRate: ptr(achieved),
 		EnqueueP50: ms(own, 50), EnqueueP99: ms(own, 99), Seconds: float64(secs), Statements: statements, Clients: clients,
 		Note: fmt.Sprintf("pgbench schedule lag (the wait for a free client) p99 %.2f ms", *ms(lag, 99))}, nil
+}
+
+// pgbenchSeconds is how long a pgbench run of the enqueue statements
+// lasts: half of Config.Duration, and at least long enough for each of
+// clients to run, at the rate, four times the transactions readTxLogs
+// leaves out. A test's short run (32 clients at 200/s for a second) on a
+// busy machine gave no client a transaction past its warm-up, or none at
+// all while its connections were still being made, and so had no figure.
+func (r *runner) pgbenchSeconds(clients int) int {
+	return max(1, int(r.cfg.Duration.Seconds()/2), int(math.Ceil(float64(4*warmTransactions*clients)/float64(max(r.cfg.Rate, 1)))))
 }
 
 // warmTransactions is how many transactions of each pgbench client
@@ -405,6 +411,11 @@ func readTxLogs(prefix string) (own, lag *hdrhistogram.Histogram, err error) {
 			return nil, nil, err
 		}
 		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			if line == "" {
+				// A client that ran no transaction (all its time went
+				// to its connection, on a busy machine) logs nothing.
+				continue
+			}
 			fields := strings.Fields(line)
 			if len(fields) < 7 {
 				return nil, nil, fmt.Errorf("pgbench log %s: %q is not a transaction with its schedule lag", f, line)

@@ -1,6 +1,9 @@
 package bench
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -133,5 +136,32 @@ func TestPgbenchSQLRefusesMismatchedArguments(t *testing.T) {
 		if got, err := pgbenchSQL(q, args); err == nil {
 			t.Errorf("%s: %q, want an error", name, got)
 		}
+	}
+}
+
+// TestTxLogsOfAClientThatRanNothing: pgbench's per-client log of a client
+// that ran no transaction (its connection took the whole run, on a busy
+// machine) is empty; the other clients' transactions still count. An
+// empty log was read as a line that was no transaction, and the ceiling
+// failed.
+func TestTxLogsOfAClientThatRanNothing(t *testing.T) {
+	t.Parallel()
+	prefix := filepath.Join(t.TempDir(), "txlog")
+	var lines strings.Builder
+	for i := range warmTransactions + 2 {
+		fmt.Fprintf(&lines, "0 %d 1500 0 1700000000 %d 200\n", i, i)
+	}
+	for name, text := range map[string]string{".1": lines.String(), ".1.1": ""} {
+		if err := os.WriteFile(prefix+name, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	own, lag, err := readTxLogs(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if own.TotalCount() != 2 || own.Max() < 1300 || lag.Max() < 200 {
+		t.Errorf("%d transactions, own time up to %d µs, lag up to %d: want the two past the warm-up, 1,300 and 200 µs",
+			own.TotalCount(), own.Max(), lag.Max())
 	}
 }
