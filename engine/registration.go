@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -118,17 +119,31 @@ func (r *run) refreshEvery() time.Duration {
 }
 
 // register registers this run, or refreshes its registration, and
-// reports the other runs of its relayer id it finds.
+// reports the other runs of its relayer id it finds. A refresh never
+// makes the registration again (store.RunParams.Refresh): a refresh the
+// stop gave up on, run late by the server, would otherwise bring back
+// the row the stop's endRegistration removed after it, and the id would
+// look shared for runClaimsFor.
 func (r *run) register(ctx context.Context) error {
 	g := r.reg
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	sent := time.Now()
 	ctx, cancel := r.bounded(ctx)
-	self, others, err := r.store.RegisterRun(ctx, r.pool, store.RunParams{RunID: g.id, RelayerID: r.cfg.RelayerID,
-		Host: g.host, PID: g.pid, ClaimsFor: runClaimsFor})
-	cancel()
+	defer cancel()
+	p := store.RunParams{RunID: g.id, RelayerID: r.cfg.RelayerID, Host: g.host, PID: g.pid, ClaimsFor: runClaimsFor,
+		Refresh: !g.startedAt.IsZero()}
+	self, others, err := r.store.RegisterRun(ctx, r.pool, p)
 	g.refreshes.Add(1)
+	if errors.Is(err, store.ErrRunNotRegistered) {
+		// Only the reaper's pass removes a live run's row, after it could
+		// not refresh it for over an hour.
+		r.log.Warn("this run's registration was removed while it ran (it could not refresh it for a long time); registering it again",
+			"run_id", g.id)
+		p.Refresh = false
+		self, others, err = r.store.RegisterRun(ctx, r.pool, p)
+		g.refreshes.Add(1)
+	}
 	if err != nil {
 		return fmt.Errorf("register this run of the relayer: %w", err)
 	}

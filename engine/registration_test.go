@@ -168,3 +168,34 @@ func TestRegistrationIsNotRefreshedPerClaim(t *testing.T) {
 		t.Errorf("the registration was refreshed (%v, %v), want it as made at start", refreshed, err)
 	}
 }
+
+// TestARemovedRegistrationIsMadeAgain: a run's refresh never makes its
+// registration (store.RunParams.Refresh), so a row removed while the run
+// goes on (the reaper's pass removes one that could not refresh for over
+// an hour) is made again by the next refresh, with a WARN line, and the
+// run keeps its id and start.
+func TestARemovedRegistrationIsMadeAgain(t *testing.T) {
+	t.Parallel()
+	b := setup(t, rails.SandboxOptions{})
+	var logs lockedBuffer
+	r := b.newLogged(t, "removed", &logs, 20*time.Millisecond)
+	b.startAndCleanUp(t, r)
+	id := r.current.Load().reg.id
+	if _, err := b.pool.Exec(b.ctx, `DELETE FROM outbox.relayer_runs WHERE run_id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(logs.String(), "registering it again"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no WARN about the removed registration; log:\n%s", logs.String())
+		}
+	}
+	var n int
+	for deadline := time.Now().Add(30 * time.Second); n != 1; time.Sleep(10 * time.Millisecond) {
+		if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM outbox.relayer_runs WHERE run_id = $1 AND relayer_id = 'removed'`, id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d registrations of the run after its row was removed, want it made again", n)
+		}
+	}
+}

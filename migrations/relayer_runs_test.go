@@ -54,7 +54,7 @@ func TestRelayerRunsAsEachRole(t *testing.T) {
 		if err != nil || self.RunID != run || len(others) != 0 {
 			t.Fatalf("%s: register as %s: %+v, %+v, %v", schema, migrations.RoleRelayer, self, others, err)
 		}
-		if _, _, err := st.RegisterRun(b.ctx, relayer, store.RunParams{RunID: run, RelayerID: "r-1", Host: "h", PID: 1, ClaimsFor: time.Minute}); err != nil {
+		if _, _, err := st.RegisterRun(b.ctx, relayer, store.RunParams{RunID: run, RelayerID: "r-1", ClaimsFor: time.Minute, Refresh: true}); err != nil {
 			t.Fatalf("%s: refresh as %s: %v", schema, migrations.RoleRelayer, err)
 		}
 		if lost, err := st.LostClaims(b.ctx, relayer, "r-1", run, time.Now().Add(-time.Hour), nil); err != nil || len(lost) != 0 {

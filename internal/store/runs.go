@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -35,7 +36,21 @@ type RunParams struct {
 	// registration covers the run's claims: ClaimsUntil becomes now plus
 	// ClaimsFor, never earlier than it was.
 	ClaimsFor time.Duration
+	// Refresh refreshes a registration made before and never makes one:
+	// a registration removed meanwhile (EndRun, ForgetEndedRuns) stays
+	// removed and RegisterRun returns ErrRunNotRegistered. A run's
+	// periodic refresh uses it, so that a refresh whose statement the
+	// server runs late (its caller gave up on it at a stop, its cancel
+	// request arrived before the statement did) cannot bring back the
+	// registration the stop removed after it.
+	Refresh bool
 }
+
+// ErrRunNotRegistered is returned by a refresh (RunParams.Refresh) of a
+// registration that does not exist: it was removed, by the run's own
+// EndRun or by ForgetEndedRuns after the run could not refresh it for
+// longer than ForgetEndedRuns's age.
+var ErrRunNotRegistered = errors.New("relayer run not registered")
 
 // RegisterRun registers a run of a relayer under its relayer id, or
 // refreshes its registration, and returns it and the other runs
@@ -49,8 +64,13 @@ type RunParams struct {
 // returns nothing while another run of the id has a ClaimsUntil after the
 // last claim the looking run heard of.
 func (s *Store) RegisterRun(ctx context.Context, db Querier, p RunParams) (self Run, others []Run, err error) {
-	rows, err := db.Query(ctx, s.sql.registerRun, pgtype.UUID{Bytes: p.RunID, Valid: true}, p.RelayerID, p.Host, p.PID,
-		p.ClaimsFor.Microseconds())
+	runID := pgtype.UUID{Bytes: p.RunID, Valid: true}
+	var rows pgx.Rows
+	if p.Refresh {
+		rows, err = db.Query(ctx, s.sql.refreshRun, runID, p.RelayerID, p.ClaimsFor.Microseconds())
+	} else {
+		rows, err = db.Query(ctx, s.sql.registerRun, runID, p.RelayerID, p.Host, p.PID, p.ClaimsFor.Microseconds())
+	}
 	if err != nil {
 		return Run{}, nil, fmt.Errorf("register relayer run: %w", err)
 	}
@@ -70,6 +90,9 @@ func (s *Store) RegisterRun(ctx context.Context, db Querier, p RunParams) (self 
 	}
 	if err := rows.Err(); err != nil {
 		return Run{}, nil, fmt.Errorf("register relayer run: %w", err)
+	}
+	if !mine && p.Refresh {
+		return Run{}, nil, fmt.Errorf("refresh relayer run %s: %w", p.RunID, ErrRunNotRegistered)
 	}
 	if !mine {
 		return Run{}, nil, fmt.Errorf("register relayer run %s: no row returned", p.RunID)
@@ -132,6 +155,19 @@ WITH me AS (
   INSERT INTO {schema}.relayer_runs AS r (run_id, relayer_id, host, pid, claims_until)
   VALUES ($1, $2, $3, $4, clock_timestamp() + $5::bigint * interval '1 microsecond')
   ON CONFLICT (run_id) DO UPDATE SET seen_at = clock_timestamp(), claims_until = greatest(r.claims_until, excluded.claims_until)
+  RETURNING ` + runColumns + `
+)
+SELECT true, ` + runColumns + ` FROM me
+UNION ALL
+SELECT false, ` + runColumns + ` FROM {schema}.relayer_runs o WHERE o.relayer_id = $2 AND o.run_id <> $1`
+	// refreshRunSQL: $1 run id, $2 relayer id, $3 as registerRunSQL's $5.
+	// An UPDATE, never an INSERT: no row of the run, no row returned as
+	// mine.
+	refreshRunSQL = `
+WITH me AS (
+  UPDATE {schema}.relayer_runs r SET seen_at = clock_timestamp(),
+    claims_until = greatest(r.claims_until, clock_timestamp() + $3::bigint * interval '1 microsecond')
+  WHERE r.run_id = $1
   RETURNING ` + runColumns + `
 )
 SELECT true, ` + runColumns + ` FROM me

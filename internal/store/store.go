@@ -99,40 +99,40 @@ func qualify(schema, query string) string { return strings.ReplaceAll(query, "{s
 type statements struct {
 	insertKeys, insertPending, lookupKeys string
 	// The same three for one instruction (see single).
-	insertKeyOne, insertPendingOne, lookupKeyOne          string
-	claim, claimSuspects, suspectsDue, handoff            string
-	handoffSuccessors, recordLate                         string
-	handoffFenced, handoffFencedSuccessors                string
-	record, recordDispatched, withdraw, settlePoison      string
-	lockParticipants, lockParticipantsLate                string
-	lostHandoffs, lostClaims                              string
-	reap, reapLock                                        string
-	replay, acknowledge, cancel                           string
-	trailByOutbox, trailByInstruction                     string
-	openDeadLetters, allDeadLetters                       string
-	participantOpenDeadLetters, participantAllDeadLetters string
-	countOpenDeadLetters, countAllDeadLetters             string
-	countParticipantOpenDeadLetters                       string
-	countParticipantAllDeadLetters                        string
-	listPending, listPendingByInstruction                 string
-	listPendingByParticipant, listPendingByRail           string
-	snapshot, idleRelayers, dueOlderThan, archiveHealth   string
-	vacuumHorizon                                         string
-	verifyCounts                                          string
-	verifyChecks                                          []string
-	registerIdle, unregisterIdle, forgetStaleIdle         string
-	registerRun, endRun, forgetEndedRuns, runs            string
-	ensurePartitions                                      string
-	takeCheckpoint, checkpoints                           string
-	retireKeys                                            string
-	keysRetired                                           string
-	dropRetiredKeys                                       string
-	partitions                                            string
-	listQueued, listQueuedOf, listQueuedOfRail            string
-	listInFlight, listInFlightOf, participant             string
-	participantHead, lastError                            string
-	railActivity, liveRelayers, deadLetter                string
-	verifyChains, verifyCheckpoints, verifyDigests        string
+	insertKeyOne, insertPendingOne, lookupKeyOne           string
+	claim, claimSuspects, suspectsDue, handoff             string
+	handoffSuccessors, recordLate                          string
+	handoffFenced, handoffFencedSuccessors                 string
+	record, recordDispatched, withdraw, settlePoison       string
+	lockParticipants, lockParticipantsLate                 string
+	lostHandoffs, lostClaims                               string
+	reap, reapLock                                         string
+	replay, acknowledge, cancel                            string
+	trailByOutbox, trailByInstruction                      string
+	openDeadLetters, allDeadLetters                        string
+	participantOpenDeadLetters, participantAllDeadLetters  string
+	countOpenDeadLetters, countAllDeadLetters              string
+	countParticipantOpenDeadLetters                        string
+	countParticipantAllDeadLetters                         string
+	listPending, listPendingByInstruction                  string
+	listPendingByParticipant, listPendingByRail            string
+	snapshot, idleRelayers, dueOlderThan, archiveHealth    string
+	vacuumHorizon                                          string
+	verifyCounts                                           string
+	verifyChecks                                           []string
+	registerIdle, unregisterIdle, forgetStaleIdle          string
+	registerRun, refreshRun, endRun, forgetEndedRuns, runs string
+	ensurePartitions                                       string
+	takeCheckpoint, checkpoints                            string
+	retireKeys                                             string
+	keysRetired                                            string
+	dropRetiredKeys                                        string
+	partitions                                             string
+	listQueued, listQueuedOf, listQueuedOfRail             string
+	listInFlight, listInFlightOf, participant              string
+	participantHead, lastError                             string
+	railActivity, liveRelayers, deadLetter                 string
+	verifyChains, verifyCheckpoints, verifyDigests         string
 }
 
 func renderStatements(schema string) statements {
@@ -191,6 +191,7 @@ func renderStatements(schema string) statements {
 		unregisterIdle:                  q(unregisterIdleSQL),
 		forgetStaleIdle:                 q(forgetStaleIdleSQL),
 		registerRun:                     q(registerRunSQL),
+		refreshRun:                      q(refreshRunSQL),
 		endRun:                          q(endRunSQL),
 		forgetEndedRuns:                 q(forgetEndedRunsSQL),
 		runs:                            q(runsSQL),
