@@ -398,8 +398,17 @@ func TestFaultOutcomesLostWithAnAsynchronousStandby(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	sb := startSandbox(t, sandboxFlags{seed: int64(seed), latencyMin: 1500 * time.Millisecond, latencyMax: 1500 * time.Millisecond})
-	f := newFleet(t, writeRailsConfig(t, sb.url), func(int) string { return dbURL })
+	// The margins are wide for a loaded machine (make test's -race, every
+	// package at once): the rail answers 5 s after each call, the time
+	// the test has to cut the stream once it sees the claims; the lease
+	// grace of 5 s is how late a claimed instruction may reach the rail
+	// (with the suite's 1 s, claims that waited longer were released
+	// and claimed again after the cut, on the primary alone, and their
+	// rail calls were lost with it).
+	const latency, timeout, grace = 5 * time.Second, 8 * time.Second, 5 * time.Second
+	sb := startSandbox(t, sandboxFlags{seed: int64(seed), latencyMin: latency, latencyMax: latency})
+	f := newFleet(t, writeRailsConfigTimeout(t, sb.url, timeout), func(int) string { return dbURL })
+	f.extraArgs = []string{"--lease-grace", grace.String()}
 	f.start(1)
 
 	poll(t, 30*time.Second, "every instruction in flight on the primary", func() (bool, string) {
@@ -409,8 +418,8 @@ func TestFaultOutcomesLostWithAnAsynchronousStandby(t *testing.T) {
 		}
 		return v[0] == n, fmt.Sprintf("%d of %d in flight", v[0], n)
 	})
-	// The rail answers 1.5 s after the claim: the outcomes are not
-	// written yet.
+	// The rail answers 5 s after the claim: the outcomes are not written
+	// yet.
 	replication.blackHole()
 	// Commits waiting for the standby (none should) are released, and the
 	// outcomes commit on the primary alone.
@@ -426,6 +435,12 @@ func TestFaultOutcomesLostWithAnAsynchronousStandby(t *testing.T) {
 		}
 		return v[0] == n, fmt.Sprintf("%d of %d dispatched", v[0], n)
 	})
+	// The scene needs one claim of each instruction, made before the cut
+	// (so the standby has it): another is an instruction released and
+	// claimed again after the cut, whose rail call the failover loses.
+	if v := mustInts(t, onPrimary, `SELECT count(*) FROM outbox.attempts WHERE state = 'DISPATCHING'`); v[0] != n {
+		t.Fatalf("%d claims on the primary, want one for each of the %d instructions: the test's margins were too short for this machine, it proves nothing", v[0], n)
+	}
 	if err := primary.Crash(ctx); err != nil {
 		t.Fatalf("crash the primary: %v", err)
 	}

@@ -341,13 +341,19 @@ func (s *sandboxServer) get(t *testing.T, path string, v any) {
 // server, with the short rail timeout the lease is built from.
 func writeRailsConfig(t *testing.T, sandboxURL string) string {
 	t.Helper()
+	return writeRailsConfigTimeout(t, sandboxURL, railTimeout)
+}
+
+// writeRailsConfigTimeout is writeRailsConfig with another rail timeout.
+func writeRailsConfigTimeout(t *testing.T, sandboxURL string, timeout time.Duration) string {
+	t.Helper()
 	cfg := rails.Config{
 		Transports: map[string]rails.TransportConfig{
 			"sandbox-server": {Kind: "webhook", Webhook: &rails.WebhookConfig{URL: sandboxURL + "/pay", SecretEnv: secretEnv}},
 		},
 		Rails: []rails.RailConfig{{
 			Type: "sandbox", Profile: "generic", Transport: "sandbox-server",
-			Currencies: []string{"USD"}, Timeout: railTimeout.String(),
+			Currencies: []string{"USD"}, Timeout: timeout.String(),
 		}},
 	}
 	b, err := json.MarshalIndent(cfg, "", "  ")
