@@ -27,12 +27,6 @@ BENCHTIME ?= 1x
 demo: postgres
 	$(GO) run ./cmd/outbox demo $(ARGS)
 
-## test: go vet, every test with the race detector, then short fuzz runs
-## (the PgBouncer, promtool, browser and strace tests must run: a missing
-## binary fails them)
-test: postgres pgbouncer promtool chromium strace vet lint
-	OUTBOX_REQUIRE_PGBOUNCER=1 OUTBOX_REQUIRE_PROMTOOL=1 OUTBOX_REQUIRE_CHROMIUM=1 OUTBOX_REQUIRE_STRACE=1 $(GO) test -race -count=1 -timeout 30m $(SLOWTESTS) ./...
-
 # The packages whose tests take longest, longest first, ahead of ./...
 # (which go test then runs without them again): go test starts the
 # packages' test binaries in the order given, GOMAXPROCS at a time, and
@@ -40,6 +34,12 @@ test: postgres pgbouncer promtool chromium strace vet lint
 # leases and failovers), last in ./...'s order, ran alone for all of it
 # (make test 17 m 21 s on a 2-core machine).
 SLOWTESTS := ./test ./internal/store ./admin ./engine ./cmd/outbox ./internal/bench ./migrations
+
+## test: go vet, every test with the race detector, then short fuzz runs
+## (the PgBouncer, promtool, browser and strace tests must run: a missing
+## binary fails them)
+test: postgres pgbouncer promtool chromium strace vet lint
+	OUTBOX_REQUIRE_PGBOUNCER=1 OUTBOX_REQUIRE_PROMTOOL=1 OUTBOX_REQUIRE_CHROMIUM=1 OUTBOX_REQUIRE_STRACE=1 $(GO) test -race -count=1 -timeout 30m $(SLOWTESTS) ./...
 	$(MAKE) --no-print-directory fuzz
 
 vet:

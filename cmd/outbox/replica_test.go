@@ -14,6 +14,7 @@ import (
 
 	"github.com/ledgerline/outbox/engine"
 	"github.com/ledgerline/outbox/internal/pglocal"
+	"github.com/ledgerline/outbox/internal/testdb"
 	"github.com/ledgerline/outbox/payment"
 	"github.com/ledgerline/outbox/pending"
 	"github.com/ledgerline/outbox/rails"
@@ -29,7 +30,11 @@ import (
 func TestReadOnlyCommandsOnAReplica(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	primary, err := pglocal.Start(ctx, pglocal.Options{Ephemeral: true, TCP: true})
+	// Two minutes to start each cluster, not pglocal's 30 s: make test
+	// runs this beside every other package (testdb.Starting).
+	starting, cancel := testdb.Starting(ctx)
+	defer cancel()
+	primary, err := pglocal.Start(starting, pglocal.Options{Ephemeral: true, TCP: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +43,7 @@ func TestReadOnlyCommandsOnAReplica(t *testing.T) {
 	requireExit(t, invokeCLI(t, nil, "", "migrate", "--database-url", purl), 0)
 	// Auditors' settings (docs/operations.md): replay waits for their
 	// queries instead of cancelling them; the primary vacuums freely.
-	replica, err := primary.StartReplica(ctx, pglocal.Options{TCP: true,
+	replica, err := primary.StartReplica(starting, pglocal.Options{TCP: true,
 		Settings: map[string]string{"max_standby_streaming_delay": "-1", "hot_standby_feedback": "off"}})
 	if err != nil {
 		t.Fatal(err)
