@@ -27,19 +27,11 @@ BENCHTIME ?= 1x
 demo: postgres
 	$(GO) run ./cmd/outbox demo $(ARGS)
 
-# The packages whose tests take longest, longest first, ahead of ./...
-# (which go test then runs without them again): go test starts the
-# packages' test binaries in the order given, GOMAXPROCS at a time, and
-# the fault suite (./test, over 5 minutes, mostly waiting on processes,
-# leases and failovers), last in ./...'s order, ran alone for all of it
-# (make test 17 m 21 s on a 2-core machine).
-SLOWTESTS := ./test ./internal/store ./admin ./engine ./cmd/outbox ./internal/bench ./migrations
-
 ## test: go vet, every test with the race detector, then short fuzz runs
 ## (the PgBouncer, promtool, browser and strace tests must run: a missing
 ## binary fails them)
 test: postgres pgbouncer promtool chromium strace vet lint
-	OUTBOX_REQUIRE_PGBOUNCER=1 OUTBOX_REQUIRE_PROMTOOL=1 OUTBOX_REQUIRE_CHROMIUM=1 OUTBOX_REQUIRE_STRACE=1 $(GO) test -race -count=1 -timeout 30m $(SLOWTESTS) ./...
+	OUTBOX_REQUIRE_PGBOUNCER=1 OUTBOX_REQUIRE_PROMTOOL=1 OUTBOX_REQUIRE_CHROMIUM=1 OUTBOX_REQUIRE_STRACE=1 $(GO) test -race -count=1 -timeout 30m ./...
 	$(MAKE) --no-print-directory fuzz
 
 vet:

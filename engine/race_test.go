@@ -193,7 +193,7 @@ CREATE TRIGGER test_slow_write BEFORE INSERT ON outbox.attempts
 	cfg := b.config("drainer")
 	cfg.PollOnly, cfg.PollInterval = true, time.Minute
 	r := b.start(t, cfg)
-	b.waitDrained(t, time.Minute)
+	b.waitDrained(t, 2*time.Minute) // a loaded machine: 200 writes one after another
 	if rep := b.verify(t, ordered); rep.Dispatched != int64(participants*each) {
 		t.Fatalf("report %+v: want %d dispatched", rep, participants*each)
 	}

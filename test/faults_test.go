@@ -630,7 +630,10 @@ func (h *blackHoler) episode(racing bool) blackHoleEpisode {
 	t := h.t
 	t.Helper()
 	for try := 1; ; try++ {
-		poll(t, time.Minute, h.stranded+" to hold work in flight", func() (bool, string) {
+		// Minutes, not one: on a loaded machine the rail's timeouts open a
+		// relayer's breaker for 30 s and its half-open probes come one at
+		// a time, all with nothing of the rail's in flight.
+		poll(t, 3*time.Minute, h.stranded+" to hold work in flight", func() (bool, string) {
 			if err := h.fleet.healthy(); err != nil {
 				t.Fatal(err)
 			}
