@@ -6,7 +6,8 @@
 // operator's and the producer's commands in the middle of their work
 // (opcrash_test.go).
 //
-// Knobs (environment): OUTBOX_FAULT_ROUNDS (kill -9 drains, default 5),
+// Knobs (environment): OUTBOX_FAULT_ROUNDS (kill -9 drains, default 3;
+// each run draws new seeds, so rounds add up over runs),
 // OUTBOX_FAULT_INSTRUCTIONS (instructions per kill -9 drain and of the
 // PostgreSQL restart drain, default 20000; the restart drain takes at least
 // 5000; the other scenarios have fixed sizes),
