@@ -318,7 +318,7 @@ func TestWriteHeldUpByALockHoldsUpOnlyItsOwnOutcomes(t *testing.T) {
 					t.Fatalf("%d outcomes recorded while the only writer waits for a lock, want 0", got)
 				}
 			} else {
-				waitFor(t, 3*time.Second, "the free participant's outcome to be recorded while the other write waits", func() bool {
+				waitFor(t, 10*time.Second, "the free participant's outcome to be recorded while the other write waits", func() bool {
 					return r.Stats().Dispatched == 1
 				})
 			}
