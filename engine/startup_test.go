@@ -216,7 +216,7 @@ func TestClaimFailuresLoggedOncePerState(t *testing.T) {
 // fewer came); and the window ends once every notification sent has
 // arrived, rather than after a sleep. The debounce rule itself keeps the
 // claims under the bound (notified claims start a window apart), so the
-// claims' nearness to it (about 20 of 26 here) is no risk: one claim per
+// claims' nearness to it (32 of 40 in a run here) is no risk: one claim per
 // notification would be ten times it.
 func TestNotifyStormIsBoundedByDebounce(t *testing.T) {
 	t.Parallel()
