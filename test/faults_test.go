@@ -241,9 +241,13 @@ func killRound(t *testing.T, seed uint64, n int) killRoundResult {
 				worst, worstKill = h, k
 			}
 			res.worstRequeueLag = max(res.worstRequeueLag, h.requeueLag)
-			if h.heal > 3*lease {
-				t.Errorf("zombie %s of %s healed %s after the kill, more than 3x the lease (%s); its trail: %s",
-					h.outboxID, k.relayer, h.heal, 3*lease, trail(t, pool, h.outboxID, k.at))
+			// Three leases: the dead claim's, the reaper's pass, the
+			// copy's call; and one more for each claim of the copy a
+			// relayer handed back unsent, whose lease it did not wait for
+			// (a loaded machine; make test once saw three in a row).
+			if bound := 3*lease + time.Duration(h.released)*lease; h.heal > bound {
+				t.Errorf("zombie %s of %s healed %s after the kill, more than 3x the lease and one more for each of its %d claims handed back unsent (%s); its trail: %s",
+					h.outboxID, k.relayer, h.heal, h.released, bound, trail(t, pool, h.outboxID, k.at))
 			}
 		}
 	}
@@ -299,6 +303,11 @@ func waitHealed(t *testing.T, pool *pgxpool.Pool, f *fleet, k kill) {
 type zombieHealTime struct {
 	outboxID         string
 	heal, requeueLag time.Duration
+	// released counts the claims of the requeued instruction handed back
+	// unsent (RELEASED) before it was healed: a relayer that could not
+	// start the rail call with the rail's timeout left on the lease (a
+	// loaded machine: the fault suite's lease grace is 1 s).
+	released int64
 }
 
 // killHeals measures the zombies of a kill from the archive: the dead
@@ -313,7 +322,9 @@ func killHeals(t *testing.T, pool *pgxpool.Pool, k kill) []zombieHealTime {
 	rows, err := pool.Query(ctx, `
 		SELECT z.outbox_id::text, z.claim_attempt_id::text,
 		       (extract(epoch FROM h.at - $2::timestamptz) * 1000)::bigint,
-		       (extract(epoch FROM z.created_at - (z.claimed_at + $3::bigint * interval '1 millisecond')) * 1000)::bigint
+		       (extract(epoch FROM z.created_at - (z.claimed_at + $3::bigint * interval '1 millisecond')) * 1000)::bigint,
+		       (SELECT count(*) FROM outbox.attempts r
+		        WHERE r.outbox_id = z.outbox_id AND r.error_code = 'RELEASED' AND r.created_at > $2 AND r.created_at < h.at)
 		FROM outbox.attempts z
 		LEFT JOIN LATERAL (
 		  SELECT min(a.created_at) AS at FROM outbox.attempts a
@@ -328,8 +339,8 @@ func killHeals(t *testing.T, pool *pgxpool.Pool, k kill) []zombieHealTime {
 	for rows.Next() {
 		var outboxID, claim string
 		var healMS *int64
-		var lagMS int64
-		if err := rows.Scan(&outboxID, &claim, &healMS, &lagMS); err != nil {
+		var lagMS, released int64
+		if err := rows.Scan(&outboxID, &claim, &healMS, &lagMS, &released); err != nil {
 			t.Fatalf("zombies of %s: %v", k.relayer, err)
 		}
 		requeued[claim] = true
@@ -337,7 +348,7 @@ func killHeals(t *testing.T, pool *pgxpool.Pool, k kill) []zombieHealTime {
 			t.Errorf("zombie %s of %s was requeued but never reached DISPATCHED or FAILED", outboxID, k.relayer)
 			continue
 		}
-		heals = append(heals, zombieHealTime{outboxID: outboxID,
+		heals = append(heals, zombieHealTime{outboxID: outboxID, released: released,
 			heal: time.Duration(*healMS) * time.Millisecond, requeueLag: time.Duration(lagMS) * time.Millisecond})
 	}
 	if err := rows.Err(); err != nil {
