@@ -150,11 +150,15 @@ const (
 	runColumns = `run_id, relayer_id, host, pid, started_at, seen_at, claims_until`
 	// registerRunSQL: $1 run id, $2 relayer id, $3 host, $4 pid, $5 how
 	// long the registration covers claims, in microseconds. Mine first.
+	// One clock reading for the row's times: the columns' defaults read
+	// the clock once each, and a new registration's seen_at could be
+	// later than its started_at, as if refreshed.
 	registerRunSQL = `
-WITH me AS (
-  INSERT INTO {schema}.relayer_runs AS r (run_id, relayer_id, host, pid, claims_until)
-  VALUES ($1, $2, $3, $4, clock_timestamp() + $5::bigint * interval '1 microsecond')
-  ON CONFLICT (run_id) DO UPDATE SET seen_at = clock_timestamp(), claims_until = greatest(r.claims_until, excluded.claims_until)
+WITH t AS (SELECT clock_timestamp() AS now),
+me AS (
+  INSERT INTO {schema}.relayer_runs AS r (run_id, relayer_id, host, pid, started_at, seen_at, claims_until)
+  SELECT $1, $2, $3, $4, t.now, t.now, t.now + $5::bigint * interval '1 microsecond' FROM t
+  ON CONFLICT (run_id) DO UPDATE SET seen_at = excluded.seen_at, claims_until = greatest(r.claims_until, excluded.claims_until)
   RETURNING ` + runColumns + `
 )
 SELECT true, ` + runColumns + ` FROM me
