@@ -148,6 +148,12 @@ func (s *Store) Runs(ctx context.Context, db Querier) ([]Run, error) {
 
 const (
 	runColumns = `run_id, relayer_id, host, pid, started_at, seen_at, claims_until`
+	// mineAndOthersSQL ends both registration statements: the run's row
+	// (me, $1) first, then the other runs of its relayer id ($2).
+	mineAndOthersSQL = `
+SELECT true, ` + runColumns + ` FROM me
+UNION ALL
+SELECT false, ` + runColumns + ` FROM {schema}.relayer_runs o WHERE o.relayer_id = $2 AND o.run_id <> $1`
 	// registerRunSQL: $1 run id, $2 relayer id, $3 host, $4 pid, $5 how
 	// long the registration covers claims, in microseconds. Mine first.
 	// One clock reading for the row's times: the columns' defaults read
@@ -161,22 +167,20 @@ me AS (
   ON CONFLICT (run_id) DO UPDATE SET seen_at = excluded.seen_at, claims_until = greatest(r.claims_until, excluded.claims_until)
   RETURNING ` + runColumns + `
 )
-SELECT true, ` + runColumns + ` FROM me
-UNION ALL
-SELECT false, ` + runColumns + ` FROM {schema}.relayer_runs o WHERE o.relayer_id = $2 AND o.run_id <> $1`
+` + mineAndOthersSQL
 	// refreshRunSQL: $1 run id, $2 relayer id, $3 as registerRunSQL's $5.
 	// An UPDATE, never an INSERT: no row of the run, no row returned as
 	// mine.
 	refreshRunSQL = `
-WITH me AS (
-  UPDATE {schema}.relayer_runs r SET seen_at = clock_timestamp(),
-    claims_until = greatest(r.claims_until, clock_timestamp() + $3::bigint * interval '1 microsecond')
+WITH t AS (SELECT clock_timestamp() AS now),
+me AS (
+  UPDATE {schema}.relayer_runs r SET seen_at = t.now,
+    claims_until = greatest(r.claims_until, t.now + $3::bigint * interval '1 microsecond')
+  FROM t
   WHERE r.run_id = $1
   RETURNING ` + runColumns + `
 )
-SELECT true, ` + runColumns + ` FROM me
-UNION ALL
-SELECT false, ` + runColumns + ` FROM {schema}.relayer_runs o WHERE o.relayer_id = $2 AND o.run_id <> $1`
+` + mineAndOthersSQL
 	endRunSQL          = `DELETE FROM {schema}.relayer_runs WHERE run_id = $1`
 	forgetEndedRunsSQL = `
 DELETE FROM {schema}.relayer_runs r
